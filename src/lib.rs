@@ -1,0 +1,16 @@
+//! gradstream: stream gradient tensors as CRC-checked Arrow IPC chunks, in the wire format
+//! of ipfrs-transport 0.2.0's gradient-streaming module.
+//!
+//! `frame` (header + limits), `codec` (payload + CRC), `session` (chunking, reassembly) are
+//! plain Rust; `py` is the thin PyO3 layer that the Python package `gradstream` wraps.
+
+pub mod codec;
+pub mod error;
+pub mod frame;
+pub mod session;
+
+mod py;
+
+pub use error::{GradientStreamError, Result};
+pub use frame::{FrameHeader, Limits, DEFAULT_MAX_PAYLOAD_LEN, HEADER_LEN};
+pub use session::{ChunkRef, EncodedChunk, Reassembler, SessionConfig, DEFAULT_CHUNK_SIZE};

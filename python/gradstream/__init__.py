@@ -1,0 +1,39 @@
+"""gradstream: stream gradient tensors between processes, chunked as Arrow IPC with a
+CRC-32 per chunk, in the wire format of ipfrs-transport 0.2.0.
+
+``GradientStreamSession`` and ``GradientChunk`` are the native (Rust) classes;
+``gradstream.reference`` holds a pure-Python implementation of the same API.
+"""
+
+from __future__ import annotations
+
+from ._native import (
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_MAX_PAYLOAD_LEN,
+    HEADER_LEN,
+    GradientChunk,
+    GradientStreamSession,
+)
+from .errors import (
+    ArrowIpcError,
+    ChecksumMismatchError,
+    FrameError,
+    GradientStreamError,
+    IncompleteStreamError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_CHUNK_SIZE",
+    "DEFAULT_MAX_PAYLOAD_LEN",
+    "HEADER_LEN",
+    "ArrowIpcError",
+    "ChecksumMismatchError",
+    "FrameError",
+    "GradientChunk",
+    "GradientStreamError",
+    "GradientStreamSession",
+    "IncompleteStreamError",
+    "__version__",
+]

@@ -1,0 +1,102 @@
+"""Turn whatever a caller hands us into a flat, C-contiguous float32 numpy vector.
+
+Shared by the native session (which only comes here when its own fast path, a
+native-endian C-contiguous float32 ndarray, does not apply) and by the reference.
+The rule is: float32 in any container is accepted, with no copy where the memory
+allows; any other dtype is a TypeError that names it, never a silent cast.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["as_float32_vector"]
+
+_HOW = (
+    "gradstream sends float32 values only, as the ipfrs-transport wire format does; "
+    "convert explicitly if the rounding is acceptable, e.g. numpy.asarray(g, dtype=numpy.float32)"
+    " or tensor.float()"
+)
+
+
+def _reject(what: str) -> TypeError:
+    return TypeError(f"gradient has {what}; {_HOW}")
+
+
+def _from_arrow(obj: Any) -> np.ndarray:
+    import pyarrow as pa
+
+    if isinstance(obj, pa.ChunkedArray):
+        obj = obj.combine_chunks()
+    if not pa.types.is_float32(obj.type):
+        raise _reject(f"Arrow type {obj.type}")
+    if obj.null_count:
+        raise ValueError(
+            f"gradient Arrow array has {obj.null_count} null value(s); "
+            "a gradient must be dense (fill them first, e.g. pyarrow.compute.fill_null)"
+        )
+    return obj.to_numpy(zero_copy_only=True)
+
+
+def _is_arrow(obj: Any) -> bool:
+    mod = type(obj).__module__ or ""
+    if not mod.startswith("pyarrow"):
+        return False
+    import pyarrow as pa
+
+    return isinstance(obj, (pa.Array, pa.ChunkedArray))
+
+
+def _to_ndarray(obj: Any) -> np.ndarray:
+    if isinstance(obj, np.ndarray):
+        return obj
+    if _is_arrow(obj):
+        return _from_arrow(obj)
+    if isinstance(obj, (list, tuple)):
+        try:
+            return np.asarray(obj, dtype=np.float32)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"gradient list must hold numbers only: {exc}") from None
+    if isinstance(obj, (bytes, bytearray, str)):
+        raise _reject(f"type {type(obj).__name__} (raw bytes are not a gradient)")
+    try:
+        view = memoryview(obj)
+    except TypeError:
+        view = None
+    if view is not None:
+        if view.format.lstrip("@=<") != "f" or view.itemsize != 4:
+            raise _reject(f"buffer format {view.format!r} (float32 is 'f')")
+        return np.asarray(view)
+    if hasattr(obj, "__dlpack__"):
+        try:
+            return np.from_dlpack(obj)
+        except (TypeError, BufferError, RuntimeError, ValueError) as exc:
+            dtype = getattr(obj, "dtype", "an unsupported dtype")
+            raise TypeError(
+                f"gradient {type(obj).__name__} of dtype {dtype} "
+                f"could not be read as float32 ({exc}); {_HOW}"
+            ) from None
+    if hasattr(obj, "__array__"):
+        return np.asarray(obj)
+    raise TypeError(
+        f"gradient must be a float32 array-like (numpy array, buffer of format 'f', "
+        f"pyarrow Float32Array, CPU tensor or list of floats), not {type(obj).__name__}"
+    )
+
+
+def as_float32_vector(obj: Any) -> np.ndarray:
+    """Return ``obj`` as a 1-D C-contiguous native-endian float32 ndarray.
+
+    C-contiguous float32 input is returned as a view (no copy); other layouts are
+    copied once, flattened in C order. Non-native byte order is swapped (lossless).
+    """
+    arr = _to_ndarray(obj)
+    dtype = arr.dtype
+    if dtype.kind != "f" or dtype.itemsize != 4:
+        raise _reject(f"dtype {dtype}")
+    if not dtype.isnative:
+        arr = arr.astype(np.float32)
+    # ascontiguousarray is a no-op for C-contiguous input and one copy otherwise.
+    return np.ascontiguousarray(arr).reshape(-1)

@@ -1,0 +1,101 @@
+"""Exception classes shared by the native module and the pure-Python reference.
+
+They live in plain Python so that ``gradstream.reference`` can raise the very same
+classes without importing the native extension; the Rust side imports this module
+and raises instances of these classes (see ``src/py/errors.rs``).
+
+Every class keeps the wording of ipfrs-transport 0.2.0 where the original has the
+error, and carries the fields a caller needs as attributes.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ArrowIpcError",
+    "ChecksumMismatchError",
+    "FrameError",
+    "GradientStreamError",
+    "IncompleteStreamError",
+]
+
+
+class GradientStreamError(Exception):
+    """Base class of every error gradstream raises about gradient data."""
+
+
+class ChecksumMismatchError(GradientStreamError):
+    """A chunk's payload does not hash to the CRC-32 its header carries."""
+
+    chunk_index: int
+    expected: int
+    actual: int
+
+    def __init__(self, chunk_index: int, expected: int, actual: int) -> None:
+        self.chunk_index = chunk_index
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            f"Checksum mismatch on chunk {chunk_index}: "
+            f"expected {expected:#010x}, got {actual:#010x}"
+        )
+
+    def __reduce__(self) -> tuple[type, tuple[int, int, int]]:
+        return (type(self), (self.chunk_index, self.expected, self.actual))
+
+
+class IncompleteStreamError(GradientStreamError):
+    """Fewer (or more) chunks arrived than the stream's total_chunks."""
+
+    received: int
+    total: int
+
+    def __init__(self, received: int, total: int) -> None:
+        self.received = received
+        self.total = total
+        super().__init__(f"Incomplete chunk stream: received {received} of {total} chunks")
+
+    def __reduce__(self) -> tuple[type, tuple[int, int]]:
+        return (type(self), (self.received, self.total))
+
+
+class ArrowIpcError(GradientStreamError):
+    """A payload is not an Arrow IPC file holding a Float32 ``value`` column.
+
+    ``chunk_index`` names the chunk whose payload failed, when there is one.
+    """
+
+    detail: str
+    chunk_index: int | None
+
+    def __init__(self, detail: str, chunk_index: int | None = None) -> None:
+        self.detail = detail
+        self.chunk_index = chunk_index
+        where = "" if chunk_index is None else f" on chunk {chunk_index}"
+        super().__init__(f"Arrow IPC error{where}: {detail}")
+
+    def __reduce__(self) -> tuple[type, tuple[str, int | None]]:
+        return (type(self), (self.detail, self.chunk_index))
+
+
+class FrameError(GradientStreamError):
+    """Malformed or hostile framing: truncation, limits, inconsistent headers.
+
+    ``chunk_index`` is the chunk the problem is about (None when the header itself
+    could not be read); ``offset`` is the byte offset in the frame stream of the
+    header concerned (None for ``decode_chunks``, which has no byte stream).
+    """
+
+    detail: str
+    chunk_index: int | None
+    offset: int | None
+
+    def __init__(
+        self, detail: str, chunk_index: int | None = None, offset: int | None = None
+    ) -> None:
+        self.detail = detail
+        self.chunk_index = chunk_index
+        self.offset = offset
+        super().__init__(detail)
+
+    def __reduce__(self) -> tuple[type, tuple[str, int | None, int | None]]:
+        return (type(self), (self.detail, self.chunk_index, self.offset))

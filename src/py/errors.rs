@@ -1,0 +1,62 @@
+//! Rust errors to the Python classes of `gradstream.errors`.
+//!
+//! The classes are plain Python (so the pure-Python reference raises the same ones without
+//! loading this extension); they are looked up once and instantiated with the error's fields.
+
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyType;
+
+use crate::error::GradientStreamError;
+
+static ARROW_IPC: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static CHECKSUM: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static INCOMPLETE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static FRAME: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+
+const MODULE: &str = "gradstream.errors";
+
+fn instantiate(py: Python<'_>, err: GradientStreamError) -> PyResult<PyErr> {
+    let instance = match err {
+        GradientStreamError::ArrowIpc {
+            detail,
+            chunk_index,
+        } => ARROW_IPC
+            .import(py, MODULE, "ArrowIpcError")?
+            .call1((detail, chunk_index))?,
+        GradientStreamError::ChecksumMismatch {
+            chunk_index,
+            expected,
+            actual,
+        } => CHECKSUM
+            .import(py, MODULE, "ChecksumMismatchError")?
+            .call1((chunk_index, expected, actual))?,
+        GradientStreamError::IncompleteStream { received, total } => INCOMPLETE
+            .import(py, MODULE, "IncompleteStreamError")?
+            .call1((received, total))?,
+        GradientStreamError::Frame {
+            detail,
+            chunk_index,
+            offset,
+        } => FRAME
+            .import(py, MODULE, "FrameError")?
+            .call1((detail, chunk_index, offset))?,
+    };
+    Ok(PyErr::from_value(instance))
+}
+
+/// The Python exception for a core error (or the error met while building it).
+pub fn to_py_err(py: Python<'_>, err: GradientStreamError) -> PyErr {
+    instantiate(py, err).unwrap_or_else(|e| e)
+}
+
+/// `result.py_err(py)?` in binding code.
+pub trait IntoPyResult<T> {
+    fn py_err(self, py: Python<'_>) -> PyResult<T>;
+}
+
+impl<T> IntoPyResult<T> for crate::error::Result<T> {
+    fn py_err(self, py: Python<'_>) -> PyResult<T> {
+        self.map_err(|e| to_py_err(py, e))
+    }
+}

@@ -1,0 +1,230 @@
+//! `gradstream.GradientStreamSession`: argument conversion around `SessionConfig`, with the
+//! GIL released for every pass over gradient data.
+
+use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyBytes;
+
+use super::buffers::{vec_to_pyarrow, ReadBuffer};
+use super::chunk::{payload_bytes, PyChunk};
+use super::errors::IntoPyResult;
+use crate::frame::{Limits, DEFAULT_MAX_PAYLOAD_LEN};
+use crate::session::{ChunkRef, SessionConfig, DEFAULT_CHUNK_SIZE};
+
+#[pyclass(name = "GradientStreamSession", module = "gradstream", frozen)]
+pub struct PySession {
+    config: SessionConfig,
+}
+
+/// The gradient as a C-contiguous float32 array, read in place when it already is one;
+/// anything else goes through `gradstream._convert` (shared with the reference), which
+/// copies once or refuses with a TypeError naming the dtype.
+fn gradient_array<'py>(obj: &Bound<'py, PyAny>) -> PyResult<PyReadonlyArrayDyn<'py, f32>> {
+    if let Ok(array) = obj.cast::<PyArrayDyn<f32>>() {
+        if array.is_c_contiguous() {
+            return Ok(array.try_readonly()?);
+        }
+    }
+    static CONVERT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let converted = CONVERT
+        .import(obj.py(), "gradstream._convert", "as_float32_vector")?
+        .call1((obj,))?;
+    Ok(converted.cast_into::<PyArrayDyn<f32>>()?.try_readonly()?)
+}
+
+/// A chunk to decode, its payload kept alive while the GIL is released.
+struct HeldChunk {
+    chunk_index: u32,
+    total_chunks: u32,
+    checksum: u32,
+    payload: PyBackedBytes,
+}
+
+impl HeldChunk {
+    fn from_py(item: &Bound<'_, PyAny>) -> PyResult<Self> {
+        if let Ok(chunk) = item.cast::<PyChunk>() {
+            let c = chunk.get();
+            return Ok(Self {
+                chunk_index: c.chunk_index,
+                total_chunks: c.total_chunks,
+                checksum: c.checksum,
+                payload: c.payload.clone_ref(item.py()),
+            });
+        }
+        // Any object with the chunk's attributes (a gradstream.reference chunk, say).
+        let field = |name: &str| {
+            item.getattr(name).map_err(|_| {
+                PyTypeError::new_err(format!(
+                    "decode_chunks takes GradientChunk objects; {} has no attribute {name:?}",
+                    item.get_type()
+                        .name()
+                        .map_or_else(|_| "this object".into(), |n| n.to_string())
+                ))
+            })
+        };
+        Ok(Self {
+            chunk_index: field("chunk_index")?.extract()?,
+            total_chunks: field("total_chunks")?.extract()?,
+            checksum: field("checksum")?.extract()?,
+            payload: payload_bytes(&field("arrow_ipc_bytes")?)?,
+        })
+    }
+
+    fn as_ref(&self) -> ChunkRef<'_> {
+        ChunkRef {
+            chunk_index: self.chunk_index,
+            total_chunks: self.total_chunks,
+            checksum: self.checksum,
+            payload: &self.payload,
+        }
+    }
+}
+
+#[pymethods]
+impl PySession {
+    #[new]
+    #[pyo3(signature = (session_id, chunk_size = DEFAULT_CHUNK_SIZE as i64, *, max_payload_len = DEFAULT_MAX_PAYLOAD_LEN as i64))]
+    fn new(session_id: String, chunk_size: i64, max_payload_len: i64) -> PyResult<Self> {
+        let chunk_size = usize::try_from(chunk_size).map_err(|_| {
+            PyValueError::new_err(format!("chunk_size must be >= 0, got {chunk_size}"))
+        })?;
+        let max_payload_len = u32::try_from(max_payload_len)
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "max_payload_len must be between 1 and {} (a u32 on the wire), got \
+                     {max_payload_len}",
+                    u32::MAX
+                ))
+            })?;
+        let mut config = SessionConfig::new(session_id, chunk_size);
+        config.limits = Limits { max_payload_len };
+        Ok(Self { config })
+    }
+
+    /// A session with the default chunk size (65,536 values).
+    #[staticmethod]
+    fn with_defaults(session_id: String) -> Self {
+        Self {
+            config: SessionConfig::new(session_id, DEFAULT_CHUNK_SIZE),
+        }
+    }
+
+    /// A new session with the compression flag set (stored and reported only).
+    fn with_compression(&self, enabled: bool) -> Self {
+        let mut config = self.config.clone();
+        config.compression = enabled;
+        Self { config }
+    }
+
+    fn is_compression_enabled(&self) -> bool {
+        self.config.compression
+    }
+
+    #[getter]
+    fn session_id(&self) -> &str {
+        &self.config.session_id
+    }
+
+    #[getter]
+    fn chunk_size(&self) -> usize {
+        self.config.chunk_size
+    }
+
+    #[getter]
+    fn max_payload_len(&self) -> u32 {
+        self.config.limits.max_payload_len
+    }
+
+    /// Split a gradient into Arrow IPC chunks, each with its CRC-32.
+    fn encode_gradient(
+        &self,
+        py: Python<'_>,
+        gradient: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<PyChunk>> {
+        let array = gradient_array(gradient)?;
+        let values = array.as_slice()?;
+        let chunks = py
+            .detach(|| self.config.encode_gradient(values))
+            .py_err(py)?;
+        Ok(chunks
+            .into_iter()
+            .map(|c| PyChunk {
+                session_id: self.config.session_id.clone(),
+                chunk_index: c.chunk_index,
+                total_chunks: c.total_chunks,
+                checksum: c.checksum,
+                payload: PyBytes::new(py, &c.payload).into(),
+            })
+            .collect())
+    }
+
+    /// Reassemble chunks given in any order into a float32 array.
+    fn decode_chunks<'py>(
+        &self,
+        py: Python<'py>,
+        chunks: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<f32>>> {
+        let held = chunks
+            .try_iter()?
+            .map(|item| HeldChunk::from_py(&item?))
+            .collect::<PyResult<Vec<_>>>()?;
+        let values = py
+            .detach(|| {
+                self.config
+                    .decode_chunks(held.iter().map(HeldChunk::as_ref).collect())
+            })
+            .py_err(py)?;
+        Ok(PyArray1::from_vec(py, values))
+    }
+
+    /// The frames `stream_to` writes, as `bytes` (or a `pyarrow.Buffer` with no copy).
+    #[pyo3(signature = (gradient, as_buffer = false))]
+    fn encode_frames<'py>(
+        &self,
+        py: Python<'py>,
+        gradient: &Bound<'py, PyAny>,
+        as_buffer: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let array = gradient_array(gradient)?;
+        let values = array.as_slice()?;
+        let wire = py.detach(|| self.config.encode_frames(values)).py_err(py)?;
+        if as_buffer {
+            vec_to_pyarrow(py, wire)
+        } else {
+            Ok(PyBytes::new(py, &wire).into_any())
+        }
+    }
+
+    /// Parse a byte stream holding exactly one gradient's frames.
+    fn decode_frames<'py>(
+        &self,
+        py: Python<'py>,
+        data: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<f32>>> {
+        let bytes = ReadBuffer::get(data)?;
+        let values = py
+            .detach(|| self.config.decode_frames(bytes.as_slice()))
+            .py_err(py)?;
+        Ok(PyArray1::from_vec(py, values))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "GradientStreamSession(session_id={:?}, chunk_size={}, max_payload_len={}, \
+             compression={})",
+            self.config.session_id,
+            self.config.chunk_size,
+            self.config.limits.max_payload_len,
+            if self.config.compression {
+                "True"
+            } else {
+                "False"
+            }
+        )
+    }
+}

@@ -4,18 +4,18 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-installed
+# benches/ may not exist yet on a fresh clone; ruff fails on a missing path.
+PY_SOURCES := python tests $(wildcard benches)
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: venv build demo test cargo-test pytest stubtest lint fmt clean
+.PHONY: venv build demo test cargo-test pytest lint fmt clean
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "maturin>=1.9,<2" "numpy>=1.26" "pyarrow>=14" \
-		"pytest>=8" "hypothesis>=6.100" "mypy>=1.10" "ruff>=0.6"
+	$(PY) -m pip install --quiet -r requirements-dev.txt
 	touch $(STAMP)
 
 # Release build: the demo and the benchmarks measure it, and the tests run fast on it.
@@ -28,23 +28,21 @@ demo: build
 cargo-test:
 	cargo test --release
 
-stubtest: build
-	$(PY) -m mypy.stubtest gradstream._native
-
 pytest: build
 	$(PY) -m pytest -q
 
-test: build cargo-test pytest
+# lint runs last so that a formatting slip does not hide test results.
+test: build cargo-test pytest lint
 
 lint: $(STAMP)
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
-	$(VENV)/bin/ruff check python tests benches
-	$(VENV)/bin/ruff format --check python tests benches
+	$(VENV)/bin/ruff check $(PY_SOURCES)
+	$(VENV)/bin/ruff format --check $(PY_SOURCES)
 
 fmt: $(STAMP)
 	cargo fmt
-	$(VENV)/bin/ruff format python tests benches
+	$(VENV)/bin/ruff format $(PY_SOURCES)
 
 clean:
 	rm -rf $(VENV) target

@@ -8,6 +8,7 @@
 //! and a panic inside arrow-rs becomes an error instead of unwinding into Python.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr::NonNull;
 use std::sync::{Arc, OnceLock};
 
 use arrow_array::{Array, Float32Array, Int32Array, RecordBatch};
@@ -46,31 +47,84 @@ fn seed_schema() -> SchemaRef {
 
 /// Encode one chunk's values as a seed-layout Arrow IPC file.
 pub fn encode_payload(values: &[f32]) -> Result<Vec<u8>> {
-    let n = i32::try_from(values.len()).map_err(|_| {
-        GradientStreamError::arrow(format!(
-            "a chunk of {} values does not fit the Int32 index column",
-            values.len()
-        ))
-    })?;
-    let index = Int32Array::from_iter_values(0..n);
-    let value = Float32Array::from(values.to_vec());
-    let batch = RecordBatch::try_new(seed_schema(), vec![Arc::new(index), Arc::new(value)])
-        .map_err(arrow_err)?;
     // Column data is 8 bytes a value; schema, footer and padding stay under 1 KiB.
     let mut out = Vec::with_capacity(values.len() * 8 + 1024);
-    let mut writer = FileWriter::try_new(&mut out, &batch.schema()).map_err(arrow_err)?;
+    encode_to(values, &mut out)?;
+    Ok(out)
+}
+
+fn encode_to(values: &[f32], out: impl std::io::Write) -> Result<()> {
+    let index = index_column(values.len())?;
+    // SAFETY: the buffer borrows `values`; it lives in `batch`, which is dropped before
+    // this function returns (the writer copies bytes out and keeps no reference).
+    let value_bytes = unsafe { borrowed_buffer(bytemuck_f32(values)) };
+    let value = Float32Array::new(value_bytes.into(), None);
+    let batch = RecordBatch::try_new(seed_schema(), vec![Arc::new(index), Arc::new(value)])
+        .map_err(arrow_err)?;
+    let mut writer = FileWriter::try_new(out, &batch.schema()).map_err(arrow_err)?;
     writer.write(&batch).map_err(arrow_err)?;
     writer.finish().map_err(arrow_err)?;
-    drop(writer);
-    Ok(out)
+    Ok(())
+}
+
+/// Write the seed-layout file of `values` into `out`, which must be exactly its length
+/// (as measured by an earlier `encode_payload` of as many values).
+pub fn encode_payload_exact(values: &[f32], out: &mut [u8]) -> Result<()> {
+    let expected = out.len();
+    let mut cursor = std::io::Cursor::new(out);
+    encode_to(values, &mut cursor)?;
+    let written = cursor.position() as usize;
+    if written != expected {
+        return Err(GradientStreamError::arrow(format!(
+            "payload of {} values took {written} bytes, {expected} were planned",
+            values.len()
+        )));
+    }
+    Ok(())
+}
+
+/// The `index` column 0..n-1. Every full chunk of a gradient has the same one, so the
+/// last one built is kept per thread and shared (an Arrow array clone is a refcount).
+fn index_column(n: usize) -> Result<Int32Array> {
+    thread_local! {
+        static LAST: std::cell::RefCell<Option<Int32Array>> = const { std::cell::RefCell::new(None) };
+    }
+    let end = i32::try_from(n).map_err(|_| {
+        GradientStreamError::arrow(format!(
+            "a chunk of {n} values does not fit the Int32 index column"
+        ))
+    })?;
+    Ok(LAST.with_borrow_mut(|last| match last {
+        Some(column) if column.len() == n => column.clone(),
+        _ => last.insert(Int32Array::from_iter_values(0..end)).clone(),
+    }))
+}
+
+fn bytemuck_f32(values: &[f32]) -> &[u8] {
+    // SAFETY: f32 has no padding and every byte pattern is a valid u8.
+    unsafe {
+        std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values))
+    }
+}
+
+/// An Arrow buffer over memory it does not own (no copy).
+///
+/// # Safety
+/// The buffer, and every array or slice made from it, must be dropped before `bytes` is.
+unsafe fn borrowed_buffer(bytes: &[u8]) -> Buffer {
+    let ptr = NonNull::new(bytes.as_ptr().cast_mut()).unwrap_or(NonNull::dangling());
+    // The owner is a no-op: the memory belongs to the caller.
+    unsafe { Buffer::from_custom_allocation(ptr, bytes.len(), Arc::new(())) }
 }
 
 /// Decode a payload and append its `value` column to `out`.
 ///
 /// On error `out` may hold part of the payload's values; callers discard it.
 pub fn decode_payload(payload: &[u8], out: &mut Vec<f32>) -> Result<()> {
-    // arrow-rs decodes from an owned, aligned Buffer; this is the one copy of the payload.
-    let buffer = Buffer::from(payload);
+    // SAFETY: `buffer` and all arrays decoded from it (batches, the decoder's dictionaries)
+    // live inside `decode_buffer` and are dropped before it returns, unwinding included;
+    // only copied values leave it. Misaligned buffers are copied by arrow-rs itself.
+    let buffer = unsafe { borrowed_buffer(payload) };
     match catch_unwind(AssertUnwindSafe(|| decode_buffer(&buffer, out))) {
         Ok(result) => result,
         Err(_) => Err(GradientStreamError::arrow(

@@ -32,6 +32,16 @@ pub struct EncodedChunk {
     pub payload: Vec<u8>,
 }
 
+/// The chunks of one gradient and the exact size of its frame stream.
+#[derive(Debug)]
+pub struct FramePlan<'g> {
+    total: u32,
+    windows: Vec<&'g [f32]>,
+    payload_lens: Vec<u32>,
+    /// Bytes of the whole frame stream.
+    pub len: usize,
+}
+
 /// A chunk to decode, borrowed from wherever the caller keeps it.
 #[derive(Clone, Copy, Debug)]
 pub struct ChunkRef<'a> {
@@ -78,20 +88,27 @@ impl SessionConfig {
         Ok((total, windows))
     }
 
+    /// A payload's length as the header's u32, if the session's limit allows it: a peer
+    /// with the same limit would refuse anything longer.
+    fn check_payload_len(&self, index: u32, len: usize) -> Result<u32> {
+        u32::try_from(len)
+            .ok()
+            .filter(|&n| n <= self.limits.max_payload_len)
+            .ok_or_else(|| {
+                GradientStreamError::frame(
+                    format!(
+                        "chunk {index} encodes to a {len}-byte payload, above max_payload_len \
+                         {}; use a smaller chunk_size",
+                        self.limits.max_payload_len
+                    ),
+                    Some(index),
+                )
+            })
+    }
+
     fn encode_chunk(&self, index: u32, total: u32, window: &[f32]) -> Result<EncodedChunk> {
         let payload = codec::encode_payload(window)?;
-        let fits = u32::try_from(payload.len()).is_ok_and(|len| len <= self.limits.max_payload_len);
-        if !fits {
-            return Err(GradientStreamError::frame(
-                format!(
-                    "chunk {index} encodes to a {}-byte payload, above max_payload_len {}; \
-                     use a smaller chunk_size",
-                    payload.len(),
-                    self.limits.max_payload_len
-                ),
-                Some(index),
-            ));
-        }
+        self.check_payload_len(index, payload.len())?;
         Ok(EncodedChunk {
             chunk_index: index,
             total_chunks: total,
@@ -112,14 +129,70 @@ impl SessionConfig {
 
     /// The bytes `stream_to` writes: each chunk's header then its payload.
     pub fn encode_frames(&self, gradient: &[f32]) -> Result<Vec<u8>> {
-        let (total, windows) = self.windows(gradient)?;
-        let mut out = Vec::with_capacity(gradient.len() * 8 + windows.len() * 1024);
-        for (window, index) in windows.into_iter().zip(0u32..) {
-            let chunk = self.encode_chunk(index, total, window)?;
-            out.extend_from_slice(&chunk.header().to_bytes());
-            out.extend_from_slice(&chunk.payload);
-        }
+        let plan = self.plan_frames(gradient)?;
+        let mut out = vec![0u8; plan.len];
+        self.write_frames(&plan, &mut out)?;
         Ok(out)
+    }
+
+    /// Work out the chunks of `gradient` and the exact length of its frame stream, so that
+    /// the stream can be written into memory allocated once (a Python `bytes`, say).
+    pub fn plan_frames<'g>(&self, gradient: &'g [f32]) -> Result<FramePlan<'g>> {
+        let (total, windows) = self.windows(gradient)?;
+        // A payload's size depends only on its value count, and a gradient has at most two
+        // counts (full chunks and the tail): measure each once by encoding it.
+        let mut sizes: Vec<(usize, u32)> = Vec::with_capacity(2);
+        let mut payload_lens = Vec::with_capacity(windows.len());
+        for (window, index) in windows.iter().zip(0u32..) {
+            let len = match sizes.iter().find(|(n, _)| *n == window.len()) {
+                Some(&(_, len)) => len,
+                None => {
+                    let len = codec::encode_payload(window)?.len();
+                    let len = self.check_payload_len(index, len)?;
+                    sizes.push((window.len(), len));
+                    len
+                }
+            };
+            payload_lens.push(len);
+        }
+        let len = payload_lens.iter().map(|&n| HEADER_LEN + n as usize).sum();
+        Ok(FramePlan {
+            total,
+            windows,
+            payload_lens,
+            len,
+        })
+    }
+
+    /// Write a planned frame stream into `out`, which must be `plan.len` bytes long.
+    pub fn write_frames(&self, plan: &FramePlan<'_>, out: &mut [u8]) -> Result<()> {
+        if out.len() != plan.len {
+            return Err(GradientStreamError::frame(
+                format!(
+                    "frame buffer of {} bytes for a {}-byte stream",
+                    out.len(),
+                    plan.len
+                ),
+                None,
+            ));
+        }
+        let mut rest = out;
+        for ((window, &payload_len), index) in
+            plan.windows.iter().zip(&plan.payload_lens).zip(0u32..)
+        {
+            let (frame, tail) = rest.split_at_mut(HEADER_LEN + payload_len as usize);
+            rest = tail;
+            let (head, payload) = frame.split_at_mut(HEADER_LEN);
+            codec::encode_payload_exact(window, payload)?;
+            let header = FrameHeader {
+                chunk_index: index,
+                total_chunks: plan.total,
+                payload_len,
+                checksum: codec::checksum(payload),
+            };
+            head.copy_from_slice(&header.to_bytes());
+        }
+        Ok(())
     }
 
     /// Reassemble chunks given in any order (README "Decoding rules", decode_chunks).

@@ -37,7 +37,8 @@ def _from_arrow(obj: Any) -> np.ndarray:
             f"gradient Arrow array has {obj.null_count} null value(s); "
             "a gradient must be dense (fill them first, e.g. pyarrow.compute.fill_null)"
         )
-    return obj.to_numpy(zero_copy_only=True)
+    values: np.ndarray = obj.to_numpy(zero_copy_only=True)
+    return values
 
 
 def _is_arrow(obj: Any) -> bool:

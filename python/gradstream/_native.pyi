@@ -1,17 +1,26 @@
 # Type stubs of the Rust extension module (src/py/). tests/test_stubs.py runs mypy's
 # stubtest against the built module, so these signatures cannot drift from the code.
 from collections.abc import Iterable
-from typing import Any, Final, Literal, overload
+from typing import Any, Final, Literal, final, overload
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 from typing_extensions import Buffer
 
+__all__ = [
+    "DEFAULT_CHUNK_SIZE",
+    "DEFAULT_MAX_PAYLOAD_LEN",
+    "HEADER_LEN",
+    "GradientChunk",
+    "GradientStreamSession",
+]
+
 DEFAULT_CHUNK_SIZE: Final[int]
 DEFAULT_MAX_PAYLOAD_LEN: Final[int]
 HEADER_LEN: Final[int]
 
+@final
 class GradientChunk:
     """One Arrow IPC chunk of a gradient with its CRC-32."""
 
@@ -38,10 +47,11 @@ class GradientChunk:
     def verify_checksum(self) -> bool: ...
     @staticmethod
     def compute_checksum(data: Buffer) -> int: ...
-    def __eq__(self, other: object) -> bool: ...
-    def __ne__(self, other: object) -> bool: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __ne__(self, value: object, /) -> bool: ...
     __hash__: None  # type: ignore[assignment]
 
+@final
 class GradientStreamSession:
     """Chunks gradients into CRC-checked Arrow IPC frames and reassembles them."""
 
@@ -67,9 +77,3 @@ class GradientStreamSession:
     @overload
     def encode_frames(self, gradient: Any, as_buffer: bool) -> bytes | pa.Buffer: ...
     def decode_frames(self, data: Buffer) -> npt.NDArray[np.float32]: ...
-
-class FrameBytes:
-    """Immutable bytes made in Rust, exported through the buffer protocol."""
-
-    def __len__(self) -> int: ...
-    def __buffer__(self, flags: int, /) -> memoryview: ...

@@ -153,7 +153,8 @@ def encode_payload(values: np.ndarray) -> bytes:
     # Exactly one batch, even when it is empty: an empty gradient is one empty batch.
     with pa.ipc.new_file(sink, PAYLOAD_SCHEMA) as writer:
         writer.write_batch(batch)
-    return sink.getvalue().to_pybytes()
+    payload: bytes = sink.getvalue().to_pybytes()
+    return payload
 
 
 def _storage_type(data_type: pa.DataType) -> pa.DataType:
@@ -507,8 +508,8 @@ class GradientStreamSession:
             raise FrameError(refusal, chunk_index)
         return payload
 
-    def encode_gradient(self, grad: Any) -> list[GradientChunk]:
-        values = as_float32_vector(grad)
+    def encode_gradient(self, gradient: Any) -> list[GradientChunk]:
+        values = as_float32_vector(gradient)
         size = self._chunk_size
         # Ceiling division; an empty gradient still makes one (empty) chunk.
         total = max(1, -(-len(values) // size))
@@ -523,10 +524,10 @@ class GradientStreamSession:
             chunks.append(GradientChunk(self._session_id, k, total, payload, zlib.crc32(payload)))
         return chunks
 
-    def encode_frames(self, grad: Any, as_buffer: bool = False) -> bytes | pa.Buffer:
+    def encode_frames(self, gradient: Any, as_buffer: bool = False) -> bytes | pa.Buffer:
         as_buffer = _check_bool(as_buffer, "as_buffer")
         parts: list[bytes] = []
-        for chunk in self.encode_gradient(grad):
+        for chunk in self.encode_gradient(gradient):
             payload = chunk.arrow_ipc_bytes
             parts.append(
                 HEADER.pack(chunk.chunk_index, chunk.total_chunks, len(payload), chunk.checksum)

@@ -15,7 +15,6 @@ use crate::session::DEFAULT_CHUNK_SIZE;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<session::PySession>()?;
     m.add_class::<chunk::PyChunk>()?;
-    m.add_class::<buffers::FrameBytes>()?;
     m.add("DEFAULT_CHUNK_SIZE", DEFAULT_CHUNK_SIZE)?;
     m.add("DEFAULT_MAX_PAYLOAD_LEN", DEFAULT_MAX_PAYLOAD_LEN)?;
     m.add("HEADER_LEN", HEADER_LEN)?;

@@ -86,7 +86,10 @@ impl HeldChunk {
 #[pymethods]
 impl PySession {
     #[new]
-    #[pyo3(signature = (session_id, chunk_size = DEFAULT_CHUNK_SIZE as i64, *, max_payload_len = DEFAULT_MAX_PAYLOAD_LEN as i64))]
+    #[pyo3(
+        signature = (session_id, chunk_size = DEFAULT_CHUNK_SIZE as i64, *, max_payload_len = DEFAULT_MAX_PAYLOAD_LEN as i64),
+        text_signature = "(session_id, chunk_size=65536, *, max_payload_len=268435456)"
+    )]
     fn new(session_id: String, chunk_size: i64, max_payload_len: i64) -> PyResult<Self> {
         let chunk_size = usize::try_from(chunk_size).map_err(|_| {
             PyValueError::new_err(format!("chunk_size must be >= 0, got {chunk_size}"))
@@ -192,12 +195,18 @@ impl PySession {
     ) -> PyResult<Bound<'py, PyAny>> {
         let array = gradient_array(gradient)?;
         let values = array.as_slice()?;
-        let wire = py.detach(|| self.config.encode_frames(values)).py_err(py)?;
         if as_buffer {
-            vec_to_pyarrow(py, wire)
-        } else {
-            Ok(PyBytes::new(py, &wire).into_any())
+            let wire = py.detach(|| self.config.encode_frames(values)).py_err(py)?;
+            return vec_to_pyarrow(py, wire);
         }
+        // Size the `bytes` exactly, then encode straight into it with the GIL released: the
+        // object is ours alone until it is returned, and no second copy of the stream exists.
+        let plan = py.detach(|| self.config.plan_frames(values)).py_err(py)?;
+        let wire = PyBytes::new_with(py, plan.len, |out| {
+            py.detach(|| self.config.write_frames(&plan, out))
+                .py_err(py)
+        })?;
+        Ok(wire.into_any())
     }
 
     /// Parse a byte stream holding exactly one gradient's frames.

@@ -1,0 +1,97 @@
+"""The public surface: stubs match the extension, the reference matches the native API,
+and the reference stands alone (never imports the extension)."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import gradstream as gs
+import gradstream.errors as errors
+import gradstream.reference as ref
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "python" / "gradstream"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_stubs_match_the_extension_module() -> None:
+    # stubtest imports the built module and compares every name, signature and default.
+    done = _run("mypy.stubtest", "--mypy-config-file", "pyproject.toml", "gradstream._native")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_package_type_checks_strictly_against_the_stubs() -> None:
+    done = _run("mypy", "--config-file", "pyproject.toml")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _public(cls: type) -> set[str]:
+    return {name for name in dir(cls) if not name.startswith("_")}
+
+
+@pytest.mark.parametrize("name", ["GradientStreamSession", "GradientChunk"])
+def test_reference_has_the_native_api(name: str) -> None:
+    native, reference = getattr(gs, name), getattr(ref, name)
+    assert _public(native) == _public(reference)
+    for attr in _public(native):
+        n, r = getattr(native, attr), getattr(reference, attr)
+        if callable(n) and not isinstance(inspect.getattr_static(native, attr), property):
+            n_params = list(inspect.signature(n).parameters)
+            r_params = list(inspect.signature(r).parameters)
+            assert n_params == r_params, attr
+
+
+def test_constructor_defaults_agree_with_the_constants() -> None:
+    params = inspect.signature(gs.GradientStreamSession).parameters
+    assert params["chunk_size"].default == gs.DEFAULT_CHUNK_SIZE == 65536
+    assert params["max_payload_len"].default == gs.DEFAULT_MAX_PAYLOAD_LEN == 256 << 20
+    s = gs.GradientStreamSession("x")
+    assert (s.chunk_size, s.max_payload_len) == (gs.DEFAULT_CHUNK_SIZE, gs.DEFAULT_MAX_PAYLOAD_LEN)
+    r = inspect.signature(ref.GradientStreamSession).parameters
+    assert r["chunk_size"].default == params["chunk_size"].default
+    assert r["max_payload_len"].default == params["max_payload_len"].default
+
+
+def test_reference_never_imports_the_extension() -> None:
+    tree = ast.parse((PACKAGE / "reference.py").read_text())
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = "." * node.level + (node.module or "")
+            imported.add(base)
+            imported.update(f"{base}.{alias.name}" for alias in node.names)
+    assert not any("_native" in name for name in imported), imported
+    assert {name for name in imported if name.startswith(".")} <= {
+        "._convert",
+        "._convert.as_float32_vector",
+        ".errors",
+        *(f".errors.{cls}" for cls in errors.__all__),
+    }
+
+
+def test_errors_are_one_hierarchy_shared_by_both() -> None:
+    for cls in (
+        gs.ChecksumMismatchError,
+        gs.IncompleteStreamError,
+        gs.ArrowIpcError,
+        gs.FrameError,
+    ):
+        assert issubclass(cls, gs.GradientStreamError)
+    assert gs.FrameError is errors.FrameError

@@ -190,15 +190,27 @@ fn decode_buffer(buf: &Buffer, out: &mut Vec<f32>) -> Result<()> {
         .ok_or_else(|| GradientStreamError::arrow("IPC footer lists no record batches"))?;
     for block in blocks {
         let data = block_data(buf, block, footer_start)?;
-        check_body_buffers(&data, block)?;
-        let Some(batch) = decoder.read_record_batch(block, &data).map_err(arrow_err)? else {
-            continue;
-        };
+        let declared_rows = check_batch_message(&data, block)?;
+        // A block whose message is of type NONE decodes to "no batch" in arrow-rs; the
+        // original would skip it silently, losing whatever the block was meant to hold.
+        let batch = decoder
+            .read_record_batch(block, &data)
+            .map_err(arrow_err)?
+            .ok_or_else(|| {
+                GradientStreamError::arrow("IPC record batch block holds no record batch")
+            })?;
         let column = batch
             .column(0)
             .as_any()
             .downcast_ref::<Float32Array>()
             .ok_or_else(|| GradientStreamError::arrow("'value' column is not Float32"))?;
+        if declared_rows.is_some_and(|rows| rows != column.len() as i64) {
+            return Err(GradientStreamError::arrow(format!(
+                "'value' column holds {} values but its record batch declares {} rows",
+                column.len(),
+                declared_rows.unwrap_or_default()
+            )));
+        }
         if column.null_count() > 0 {
             return Err(GradientStreamError::arrow(format!(
                 "'value' column has {} null value(s)",
@@ -235,8 +247,10 @@ fn block_data(buf: &Buffer, block: &Block, limit: usize) -> Result<Buffer> {
     }
 }
 
-/// Check that every buffer a record batch message names lies inside its block's body.
-fn check_body_buffers(data: &Buffer, block: &Block) -> Result<()> {
+/// Check a record batch message against its block before arrow-rs reads it: the body
+/// length must be the block's, and every buffer must lie inside the body. Returns the
+/// row count the message declares (None when the message is not a record batch).
+fn check_batch_message(data: &Buffer, block: &Block) -> Result<Option<i64>> {
     let meta_len = usize::try_from(block.metaDataLength()).unwrap_or(usize::MAX);
     let body_len = data.len().saturating_sub(meta_len) as u64;
     let meta = data.get(..meta_len).unwrap_or(&[]);
@@ -254,13 +268,20 @@ fn check_body_buffers(data: &Buffer, block: &Block) -> Result<()> {
     .ok_or_else(|| GradientStreamError::arrow("IPC message length lies outside its block"))?;
     let message = arrow_ipc::root_as_message(fb)
         .map_err(|e| GradientStreamError::arrow(format!("unreadable IPC message: {e}")))?;
-    if message.header_type() != MessageHeader::RecordBatch {
-        return Ok(()); // the decoder reports the wrong message type itself
-    }
-    let Some(buffers) = message.header_as_record_batch().and_then(|b| b.buffers()) else {
-        return Ok(());
+    let Some(batch) = message
+        .header_as_record_batch()
+        .filter(|_| message.header_type() == MessageHeader::RecordBatch)
+    else {
+        return Ok(None); // the decoder reports the wrong message type itself
     };
-    for b in buffers {
+    if message.bodyLength() != block.bodyLength() {
+        return Err(GradientStreamError::arrow(format!(
+            "IPC message declares a {}-byte body, its block {}",
+            message.bodyLength(),
+            block.bodyLength()
+        )));
+    }
+    for b in batch.buffers().iter().flatten() {
         let fits = u64::try_from(b.offset())
             .ok()
             .zip(u64::try_from(b.length()).ok())
@@ -274,7 +295,7 @@ fn check_body_buffers(data: &Buffer, block: &Block) -> Result<()> {
             )));
         }
     }
-    Ok(())
+    Ok(Some(batch.length()))
 }
 
 #[cfg(test)]

@@ -174,11 +174,49 @@ def _value_field_index(names: list[str]) -> int | None:
     return None
 
 
+def _footer_lacks_record_batches(payload: memoryview) -> bool:
+    """True when the IPC footer table has no recordBatches field (field 3 of Footer).
+
+    A minimal flatbuffer walk: trailer -> footer -> root table -> vtable -> slot 3. Any
+    number that points outside the footer answers False, leaving the verdict to pyarrow.
+    """
+    size = len(payload)
+    (footer_len,) = struct.unpack_from("<i", payload, size - 10)
+    start, end = size - 10 - footer_len, size - 10
+    if footer_len < 4 or start < 8:
+        return False
+    footer = payload[start:end]
+
+    def read(fmt: str, pos: int) -> int | None:
+        if pos < 0 or pos + struct.calcsize(fmt) > len(footer):
+            return None
+        value: int = struct.unpack_from(fmt, footer, pos)[0]
+        return value
+
+    table = read("<I", 0)
+    soffset = None if table is None else read("<i", table)
+    if table is None or soffset is None:
+        return False
+    vtable = table - soffset
+    vtable_len = read("<H", vtable)
+    if vtable_len is None or read("<H", vtable + vtable_len - 2) is None:
+        return False
+    slot = 4 + 2 * 3  # after vtable_len and table_len, the fourth field's offset
+    return vtable_len <= slot or read("<H", vtable + slot) == 0
+
+
 def _value_columns(payload: memoryview, chunk_index: int) -> Iterator[pa.Array]:
     """Yield the 'value' column of each validated record batch, after checking the schema.
 
     Any failure of pyarrow itself becomes ArrowIpcError with pyarrow's message.
     """
+    # pyarrow only looks at the trailing magic, and reads a footer without a record-batch
+    # list as a file with no batches; arrow-rs (what the original runs) refuses the latter,
+    # and the native decoder refuses both. Check them here, before pyarrow sees the bytes.
+    if len(payload) < 18 or bytes(payload[:6]) != b"ARROW1":
+        raise ArrowIpcError("not an Arrow IPC file (no ARROW1 magic at the start)", chunk_index)
+    if _footer_lacks_record_batches(payload):
+        raise ArrowIpcError("IPC footer lists no record batches", chunk_index)
     try:
         reader = pa.ipc.open_file(pa.py_buffer(payload))
         schema = reader.schema
@@ -196,13 +234,14 @@ def _value_columns(payload: memoryview, chunk_index: int) -> Iterator[pa.Array]:
 
     for i in range(reader.num_record_batches):
         try:
-            batch = reader.get_batch(i)
-            # Full validation before touching any buffer: a hostile file must fail here
-            # with an exception, never read out of bounds later.
-            batch.validate(full=True)
+            values = reader.get_batch(i).column(column)
+            # Full validation of the one column we read, before touching its buffers: a
+            # hostile file must fail here, never read out of bounds later. Other columns
+            # (the index) are ignored as the original ignores them, damaged or not.
+            values.validate(full=True)
         except _ARROW_FAILURES as exc:
             raise ArrowIpcError(str(exc), chunk_index) from exc
-        yield batch.column(column)
+        yield values
 
 
 def decode_payload(payload: memoryview, chunk_index: int) -> np.ndarray:

@@ -84,19 +84,24 @@ pub fn encode_payload_exact(values: &[f32], out: &mut [u8]) -> Result<()> {
 }
 
 /// The `index` column 0..n-1. Every full chunk of a gradient has the same one, so the
-/// last one built is kept per thread and shared (an Arrow array clone is a refcount).
+/// longest built so far (up to `INDEX_CACHE_MAX` values) is kept per thread and sliced:
+/// an Arrow array slice is a refcount, not a copy.
 fn index_column(n: usize) -> Result<Int32Array> {
+    const INDEX_CACHE_MAX: usize = 1 << 22; // 16 MiB per thread at most
     thread_local! {
-        static LAST: std::cell::RefCell<Option<Int32Array>> = const { std::cell::RefCell::new(None) };
+        static LONGEST: std::cell::RefCell<Option<Int32Array>> = const { std::cell::RefCell::new(None) };
     }
     let end = i32::try_from(n).map_err(|_| {
         GradientStreamError::arrow(format!(
             "a chunk of {n} values does not fit the Int32 index column"
         ))
     })?;
-    Ok(LAST.with_borrow_mut(|last| match last {
-        Some(column) if column.len() == n => column.clone(),
-        _ => last.insert(Int32Array::from_iter_values(0..end)).clone(),
+    if n > INDEX_CACHE_MAX {
+        return Ok(Int32Array::from_iter_values(0..end));
+    }
+    Ok(LONGEST.with_borrow_mut(|longest| match longest {
+        Some(column) if column.len() >= n => column.slice(0, n),
+        _ => longest.insert(Int32Array::from_iter_values(0..end)).clone(),
     }))
 }
 
@@ -121,7 +126,7 @@ unsafe fn borrowed_buffer(bytes: &[u8]) -> Buffer {
 ///
 /// On error `out` may hold part of the payload's values; callers discard it.
 pub fn decode_payload(payload: &[u8], out: &mut Vec<f32>) -> Result<()> {
-    // SAFETY: `buffer` and all arrays decoded from it (batches, the decoder's dictionaries)
+    // SAFETY: `buffer` and all arrays decoded from it (batches)
     // live inside `decode_buffer` and are dropped before it returns, unwinding included;
     // only copied values leave it. Misaligned buffers are copied by arrow-rs itself.
     let buffer = unsafe { borrowed_buffer(payload) };
@@ -176,20 +181,27 @@ fn decode_buffer(buf: &Buffer, out: &mut Vec<f32>) -> Result<()> {
         return Err(GradientStreamError::arrow("'value' column is not Float32"));
     }
 
-    // Only the `value` column is decoded; the others (the index) are skipped unread.
-    let mut decoder =
+    // Only the `value` column is decoded; the others (the index) are skipped unread. The
+    // value column is Float32, never dictionary-encoded, so the footer's dictionary blocks
+    // are not read at all: decoding them would let a peer build arbitrary Arrow types.
+    let decoder =
         FileDecoder::new(Arc::new(schema), footer.version()).with_projection(vec![value_idx]);
-    if let Some(dictionaries) = footer.dictionaries() {
-        for block in dictionaries {
-            let data = block_data(buf, block, footer_start)?;
-            decoder.read_dictionary(block, &data).map_err(arrow_err)?;
-        }
-    }
     let blocks = footer
         .recordBatches()
         .ok_or_else(|| GradientStreamError::arrow("IPC footer lists no record batches"))?;
+    // Blocks must come in file order without overlapping, as every writer lays them out:
+    // a footer naming one block many times would otherwise multiply its values, making a
+    // small payload decode to gigabytes.
+    let mut free_from = 8usize;
     for block in blocks {
         let data = block_data(buf, block, footer_start)?;
+        let start = block.offset() as usize; // checked by block_data
+        if start < free_from {
+            return Err(GradientStreamError::arrow(format!(
+                "IPC record batch block at offset {start} overlaps the one before it"
+            )));
+        }
+        free_from = start + data.len();
         let declared_rows = check_batch_message(&data, block)?;
         // A block whose message is of type NONE decodes to "no batch" in arrow-rs; the
         // original would skip it silently, losing whatever the block was meant to hold.
@@ -453,6 +465,58 @@ mod tests {
                 let _ = decode(&bad);
             }
         }
+    }
+
+    fn two_batch_file() -> Vec<u8> {
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "value",
+            DataType::Float32,
+            false,
+        )]));
+        let b = RecordBatch::try_new(schema, vec![Arc::new(Float32Array::from(vec![7.0; 64]))])
+            .unwrap();
+        file_of(&[b.clone(), b])
+    }
+
+    fn footer_range(file: &[u8]) -> std::ops::Range<usize> {
+        let len = file.len();
+        let footer_len = read_footer_length(file[len - 10..].try_into().unwrap()).unwrap();
+        len - 10 - footer_len..len - 10
+    }
+
+    #[test]
+    fn a_block_listed_twice_is_refused_not_decoded_twice() {
+        // The amplification attack: a footer naming the same block many times would
+        // multiply a small payload's values.
+        let mut file = two_batch_file();
+        assert_eq!(decode(&file).unwrap().len(), 128);
+        let range = footer_range(&file);
+        let footer = arrow_ipc::root_as_footer(&file[range.clone()]).unwrap();
+        let blocks = footer.recordBatches().unwrap();
+        let (first, second) = (blocks.get(0).offset(), blocks.get(1).offset());
+        let at = range.start
+            + file[range]
+                .windows(8)
+                .position(|w| w == second.to_le_bytes())
+                .unwrap();
+        file[at..at + 8].copy_from_slice(&first.to_le_bytes());
+        let err = decode(&file).unwrap_err();
+        assert!(err.to_string().contains("overlaps"), "{err}");
+    }
+
+    #[test]
+    fn dictionary_columns_beside_the_values_are_skipped_unread() {
+        use arrow_array::{types::Int32Type, DictionaryArray};
+        let dict: DictionaryArray<Int32Type> = vec!["a", "b", "a"].into_iter().collect();
+        let b = RecordBatch::try_from_iter([
+            ("tag", Arc::new(dict) as Arc<dyn Array>),
+            (
+                "value",
+                Arc::new(Float32Array::from(vec![1.0, 2.0, 3.0])) as _,
+            ),
+        ])
+        .unwrap();
+        assert_eq!(decode(&file_of(&[b])).unwrap(), vec![1.0, 2.0, 3.0]);
     }
 
     #[test]

@@ -13,4 +13,6 @@ mod py;
 
 pub use error::{GradientStreamError, Result};
 pub use frame::{FrameHeader, Limits, DEFAULT_MAX_PAYLOAD_LEN, HEADER_LEN};
-pub use session::{ChunkRef, EncodedChunk, Reassembler, SessionConfig, DEFAULT_CHUNK_SIZE};
+pub use session::{
+    ChunkRef, EncodedChunk, FramePlan, Reassembler, SessionConfig, DEFAULT_CHUNK_SIZE,
+};

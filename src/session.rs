@@ -38,8 +38,36 @@ pub struct FramePlan<'g> {
     total: u32,
     windows: Vec<&'g [f32]>,
     payload_lens: Vec<u32>,
+    len: usize,
+}
+
+impl<'g> FramePlan<'g> {
     /// Bytes of the whole frame stream.
-    pub len: usize,
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn total_chunks(&self) -> u32 {
+        self.total
+    }
+
+    /// Each chunk's index, values and exact payload length.
+    pub fn chunks(&self) -> impl Iterator<Item = (u32, &'g [f32], u32)> + '_ {
+        (0u32..)
+            .zip(self.windows.iter().copied())
+            .zip(self.payload_lens.iter().copied())
+            .map(|((index, window), len)| (index, window, len))
+    }
+}
+
+/// Encode one chunk's payload into `out` (exactly its planned length); its CRC-32.
+pub fn write_payload(values: &[f32], out: &mut [u8]) -> Result<u32> {
+    codec::encode_payload_exact(values, out)?;
+    Ok(codec::checksum(out))
 }
 
 /// A chunk to decode, borrowed from wherever the caller keeps it.
@@ -106,24 +134,19 @@ impl SessionConfig {
             })
     }
 
-    fn encode_chunk(&self, index: u32, total: u32, window: &[f32]) -> Result<EncodedChunk> {
-        let payload = codec::encode_payload(window)?;
-        self.check_payload_len(index, payload.len())?;
-        Ok(EncodedChunk {
-            chunk_index: index,
-            total_chunks: total,
-            checksum: codec::checksum(&payload),
-            payload,
-        })
-    }
-
     /// Split a gradient into chunks, each an Arrow IPC payload with its CRC-32.
     pub fn encode_gradient(&self, gradient: &[f32]) -> Result<Vec<EncodedChunk>> {
-        let (total, windows) = self.windows(gradient)?;
-        windows
-            .into_iter()
-            .zip(0u32..)
-            .map(|(window, index)| self.encode_chunk(index, total, window))
+        let plan = self.plan_frames(gradient)?;
+        plan.chunks()
+            .map(|(index, window, len)| {
+                let mut payload = vec![0u8; len as usize];
+                Ok(EncodedChunk {
+                    chunk_index: index,
+                    total_chunks: plan.total_chunks(),
+                    checksum: write_payload(window, &mut payload)?,
+                    payload,
+                })
+            })
             .collect()
     }
 
@@ -147,6 +170,8 @@ impl SessionConfig {
             let len = match sizes.iter().find(|(n, _)| *n == window.len()) {
                 Some(&(_, len)) => len,
                 None => {
+                    // 8 bytes a value is a floor: refuse a hopeless chunk before encoding it.
+                    self.check_payload_len(index, window.len().saturating_mul(8))?;
                     let len = codec::encode_payload(window)?.len();
                     let len = self.check_payload_len(index, len)?;
                     sizes.push((window.len(), len));
@@ -164,7 +189,7 @@ impl SessionConfig {
         })
     }
 
-    /// Write a planned frame stream into `out`, which must be `plan.len` bytes long.
+    /// Write a planned frame stream into `out`, which must be `plan.len()` bytes long.
     pub fn write_frames(&self, plan: &FramePlan<'_>, out: &mut [u8]) -> Result<()> {
         if out.len() != plan.len {
             return Err(GradientStreamError::frame(
@@ -177,18 +202,15 @@ impl SessionConfig {
             ));
         }
         let mut rest = out;
-        for ((window, &payload_len), index) in
-            plan.windows.iter().zip(&plan.payload_lens).zip(0u32..)
-        {
+        for (index, window, payload_len) in plan.chunks() {
             let (frame, tail) = rest.split_at_mut(HEADER_LEN + payload_len as usize);
             rest = tail;
             let (head, payload) = frame.split_at_mut(HEADER_LEN);
-            codec::encode_payload_exact(window, payload)?;
             let header = FrameHeader {
                 chunk_index: index,
                 total_chunks: plan.total,
                 payload_len,
-                checksum: codec::checksum(payload),
+                checksum: write_payload(window, payload)?,
             };
             head.copy_from_slice(&header.to_bytes());
         }
@@ -270,6 +292,7 @@ impl EncodedChunk {
         FrameHeader {
             chunk_index: self.chunk_index,
             total_chunks: self.total_chunks,
+            // plan_frames refused payloads over max_payload_len, itself a u32.
             payload_len: self.payload.len() as u32,
             checksum: self.checksum,
         }
@@ -358,10 +381,11 @@ impl Reassembler {
         self.received
     }
 
-    /// Check and take one frame; `Ok(true)` once every chunk is in.
+    /// Check and take one frame; `Ok(true)` once every chunk is in. A frame that fails
+    /// leaves the assembly as it was.
     pub fn accept(&mut self, header: &FrameHeader, payload: &[u8], offset: u64) -> Result<bool> {
         let index = header.chunk_index;
-        let (first_index, total) = *self.first.get_or_insert((index, header.total_chunks));
+        let (first_index, total) = self.first.unwrap_or((index, header.total_chunks));
         check_total(first_index, total, index, header.total_chunks)
             .and_then(|()| check_range(index, total))
             .and_then(|()| {
@@ -378,7 +402,11 @@ impl Reassembler {
                 let guess = (total as usize).saturating_mul(payload.len() / 8);
                 self.values.reserve(guess.min(self.reserve_cap));
             }
-            verify_and_decode(index, header.checksum, payload, &mut self.values)?;
+            let before = self.values.len();
+            if let Err(e) = verify_and_decode(index, header.checksum, payload, &mut self.values) {
+                self.values.truncate(before);
+                return Err(e);
+            }
             self.next += 1;
             while let Some(values) = self.early.remove(&self.next) {
                 self.values.extend_from_slice(&values);
@@ -389,6 +417,7 @@ impl Reassembler {
             verify_and_decode(index, header.checksum, payload, &mut values)?;
             self.early.insert(index, values);
         }
+        self.first = Some((first_index, total));
         self.received += 1;
         Ok(self.received == total as usize)
     }
@@ -571,6 +600,31 @@ mod tests {
         let (detail, _, off) = frame_error(s.decode_frames(&extra));
         assert_eq!(detail, "3 bytes left over after the last chunk");
         assert_eq!(off, Some(wire.len() as u64));
+    }
+
+    #[test]
+    fn a_refused_frame_leaves_the_assembly_untouched() {
+        let s = session(2);
+        let chunks = s.encode_gradient(&gradient(6)).unwrap();
+        let mut bad = chunks[1].clone();
+        bad.checksum ^= 1;
+        let mut assembly = Reassembler::new(usize::MAX);
+        assert!(!assembly
+            .accept(&chunks[0].header(), &chunks[0].payload, 0)
+            .unwrap());
+        assert!(assembly.accept(&bad.header(), &bad.payload, 0).is_err());
+        // An out-of-range first frame must not fix the total for the frames after it.
+        let mut fresh = Reassembler::new(usize::MAX);
+        let mut far = chunks[0].clone();
+        far.total_chunks = 0;
+        assert!(fresh.accept(&far.header(), &far.payload, 0).is_err());
+        assert!(!fresh
+            .accept(&chunks[0].header(), &chunks[0].payload, 0)
+            .unwrap());
+        for c in &chunks[1..] {
+            assembly.accept(&c.header(), &c.payload, 0).unwrap();
+        }
+        assert_eq!(assembly.finish().unwrap(), gradient(6));
     }
 
     #[test]

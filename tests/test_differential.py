@@ -20,6 +20,7 @@ from types import ModuleType, SimpleNamespace
 from typing import Any, NamedTuple
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, event, example, given, note, settings
 from hypothesis import strategies as st
@@ -779,3 +780,24 @@ def test_detectors_see_valid_payloads_as_valid() -> None:
         assert not footer_lacks_record_batches(payload)
         assert not has_none_message_block(payload)
         assert header_type_positions(payload) != []
+
+
+@pytest.mark.parametrize("source", sorted(IMPLS))
+def test_footer_listing_a_block_twice_is_refused(source: str) -> None:
+    # The amplification attack: without the check, each listing decodes the block again,
+    # so a small payload could decode to gigabytes.
+    schema = pa.schema([pa.field("value", pa.float32(), nullable=False)])
+    batch = pa.record_batch([pa.array(np.ones(64, np.float32))], schema=schema)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, schema) as writer:
+        writer.write_batch(batch)
+        writer.write_batch(batch)
+    payload = sink.getvalue().to_pybytes()
+    blocks = ref._footer_blocks(memoryview(payload))
+    assert blocks is not None and len(blocks) == 2
+    first, second = blocks[0][0], blocks[1][0]
+    footer_at = len(payload) - 10 - int.from_bytes(payload[-10:-6], "little")
+    at = payload.index(second.to_bytes(8, "little"), footer_at)
+    patched = payload[:at] + first.to_bytes(8, "little") + payload[at + 8 :]
+    assert ref._footer_blocks(memoryview(patched)) == [blocks[0], blocks[0]]
+    assert_both_refuse(patched)

@@ -368,6 +368,26 @@ def test_strided_view_flattens_in_c_order(impl):
     assert_same_bits(s.decode_chunks(s.encode_gradient(grad)), np.ascontiguousarray(grad))
 
 
+def test_misaligned_float32_view_is_copied_not_refused(impl):
+    # A float32 view at an odd byte offset is C-contiguous but cannot be read as f32 in
+    # place; it must be copied once, not refused.
+    raw = bytearray(1 + 4 * 10)
+    raw[1:] = ramp(10).tobytes()
+    grad = np.frombuffer(raw, dtype=np.float32, offset=1)
+    assert not grad.flags.aligned
+    s = session(impl, 4)
+    assert_same_bits(s.decode_frames(s.encode_frames(grad)), ramp(10))
+
+
+def test_decode_frames_reads_a_bytearray_that_changes_afterwards(impl):
+    # Mutable input is copied before decoding; the result does not alias it.
+    s = session(impl, 4)
+    wire = bytearray(s.encode_frames(ramp(9)))
+    out = s.decode_frames(wire)
+    wire[:] = bytes(len(wire))
+    assert_same_bits(out, ramp(9))
+
+
 def test_big_endian_float32_is_swapped(impl):
     grad = ramp(9).astype(">f4")
     s = session(impl, 4)

@@ -90,7 +90,7 @@ def _to_ndarray(obj: Any) -> np.ndarray:
 def as_float32_vector(obj: Any) -> np.ndarray:
     """Return ``obj`` as a 1-D C-contiguous native-endian float32 ndarray.
 
-    C-contiguous float32 input is returned as a view (no copy); other layouts are
+    C-contiguous aligned float32 input is returned as a view (no copy); other layouts are
     copied once, flattened in C order. Non-native byte order is swapped (lossless).
     """
     arr = _to_ndarray(obj)
@@ -99,5 +99,6 @@ def as_float32_vector(obj: Any) -> np.ndarray:
         raise _reject(f"dtype {dtype}")
     if not dtype.isnative:
         arr = arr.astype(np.float32)
-    # ascontiguousarray is a no-op for C-contiguous input and one copy otherwise.
-    return np.ascontiguousarray(arr).reshape(-1)
+    # No-op for C-contiguous aligned input, one copy otherwise (a float32 view at an odd
+    # byte offset is contiguous but misaligned, and Rust cannot read it as f32 in place).
+    return np.require(arr, requirements=["C", "A"]).reshape(-1)

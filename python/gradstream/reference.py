@@ -174,17 +174,21 @@ def _value_field_index(names: list[str]) -> int | None:
     return None
 
 
-def _footer_lacks_record_batches(payload: memoryview) -> bool:
-    """True when the IPC footer table has no recordBatches field (field 3 of Footer).
+_BLOCK = struct.Struct("<qi4xq")  # Block: offset, metaDataLength, padding, bodyLength
 
-    A minimal flatbuffer walk: trailer -> footer -> root table -> vtable -> slot 3. Any
-    number that points outside the footer answers False, leaving the verdict to pyarrow.
+
+def _footer_blocks(payload: memoryview) -> list[tuple[int, int, int]] | None:
+    """The footer's record-batch blocks as (offset, metadata length, body length), or None
+    when the footer has no recordBatches field (field 3 of the Footer table).
+
+    A minimal flatbuffer walk: trailer -> footer -> root table -> vtable -> slot 3 -> vector.
+    Numbers that point outside the footer give [] (no verdict), leaving it to pyarrow.
     """
     size = len(payload)
     (footer_len,) = struct.unpack_from("<i", payload, size - 10)
     start, end = size - 10 - footer_len, size - 10
     if footer_len < 4 or start < 8:
-        return False
+        return []
     footer = payload[start:end]
 
     def read(fmt: str, pos: int) -> int | None:
@@ -196,13 +200,44 @@ def _footer_lacks_record_batches(payload: memoryview) -> bool:
     table = read("<I", 0)
     soffset = None if table is None else read("<i", table)
     if table is None or soffset is None:
-        return False
+        return []
     vtable = table - soffset
     vtable_len = read("<H", vtable)
     if vtable_len is None or read("<H", vtable + vtable_len - 2) is None:
-        return False
+        return []
     slot = 4 + 2 * 3  # after vtable_len and table_len, the fourth field's offset
-    return vtable_len <= slot or read("<H", vtable + slot) == 0
+    field = read("<H", vtable + slot) if vtable_len > slot else 0
+    if not field:
+        return None
+    vector_ref = read("<I", table + field)
+    if vector_ref is None:
+        return []
+    vector = table + field + vector_ref
+    count = read("<I", vector)
+    if count is None or vector + 4 + count * _BLOCK.size > len(footer):
+        return []
+    return [_BLOCK.unpack_from(footer, vector + 4 + i * _BLOCK.size) for i in range(count)]
+
+
+def _check_footer(payload: memoryview, chunk_index: int) -> None:
+    """What pyarrow does not check and arrow-rs (or the native decoder) does."""
+    # pyarrow only looks at the trailing magic.
+    if len(payload) < 18 or bytes(payload[:6]) != b"ARROW1":
+        raise ArrowIpcError("not an Arrow IPC file (no ARROW1 magic at the start)", chunk_index)
+    blocks = _footer_blocks(payload)
+    # pyarrow reads a footer without a record-batch list as a file with no batches.
+    if blocks is None:
+        raise ArrowIpcError("IPC footer lists no record batches", chunk_index)
+    # pyarrow would decode a block listed many times again each time: a small payload
+    # could then decode to gigabytes. Writers lay blocks out in order, without overlap.
+    free_from = 8
+    for offset, meta_len, body_len in blocks:
+        if offset < free_from:
+            raise ArrowIpcError(
+                f"IPC record batch block at offset {offset} overlaps the one before it",
+                chunk_index,
+            )
+        free_from = offset + meta_len + body_len
 
 
 def _value_columns(payload: memoryview, chunk_index: int) -> Iterator[pa.Array]:
@@ -210,13 +245,7 @@ def _value_columns(payload: memoryview, chunk_index: int) -> Iterator[pa.Array]:
 
     Any failure of pyarrow itself becomes ArrowIpcError with pyarrow's message.
     """
-    # pyarrow only looks at the trailing magic, and reads a footer without a record-batch
-    # list as a file with no batches; arrow-rs (what the original runs) refuses the latter,
-    # and the native decoder refuses both. Check them here, before pyarrow sees the bytes.
-    if len(payload) < 18 or bytes(payload[:6]) != b"ARROW1":
-        raise ArrowIpcError("not an Arrow IPC file (no ARROW1 magic at the start)", chunk_index)
-    if _footer_lacks_record_batches(payload):
-        raise ArrowIpcError("IPC footer lists no record batches", chunk_index)
+    _check_footer(payload, chunk_index)
     try:
         reader = pa.ipc.open_file(pa.py_buffer(payload))
         schema = reader.schema

@@ -1,7 +1,8 @@
 //! Bytes across the boundary without needless copies.
 //!
-//! `ReadBuffer` borrows any bytes-like Python object (bytes, bytearray, memoryview,
-//! pyarrow.Buffer, numpy arrays) as a `&[u8]` that may be used with the GIL released.
+//! `ReadBuffer` gives the bytes of any bytes-like Python object (bytes, bytearray,
+//! memoryview, pyarrow.Buffer, numpy arrays) as a `&[u8]` that stays valid and unchanged
+//! with the GIL released.
 //! `FrameBytes` hands a Rust-built byte vector to Python through the buffer protocol, so
 //! that `pyarrow.py_buffer` can wrap it with no copy.
 
@@ -15,45 +16,52 @@ use pyo3::pybacked::PyBackedBytes;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyMemoryView};
 
-/// Read-only bytes borrowed from a Python object.
+/// Bytes of a Python object that cannot change while we read them.
 pub enum ReadBuffer {
-    /// A C-contiguous buffer exported by the object itself.
-    View(PyUntypedBuffer),
-    /// A `bytes` object, or a contiguous copy of a strided buffer.
+    /// A `bytes` object: immutable, read in place.
     Bytes(PyBackedBytes),
+    /// A copy of any other buffer (bytearray, memoryview, numpy, pyarrow.Buffer).
+    Copied(Vec<u8>),
 }
 
 impl ReadBuffer {
+    /// Borrow `bytes` in place; copy anything else once. A mutable buffer must not be read
+    /// in place with the GIL released: another thread (a `socket.recv_into`, say) could
+    /// rewrite it between our checks and our reads, and the Arrow metadata is verified once
+    /// and then trusted. Its read-only flag proves nothing (`memoryview.toreadonly()`).
     pub fn get(obj: &Bound<'_, PyAny>) -> PyResult<Self> {
         if let Ok(bytes) = obj.cast::<PyBytes>() {
             return Ok(Self::Bytes(bytes.clone().into()));
         }
         let view = PyUntypedBuffer::get(obj)?;
-        if view.is_c_contiguous() {
-            return Ok(Self::View(view));
+        if !view.is_c_contiguous() {
+            // A strided view (e.g. memoryview(x)[::2]): Python makes the contiguous copy.
+            let bytes = PyMemoryView::from(obj)?
+                .call_method0("tobytes")?
+                .cast_into::<PyBytes>()?;
+            return Ok(Self::Bytes(bytes.into()));
         }
-        // A strided view (e.g. memoryview(x)[::2]): one contiguous copy, in C order.
-        let bytes = PyMemoryView::from(obj)?
-            .call_method0("tobytes")?
-            .cast_into::<PyBytes>()?;
-        Ok(Self::Bytes(bytes.into()))
+        let (ptr, len) = (view.buf_ptr() as usize, view.len_bytes());
+        let copy = obj.py().detach(|| {
+            let mut copy = Vec::<u8>::with_capacity(len);
+            if len > 0 {
+                // SAFETY: the exporter guarantees `len` readable bytes at `ptr` while the
+                // view is held (until the end of this function); `copy` has room for them.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(ptr as *const u8, copy.as_mut_ptr(), len);
+                    copy.set_len(len);
+                }
+            }
+            copy
+        });
+        drop(view);
+        Ok(Self::Copied(copy))
     }
 
-    /// The bytes. Safe to use without the GIL: the view stays exported (and `bytes` alive)
-    /// for as long as `self` lives. A writer mutating a bytearray from another thread
-    /// meanwhile is a data race the caller owns, as with any buffer consumer.
     pub fn as_slice(&self) -> &[u8] {
         match self {
-            Self::View(view) => {
-                let len = view.len_bytes();
-                if len == 0 {
-                    return &[];
-                }
-                // SAFETY: the exporter guarantees `len` readable, C-contiguous bytes at
-                // `buf_ptr` until the view is released, which happens when `self` drops.
-                unsafe { std::slice::from_raw_parts(view.buf_ptr() as *const u8, len) }
-            }
             Self::Bytes(bytes) => bytes,
+            Self::Copied(copy) => copy,
         }
     }
 }

@@ -12,19 +12,19 @@ use super::buffers::{vec_to_pyarrow, ReadBuffer};
 use super::chunk::{payload_bytes, PyChunk};
 use super::errors::IntoPyResult;
 use crate::frame::{Limits, DEFAULT_MAX_PAYLOAD_LEN};
-use crate::session::{ChunkRef, SessionConfig, DEFAULT_CHUNK_SIZE};
+use crate::session::{write_payload, ChunkRef, SessionConfig, DEFAULT_CHUNK_SIZE};
 
 #[pyclass(name = "GradientStreamSession", module = "gradstream", frozen)]
 pub struct PySession {
     config: SessionConfig,
 }
 
-/// The gradient as a C-contiguous float32 array, read in place when it already is one;
+/// The gradient as a C-contiguous, aligned float32 array, read in place when it already is;
 /// anything else goes through `gradstream._convert` (shared with the reference), which
 /// copies once or refuses with a TypeError naming the dtype.
 fn gradient_array<'py>(obj: &Bound<'py, PyAny>) -> PyResult<PyReadonlyArrayDyn<'py, f32>> {
     if let Ok(array) = obj.cast::<PyArrayDyn<f32>>() {
-        if array.is_c_contiguous() {
+        if array.is_c_contiguous() && array.is_aligned() {
             return Ok(array.try_readonly()?);
         }
     }
@@ -151,19 +151,24 @@ impl PySession {
     ) -> PyResult<Vec<PyChunk>> {
         let array = gradient_array(gradient)?;
         let values = array.as_slice()?;
-        let chunks = py
-            .detach(|| self.config.encode_gradient(values))
-            .py_err(py)?;
-        Ok(chunks
-            .into_iter()
-            .map(|c| PyChunk {
-                session_id: self.config.session_id.clone(),
-                chunk_index: c.chunk_index,
-                total_chunks: c.total_chunks,
-                checksum: c.checksum,
-                payload: PyBytes::new(py, &c.payload).into(),
+        let plan = py.detach(|| self.config.plan_frames(values)).py_err(py)?;
+        plan.chunks()
+            .map(|(index, window, len)| {
+                // Each payload is encoded straight into its `bytes`, with the GIL released.
+                let mut checksum = 0;
+                let payload = PyBytes::new_with(py, len as usize, |out| {
+                    checksum = py.detach(|| write_payload(window, out)).py_err(py)?;
+                    Ok(())
+                })?;
+                Ok(PyChunk {
+                    session_id: self.config.session_id.clone(),
+                    chunk_index: index,
+                    total_chunks: plan.total_chunks(),
+                    checksum,
+                    payload: payload.into(),
+                })
             })
-            .collect())
+            .collect()
     }
 
     /// Reassemble chunks given in any order into a float32 array.
@@ -202,7 +207,7 @@ impl PySession {
         // Size the `bytes` exactly, then encode straight into it with the GIL released: the
         // object is ours alone until it is returned, and no second copy of the stream exists.
         let plan = py.detach(|| self.config.plan_frames(values)).py_err(py)?;
-        let wire = PyBytes::new_with(py, plan.len, |out| {
+        let wire = PyBytes::new_with(py, plan.len(), |out| {
             py.detach(|| self.config.write_frames(&plan, out))
                 .py_err(py)
         })?;

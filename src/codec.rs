@@ -53,6 +53,11 @@ pub fn encode_payload(values: &[f32]) -> Result<Vec<u8>> {
     Ok(out)
 }
 
+/// Append the seed-layout file of `values` to `out`.
+pub fn append_payload(values: &[f32], out: &mut Vec<u8>) -> Result<()> {
+    encode_to(values, out)
+}
+
 fn encode_to(values: &[f32], out: impl std::io::Write) -> Result<()> {
     let index = index_column(values.len())?;
     // SAFETY: the buffer borrows `values`; it lives in `batch`, which is dropped before

@@ -3,7 +3,7 @@
 //! accepts silently. `src/py/errors.rs` maps each variant onto a Python class.
 
 /// Everything that can go wrong encoding or decoding a gradient.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum GradientStreamError {
     /// A payload is not an Arrow IPC file with a Float32 `value` column.
     #[error("Arrow IPC error{}: {detail}", on_chunk(*chunk_index))]
@@ -34,6 +34,27 @@ pub enum GradientStreamError {
         chunk_index: Option<u32>,
         offset: Option<u64>,
     },
+
+    /// The connection failed; `errno` is the OS error code when there is one.
+    #[error("I/O error: {message}")]
+    Io { errno: Option<i32>, message: String },
+
+    /// No byte moved for `timeout` seconds.
+    #[error("no progress for {timeout} s (after {received} chunks)")]
+    Timeout {
+        timeout: f64,
+        received: usize,
+        total: Option<u32>,
+    },
+}
+
+impl From<std::io::Error> for GradientStreamError {
+    fn from(e: std::io::Error) -> Self {
+        Self::Io {
+            errno: e.raw_os_error(),
+            message: e.to_string(),
+        }
+    }
 }
 
 fn on_chunk(chunk_index: Option<u32>) -> String {

@@ -14,6 +14,9 @@ pub const HEADER_LEN: usize = 16;
 /// 32M values in the seed layout (8 bytes a value), 512 times the default chunk.
 pub const DEFAULT_MAX_PAYLOAD_LEN: u32 = 256 << 20;
 
+/// Default largest gradient a receiver accepts: 2^30 values, 4 GiB of float32.
+pub const DEFAULT_MAX_GRADIENT_LEN: usize = 1 << 30;
+
 /// One frame's header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FrameHeader {
@@ -55,12 +58,15 @@ impl FrameHeader {
 pub struct Limits {
     /// Largest payload of one frame, in bytes.
     pub max_payload_len: u32,
+    /// Largest gradient, in values: bounds what a receiver allocates for one gradient.
+    pub max_gradient_len: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Self {
             max_payload_len: DEFAULT_MAX_PAYLOAD_LEN,
+            max_gradient_len: DEFAULT_MAX_GRADIENT_LEN,
         }
     }
 }
@@ -80,45 +86,6 @@ impl Limits {
         }
         Ok(())
     }
-}
-
-/// What stands at an offset of an in-memory frame stream.
-#[derive(Debug, PartialEq, Eq)]
-pub enum FrameRead<'a> {
-    /// No bytes left.
-    End,
-    /// 1 to 15 bytes left: a header cut short.
-    PartialHeader(usize),
-    /// A whole frame.
-    Frame(FrameHeader, &'a [u8]),
-}
-
-/// Read the frame at `offset` of `data`, checking the header against `limits` and the
-/// payload against the bytes that remain.
-pub fn read_frame<'a>(data: &'a [u8], offset: usize, limits: &Limits) -> Result<FrameRead<'a>> {
-    let rest = data.get(offset..).unwrap_or(&[]);
-    let Some((head, body)) = rest.split_first_chunk::<HEADER_LEN>() else {
-        return Ok(if rest.is_empty() {
-            FrameRead::End
-        } else {
-            FrameRead::PartialHeader(rest.len())
-        });
-    };
-    let header = FrameHeader::from_bytes(head);
-    limits.check_header(&header, offset as u64)?;
-    let payload = body.get(..header.payload_len as usize).ok_or_else(|| {
-        GradientStreamError::frame(
-            format!(
-                "truncated frame: chunk {} declares a {}-byte payload but only {} bytes follow",
-                header.chunk_index,
-                header.payload_len,
-                body.len()
-            ),
-            Some(header.chunk_index),
-        )
-        .at_offset(offset as u64)
-    })?;
-    Ok(FrameRead::Frame(header, payload))
 }
 
 #[cfg(test)]
@@ -145,50 +112,16 @@ mod tests {
     }
 
     #[test]
-    fn reads_end_partial_and_whole_frames() {
-        let limits = Limits::default();
-        let mut data = header(0, 1, 3, 7).to_bytes().to_vec();
-        data.extend_from_slice(b"abc");
-        assert_eq!(
-            read_frame(&data, 0, &limits).unwrap(),
-            FrameRead::Frame(header(0, 1, 3, 7), b"abc".as_slice())
-        );
-        assert_eq!(
-            read_frame(&data, data.len(), &limits).unwrap(),
-            FrameRead::End
-        );
-        assert_eq!(read_frame(&data, 99, &limits).unwrap(), FrameRead::End);
-        assert_eq!(
-            read_frame(&data[..5], 0, &limits).unwrap(),
-            FrameRead::PartialHeader(5)
-        );
-    }
-
-    #[test]
-    fn truncated_payload_names_chunk_and_offset() {
-        let mut data = vec![9u8; 4];
-        data.extend_from_slice(&header(2, 3, 10, 0).to_bytes());
-        data.extend_from_slice(b"short");
-        let err = read_frame(&data, 4, &Limits::default()).unwrap_err();
-        assert_eq!(
-            err,
-            GradientStreamError::Frame {
-                detail:
-                    "truncated frame: chunk 2 declares a 10-byte payload but only 5 bytes follow"
-                        .into(),
-                chunk_index: Some(2),
-                offset: Some(4),
-            }
-        );
-    }
-
-    #[test]
     fn oversized_payload_is_refused_from_the_header_alone() {
-        let data = header(0, 1, u32::MAX, 0).to_bytes();
         let limits = Limits {
             max_payload_len: 1024,
+            ..Limits::default()
         };
-        match read_frame(&data, 0, &limits).unwrap_err() {
+        assert!(limits.check_header(&header(0, 1, 1024, 0), 0).is_ok());
+        match limits
+            .check_header(&header(0, 1, u32::MAX, 0), 0)
+            .unwrap_err()
+        {
             GradientStreamError::Frame { detail, .. } => assert_eq!(
                 detail,
                 "chunk 0 declares a 4294967295-byte payload, above max_payload_len 1024"

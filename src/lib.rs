@@ -8,11 +8,15 @@ pub mod codec;
 pub mod error;
 pub mod frame;
 pub mod session;
+pub mod stream;
 
 mod py;
 
 pub use error::{GradientStreamError, Result};
-pub use frame::{FrameHeader, Limits, DEFAULT_MAX_PAYLOAD_LEN, HEADER_LEN};
+pub use frame::{
+    FrameHeader, Limits, DEFAULT_MAX_GRADIENT_LEN, DEFAULT_MAX_PAYLOAD_LEN, HEADER_LEN,
+};
 pub use session::{
-    ChunkRef, EncodedChunk, FramePlan, Reassembler, SessionConfig, DEFAULT_CHUNK_SIZE,
+    ChunkRef, EncodedChunk, FramePlan, FrameReceiver, Reassembler, SessionConfig,
+    DEFAULT_CHUNK_SIZE,
 };

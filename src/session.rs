@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use crate::codec;
 use crate::error::{GradientStreamError, Result};
-use crate::frame::{self, FrameHeader, FrameRead, Limits, HEADER_LEN};
+use crate::frame::{FrameHeader, Limits, HEADER_LEN};
 
 /// Default chunk size: 65,536 f32 values, 256 KiB of gradient.
 pub const DEFAULT_CHUNK_SIZE: usize = 65_536;
@@ -21,6 +21,8 @@ pub struct SessionConfig {
     /// Stored and reported only, as in the original.
     pub compression: bool,
     pub limits: Limits,
+    /// Longest wait for a byte to move, on streams; None waits for ever.
+    pub timeout: Option<std::time::Duration>,
 }
 
 /// One encoded chunk, owning its payload.
@@ -86,6 +88,7 @@ impl SessionConfig {
             chunk_size: chunk_size.max(1),
             compression: false,
             limits: Limits::default(),
+            timeout: None,
         }
     }
 
@@ -103,6 +106,27 @@ impl SessionConfig {
                 None,
             )
         })
+    }
+
+    /// Chunk `index` of `gradient` as one frame (header + payload): the asyncio-streams
+    /// sender asks for frames one at a time.
+    pub fn encode_frame(&self, gradient: &[f32], index: u32) -> Result<Vec<u8>> {
+        let total = self.chunk_count(gradient.len())?;
+        let start = (index as usize)
+            .saturating_mul(self.chunk_size)
+            .min(gradient.len());
+        let end = start.saturating_add(self.chunk_size).min(gradient.len());
+        let mut frame = vec![0u8; HEADER_LEN];
+        codec::append_payload(&gradient[start..end], &mut frame)?;
+        let payload_len = self.check_payload_len(index, frame.len() - HEADER_LEN)?;
+        let header = FrameHeader {
+            chunk_index: index,
+            total_chunks: total,
+            payload_len,
+            checksum: codec::checksum(&frame[HEADER_LEN..]),
+        };
+        frame[..HEADER_LEN].copy_from_slice(&header.to_bytes());
+        Ok(frame)
     }
 
     /// The gradient's windows, one per chunk (one empty window for an empty gradient).
@@ -251,39 +275,34 @@ impl SessionConfig {
     /// Parse a byte stream of frames as the receiver does (README "Decoding rules",
     /// decode_frames): exactly one gradient, and nothing after it.
     pub fn decode_frames(&self, data: &[u8]) -> Result<Vec<f32>> {
-        let mut assembly = Reassembler::new(data.len() / 4);
-        let mut offset = 0usize;
+        // The input bounds what it can hold: a quarter of its bytes in values.
+        let mut receiver = FrameReceiver::new(self.limits, data.len() / 4);
+        let mut pos = 0usize;
         loop {
-            match frame::read_frame(data, offset, &self.limits)? {
-                FrameRead::End if assembly.received() == 0 => return Ok(Vec::new()),
-                FrameRead::PartialHeader(n) if assembly.received() == 0 => {
-                    return Err(GradientStreamError::frame(
-                        format!("truncated frame header: {n} of {HEADER_LEN} bytes"),
-                        None,
-                    )
-                    .at_offset(offset as u64));
-                }
-                FrameRead::End | FrameRead::PartialHeader(_) => return assembly.finish(),
-                FrameRead::Frame(header, payload) => {
-                    let done = assembly.accept(&header, payload, offset as u64)?;
-                    offset += HEADER_LEN + payload.len();
-                    if done {
-                        break;
-                    }
-                }
+            let want = receiver.want();
+            let Some(unit) = data.get(pos..pos + want) else {
+                return receiver
+                    .end_of_stream(data.len() - pos)
+                    .map(Option::unwrap_or_default);
+            };
+            pos += want;
+            if receiver.feed(unit)? {
+                break;
             }
         }
-        if offset < data.len() {
+        if pos < data.len() {
             return Err(GradientStreamError::frame(
-                format!(
-                    "{} bytes left over after the last chunk",
-                    data.len() - offset
-                ),
+                format!("{} bytes left over after the last chunk", data.len() - pos),
                 None,
             )
-            .at_offset(offset as u64));
+            .at_offset(pos as u64));
         }
-        assembly.finish()
+        receiver.finish()
+    }
+
+    /// A receiver for one gradient arriving frame by frame over a stream.
+    pub fn receiver(&self) -> FrameReceiver {
+        FrameReceiver::new(self.limits, self.limits.max_gradient_len)
     }
 }
 
@@ -354,9 +373,12 @@ fn verify_and_decode(index: u32, expected: u32, payload: &[u8], out: &mut Vec<f3
 /// that comes early waits, decoded, until the ones before it are in.
 #[derive(Debug)]
 pub struct Reassembler {
+    max_gradient_len: usize,
     /// Index and total_chunks of the first frame: every later frame must agree.
     first: Option<(u32, u32)>,
     received: usize,
+    /// Values decoded so far, early ones included.
+    count: usize,
     /// The index whose values go at the end of `values` next.
     next: u32,
     values: Vec<f32>,
@@ -366,14 +388,16 @@ pub struct Reassembler {
 }
 
 impl Reassembler {
-    pub fn new(reserve_cap: usize) -> Self {
+    pub fn new(max_gradient_len: usize, reserve_cap: usize) -> Self {
         Self {
+            max_gradient_len,
             first: None,
             received: 0,
+            count: 0,
             next: 0,
             values: Vec::new(),
             early: BTreeMap::new(),
-            reserve_cap,
+            reserve_cap: reserve_cap.min(max_gradient_len),
         }
     }
 
@@ -381,50 +405,101 @@ impl Reassembler {
         self.received
     }
 
+    /// total_chunks of the gradient, once a frame has told it.
+    pub fn total(&self) -> Option<u32> {
+        self.first.map(|(_, total)| total)
+    }
+
+    pub fn is_complete(&self) -> bool {
+        self.total().is_some_and(|t| self.received == t as usize)
+    }
+
     /// Check and take one frame; `Ok(true)` once every chunk is in. A frame that fails
     /// leaves the assembly as it was.
     pub fn accept(&mut self, header: &FrameHeader, payload: &[u8], offset: u64) -> Result<bool> {
         let index = header.chunk_index;
         let (first_index, total) = self.first.unwrap_or((index, header.total_chunks));
-        check_total(first_index, total, index, header.total_chunks)
-            .and_then(|()| check_range(index, total))
-            .and_then(|()| {
-                if index < self.next || self.early.contains_key(&index) {
-                    Err(duplicate(index))
-                } else {
-                    Ok(())
-                }
-            })
+        self.check_frame(first_index, total, header)
             .map_err(|e| e.at_offset(offset))?;
-        if index == self.next {
+        let mut fresh = Vec::new();
+        let out = if index == self.next {
             if self.received == 0 {
-                // Guess the gradient's size from the first chunk, within what the input holds.
+                // Guess the gradient's size from the first chunk, within what can come.
                 let guess = (total as usize).saturating_mul(payload.len() / 8);
                 self.values.reserve(guess.min(self.reserve_cap));
             }
-            let before = self.values.len();
-            if let Err(e) = verify_and_decode(index, header.checksum, payload, &mut self.values) {
-                self.values.truncate(before);
+            &mut self.values
+        } else {
+            &mut fresh
+        };
+        let before = out.len();
+        let decoded = verify_and_decode(index, header.checksum, payload, out)
+            .map(|()| out.len() - before)
+            .and_then(|n| {
+                let count = self.count + n;
+                if count > self.max_gradient_len {
+                    return Err(GradientStreamError::frame(
+                        format!(
+                            "gradient exceeds max_gradient_len {}: {count} values by chunk {index}",
+                            self.max_gradient_len
+                        ),
+                        Some(index),
+                    )
+                    .at_offset(offset));
+                }
+                Ok(count)
+            });
+        let count = match decoded {
+            Ok(count) => count,
+            Err(e) => {
+                self.values.truncate(if index == self.next {
+                    before
+                } else {
+                    self.values.len()
+                });
                 return Err(e);
             }
+        };
+        self.count = count;
+        if index == self.next {
             self.next += 1;
             while let Some(values) = self.early.remove(&self.next) {
                 self.values.extend_from_slice(&values);
                 self.next += 1;
             }
         } else {
-            let mut values = Vec::new();
-            verify_and_decode(index, header.checksum, payload, &mut values)?;
-            self.early.insert(index, values);
+            self.early.insert(index, fresh);
         }
         self.first = Some((first_index, total));
         self.received += 1;
         Ok(self.received == total as usize)
     }
 
+    /// Rules 5 to 7: the header agrees with the first, is within the limits, is new.
+    fn check_frame(&self, first_index: u32, total: u32, header: &FrameHeader) -> Result<()> {
+        let index = header.chunk_index;
+        check_total(first_index, total, index, header.total_chunks)?;
+        // Every chunk carries at least one value (but the empty gradient's single chunk),
+        // so more chunks than max_gradient_len values cannot be a gradient we accept.
+        if total as usize > self.max_gradient_len.max(1) {
+            return Err(GradientStreamError::frame(
+                format!(
+                    "total_chunks {total} above max_gradient_len {}",
+                    self.max_gradient_len
+                ),
+                Some(index),
+            ));
+        }
+        check_range(index, total)?;
+        if index < self.next || self.early.contains_key(&index) {
+            return Err(duplicate(index));
+        }
+        Ok(())
+    }
+
     /// The gradient, or IncompleteStreamError when chunks are missing.
     pub fn finish(self) -> Result<Vec<f32>> {
-        let total = self.first.map_or(0, |(_, t)| t as usize);
+        let total = self.total().map_or(0, |t| t as usize);
         if self.received < total {
             return Err(GradientStreamError::IncompleteStream {
                 received: self.received,
@@ -432,6 +507,105 @@ impl Reassembler {
             });
         }
         Ok(self.values)
+    }
+}
+
+/// A sans-I/O receiver for one gradient: told what bytes arrived, it says how many it
+/// wants next (a header, then that header's payload) and applies the decoding rules.
+/// `decode_frames`, the tokio receiver and the asyncio-streams receiver all drive it.
+#[derive(Debug)]
+pub struct FrameReceiver {
+    limits: Limits,
+    assembly: Reassembler,
+    /// The header whose payload is awaited.
+    pending: Option<FrameHeader>,
+    /// Byte offset of the current frame's header, from the gradient's first byte.
+    offset: u64,
+}
+
+impl FrameReceiver {
+    pub fn new(limits: Limits, reserve_cap: usize) -> Self {
+        Self {
+            limits,
+            assembly: Reassembler::new(limits.max_gradient_len, reserve_cap),
+            pending: None,
+            offset: 0,
+        }
+    }
+
+    /// Bytes wanted next: a header, or the pending header's payload.
+    pub fn want(&self) -> usize {
+        self.pending.map_or(HEADER_LEN, |h| h.payload_len as usize)
+    }
+
+    pub fn received(&self) -> usize {
+        self.assembly.received()
+    }
+
+    pub fn total(&self) -> Option<u32> {
+        self.assembly.total()
+    }
+
+    /// Take exactly `want()` bytes; `Ok(true)` once the gradient is complete.
+    pub fn feed(&mut self, bytes: &[u8]) -> Result<bool> {
+        match self.pending.take() {
+            None => {
+                let head: &[u8; HEADER_LEN] = bytes.try_into().map_err(|_| {
+                    GradientStreamError::frame(
+                        format!("a frame header is {HEADER_LEN} bytes, got {}", bytes.len()),
+                        None,
+                    )
+                })?;
+                let header = FrameHeader::from_bytes(head);
+                self.limits.check_header(&header, self.offset)?;
+                self.pending = Some(header);
+                Ok(false)
+            }
+            Some(header) => {
+                if bytes.len() != header.payload_len as usize {
+                    self.pending = Some(header);
+                    return Err(GradientStreamError::frame(
+                        format!(
+                            "chunk {} wants a {}-byte payload, got {}",
+                            header.chunk_index,
+                            header.payload_len,
+                            bytes.len()
+                        ),
+                        Some(header.chunk_index),
+                    ));
+                }
+                let done = self.assembly.accept(&header, bytes, self.offset)?;
+                self.offset += (HEADER_LEN + bytes.len()) as u64;
+                Ok(done)
+            }
+        }
+    }
+
+    /// The stream ended after `got` bytes of what `want()` asked for. `Ok(None)` when it
+    /// ended cleanly before the gradient's first byte (the original's "no network").
+    pub fn end_of_stream(self, got: usize) -> Result<Option<Vec<f32>>> {
+        match self.pending {
+            Some(header) => Err(GradientStreamError::frame(
+                format!(
+                    "truncated frame: chunk {} declares a {}-byte payload but only {got} bytes \
+                     follow",
+                    header.chunk_index, header.payload_len
+                ),
+                Some(header.chunk_index),
+            )
+            .at_offset(self.offset)),
+            None if self.assembly.received() > 0 => self.assembly.finish().map(Some),
+            None if got == 0 => Ok(None),
+            None => Err(GradientStreamError::frame(
+                format!("truncated frame header: {got} of {HEADER_LEN} bytes"),
+                None,
+            )
+            .at_offset(self.offset)),
+        }
+    }
+
+    pub fn finish(self) -> Result<Vec<f32>> {
+        self.assembly.finish()
     }
 }
 
@@ -608,13 +782,13 @@ mod tests {
         let chunks = s.encode_gradient(&gradient(6)).unwrap();
         let mut bad = chunks[1].clone();
         bad.checksum ^= 1;
-        let mut assembly = Reassembler::new(usize::MAX);
+        let mut assembly = Reassembler::new(usize::MAX, 1 << 20);
         assert!(!assembly
             .accept(&chunks[0].header(), &chunks[0].payload, 0)
             .unwrap());
         assert!(assembly.accept(&bad.header(), &bad.payload, 0).is_err());
         // An out-of-range first frame must not fix the total for the frames after it.
-        let mut fresh = Reassembler::new(usize::MAX);
+        let mut fresh = Reassembler::new(usize::MAX, 1 << 20);
         let mut far = chunks[0].clone();
         far.total_chunks = 0;
         assert!(fresh.accept(&far.header(), &far.payload, 0).is_err());

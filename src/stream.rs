@@ -1,0 +1,289 @@
+//! Gradients over a byte stream with tokio: the sender writes chunk by chunk from one
+//! reusable frame buffer; the receiver reads exactly one gradient's bytes (never past its
+//! last frame) and checks each frame as it arrives. Every wait is bounded by the optional
+//! timeout; dropping the future (a cancelled Python task) stops the transfer there.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::error::{GradientStreamError, Result};
+use crate::frame::{FrameHeader, HEADER_LEN};
+use crate::session::{write_payload, SessionConfig};
+
+/// Counters a transfer updates as it goes, readable from any thread.
+#[derive(Debug, Default)]
+pub struct Progress {
+    pub bytes: AtomicU64,
+    pub chunks: AtomicU64,
+    pub total_chunks: AtomicU64,
+}
+
+impl Progress {
+    pub fn add(&self, bytes: usize, chunks: u64) {
+        self.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        self.chunks.fetch_add(chunks, Ordering::Relaxed);
+    }
+
+    /// Counters add up over transfers, so one object can follow a `receive_iter`.
+    pub fn add_total(&self, total: u32) {
+        self.total_chunks
+            .fetch_add(u64::from(total), Ordering::Relaxed);
+    }
+}
+
+/// Run one I/O wait under the session's timeout.
+async fn within<T>(
+    timeout: Option<Duration>,
+    on_timeout: impl FnOnce() -> GradientStreamError,
+    io: impl std::future::Future<Output = std::io::Result<T>>,
+) -> Result<T> {
+    match timeout {
+        None => Ok(io.await?),
+        Some(limit) => match tokio::time::timeout(limit, io).await {
+            Ok(done) => Ok(done?),
+            Err(_) => Err(on_timeout()),
+        },
+    }
+}
+
+/// Send one gradient; the number of chunks sent.
+pub async fn send_gradient<W: AsyncWrite + Unpin>(
+    config: &SessionConfig,
+    gradient: &[f32],
+    writer: &mut W,
+    timeout: Option<Duration>,
+    progress: &Progress,
+) -> Result<usize> {
+    let plan = config.plan_frames(gradient)?;
+    progress.add_total(plan.total_chunks());
+    let largest = plan
+        .chunks()
+        .map(|(_, _, len)| len as usize)
+        .max()
+        .unwrap_or(0);
+    let mut frame = vec![0u8; HEADER_LEN + largest];
+    let mut sent = 0usize;
+    for (index, window, payload_len) in plan.chunks() {
+        let frame = &mut frame[..HEADER_LEN + payload_len as usize];
+        let (head, payload) = frame.split_at_mut(HEADER_LEN);
+        let header = FrameHeader {
+            chunk_index: index,
+            total_chunks: plan.total_chunks(),
+            payload_len,
+            checksum: write_payload(window, payload)?,
+        };
+        head.copy_from_slice(&header.to_bytes());
+        // The timeout bounds each write call, not the frame: a slow reader that keeps
+        // taking bytes is progress.
+        let mut rest: &[u8] = frame;
+        while !rest.is_empty() {
+            let timed_out = || GradientStreamError::Timeout {
+                timeout: timeout.map_or(0.0, |t| t.as_secs_f64()),
+                received: sent,
+                total: Some(plan.total_chunks()),
+            };
+            let n = within(timeout, timed_out, writer.write(rest)).await?;
+            if n == 0 {
+                return Err(std::io::Error::from(std::io::ErrorKind::WriteZero).into());
+            }
+            rest = &rest[n..];
+            progress.add(n, 0);
+        }
+        sent += 1;
+        progress.add(0, 1);
+    }
+    within(
+        timeout,
+        || GradientStreamError::Timeout {
+            timeout: timeout.map_or(0.0, |t| t.as_secs_f64()),
+            received: sent,
+            total: Some(plan.total_chunks()),
+        },
+        writer.flush(),
+    )
+    .await?;
+    Ok(sent)
+}
+
+/// Receive one gradient; `Ok(None)` when the stream ended cleanly before its first byte.
+pub async fn receive_gradient<R: AsyncRead + Unpin>(
+    config: &SessionConfig,
+    reader: &mut R,
+    timeout: Option<Duration>,
+    progress: &Progress,
+) -> Result<Option<Vec<f32>>> {
+    let mut receiver = config.receiver();
+    // Holds a header or a payload; payloads are bounded by max_payload_len, checked from
+    // the header before this grows.
+    let mut unit = Vec::with_capacity(HEADER_LEN);
+    loop {
+        let want = receiver.want();
+        unit.resize(want, 0);
+        let mut got = 0;
+        while got < want {
+            let timed_out = || GradientStreamError::Timeout {
+                timeout: timeout.map_or(0.0, |t| t.as_secs_f64()),
+                received: receiver.received(),
+                total: receiver.total(),
+            };
+            let n = within(timeout, timed_out, reader.read(&mut unit[got..want])).await?;
+            if n == 0 {
+                return receiver.end_of_stream(got);
+            }
+            got += n;
+            progress.add(n, 0);
+        }
+        let (before, known) = (receiver.received(), receiver.total().is_some());
+        let done = receiver.feed(&unit)?;
+        if let (false, Some(total)) = (known, receiver.total()) {
+            progress.add_total(total);
+        }
+        progress.add(0, (receiver.received() - before) as u64);
+        if done {
+            return receiver.finish().map(Some);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{duplex, AsyncWriteExt};
+
+    fn gradient(n: usize) -> Vec<f32> {
+        (0..n).map(|i| (i as f32).sin()).collect()
+    }
+
+    fn session(chunk_size: usize) -> SessionConfig {
+        SessionConfig::new("t", chunk_size)
+    }
+
+    #[tokio::test]
+    async fn sends_the_encode_frames_bytes_and_receives_them_back() {
+        let s = session(1000);
+        let g = gradient(4500);
+        let (mut a, mut b) = duplex(1 << 16);
+        let (progress, unobserved) = (Progress::default(), Progress::default());
+        let (sent, got) = tokio::join!(
+            send_gradient(&s, &g, &mut a, None, &progress),
+            receive_gradient(&s, &mut b, None, &unobserved)
+        );
+        assert_eq!(sent.unwrap(), 5);
+        assert_eq!(got.unwrap(), Some(g.clone()));
+        let wire = s.encode_frames(&g).unwrap();
+        assert_eq!(progress.bytes.load(Ordering::Relaxed), wire.len() as u64);
+    }
+
+    #[tokio::test]
+    async fn reads_exactly_one_gradient_then_the_next() {
+        let s = session(7);
+        let (mut a, mut b) = duplex(1 << 16);
+        let mut both = s.encode_frames(&gradient(20)).unwrap();
+        both.extend(s.encode_frames(&gradient(3)).unwrap());
+        a.write_all(&both).await.unwrap();
+        drop(a);
+        let p = Progress::default();
+        assert_eq!(
+            receive_gradient(&s, &mut b, None, &p).await.unwrap(),
+            Some(gradient(20))
+        );
+        assert_eq!(
+            receive_gradient(&s, &mut b, None, &p).await.unwrap(),
+            Some(gradient(3))
+        );
+        assert_eq!(receive_gradient(&s, &mut b, None, &p).await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn end_of_stream_cases_follow_the_rules() {
+        let s = session(4);
+        let wire = s.encode_frames(&gradient(10)).unwrap();
+        let first_frame = HEADER_LEN
+            + FrameHeader::from_bytes(wire[..16].try_into().unwrap()).payload_len as usize;
+        for (cut, expect) in [
+            (5, "truncated frame header: 5 of 16 bytes"),
+            (20, "truncated frame: chunk 0"),
+            (
+                first_frame,
+                "Incomplete chunk stream: received 1 of 3 chunks",
+            ),
+            (
+                first_frame + 3,
+                "Incomplete chunk stream: received 1 of 3 chunks",
+            ),
+        ] {
+            let (mut a, mut b) = duplex(1 << 16);
+            a.write_all(&wire[..cut]).await.unwrap();
+            drop(a);
+            let err = receive_gradient(&s, &mut b, None, &Progress::default())
+                .await
+                .unwrap_err();
+            assert!(err.to_string().starts_with(expect), "cut {cut}: {err}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stalled_peer_times_out() {
+        let s = session(4);
+        let (mut a, mut b) = duplex(1 << 16);
+        let wire = s.encode_frames(&gradient(10)).unwrap();
+        a.write_all(&wire[..30]).await.unwrap(); // and then nothing, connection kept open
+        let err = receive_gradient(
+            &s,
+            &mut b,
+            Some(Duration::from_millis(50)),
+            &Progress::default(),
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                GradientStreamError::Timeout {
+                    received: 0,
+                    total: None,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        drop(a);
+    }
+
+    #[tokio::test]
+    async fn a_hostile_total_is_refused_at_the_first_header() {
+        let mut s = session(4);
+        s.limits.max_gradient_len = 1000;
+        let chunk = s.encode_gradient(&gradient(1)).unwrap().remove(0);
+        let mut header = chunk.header();
+        header.total_chunks = u32::MAX;
+        let (mut a, mut b) = duplex(1 << 16);
+        a.write_all(&header.to_bytes()).await.unwrap();
+        a.write_all(&chunk.payload).await.unwrap();
+        let err = receive_gradient(&s, &mut b, None, &Progress::default())
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("above max_gradient_len 1000"),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn values_past_max_gradient_len_stop_the_transfer() {
+        let mut s = session(4);
+        let wire = s.encode_frames(&gradient(10)).unwrap();
+        s.limits.max_gradient_len = 6;
+        let (mut a, mut b) = duplex(1 << 16);
+        a.write_all(&wire).await.unwrap();
+        let err = receive_gradient(&s, &mut b, None, &Progress::default())
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "gradient exceeds max_gradient_len 6: 8 values by chunk 1"
+        );
+    }
+}

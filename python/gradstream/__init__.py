@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from ._native import (
     DEFAULT_CHUNK_SIZE,
+    DEFAULT_MAX_GRADIENT_LEN,
     DEFAULT_MAX_PAYLOAD_LEN,
     HEADER_LEN,
     GradientChunk,
     GradientStreamSession,
+    TransferProgress,
 )
 from .errors import (
     ArrowIpcError,
@@ -20,12 +22,15 @@ from .errors import (
     FrameError,
     GradientStreamError,
     IncompleteStreamError,
+    StreamIOError,
+    StreamTimeoutError,
 )
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
+    "DEFAULT_MAX_GRADIENT_LEN",
     "DEFAULT_MAX_PAYLOAD_LEN",
     "HEADER_LEN",
     "ArrowIpcError",
@@ -35,5 +40,8 @@ __all__ = [
     "GradientStreamError",
     "GradientStreamSession",
     "IncompleteStreamError",
+    "StreamIOError",
+    "StreamTimeoutError",
+    "TransferProgress",
     "__version__",
 ]

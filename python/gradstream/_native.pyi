@@ -1,6 +1,6 @@
 # Type stubs of the Rust extension module (src/py/). tests/test_stubs.py runs mypy's
 # stubtest against the built module, so these signatures cannot drift from the code.
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from typing import Any, Final, Literal, final, overload
 
 import numpy as np
@@ -10,11 +10,16 @@ from typing_extensions import Buffer
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
+    "DEFAULT_MAX_GRADIENT_LEN",
     "DEFAULT_MAX_PAYLOAD_LEN",
     "HEADER_LEN",
     "GradientChunk",
     "GradientStreamSession",
+    "TransferProgress",
+    "_Completions",
 ]
+
+DEFAULT_MAX_GRADIENT_LEN: Final[int]
 
 DEFAULT_CHUNK_SIZE: Final[int]
 DEFAULT_MAX_PAYLOAD_LEN: Final[int]
@@ -56,7 +61,13 @@ class GradientStreamSession:
     """Chunks gradients into CRC-checked Arrow IPC frames and reassembles them."""
 
     def __new__(
-        cls, session_id: str, chunk_size: int = 65536, *, max_payload_len: int = 268435456
+        cls,
+        session_id: str,
+        chunk_size: int = 65536,
+        *,
+        max_payload_len: int = 268435456,
+        max_gradient_len: int = 1073741824,
+        timeout: float | None = None,
     ) -> GradientStreamSession: ...
     @staticmethod
     def with_defaults(session_id: str) -> GradientStreamSession: ...
@@ -68,6 +79,10 @@ class GradientStreamSession:
     def chunk_size(self) -> int: ...
     @property
     def max_payload_len(self) -> int: ...
+    @property
+    def max_gradient_len(self) -> int: ...
+    @property
+    def timeout(self) -> float | None: ...
     def encode_gradient(self, gradient: Any) -> list[GradientChunk]: ...
     def decode_chunks(self, chunks: Iterable[Any]) -> npt.NDArray[np.float32]: ...
     @overload
@@ -77,3 +92,34 @@ class GradientStreamSession:
     @overload
     def encode_frames(self, gradient: Any, as_buffer: bool) -> bytes | pa.Buffer: ...
     def decode_frames(self, data: Buffer) -> npt.NDArray[np.float32]: ...
+    def stream_to(
+        self, gradient: Any, stream: Any, *, progress: TransferProgress | None = None
+    ) -> Awaitable[int]: ...
+    def receive_from(
+        self, stream: Any, *, progress: TransferProgress | None = None
+    ) -> Awaitable[npt.NDArray[np.float32]]: ...
+    def receive_iter(
+        self, stream: Any, *, progress: TransferProgress | None = None
+    ) -> AsyncIterator[npt.NDArray[np.float32]]: ...
+
+@final
+class TransferProgress:
+    """Counters a transfer updates as it runs (read them from any thread or task)."""
+
+    def __new__(cls) -> TransferProgress: ...
+    @property
+    def bytes(self) -> int: ...
+    @property
+    def chunks(self) -> int: ...
+    @property
+    def total_chunks(self) -> int: ...
+
+@final
+class _Completions:
+    """Native transfers of one event loop (used by gradstream._aio.Hub only)."""
+
+    def __new__(cls) -> _Completions: ...
+    def fileno(self) -> int: ...
+    def drain(self) -> list[tuple[int, bool, Any]]: ...
+    def abort(self, job: int) -> None: ...
+    def __len__(self) -> int: ...

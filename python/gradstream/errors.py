@@ -16,6 +16,8 @@ __all__ = [
     "FrameError",
     "GradientStreamError",
     "IncompleteStreamError",
+    "StreamIOError",
+    "StreamTimeoutError",
 ]
 
 
@@ -99,3 +101,41 @@ class FrameError(GradientStreamError):
 
     def __reduce__(self) -> tuple[type, tuple[str, int | None, int | None]]:
         return (type(self), (self.detail, self.chunk_index, self.offset))
+
+
+class StreamIOError(GradientStreamError, OSError):
+    """The connection failed (reset, refused, closed under a write...).
+
+    Also an ``OSError``: ``errno`` and ``strerror`` are those of the failed system call
+    when there was one.
+    """
+
+    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
+        return (type(self), tuple(self.args))
+
+
+class StreamTimeoutError(StreamIOError, TimeoutError):
+    """No byte moved for ``timeout`` seconds (the session's ``timeout``).
+
+    ``received`` and ``total`` count the chunks of the gradient in flight (``total`` is
+    None when no frame had arrived yet).
+    """
+
+    timeout: float
+    received: int
+    total: int | None
+
+    def __init__(self, timeout: float, received: int = 0, total: int | None = None) -> None:
+        self.timeout = timeout
+        self.received = received
+        self.total = total
+        of = "" if total is None else f" of {total}"
+        super().__init__(
+            f"no progress for {timeout:g} s (after {received}{of} chunks); the peer stalled"
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+    def __reduce__(self) -> tuple[type, tuple[float, int, int | None]]:
+        return (type(self), (self.timeout, self.received, self.total))

@@ -13,6 +13,8 @@ static ARROW_IPC: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static CHECKSUM: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static INCOMPLETE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static FRAME: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static STREAM_IO: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static TIMEOUT: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
 const MODULE: &str = "gradstream.errors";
 
@@ -41,6 +43,21 @@ fn instantiate(py: Python<'_>, err: GradientStreamError) -> PyResult<PyErr> {
         } => FRAME
             .import(py, MODULE, "FrameError")?
             .call1((detail, chunk_index, offset))?,
+        GradientStreamError::Io { errno, message } => {
+            let class = STREAM_IO.import(py, MODULE, "StreamIOError")?;
+            match errno {
+                // OSError(errno, strerror) fills .errno and .strerror.
+                Some(errno) => class.call1((errno, message))?,
+                None => class.call1((message,))?,
+            }
+        }
+        GradientStreamError::Timeout {
+            timeout,
+            received,
+            total,
+        } => TIMEOUT
+            .import(py, MODULE, "StreamTimeoutError")?
+            .call1((timeout, received, total))?,
     };
     Ok(PyErr::from_value(instance))
 }

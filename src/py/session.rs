@@ -10,9 +10,15 @@ use pyo3::types::PyBytes;
 
 use super::buffers::{vec_to_pyarrow, ReadBuffer};
 use super::chunk::{payload_bytes, PyChunk};
+use super::complete::Outcome;
 use super::errors::IntoPyResult;
-use crate::frame::{Limits, DEFAULT_MAX_PAYLOAD_LEN};
+use super::stream::{
+    aio, progress_counters, run_on_loop, FrameEncoder, HeldGradient, PyFrameReceiver, SocketStream,
+    TransferProgress,
+};
+use crate::frame::{Limits, DEFAULT_MAX_GRADIENT_LEN, DEFAULT_MAX_PAYLOAD_LEN};
 use crate::session::{write_payload, ChunkRef, SessionConfig, DEFAULT_CHUNK_SIZE};
+use crate::stream::{receive_gradient, send_gradient};
 
 #[pyclass(name = "GradientStreamSession", module = "gradstream", frozen)]
 pub struct PySession {
@@ -22,7 +28,9 @@ pub struct PySession {
 /// The gradient as a C-contiguous, aligned float32 array, read in place when it already is;
 /// anything else goes through `gradstream._convert` (shared with the reference), which
 /// copies once or refuses with a TypeError naming the dtype.
-fn gradient_array<'py>(obj: &Bound<'py, PyAny>) -> PyResult<PyReadonlyArrayDyn<'py, f32>> {
+pub(super) fn gradient_array<'py>(
+    obj: &Bound<'py, PyAny>,
+) -> PyResult<PyReadonlyArrayDyn<'py, f32>> {
     if let Ok(array) = obj.cast::<PyArrayDyn<f32>>() {
         if array.is_c_contiguous() && array.is_aligned() {
             return Ok(array.try_readonly()?);
@@ -87,10 +95,24 @@ impl HeldChunk {
 impl PySession {
     #[new]
     #[pyo3(
-        signature = (session_id, chunk_size = DEFAULT_CHUNK_SIZE as i64, *, max_payload_len = DEFAULT_MAX_PAYLOAD_LEN as i64),
-        text_signature = "(session_id, chunk_size=65536, *, max_payload_len=268435456)"
+        signature = (
+            session_id,
+            chunk_size = DEFAULT_CHUNK_SIZE as i64,
+            *,
+            max_payload_len = DEFAULT_MAX_PAYLOAD_LEN as i64,
+            max_gradient_len = DEFAULT_MAX_GRADIENT_LEN as i128,
+            timeout = None,
+        ),
+        text_signature = "(session_id, chunk_size=65536, *, max_payload_len=268435456, \
+                          max_gradient_len=1073741824, timeout=None)"
     )]
-    fn new(session_id: String, chunk_size: i64, max_payload_len: i64) -> PyResult<Self> {
+    fn new(
+        session_id: String,
+        chunk_size: i64,
+        max_payload_len: i64,
+        max_gradient_len: i128,
+        timeout: Option<f64>,
+    ) -> PyResult<Self> {
         let chunk_size = usize::try_from(chunk_size).map_err(|_| {
             PyValueError::new_err(format!("chunk_size must be >= 0, got {chunk_size}"))
         })?;
@@ -104,8 +126,30 @@ impl PySession {
                     u32::MAX
                 ))
             })?;
+        let max_gradient_len = usize::try_from(max_gradient_len)
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "max_gradient_len must be between 1 and {}, got {max_gradient_len}",
+                    usize::MAX
+                ))
+            })?;
+        let timeout = match timeout {
+            None => None,
+            Some(t) if t.is_finite() && t > 0.0 => Some(std::time::Duration::from_secs_f64(t)),
+            Some(t) => {
+                return Err(PyValueError::new_err(format!(
+                    "timeout must be None or a positive number of seconds, got {t}"
+                )))
+            }
+        };
         let mut config = SessionConfig::new(session_id, chunk_size);
-        config.limits = Limits { max_payload_len };
+        config.limits = Limits {
+            max_payload_len,
+            max_gradient_len,
+        };
+        config.timeout = timeout;
         Ok(Self { config })
     }
 
@@ -141,6 +185,110 @@ impl PySession {
     #[getter]
     fn max_payload_len(&self) -> u32 {
         self.config.limits.max_payload_len
+    }
+
+    #[getter]
+    fn max_gradient_len(&self) -> usize {
+        self.config.limits.max_gradient_len
+    }
+
+    #[getter]
+    fn timeout(&self) -> Option<f64> {
+        self.config.timeout.map(|t| t.as_secs_f64())
+    }
+
+    /// Send one gradient over a socket or asyncio stream; awaits the number of chunks.
+    #[pyo3(signature = (gradient, stream, *, progress = None))]
+    fn stream_to<'py>(
+        slf: &Bound<'py, Self>,
+        gradient: &Bound<'py, PyAny>,
+        stream: &Bound<'py, PyAny>,
+        progress: Option<&Bound<'py, TransferProgress>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let counters = progress_counters(progress);
+        if let Some(socket) = SocketStream::from_py(stream)? {
+            let gradient = HeldGradient::new(gradient_array(gradient)?)?;
+            let config = slf.get().config.clone();
+            return run_on_loop(slf.py(), async move {
+                let mut io = socket.open()?;
+                send_gradient(
+                    &config,
+                    gradient.as_slice(),
+                    &mut io,
+                    config.timeout,
+                    &counters,
+                )
+                .await
+                .map(Outcome::Chunks)
+            });
+        }
+        aio(slf.py(), "stream_to")?.call1((slf, gradient, stream, progress))
+    }
+
+    /// Receive one gradient from a socket or asyncio stream; awaits a float32 array.
+    #[pyo3(signature = (stream, *, progress = None))]
+    fn receive_from<'py>(
+        slf: &Bound<'py, Self>,
+        stream: &Bound<'py, PyAny>,
+        progress: Option<&Bound<'py, TransferProgress>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        Self::_receive(slf, stream, progress, false)
+    }
+
+    /// Receive gradients until the peer closes the connection between two of them.
+    #[pyo3(signature = (stream, *, progress = None))]
+    fn receive_iter<'py>(
+        slf: &Bound<'py, Self>,
+        stream: &Bound<'py, PyAny>,
+        progress: Option<&Bound<'py, TransferProgress>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        aio(slf.py(), "receive_iter")?.call1((slf, stream, progress))
+    }
+
+    /// One gradient, or None when the stream ended before its first byte (`receive_iter`
+    /// ends there; `receive_from` gives an empty array, as the original does).
+    #[pyo3(signature = (stream, progress = None, none_at_end = true))]
+    fn _receive<'py>(
+        slf: &Bound<'py, Self>,
+        stream: &Bound<'py, PyAny>,
+        progress: Option<&Bound<'py, TransferProgress>>,
+        none_at_end: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let counters = progress_counters(progress);
+        if let Some(socket) = SocketStream::from_py(stream)? {
+            let config = slf.get().config.clone();
+            return run_on_loop(slf.py(), async move {
+                let mut io = socket.open()?;
+                Ok(
+                    match receive_gradient(&config, &mut io, config.timeout, &counters).await? {
+                        Some(values) => Outcome::Values(values),
+                        None if none_at_end => Outcome::End,
+                        None => Outcome::Values(Vec::new()),
+                    },
+                )
+            });
+        }
+        aio(slf.py(), "receive")?.call1((slf, stream, progress, none_at_end))
+    }
+
+    /// The frames of a gradient one at a time (the asyncio-streams sender).
+    #[pyo3(signature = (gradient, progress = None))]
+    fn _frame_encoder(
+        &self,
+        gradient: &Bound<'_, PyAny>,
+        progress: Option<&Bound<'_, TransferProgress>>,
+    ) -> PyResult<FrameEncoder> {
+        FrameEncoder::new(
+            self.config.clone(),
+            gradient_array(gradient)?,
+            progress_counters(progress),
+        )
+    }
+
+    /// A sans-I/O receiver for one gradient (the asyncio-streams receiver).
+    #[pyo3(signature = (progress = None))]
+    fn _frame_receiver(&self, progress: Option<&Bound<'_, TransferProgress>>) -> PyFrameReceiver {
+        PyFrameReceiver::new(&self.config, progress_counters(progress))
     }
 
     /// Split a gradient into Arrow IPC chunks, each with its CRC-32.
@@ -228,17 +376,17 @@ impl PySession {
     }
 
     fn __repr__(&self) -> String {
+        let c = &self.config;
         format!(
             "GradientStreamSession(session_id={:?}, chunk_size={}, max_payload_len={}, \
-             compression={})",
-            self.config.session_id,
-            self.config.chunk_size,
-            self.config.limits.max_payload_len,
-            if self.config.compression {
-                "True"
-            } else {
-                "False"
-            }
+             max_gradient_len={}, timeout={}, compression={})",
+            c.session_id,
+            c.chunk_size,
+            c.limits.max_payload_len,
+            c.limits.max_gradient_len,
+            c.timeout
+                .map_or_else(|| "None".to_string(), |t| t.as_secs_f64().to_string()),
+            if c.compression { "True" } else { "False" }
         )
     }
 }

@@ -1,0 +1,165 @@
+"""The asyncio-streams half of the native session's streaming methods.
+
+Sockets go to Rust and tokio entirely; for an asyncio ``StreamReader``/``StreamWriter``
+the frames are still encoded and checked in Rust (``_FrameEncoder``, ``_FrameReceiver``,
+GIL released), and this module only moves the bytes: ``write`` + ``drain`` out,
+``readexactly`` in, each wait bounded by the session's timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import weakref
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
+
+import numpy as np
+
+from .errors import StreamIOError, StreamTimeoutError
+
+T = TypeVar("T")
+
+
+def _writer_of(stream: Any) -> asyncio.StreamWriter:
+    if isinstance(stream, tuple) and len(stream) == 2:
+        stream = stream[1]
+    if not isinstance(stream, asyncio.StreamWriter):
+        raise TypeError(
+            "stream_to takes a connected socket.socket, an asyncio.StreamWriter or a "
+            f"(reader, writer) pair, not {type(stream).__name__}"
+        )
+    return stream
+
+
+def _reader_of(stream: Any) -> asyncio.StreamReader:
+    if isinstance(stream, tuple) and len(stream) == 2:
+        stream = stream[0]
+    if not isinstance(stream, asyncio.StreamReader):
+        raise TypeError(
+            "receive_from takes a connected socket.socket, an asyncio.StreamReader or a "
+            f"(reader, writer) pair, not {type(stream).__name__}"
+        )
+    return stream
+
+
+# asyncio raises some connection errors without an errno ("Connection lost").
+_ERRNO_OF: dict[type[OSError], int] = {
+    ConnectionResetError: errno.ECONNRESET,
+    BrokenPipeError: errno.EPIPE,
+    ConnectionAbortedError: errno.ECONNABORTED,
+    ConnectionRefusedError: errno.ECONNREFUSED,
+}
+
+
+def _io_error(exc: OSError) -> StreamIOError:
+    code = exc.errno if exc.errno is not None else _ERRNO_OF.get(type(exc))
+    if code is not None:
+        return StreamIOError(code, exc.strerror or os.strerror(code))
+    return StreamIOError(str(exc) or type(exc).__name__)
+
+
+async def _bounded(step: Awaitable[T], timeout: float | None) -> T:
+    if timeout is None:
+        return await step
+    async with asyncio.timeout(timeout):
+        return await step
+
+
+async def stream_to(session: Any, gradient: Any, stream: Any, progress: Any) -> int:
+    writer = _writer_of(stream)
+    frames = session._frame_encoder(gradient, progress)
+    sent = 0
+    for frame in frames:
+        try:
+            writer.write(frame)
+            await _bounded(writer.drain(), session.timeout)
+        except TimeoutError:
+            raise StreamTimeoutError(session.timeout, sent, frames.total_chunks) from None
+        except OSError as exc:
+            raise _io_error(exc) from exc
+        sent += 1
+        frames._sent(len(frame))
+    return sent
+
+
+async def receive(session: Any, stream: Any, progress: Any, none_at_end: bool) -> Any:
+    """One gradient; None (or, with none_at_end False, an empty array) at a clean end."""
+    reader = _reader_of(stream)
+    receiver = session._frame_receiver(progress)
+    while True:
+        want = receiver.want()
+        try:
+            data = await _bounded(reader.readexactly(want), session.timeout)
+        except asyncio.IncompleteReadError as exc:
+            got = receiver.end(len(exc.partial))
+            if got is None and not none_at_end:
+                return np.empty(0, dtype=np.float32)
+            return got
+        except TimeoutError:
+            receiver.timed_out(session.timeout)
+            raise  # timed_out raised StreamTimeoutError; this line is never reached
+        except OSError as exc:
+            raise _io_error(exc) from exc
+        if receiver.feed(data):
+            return receiver.finish()
+
+
+async def receive_iter(session: Any, stream: Any, progress: Any) -> AsyncIterator[np.ndarray]:
+    """Gradients until the peer closes the connection between two of them."""
+    while True:
+        gradient = await session._receive(stream, progress, True)
+        if gradient is None:
+            return
+        yield gradient
+
+
+class Hub:
+    """One event loop's link to the native transfers running on tokio.
+
+    A finished transfer queues its result in Rust and writes to an eventfd; the loop
+    watches that eventfd and resolves the awaiting futures on its own thread, so tokio
+    threads never call into Python (see src/py/complete.rs for why).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        from ._native import _Completions
+
+        self.loop = loop
+        self.native = _Completions()
+        self.futures: dict[int, asyncio.Future[Any]] = {}
+        loop.add_reader(self.native.fileno(), self._deliver)
+
+    def track(self, job: int) -> asyncio.Future[Any]:
+        future = self.loop.create_future()
+        self.futures[job] = future
+        future.add_done_callback(lambda f: self._settled(job, f))
+        return future
+
+    def _settled(self, job: int, future: asyncio.Future[Any]) -> None:
+        self.futures.pop(job, None)
+        if future.cancelled():
+            self.native.abort(job)
+
+    def _deliver(self) -> None:
+        for job, ok, value in self.native.drain():
+            future = self.futures.pop(job, None)
+            if future is None or future.done():
+                continue
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+
+
+_hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Hub] = weakref.WeakKeyDictionary()
+
+
+def hub() -> Hub:
+    """The hub of the running event loop (RuntimeError outside a running loop)."""
+    loop = asyncio.get_running_loop()
+    found = _hubs.get(loop)
+    if found is None:
+        found = _hubs[loop] = Hub(loop)
+    return found

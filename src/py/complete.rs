@@ -1,0 +1,146 @@
+//! Delivering tokio results to asyncio without a tokio thread ever touching Python.
+//!
+//! `pyo3_async_runtimes::future_into_py` resolves the asyncio future from a tokio thread
+//! (`call_soon_threadsafe`, which drops and retakes the GIL). When the interpreter starts
+//! finalizing in that window, CPython ends the thread with `pthread_exit`, unwinding
+//! through Rust frames, and the process aborts: it did, in about a third of short CLI runs
+//! (upstream: PyO3/pyo3-async-runtimes#40). Here a finished transfer only queues its
+//! result and writes to an eventfd; the event loop watches the eventfd (`add_reader`) and
+//! turns queued results into Python objects on its own thread (`gradstream._aio.Hub`).
+//! The tasks still run on pyo3-async-runtimes' tokio runtime.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use numpy::PyArray1;
+use pyo3::prelude::*;
+use tokio::task::AbortHandle;
+
+use super::errors::to_py_err;
+use crate::error::GradientStreamError;
+
+/// What a finished transfer hands back.
+pub enum Outcome {
+    Chunks(usize),
+    Values(Vec<f32>),
+    /// The stream ended before the gradient's first byte.
+    End,
+}
+
+type Finished = (u64, Result<Outcome, GradientStreamError>);
+
+struct Shared {
+    eventfd: OwnedFd,
+    finished: Mutex<Vec<Finished>>,
+    running: Mutex<HashMap<u64, AbortHandle>>,
+}
+
+impl Shared {
+    fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+        m.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn finish(&self, job: u64, result: Result<Outcome, GradientStreamError>) {
+        Self::lock(&self.running).remove(&job);
+        Self::lock(&self.finished).push((job, result));
+        let one = 1u64;
+        // SAFETY: writing 8 bytes to our eventfd. It cannot fail short; a full counter
+        // (EAGAIN, after 2^64 writes) would still leave the fd readable.
+        unsafe { libc::write(self.eventfd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+}
+
+/// The Rust half of one event loop's hub: runs transfers, queues their results.
+#[pyclass(module = "gradstream._native", name = "_Completions", frozen)]
+pub struct Completions {
+    shared: Arc<Shared>,
+}
+
+static NEXT_JOB: AtomicU64 = AtomicU64::new(1);
+
+impl Completions {
+    /// Start `transfer` on the tokio runtime; its job number.
+    pub fn spawn<F>(&self, transfer: F) -> u64
+    where
+        F: Future<Output = Result<Outcome, GradientStreamError>> + Send + 'static,
+    {
+        let job = NEXT_JOB.fetch_add(1, Ordering::Relaxed);
+        let shared = self.shared.clone();
+        let runtime = pyo3_async_runtimes::tokio::get_runtime();
+        // Hold the table while spawning so the task cannot finish (and remove itself)
+        // before its abort handle is in.
+        let mut running = Shared::lock(&self.shared.running);
+        let handle = runtime.spawn(async move {
+            let result = transfer.await;
+            shared.finish(job, result);
+        });
+        running.insert(job, handle.abort_handle());
+        job
+    }
+}
+
+#[pymethods]
+impl Completions {
+    #[new]
+    fn new() -> PyResult<Self> {
+        // SAFETY: eventfd returns a new descriptor or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        Ok(Self {
+            shared: Arc::new(Shared {
+                // SAFETY: `fd` is a fresh descriptor we own.
+                eventfd: unsafe { OwnedFd::from_raw_fd(fd) },
+                finished: Mutex::default(),
+                running: Mutex::default(),
+            }),
+        })
+    }
+
+    fn fileno(&self) -> i32 {
+        self.shared.eventfd.as_raw_fd()
+    }
+
+    /// The finished jobs as (job, ok, result or exception), converted on the caller's thread.
+    fn drain(&self, py: Python<'_>) -> PyResult<Vec<(u64, bool, Py<PyAny>)>> {
+        let mut counter = 0u64;
+        // SAFETY: reading 8 bytes from our non-blocking eventfd resets it (EAGAIN if zero).
+        unsafe {
+            libc::read(
+                self.shared.eventfd.as_raw_fd(),
+                (&mut counter as *mut u64).cast(),
+                8,
+            )
+        };
+        let finished = std::mem::take(&mut *Shared::lock(&self.shared.finished));
+        finished
+            .into_iter()
+            .map(|(job, result)| {
+                Ok(match result {
+                    Ok(Outcome::Chunks(n)) => (job, true, n.into_pyobject(py)?.into_any().unbind()),
+                    Ok(Outcome::Values(v)) => {
+                        (job, true, PyArray1::from_vec(py, v).into_any().unbind())
+                    }
+                    Ok(Outcome::End) => (job, true, py.None()),
+                    Err(e) => (job, false, to_py_err(py, e).into_value(py).into_any()),
+                })
+            })
+            .collect()
+    }
+
+    /// Stop a job (its awaiting task was cancelled): the transfer's future is dropped.
+    fn abort(&self, job: u64) {
+        if let Some(handle) = Shared::lock(&self.shared.running).remove(&job) {
+            handle.abort();
+        }
+    }
+
+    /// Jobs still running.
+    fn __len__(&self) -> usize {
+        Shared::lock(&self.shared.running).len()
+    }
+}

@@ -1,0 +1,460 @@
+//! The Python side of streaming: sockets handed to tokio, the awaitables' results, progress
+//! counters, and the sans-I/O encoder/receiver that `gradstream._aio` drives for asyncio
+//! streams.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use numpy::{PyArray1, PyReadonlyArrayDyn};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyType};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use super::buffers::ReadBuffer;
+use super::complete::{Completions, Outcome};
+use super::errors::IntoPyResult;
+use crate::error::{GradientStreamError, Result};
+use crate::session::{FrameReceiver, SessionConfig};
+use crate::stream::Progress;
+
+/// `gradstream._aio.<name>`: the asyncio-streams half of a method.
+pub fn aio<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+    py.import("gradstream._aio")?.getattr(name)
+}
+
+/// Run a transfer on tokio; an asyncio future of the running loop resolves to its outcome
+/// (cancelling that future stops the transfer). See `complete.rs` for why not
+/// `future_into_py`.
+pub fn run_on_loop<F>(py: Python<'_>, transfer: F) -> PyResult<Bound<'_, PyAny>>
+where
+    F: std::future::Future<Output = Result<Outcome>> + Send + 'static,
+{
+    let hub = aio(py, "hub")?.call0()?;
+    let completions = hub.getattr("native")?.cast_into::<Completions>()?;
+    let job = completions.get().spawn(transfer);
+    hub.call_method1("track", (job,))
+}
+
+/// Progress counters of a transfer; what `progress=` was given, or fresh unobserved ones.
+#[pyclass(name = "TransferProgress", module = "gradstream", frozen)]
+pub struct TransferProgress {
+    counters: Arc<Progress>,
+}
+
+#[pymethods]
+impl TransferProgress {
+    #[new]
+    fn new() -> Self {
+        Self {
+            counters: Arc::default(),
+        }
+    }
+
+    /// Wire bytes moved so far.
+    #[getter]
+    fn bytes(&self) -> u64 {
+        self.counters.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Frames sent or received so far.
+    #[getter]
+    fn chunks(&self) -> u64 {
+        self.counters.chunks.load(Ordering::Relaxed)
+    }
+
+    /// total_chunks of the gradient in flight (0 until known).
+    #[getter]
+    fn total_chunks(&self) -> u64 {
+        self.counters.total_chunks.load(Ordering::Relaxed)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "TransferProgress(bytes={}, chunks={}, total_chunks={})",
+            self.bytes(),
+            self.chunks(),
+            self.total_chunks()
+        )
+    }
+}
+
+pub fn progress_counters(progress: Option<&Bound<'_, TransferProgress>>) -> Arc<Progress> {
+    progress.map_or_else(Arc::default, |p| p.get().counters.clone())
+}
+
+/// A gradient array kept alive while a transfer runs without the GIL.
+pub struct HeldGradient {
+    _owner: Py<PyAny>,
+    ptr: *const f32,
+    len: usize,
+}
+
+// SAFETY: the pointer is into the array `_owner` keeps alive; it is only read. A Python
+// thread writing the array meanwhile can tear values (as with any reader of a shared
+// array) but cannot change its size or free it.
+unsafe impl Send for HeldGradient {}
+unsafe impl Sync for HeldGradient {}
+
+impl HeldGradient {
+    pub fn new(array: PyReadonlyArrayDyn<'_, f32>) -> PyResult<Self> {
+        let slice = array.as_slice()?;
+        Ok(Self {
+            ptr: slice.as_ptr(),
+            len: slice.len(),
+            _owner: array.as_any().clone().unbind(),
+        })
+    }
+
+    pub fn as_slice(&self) -> &[f32] {
+        // SAFETY: see the Send impl; `ptr`/`len` came from a live, aligned slice.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+/// What a receive awaitable resolves to.
+pub enum Received {
+    Values(Vec<f32>),
+    /// The stream ended before the gradient's first byte.
+    End,
+}
+
+impl<'py> IntoPyObject<'py> for Received {
+    type Target = PyAny;
+    type Output = Bound<'py, PyAny>;
+    type Error = PyErr;
+
+    fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        Ok(match self {
+            Self::Values(values) => PyArray1::from_vec(py, values).into_any(),
+            Self::End => py.None().into_bound(py),
+        })
+    }
+}
+
+/// Sockets on which a transfer has put O_NONBLOCK, by (device, inode): the flag belongs
+/// to the shared open file, so with two transfers on one socket (a send and a receive)
+/// only the last to finish may restore the caller's mode.
+static NONBLOCKING: Mutex<Option<NonBlockingTable>> = Mutex::new(None);
+
+/// (device, inode) of a socket -> (transfers using it, its flags before the first).
+type NonBlockingTable = HashMap<(u64, u64), (usize, libc::c_int)>;
+
+fn socket_key(fd: BorrowedFd<'_>) -> std::io::Result<(u64, u64)> {
+    let mut stat = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: fstat writes a stat struct for a valid descriptor.
+    if unsafe { libc::fstat(fd.as_raw_fd(), stat.as_mut_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fstat succeeded, so the struct is initialised.
+    let stat = unsafe { stat.assume_init() };
+    Ok((stat.st_dev, stat.st_ino))
+}
+
+fn set_flags(fd: BorrowedFd<'_>, flags: libc::c_int) -> std::io::Result<()> {
+    // SAFETY: F_SETFL on a valid descriptor.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags) } == -1 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Keeps a socket non-blocking while it lives; the last one on a socket restores its mode.
+struct NonBlocking {
+    fd: OwnedFd,
+    key: (u64, u64),
+}
+
+impl NonBlocking {
+    fn acquire(fd: OwnedFd) -> std::io::Result<Self> {
+        let key = socket_key(fd.as_fd())?;
+        let mut table = NONBLOCKING.lock().unwrap_or_else(|e| e.into_inner());
+        let table = table.get_or_insert_with(HashMap::new);
+        match table.get_mut(&key) {
+            Some((users, _)) => *users += 1,
+            None => {
+                // SAFETY: F_GETFL on a valid descriptor.
+                let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+                if flags == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                set_flags(fd.as_fd(), flags | libc::O_NONBLOCK)?;
+                table.insert(key, (1, flags));
+            }
+        }
+        Ok(Self { fd, key })
+    }
+}
+
+impl Drop for NonBlocking {
+    fn drop(&mut self) {
+        let mut table = NONBLOCKING.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(table) = table.as_mut() else { return };
+        if let Some((users, flags)) = table.get_mut(&self.key) {
+            *users -= 1;
+            if *users == 0 {
+                let _ = set_flags(self.fd.as_fd(), *flags);
+                table.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// A connected Python socket, duplicated for tokio.
+pub struct SocketStream {
+    fd: OwnedFd,
+    unix: bool,
+    _nonblocking: NonBlocking,
+}
+
+impl SocketStream {
+    /// `Some` when `obj` is a `socket.socket`; the Python socket stays open and usable.
+    pub fn from_py(obj: &Bound<'_, PyAny>) -> PyResult<Option<Self>> {
+        static SOCKET: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+        let py = obj.py();
+        if !obj.is_instance(SOCKET.import(py, "socket", "socket")?)? {
+            return Ok(None);
+        }
+        let socket = py.import("socket")?;
+        if !obj.getattr("type")?.eq(socket.getattr("SOCK_STREAM")?)? {
+            return Err(PyTypeError::new_err(
+                "gradstream streams over SOCK_STREAM sockets only",
+            ));
+        }
+        let raw: i32 = obj.call_method0("fileno")?.extract()?;
+        if raw < 0 {
+            return Err(PyValueError::new_err("the socket is closed"));
+        }
+        let unix = obj.getattr("family")?.eq(socket.getattr("AF_UNIX")?)?;
+        // SAFETY: `raw` is the open descriptor of `obj`, which outlives this call; we only
+        // duplicate it.
+        let borrowed = unsafe { BorrowedFd::borrow_raw(raw) };
+        let fd = borrowed.try_clone_to_owned()?;
+        let nonblocking = NonBlocking::acquire(borrowed.try_clone_to_owned()?)?;
+        Ok(Some(Self {
+            fd,
+            unix,
+            _nonblocking: nonblocking,
+        }))
+    }
+
+    /// The tokio stream; call on the runtime (inside the transfer's future).
+    pub fn open(self) -> Result<SocketIo> {
+        let kind = if self.unix {
+            let std = std::os::unix::net::UnixStream::from(self.fd);
+            Kind::Unix(tokio::net::UnixStream::from_std(std)?)
+        } else {
+            let std = std::net::TcpStream::from(self.fd);
+            Kind::Tcp(tokio::net::TcpStream::from_std(std)?)
+        };
+        Ok(SocketIo {
+            kind,
+            _nonblocking: self._nonblocking,
+        })
+    }
+}
+
+enum Kind {
+    Tcp(tokio::net::TcpStream),
+    Unix(tokio::net::UnixStream),
+}
+
+/// A duplicated socket under tokio; dropping it closes the duplicate only.
+pub struct SocketIo {
+    kind: Kind,
+    _nonblocking: NonBlocking,
+}
+
+impl AsyncRead for SocketIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match &mut self.get_mut().kind {
+            Kind::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Kind::Unix(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for SocketIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match &mut self.get_mut().kind {
+            Kind::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Kind::Unix(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match &mut self.get_mut().kind {
+            Kind::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Kind::Unix(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match &mut self.get_mut().kind {
+            Kind::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Kind::Unix(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
+/// The frames of one gradient, one `bytes` per `next()` (encoded with the GIL released).
+#[pyclass(module = "gradstream._native", name = "_FrameEncoder")]
+pub struct FrameEncoder {
+    config: SessionConfig,
+    gradient: HeldGradient,
+    progress: Arc<Progress>,
+    next: u32,
+    total: u32,
+}
+
+impl FrameEncoder {
+    pub fn new(
+        config: SessionConfig,
+        array: PyReadonlyArrayDyn<'_, f32>,
+        progress: Arc<Progress>,
+    ) -> PyResult<Self> {
+        let py = array.py();
+        let gradient = HeldGradient::new(array)?;
+        let total = config.chunk_count(gradient.as_slice().len()).py_err(py)?;
+        progress.add_total(total);
+        Ok(Self {
+            config,
+            gradient,
+            progress,
+            next: 0,
+            total,
+        })
+    }
+}
+
+#[pymethods]
+impl FrameEncoder {
+    #[getter]
+    fn total_chunks(&self) -> u32 {
+        self.total
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        if self.next >= self.total {
+            return Ok(None);
+        }
+        let (config, gradient, index) = (&self.config, &self.gradient, self.next);
+        let frame = py
+            .detach(|| config.encode_frame(gradient.as_slice(), index))
+            .py_err(py)?;
+        self.next += 1;
+        Ok(Some(PyBytes::new(py, &frame)))
+    }
+
+    /// Count a frame as written (after the stream accepted it).
+    fn _sent(&self, nbytes: usize) {
+        self.progress.add(nbytes, 1);
+    }
+}
+
+/// Receives one gradient from bytes the caller reads: `want()` says how many next.
+#[pyclass(module = "gradstream._native", name = "_FrameReceiver")]
+pub struct PyFrameReceiver {
+    inner: Option<FrameReceiver>,
+    progress: Arc<Progress>,
+}
+
+impl PyFrameReceiver {
+    pub fn new(config: &SessionConfig, progress: Arc<Progress>) -> Self {
+        Self {
+            inner: Some(config.receiver()),
+            progress,
+        }
+    }
+
+    fn inner(&mut self) -> PyResult<&mut FrameReceiver> {
+        self.inner
+            .as_mut()
+            .ok_or_else(|| PyValueError::new_err("this receiver has finished"))
+    }
+
+    fn take(&mut self) -> PyResult<FrameReceiver> {
+        self.inner
+            .take()
+            .ok_or_else(|| PyValueError::new_err("this receiver has finished"))
+    }
+}
+
+#[pymethods]
+impl PyFrameReceiver {
+    fn want(&mut self) -> PyResult<usize> {
+        Ok(self.inner()?.want())
+    }
+
+    #[getter]
+    fn received(&mut self) -> PyResult<usize> {
+        Ok(self.inner()?.received())
+    }
+
+    #[getter]
+    fn total(&mut self) -> PyResult<Option<u32>> {
+        Ok(self.inner()?.total())
+    }
+
+    /// Take exactly `want()` bytes; True once the gradient is complete.
+    fn feed(&mut self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let bytes = ReadBuffer::get(data)?;
+        let progress = self.progress.clone();
+        let receiver = self.inner()?;
+        let (before, known) = (receiver.received(), receiver.total().is_some());
+        let done = py.detach(|| receiver.feed(bytes.as_slice())).py_err(py)?;
+        if let (false, Some(total)) = (known, receiver.total()) {
+            progress.add_total(total);
+        }
+        progress.add(
+            bytes.as_slice().len(),
+            (receiver.received() - before) as u64,
+        );
+        Ok(done)
+    }
+
+    /// The stream ended after `got` bytes of what `want()` asked: None when it ended
+    /// before the gradient's first byte, else the error the decoding rules give.
+    fn end(&mut self, py: Python<'_>, got: usize) -> PyResult<Received> {
+        let receiver = self.take()?;
+        Ok(match receiver.end_of_stream(got).py_err(py)? {
+            Some(values) => Received::Values(values),
+            None => Received::End,
+        })
+    }
+
+    fn finish<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<f32>>> {
+        let values = self.take()?.finish().py_err(py)?;
+        Ok(PyArray1::from_vec(py, values))
+    }
+
+    /// Raise the timeout error for this receiver's state.
+    fn timed_out(&mut self, py: Python<'_>, timeout: f64) -> PyResult<()> {
+        let receiver = self.inner()?;
+        Err(super::errors::to_py_err(
+            py,
+            GradientStreamError::Timeout {
+                timeout,
+                received: receiver.received(),
+                total: receiver.total(),
+            },
+        ))
+    }
+}

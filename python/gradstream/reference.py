@@ -11,27 +11,46 @@ Two things hold throughout:
   subnormals survive bit for bit;
 * this module imports only ``.errors`` and ``._convert`` from the package, never the native
   extension, so it works (and can judge the extension) when the extension is absent.
+
+The decoding rules for frames live in one place, ``_FrameReceiver``, a sans-I/O state
+machine that is fed one header or one payload at a time. ``decode_frames`` drives it over
+bytes in memory; ``receive_from`` / ``receive_iter`` drive it over a socket or an asyncio
+stream (README "Streaming"), with plain asyncio and no threads.
 """
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import operator
+import os
+import socket
+import ssl
 import struct
+import sys
 import zlib
-from collections.abc import Iterable, Iterator
-from typing import Any, NamedTuple
+from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc
 
 from ._convert import as_float32_vector
-from .errors import ArrowIpcError, ChecksumMismatchError, FrameError, IncompleteStreamError
+from .errors import (
+    ArrowIpcError,
+    ChecksumMismatchError,
+    FrameError,
+    IncompleteStreamError,
+    StreamIOError,
+    StreamTimeoutError,
+)
 
-__all__ = ["GradientChunk", "GradientStreamSession"]
+__all__ = ["GradientChunk", "GradientStreamSession", "TransferProgress"]
 
 DEFAULT_CHUNK_SIZE = 65_536
 DEFAULT_MAX_PAYLOAD_LEN = 268_435_456  # 256 MiB
+DEFAULT_MAX_GRADIENT_LEN = 1_073_741_824  # 2**30 values, 4 GiB of float32
 U32_MAX = 2**32 - 1
 USIZE_MAX = 2**64 - 1  # chunk_size is a usize in the native core
 
@@ -81,6 +100,30 @@ def _check_bool(value: Any, name: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be bool, not {type(value).__name__}")
     return bool(value)
+
+
+def _check_max_gradient_len(value: Any) -> int:
+    number = operator.index(value)
+    # A count of values, a usize in the native core. 0 is refused (as max_payload_len 0 is):
+    # a limit that lets nothing but the empty gradient through is more likely a bug.
+    if not 1 <= number <= USIZE_MAX:
+        raise ValueError(f"max_gradient_len must be between 1 and {USIZE_MAX}, got {number}")
+    return number
+
+
+def _check_timeout(value: Any) -> float | None:
+    if value is None:
+        return None
+    # What float() accepts from a number (int, float, numpy scalars, Decimal...), but not
+    # a str, which float() would parse.
+    kind = type(value)
+    if not (hasattr(kind, "__float__") or hasattr(kind, "__index__")):
+        raise TypeError(f"timeout must be None or a number, not {kind.__name__}")
+    seconds = float(value)
+    # NaN fails the comparison; infinity is None's job ("wait for ever").
+    if not 0.0 < seconds < float("inf"):
+        raise ValueError(f"timeout must be None or a positive number of seconds, got {value!r}")
+    return seconds
 
 
 def _byte_view(data: Any) -> memoryview:
@@ -434,63 +477,462 @@ def _decode_chunk_list(chunks: list[_ChunkFields]) -> np.ndarray:
     return _concat(_verify_and_decode(c.chunk_index, c.checksum, c.payload) for c in chunks)
 
 
-def _decode_frame_stream(data: memoryview, max_payload_len: int) -> np.ndarray:
-    """decode_frames rules 1-9, reading frames the way the original receiver does."""
-    end = len(data)
-    offset = 0
-    first: tuple[int, int] | None = None  # (chunk_index, total_chunks) of the first frame
-    parts: dict[int, np.ndarray] = {}
+class _PendingFrame(NamedTuple):
+    """A frame whose header has been read and whose payload is awaited."""
 
-    # Reading stops once as many frames as total_chunks have arrived (rule 8).
-    while first is None or len(parts) < first[1]:
-        left = end - offset
-        if left == 0:
-            break  # rule 1 (empty result if nothing read) or rule 9
-        if left < HEADER_LEN:
-            if first is None:  # rule 2: the original would silently return nothing here
-                raise FrameError(
-                    f"truncated frame header: {left} of {HEADER_LEN} bytes", None, offset
-                )
-            break  # rule 9
-        index, total, payload_len, checksum = HEADER.unpack_from(data, offset)
-        body = offset + HEADER_LEN
+    chunk_index: int
+    total_chunks: int
+    payload_len: int
+    checksum: int
+    offset: int  # of the header, from the gradient's first byte
 
+
+class _FrameReceiver:
+    """decode_frames rules 1-9 as a sans-I/O state machine, for one gradient.
+
+    The driver asks ``want`` for the number of bytes it needs next (a 16-byte header, then
+    that header's payload), reads exactly that many and hands them to ``feed``, until
+    ``done``. If the input ends first it calls ``end_of_stream`` with the number of the
+    wanted bytes that did arrive. Every rule lives here, so decode_frames and the stream
+    receivers raise the same errors for the same bytes. Any exception ends the gradient:
+    a receiver is not fed again after one.
+    """
+
+    __slots__ = (
+        "_copy_values",
+        "_first",
+        "_max_gradient_len",
+        "_max_payload_len",
+        "_offset",
+        "_parts",
+        "_pending",
+        "_values",
+    )
+
+    def __init__(self, max_payload_len: int, max_gradient_len: int, *, copy_values: bool) -> None:
+        self._max_payload_len = max_payload_len
+        self._max_gradient_len = max_gradient_len
+        # True when the fed payloads are transient buffers: the decoded values are then
+        # copied out, so that only one payload is held at a time, never all of them.
+        self._copy_values = copy_values
+        self._offset = 0  # of the next header, from the gradient's first byte
+        self._pending: _PendingFrame | None = None
+        self._first: tuple[int, int] | None = None  # (chunk_index, total_chunks)
+        self._parts: dict[int, np.ndarray] = {}
+        self._values = 0  # decoded so far, in arrival order
+
+    @property
+    def want(self) -> int:
+        """Bytes needed next: a header, or the pending header's payload (may be 0)."""
+        return HEADER_LEN if self._pending is None else self._pending.payload_len
+
+    @property
+    def done(self) -> bool:
+        """As many frames as total_chunks have arrived: reading stops (rule 8)."""
+        return self._first is not None and len(self._parts) == self._first[1]
+
+    @property
+    def received(self) -> int:
+        return len(self._parts)
+
+    @property
+    def total(self) -> int | None:
+        """total_chunks, once a first frame has been accepted."""
+        return None if self._first is None else self._first[1]
+
+    @property
+    def offset(self) -> int:
+        """Bytes consumed: the offset of the next header."""
+        return self._offset
+
+    def feed(self, unit: memoryview) -> None:
+        """Take exactly ``want`` bytes: a header or a payload."""
+        assert len(unit) == self.want and not self.done
+        if self._pending is None:
+            self._feed_header(unit)
+        else:
+            self._feed_payload(self._pending, unit)
+
+    def _feed_header(self, header: memoryview) -> None:
+        index, total, payload_len, checksum = HEADER.unpack(header)
         # Rule 3 comes before any use of payload_len, so a hostile header costs nothing.
-        if payload_len > max_payload_len:
+        if payload_len > self._max_payload_len:
             raise FrameError(
                 f"chunk {index} declares a {payload_len}-byte payload, "
-                f"above max_payload_len {max_payload_len}",
+                f"above max_payload_len {self._max_payload_len}",
                 index,
-                offset,
+                self._offset,
             )
-        if end - body < payload_len:  # rule 4
-            raise FrameError(
-                f"truncated frame: chunk {index} declares a {payload_len}-byte payload "
-                f"but only {end - body} bytes follow",
-                index,
-                offset,
-            )
-        if first is None:
-            first = (index, total)
-        elif total != first[1]:  # rule 5
+        self._pending = _PendingFrame(index, total, payload_len, checksum, self._offset)
+
+    def _feed_payload(self, frame: _PendingFrame, payload: memoryview) -> None:
+        index, total, offset = frame.chunk_index, frame.total_chunks, frame.offset
+        # Rule 4 (truncation) is end_of_stream's: the whole payload is here.
+        first = self._first if self._first is not None else (index, total)
+        if total != first[1]:  # rule 5
             raise FrameError(_disagree(first[0], first[1], index, total), index, offset)
+        # Every chunk carries at least one value, but the empty gradient's single chunk.
+        limit = self._max_gradient_len
+        if total > max(limit, 1):
+            raise FrameError(f"total_chunks {total} above max_gradient_len {limit}", index, offset)
         if index >= total:  # rule 6
             raise FrameError(_out_of_range(index, total), index, offset)
-        if index in parts:  # rule 7
+        if index in self._parts:  # rule 7
             raise FrameError(_duplicate(index), index, offset)
         # Rule 8: each frame is verified and decoded as it arrives.
-        parts[index] = _verify_and_decode(index, checksum, data[body : body + payload_len])
-        offset = body + payload_len
+        values = _verify_and_decode(index, frame.checksum, payload)
+        count = self._values + len(values)
+        if count > limit:
+            raise FrameError(
+                f"gradient exceeds max_gradient_len {limit}: {count} values by chunk {index}",
+                index,
+                offset,
+            )
+        self._parts[index] = values.copy() if self._copy_values else values
+        self._values = count
+        self._first = first
+        self._pending = None
+        self._offset = offset + HEADER_LEN + frame.payload_len
 
-    if first is None:  # rule 1: no bytes at all
-        return _empty_vector()
-    total = first[1]
-    if len(parts) < total:  # rule 9
-        raise IncompleteStreamError(len(parts), total)
-    if offset < end:  # rule 9
-        raise FrameError(f"{end - offset} bytes left over after the last chunk", None, offset)
-    # Frames may arrive in any order; values are assembled in index order.
-    return _concat(parts[i] for i in range(total))
+    def end_of_stream(self, got: int) -> None:
+        """The input ended with ``got`` of the ``want`` bytes in. Returns only for the end
+        before any byte (rule 1: an empty gradient); raises otherwise."""
+        frame = self._pending
+        if frame is not None:  # rule 4
+            raise FrameError(
+                f"truncated frame: chunk {frame.chunk_index} declares a "
+                f"{frame.payload_len}-byte payload but only {got} bytes follow",
+                frame.chunk_index,
+                frame.offset,
+            )
+        if self._first is None:
+            if got == 0:  # rule 1
+                return
+            # Rule 2: the original would silently return nothing here.
+            raise FrameError(
+                f"truncated frame header: {got} of {HEADER_LEN} bytes", None, self._offset
+            )
+        # Rule 9 (a header cut short after a frame counts as a missing frame).
+        raise IncompleteStreamError(len(self._parts), self._first[1])
+
+    def result(self) -> np.ndarray:
+        """The gradient, once ``done``: the values assembled in index order."""
+        assert self._first is not None and self.done
+        return _concat(self._parts[i] for i in range(self._first[1]))
+
+
+def _decode_frame_stream(
+    data: memoryview, max_payload_len: int, max_gradient_len: int
+) -> np.ndarray:
+    """decode_frames: drive the receiver over bytes in memory, then rule 9's left-over."""
+    receiver = _FrameReceiver(max_payload_len, max_gradient_len, copy_values=False)
+    end = len(data)
+    pos = 0
+    while not receiver.done:
+        want = receiver.want
+        if end - pos < want:
+            receiver.end_of_stream(end - pos)  # raises, but for the empty input
+            return _empty_vector()
+        receiver.feed(data[pos : pos + want])
+        pos += want
+    if pos < end:  # rule 9
+        raise FrameError(f"{end - pos} bytes left over after the last chunk", None, pos)
+    return receiver.result()
+
+
+# --------------------------------------------------------------------------- progress
+
+
+class TransferProgress:
+    """Counters that transfers add to as they run, for a progress bar.
+
+    ``bytes``: wire bytes moved; ``chunks``: frames completely sent, or received and
+    accepted; ``total_chunks``: the frames announced (the plan's count when sending, the
+    first frame's total_chunks when receiving; 0 until known). A transfer only ever adds
+    to them, so an object passed to several transfers (or to receive_iter, which receives
+    several gradients) counts all of them.
+    """
+
+    __slots__ = ("_bytes", "_chunks", "_total_chunks")
+
+    def __init__(self) -> None:
+        self._bytes = 0
+        self._chunks = 0
+        self._total_chunks = 0
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    @property
+    def chunks(self) -> int:
+        return self._chunks
+
+    @property
+    def total_chunks(self) -> int:
+        return self._total_chunks
+
+    def __repr__(self) -> str:
+        return (
+            f"TransferProgress(bytes={self._bytes}, chunks={self._chunks}, "
+            f"total_chunks={self._total_chunks})"
+        )
+
+
+def _check_progress(progress: Any) -> TransferProgress | None:
+    if progress is not None and not isinstance(progress, TransferProgress):
+        raise TypeError(
+            "progress must be a gradstream.reference.TransferProgress or None, "
+            f"not {type(progress).__name__}"
+        )
+    return progress
+
+
+def _count(
+    progress: TransferProgress | None, nbytes: int = 0, chunks: int = 0, total_chunks: int = 0
+) -> None:
+    if progress is not None:
+        progress._bytes += nbytes
+        progress._chunks += chunks
+        progress._total_chunks += total_chunks
+
+
+# --------------------------------------------------------------------------- stream I/O
+# Two channels move the bytes: one over a socket.socket (the event loop's sock_* calls and
+# readiness callbacks) and one over asyncio streams. Both do partial reads and writes, so
+# that the session's timeout bounds the time without a byte moving (not the time a whole
+# payload takes), and the receiver can tell how many bytes of a unit arrived before the end.
+
+_T = TypeVar("_T")
+
+# Largest piece handed to a StreamWriter before waiting for it to drain.
+_WRITE_SLICE = 65_536
+
+
+class _Stalled(Exception):
+    """No byte moved within the session's timeout (turned into StreamTimeoutError by the
+    caller, which knows the chunk counts)."""
+
+
+if sys.version_info >= (3, 11):
+
+    async def _within(awaitable: Awaitable[_T], timeout: float | None) -> _T:
+        if timeout is None:
+            return await awaitable
+        try:
+            async with asyncio.timeout(timeout) as deadline:
+                return await awaitable
+        except TimeoutError:
+            # A socket can raise TimeoutError itself (ETIMEDOUT): that one is an I/O error.
+            if deadline.expired():
+                raise _Stalled from None
+            raise
+
+else:  # pragma: no cover - Python 3.10
+
+    async def _within(awaitable: Awaitable[_T], timeout: float | None) -> _T:
+        if timeout is None:
+            return await awaitable
+        try:
+            return await asyncio.wait_for(awaitable, timeout)
+        except asyncio.TimeoutError:  # distinct from the builtin TimeoutError in 3.10
+            raise _Stalled from None
+
+
+_ERRNO_OF = (
+    (BrokenPipeError, errno.EPIPE),
+    (ConnectionResetError, errno.ECONNRESET),
+    (ConnectionAbortedError, errno.ECONNABORTED),
+    (ConnectionRefusedError, errno.ECONNREFUSED),
+)
+
+
+def _stream_io_error(exc: OSError) -> StreamIOError:
+    """StreamIOError(errno, strerror) for a failed system call or stream operation."""
+    if isinstance(exc, StreamIOError):
+        return exc
+    code = exc.errno
+    if code is None:
+        # asyncio raises e.g. ConnectionResetError("Connection lost") without an errno;
+        # the class says which one it stands for.
+        code = next((c for cls, c in _ERRNO_OF if isinstance(exc, cls)), None)
+    if code is None:
+        return StreamIOError(str(exc) or type(exc).__name__)
+    return StreamIOError(code, exc.strerror or os.strerror(code))
+
+
+class _Channel:
+    """Moves bytes for one transfer; every wait is bounded by the timeout."""
+
+    def __init__(self, timeout: float | None) -> None:
+        self.timeout = timeout
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc_info: object) -> None:
+        pass
+
+    async def recv_into(self, view: memoryview) -> int:
+        """Read 1..len(view) bytes into view; 0 at the end of the stream."""
+        raise NotImplementedError
+
+    async def send(self, view: memoryview) -> int:
+        """Write 1..len(view) bytes of view; how many."""
+        raise NotImplementedError
+
+
+# Sockets with a transfer running: [transfers, timeout to restore]. Several transfers may
+# share one socket (a send and a receive at once, full duplex): the first makes the socket
+# non-blocking, the last puts its mode back.
+_ACTIVE_SOCKETS: dict[socket.socket, list[Any]] = {}
+
+
+class _SocketChannel(_Channel):
+    def __init__(self, sock: socket.socket, timeout: float | None) -> None:
+        super().__init__(timeout)
+        self.sock = sock
+        self.loop = asyncio.get_running_loop()
+
+    def __enter__(self) -> None:
+        # loop.sock_* need a non-blocking socket; the caller's mode is put back at the end.
+        sock = self.sock
+        entry = _ACTIVE_SOCKETS.get(sock)
+        if entry is not None:
+            entry[0] += 1
+            return
+        previous = sock.gettimeout()
+        try:
+            sock.setblocking(False)
+        except OSError as exc:  # e.g. a closed socket
+            raise _stream_io_error(exc) from exc
+        _ACTIVE_SOCKETS[sock] = [1, previous]
+
+    def __exit__(self, *exc_info: object) -> None:
+        sock = self.sock
+        entry = _ACTIVE_SOCKETS[sock]
+        entry[0] -= 1
+        if entry[0] == 0:
+            del _ACTIVE_SOCKETS[sock]
+            if sock.fileno() != -1:  # closed under us: nothing left to restore
+                sock.settimeout(entry[1])
+
+    async def recv_into(self, view: memoryview) -> int:
+        try:
+            return await _within(self.loop.sock_recv_into(self.sock, view), self.timeout)
+        except OSError as exc:
+            raise _stream_io_error(exc) from exc
+
+    async def send(self, view: memoryview) -> int:
+        try:
+            while True:
+                try:
+                    return self.sock.send(view)
+                except (BlockingIOError, InterruptedError):
+                    pass
+                try:
+                    await _within(self._writable(), self.timeout)
+                except NotImplementedError:
+                    # A loop without readiness callbacks (Windows' proactor): sendall, so
+                    # the timeout bounds the whole piece rather than each byte.
+                    await _within(self.loop.sock_sendall(self.sock, view), self.timeout)
+                    return len(view)
+        except OSError as exc:
+            raise _stream_io_error(exc) from exc
+
+    async def _writable(self) -> None:
+        waiter = self.loop.create_future()
+        fd = self.sock.fileno()
+        self.loop.add_writer(fd, _wake, waiter)
+        try:
+            await waiter
+        finally:
+            self.loop.remove_writer(fd)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+class _StreamsChannel(_Channel):
+    def __init__(
+        self,
+        reader: asyncio.StreamReader | None,
+        writer: asyncio.StreamWriter | None,
+        timeout: float | None,
+    ) -> None:
+        super().__init__(timeout)
+        self.reader = reader
+        self.writer = writer
+
+    async def recv_into(self, view: memoryview) -> int:
+        assert self.reader is not None
+        try:
+            # read(n) returns what is buffered, up to n, as soon as there is something:
+            # never more than asked, so never past the gradient's last frame.
+            data = await _within(self.reader.read(len(view)), self.timeout)
+        except OSError as exc:
+            raise _stream_io_error(exc) from exc
+        view[: len(data)] = data
+        return len(data)
+
+    async def send(self, view: memoryview) -> int:
+        assert self.writer is not None
+        piece = view[:_WRITE_SLICE]
+        try:
+            self.writer.write(piece)
+            await self._drain()
+        except OSError as exc:
+            raise _stream_io_error(exc) from exc
+        return len(piece)
+
+    async def _drain(self) -> None:
+        # drain() waits until the transport's buffer is below its low-water mark; a
+        # timeout only counts as a stall when not one byte left the buffer meanwhile.
+        assert self.writer is not None
+        transport = self.writer.transport
+        while True:
+            before = transport.get_write_buffer_size()
+            try:
+                await _within(self.writer.drain(), self.timeout)
+                return
+            except _Stalled:
+                if transport.get_write_buffer_size() >= before:
+                    raise
+
+
+def _check_socket(sock: socket.socket) -> socket.socket:
+    if isinstance(sock, ssl.SSLSocket):
+        raise TypeError("an ssl.SSLSocket cannot carry frames; use asyncio streams over TLS")
+    if sock.type != socket.SOCK_STREAM:
+        raise ValueError(f"stream must be a connected stream socket, not {sock.type!r}")
+    return sock
+
+
+def _sending_channel(stream: Any, timeout: float | None) -> _Channel:
+    if isinstance(stream, socket.socket):
+        return _SocketChannel(_check_socket(stream), timeout)
+    writer = stream[1] if isinstance(stream, tuple) and len(stream) == 2 else stream
+    if isinstance(writer, asyncio.StreamWriter):
+        return _StreamsChannel(None, writer, timeout)
+    raise TypeError(
+        "stream_to expects a connected socket.socket, an asyncio.StreamWriter or a "
+        f"(StreamReader, StreamWriter) pair, not {type(stream).__name__}"
+    )
+
+
+def _receiving_channel(stream: Any, timeout: float | None) -> _Channel:
+    if isinstance(stream, socket.socket):
+        return _SocketChannel(_check_socket(stream), timeout)
+    reader = stream[0] if isinstance(stream, tuple) and len(stream) == 2 else stream
+    if isinstance(reader, asyncio.StreamReader):
+        return _StreamsChannel(reader, None, timeout)
+    raise TypeError(
+        "receive_from and receive_iter expect a connected socket.socket, an "
+        "asyncio.StreamReader or a (StreamReader, StreamWriter) pair, "
+        f"not {type(stream).__name__}"
+    )
 
 
 # --------------------------------------------------------------------------- session
@@ -499,7 +941,14 @@ def _decode_frame_stream(data: memoryview, max_payload_len: int) -> np.ndarray:
 class GradientStreamSession:
     """Splits gradients into Arrow IPC chunks / frames and reassembles them."""
 
-    __slots__ = ("_chunk_size", "_compression", "_max_payload_len", "_session_id")
+    __slots__ = (
+        "_chunk_size",
+        "_compression",
+        "_max_gradient_len",
+        "_max_payload_len",
+        "_session_id",
+        "_timeout",
+    )
 
     def __init__(
         self,
@@ -507,6 +956,8 @@ class GradientStreamSession:
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         *,
         max_payload_len: int = DEFAULT_MAX_PAYLOAD_LEN,
+        max_gradient_len: int = DEFAULT_MAX_GRADIENT_LEN,
+        timeout: float | None = None,
     ) -> None:
         self._session_id = _check_str(session_id, "session_id")
         chunk_size = operator.index(chunk_size)
@@ -521,6 +972,8 @@ class GradientStreamSession:
             # payload_len is a u32 on the wire, so no larger limit could ever be reached.
             raise ValueError(f"max_payload_len must be in 1..{U32_MAX}, got {max_payload_len}")
         self._max_payload_len = max_payload_len
+        self._max_gradient_len = _check_max_gradient_len(max_gradient_len)
+        self._timeout = _check_timeout(timeout)
         self._compression = False
 
     @classmethod
@@ -530,7 +983,11 @@ class GradientStreamSession:
     def with_compression(self, enabled: bool) -> GradientStreamSession:
         """A new session with the same settings and the flag set (stored, not applied)."""
         twin = GradientStreamSession(
-            self._session_id, self._chunk_size, max_payload_len=self._max_payload_len
+            self._session_id,
+            self._chunk_size,
+            max_payload_len=self._max_payload_len,
+            max_gradient_len=self._max_gradient_len,
+            timeout=self._timeout,
         )
         twin._compression = _check_bool(enabled, "enabled")
         return twin
@@ -550,10 +1007,19 @@ class GradientStreamSession:
     def max_payload_len(self) -> int:
         return self._max_payload_len
 
+    @property
+    def max_gradient_len(self) -> int:
+        return self._max_gradient_len
+
+    @property
+    def timeout(self) -> float | None:
+        return self._timeout
+
     def __repr__(self) -> str:
         return (
             f"GradientStreamSession(session_id={self._session_id!r}, "
             f"chunk_size={self._chunk_size}, max_payload_len={self._max_payload_len}, "
+            f"max_gradient_len={self._max_gradient_len}, timeout={self._timeout!r}, "
             f"compression={self._compression})"
         )
 
@@ -576,30 +1042,38 @@ class GradientStreamSession:
             raise FrameError(refusal, chunk_index)
         return payload
 
-    def encode_gradient(self, gradient: Any) -> list[GradientChunk]:
-        values = as_float32_vector(gradient)
-        size = self._chunk_size
+    def _total_chunks(self, length: int) -> int:
         # Ceiling division; an empty gradient still makes one (empty) chunk.
-        total = max(1, -(-len(values) // size))
+        size = self._chunk_size
+        total = max(1, -(-length // size))
         if total > U32_MAX:
             raise FrameError(
-                f"a gradient of {len(values)} values needs {total} chunks of {size}, more "
+                f"a gradient of {length} values needs {total} chunks of {size}, more "
                 f"than total_chunks can count ({U32_MAX}); use a larger chunk_size"
             )
-        chunks = []
+        return total
+
+    def _frames(self, values: np.ndarray) -> Iterator[tuple[int, int, bytes, int]]:
+        """(chunk_index, total_chunks, payload, checksum) of each chunk, encoded one at a
+        time as the caller asks for it."""
+        size = self._chunk_size
+        total = self._total_chunks(len(values))
         for k in range(total):
             payload = self._chunk_payload(k, values[k * size : (k + 1) * size])
-            chunks.append(GradientChunk(self._session_id, k, total, payload, zlib.crc32(payload)))
-        return chunks
+            yield k, total, payload, zlib.crc32(payload)
+
+    def encode_gradient(self, gradient: Any) -> list[GradientChunk]:
+        values = as_float32_vector(gradient)
+        return [
+            GradientChunk(self._session_id, k, total, payload, checksum)
+            for k, total, payload, checksum in self._frames(values)
+        ]
 
     def encode_frames(self, gradient: Any, as_buffer: bool = False) -> bytes | pa.Buffer:
         as_buffer = _check_bool(as_buffer, "as_buffer")
         parts: list[bytes] = []
-        for chunk in self.encode_gradient(gradient):
-            payload = chunk.arrow_ipc_bytes
-            parts.append(
-                HEADER.pack(chunk.chunk_index, chunk.total_chunks, len(payload), chunk.checksum)
-            )
+        for k, total, payload, checksum in self._frames(as_float32_vector(gradient)):
+            parts.append(HEADER.pack(k, total, len(payload), checksum))
             parts.append(payload)
         frames = b"".join(parts)
         # py_buffer wraps the bytes object without copying it.
@@ -611,4 +1085,95 @@ class GradientStreamSession:
         return _decode_chunk_list([_chunk_fields(c) for c in chunks])
 
     def decode_frames(self, data: Any) -> np.ndarray:
-        return _decode_frame_stream(_byte_view(data), self._max_payload_len)
+        return _decode_frame_stream(_byte_view(data), self._max_payload_len, self._max_gradient_len)
+
+    # ---- streaming (README "Streaming")
+
+    async def stream_to(
+        self, gradient: Any, stream: Any, *, progress: TransferProgress | None = None
+    ) -> int:
+        """Send one gradient over a socket or an asyncio stream; the number of chunks.
+
+        The bytes are exactly encode_frames(gradient), encoded and written one chunk at a
+        time. The gradient is read as the chunks are encoded: do not change it meanwhile.
+        """
+        channel = _sending_channel(stream, self._timeout)
+        progress = _check_progress(progress)
+        values = as_float32_vector(gradient)
+        frames = self._frames(values)
+        total = self._total_chunks(len(values))  # FrameError before any byte is sent
+        _count(progress, total_chunks=total)
+        with channel:
+            for k, _, payload, checksum in frames:
+                # One buffer per frame: two writes (header, payload) would meet Nagle's
+                # algorithm and delayed ACKs on TCP.
+                frame = memoryview(HEADER.pack(k, total, len(payload), checksum) + payload)
+                sent = 0
+                while sent < len(frame):
+                    try:
+                        n = await channel.send(frame[sent:])
+                    except _Stalled:
+                        raise StreamTimeoutError(self._timeout or 0.0, k, total) from None
+                    sent += n
+                    _count(progress, nbytes=n)
+                _count(progress, chunks=1)
+        return total
+
+    async def receive_from(
+        self, stream: Any, *, progress: TransferProgress | None = None
+    ) -> np.ndarray:
+        """Receive one gradient from a socket or an asyncio stream.
+
+        The end of the stream before any byte gives an empty array (the original's "no
+        network"); see the README for the other ends.
+        """
+        channel = _receiving_channel(stream, self._timeout)
+        values = await self._receive(channel, _check_progress(progress))
+        return _empty_vector() if values is None else values
+
+    async def receive_iter(
+        self, stream: Any, *, progress: TransferProgress | None = None
+    ) -> AsyncIterator[np.ndarray]:
+        """Receive gradients until the peer closes the stream between two of them."""
+        channel = _receiving_channel(stream, self._timeout)
+        progress = _check_progress(progress)
+        while True:
+            values = await self._receive(channel, progress)
+            if values is None:
+                return
+            yield values
+
+    async def _receive(
+        self, channel: _Channel, progress: TransferProgress | None
+    ) -> np.ndarray | None:
+        """One gradient, or None when the stream ended before its first byte."""
+        receiver = _FrameReceiver(self._max_payload_len, self._max_gradient_len, copy_values=True)
+        # The socket is non-blocking only while a gradient is being received, so between
+        # two gradients of receive_iter it is in the caller's mode.
+        with channel:
+            while not receiver.done:
+                # A header, or a payload of at most max_payload_len bytes (checked from the
+                # header before this allocation); exactly what the frame needs, so nothing
+                # past the gradient's last frame is ever read.
+                unit = memoryview(bytearray(receiver.want))
+                got = 0
+                while got < len(unit):
+                    try:
+                        n = await channel.recv_into(unit[got:])
+                    except _Stalled:
+                        raise StreamTimeoutError(
+                            self._timeout or 0.0, receiver.received, receiver.total
+                        ) from None
+                    if n == 0:
+                        receiver.end_of_stream(got)  # raises, but before any byte
+                        return None
+                    got += n
+                    _count(progress, nbytes=n)
+                had_total = receiver.total is not None
+                received = receiver.received
+                receiver.feed(unit)
+                if receiver.received > received:
+                    _count(progress, chunks=1)
+                    if not had_total:
+                        _count(progress, total_chunks=receiver.total or 0)
+        return receiver.result()

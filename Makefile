@@ -23,7 +23,7 @@ build: $(STAMP)
 	$(VENV)/bin/maturin develop --release --quiet
 
 demo: build
-	$(PY) -m gradstream.demo
+	$(PY) -m gradstream demo
 
 cargo-test:
 	cargo test --release

@@ -33,17 +33,22 @@ impl Progress {
     }
 }
 
-/// Run one I/O wait under the session's timeout.
+/// Run one I/O wait under the session's timeout; on expiry, the error says how far the
+/// gradient had got (`received` of `total` chunks).
 async fn within<T>(
     timeout: Option<Duration>,
-    on_timeout: impl FnOnce() -> GradientStreamError,
+    (received, total): (usize, Option<u32>),
     io: impl std::future::Future<Output = std::io::Result<T>>,
 ) -> Result<T> {
     match timeout {
         None => Ok(io.await?),
         Some(limit) => match tokio::time::timeout(limit, io).await {
             Ok(done) => Ok(done?),
-            Err(_) => Err(on_timeout()),
+            Err(_) => Err(GradientStreamError::Timeout {
+                timeout: limit.as_secs_f64(),
+                received,
+                total,
+            }),
         },
     }
 }
@@ -79,12 +84,8 @@ pub async fn send_gradient<W: AsyncWrite + Unpin>(
         // taking bytes is progress.
         let mut rest: &[u8] = frame;
         while !rest.is_empty() {
-            let timed_out = || GradientStreamError::Timeout {
-                timeout: timeout.map_or(0.0, |t| t.as_secs_f64()),
-                received: sent,
-                total: Some(plan.total_chunks()),
-            };
-            let n = within(timeout, timed_out, writer.write(rest)).await?;
+            let at = (sent, Some(plan.total_chunks()));
+            let n = within(timeout, at, writer.write(rest)).await?;
             if n == 0 {
                 return Err(std::io::Error::from(std::io::ErrorKind::WriteZero).into());
             }
@@ -94,16 +95,7 @@ pub async fn send_gradient<W: AsyncWrite + Unpin>(
         sent += 1;
         progress.add(0, 1);
     }
-    within(
-        timeout,
-        || GradientStreamError::Timeout {
-            timeout: timeout.map_or(0.0, |t| t.as_secs_f64()),
-            received: sent,
-            total: Some(plan.total_chunks()),
-        },
-        writer.flush(),
-    )
-    .await?;
+    within(timeout, (sent, Some(plan.total_chunks())), writer.flush()).await?;
     Ok(sent)
 }
 
@@ -123,12 +115,8 @@ pub async fn receive_gradient<R: AsyncRead + Unpin>(
         unit.resize(want, 0);
         let mut got = 0;
         while got < want {
-            let timed_out = || GradientStreamError::Timeout {
-                timeout: timeout.map_or(0.0, |t| t.as_secs_f64()),
-                received: receiver.received(),
-                total: receiver.total(),
-            };
-            let n = within(timeout, timed_out, reader.read(&mut unit[got..want])).await?;
+            let at = (receiver.received(), receiver.total());
+            let n = within(timeout, at, reader.read(&mut unit[got..want])).await?;
             if n == 0 {
                 return receiver.end_of_stream(got);
             }

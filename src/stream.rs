@@ -107,20 +107,22 @@ pub async fn receive_gradient<R: AsyncRead + Unpin>(
     progress: &Progress,
 ) -> Result<Option<Vec<f32>>> {
     let mut receiver = config.receiver();
-    // Holds a header or a payload; payloads are bounded by max_payload_len, checked from
-    // the header before this grows.
+    // Holds a header or a payload (at most max_payload_len, checked from the header).
     let mut unit = Vec::with_capacity(HEADER_LEN);
     loop {
         let want = receiver.want();
-        unit.resize(want, 0);
-        let mut got = 0;
-        while got < want {
+        unit.clear();
+        while unit.len() < want {
+            let remaining = want - unit.len();
+            // Grow with what arrives, not with what the header claims: a 16-byte header
+            // must not cost max_payload_len of memory before its payload shows up.
+            unit.reserve(remaining.min(unit.len().max(64 * 1024)));
             let at = (receiver.received(), receiver.total());
-            let n = within(timeout, at, reader.read(&mut unit[got..want])).await?;
+            let mut limited = (&mut *reader).take(remaining as u64);
+            let n = within(timeout, at, limited.read_buf(&mut unit)).await?;
             if n == 0 {
-                return receiver.end_of_stream(got);
+                return receiver.end_of_stream(unit.len());
             }
-            got += n;
             progress.add(n, 0);
         }
         let (before, known) = (receiver.received(), receiver.total().is_some());

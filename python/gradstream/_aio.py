@@ -67,20 +67,29 @@ async def _bounded(step: Awaitable[T], timeout: float | None) -> T:
         return await step
 
 
+# The timeout bounds each step that moves bytes, not a whole frame: a slow peer that
+# keeps reading or writing is making progress.
+_PIECE = 64 * 1024
+
+
 async def stream_to(session: Any, gradient: Any, stream: Any, progress: Any) -> int:
     writer = _writer_of(stream)
     frames = session._frame_encoder(gradient, progress)
     sent = 0
     for frame in frames:
+        view = memoryview(frame)
         try:
-            writer.write(frame)
-            await _bounded(writer.drain(), session.timeout)
+            for start in range(0, len(view), _PIECE):
+                piece = view[start : start + _PIECE]
+                writer.write(piece)
+                await _bounded(writer.drain(), session.timeout)
+                frames._sent(len(piece), 0)
         except TimeoutError:
             raise StreamTimeoutError(session.timeout, sent, frames.total_chunks) from None
         except OSError as exc:
             raise _io_error(exc) from exc
         sent += 1
-        frames._sent(len(frame))
+        frames._sent(0, 1)
     return sent
 
 
@@ -90,19 +99,24 @@ async def receive(session: Any, stream: Any, progress: Any, none_at_end: bool) -
     receiver = session._frame_receiver(progress)
     while True:
         want = receiver.want()
+        # Grown as bytes arrive, not sized by the header: a 16-byte header must not
+        # cost max_payload_len of memory before its payload shows up.
+        unit = bytearray()
         try:
-            data = await _bounded(reader.readexactly(want), session.timeout)
-        except asyncio.IncompleteReadError as exc:
-            got = receiver.end(len(exc.partial))
-            if got is None and not none_at_end:
-                return np.empty(0, dtype=np.float32)
-            return got
+            while len(unit) < want:
+                piece = await _bounded(reader.read(want - len(unit)), session.timeout)
+                if not piece:
+                    got = receiver.end(len(unit))
+                    if got is None and not none_at_end:
+                        return np.empty(0, dtype=np.float32)
+                    return got
+                unit += piece
         except TimeoutError:
             receiver.timed_out(session.timeout)
             raise  # timed_out raised StreamTimeoutError; this line is never reached
         except OSError as exc:
             raise _io_error(exc) from exc
-        if receiver.feed(data):
+        if receiver.feed(unit):
             return receiver.finish()
 
 
@@ -126,13 +140,14 @@ class Hub:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         from ._native import _Completions
 
-        self.loop = loop
+        # No reference to the loop: _hubs is keyed weakly by it, and the loop's reader
+        # callback already keeps this hub alive for as long as the loop lives.
         self.native = _Completions()
         self.futures: dict[int, asyncio.Future[Any]] = {}
         loop.add_reader(self.native.fileno(), self._deliver)
 
     def track(self, job: int) -> asyncio.Future[Any]:
-        future = self.loop.create_future()
+        future = asyncio.get_running_loop().create_future()
         self.futures[job] = future
         future.add_done_callback(lambda f: self._settled(job, f))
         return future

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use numpy::{PyArray1, PyReadonlyArrayDyn};
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyType};
@@ -221,14 +221,19 @@ impl SocketStream {
             return Ok(None);
         }
         let socket = py.import("socket")?;
-        if !obj.getattr("type")?.eq(socket.getattr("SOCK_STREAM")?)? {
-            return Err(PyTypeError::new_err(
-                "gradstream streams over SOCK_STREAM sockets only",
-            ));
-        }
         let raw: i32 = obj.call_method0("fileno")?.extract()?;
         if raw < 0 {
-            return Err(PyValueError::new_err("the socket is closed"));
+            // As the reference (and the OS) would say it.
+            let ebadf = GradientStreamError::Io {
+                errno: Some(libc::EBADF),
+                message: "the socket is closed".into(),
+            };
+            return Err(super::errors::to_py_err(py, ebadf));
+        }
+        if !obj.getattr("type")?.eq(socket.getattr("SOCK_STREAM")?)? {
+            return Err(PyValueError::new_err(
+                "gradstream streams over SOCK_STREAM sockets only (TCP or Unix stream)",
+            ));
         }
         let unix = obj.getattr("family")?.eq(socket.getattr("AF_UNIX")?)?;
         // SAFETY: `raw` is the open descriptor of `obj`, which outlives this call; we only
@@ -363,9 +368,9 @@ impl FrameEncoder {
         Ok(Some(PyBytes::new(py, &frame)))
     }
 
-    /// Count a frame as written (after the stream accepted it).
-    fn _sent(&self, nbytes: usize) {
-        self.progress.add(nbytes, 1);
+    /// Count bytes (and frames) the stream accepted.
+    fn _sent(&self, nbytes: usize, frames: u64) {
+        self.progress.add(nbytes, frames);
     }
 }
 

@@ -19,6 +19,7 @@ import tempfile
 import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -1043,3 +1044,45 @@ def test_chunk_over_max_payload_len_is_refused_before_any_byte() -> None:
                 b.recv(1)
 
     run(main)
+
+
+def test_a_fast_peer_does_not_starve_the_loop_or_delay_cancellation(tmp_path: Path) -> None:
+    # sock_recv_into returns at once while data is buffered; without a turn for the loop
+    # per frame, wait_for could not cancel receive_from until the whole gradient was in.
+    # The peer is another process, so bytes keep arriving faster than the reference reads.
+    import subprocess
+    import sys
+
+    session = ref.GradientStreamSession("fast")
+    wire_file = tmp_path / "wire.bin"
+    wire_file.write_bytes(session.encode_frames(np.ones(32 * 1024 * 1024, np.float32)))
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    pump = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import socket, sys\n"
+            f"s = socket.create_connection(('127.0.0.1', {port}))\n"
+            "try:\n"
+            f"    s.sendall(open({str(wire_file)!r}, 'rb').read())\n"
+            "except OSError:\n"
+            "    pass\n",
+        ]
+    )
+    try:
+        conn, _ = listener.accept()
+
+        async def main() -> float:
+            await asyncio.sleep(0.2)  # the pump is writing at full speed by now
+            start = time.perf_counter()
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(session.receive_from(conn), 0.05)
+            return time.perf_counter() - start
+
+        with conn:
+            assert asyncio.run(main()) < 1.0
+    finally:
+        listener.close()
+        pump.kill()
+        pump.wait()

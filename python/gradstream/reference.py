@@ -1117,6 +1117,7 @@ class GradientStreamSession:
                     sent += n
                     _count(progress, nbytes=n)
                 _count(progress, chunks=1)
+                await asyncio.sleep(0)  # a turn for the loop per frame, as on receipt
         return total
 
     async def receive_from(
@@ -1171,6 +1172,9 @@ class GradientStreamSession:
                     _count(progress, nbytes=n)
                 had_total = receiver.total is not None
                 received = receiver.received
+                # sock_recv_into returns at once while data is buffered: give the loop a
+                # turn per unit, so other tasks and cancellation are not starved.
+                await asyncio.sleep(0)
                 receiver.feed(unit)
                 if receiver.received > received:
                     _count(progress, chunks=1)

@@ -32,7 +32,56 @@ pub fn checksum(data: &[u8]) -> u32 {
     crc32fast::hash(data)
 }
 
-/// The schema of every payload we write, built once.
+/// Which columns a payload carries. Both decode with the original's decoder, which only
+/// looks up `value`; `Seed` is the original's byte layout.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Layout {
+    /// `index: Int32` (0..n-1) then `value: Float32`: 8 bytes a value, as the original.
+    #[default]
+    Seed,
+    /// `value: Float32` alone: 4 bytes a value, half the wire.
+    Compact,
+}
+
+impl Layout {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Seed => "seed",
+            Self::Compact => "compact",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "seed" => Some(Self::Seed),
+            "compact" => Some(Self::Compact),
+            _ => None,
+        }
+    }
+
+    /// Column bytes a value: a floor for a payload's size.
+    pub fn bytes_per_value(self) -> usize {
+        match self {
+            Self::Seed => 8,
+            Self::Compact => 4,
+        }
+    }
+}
+
+fn compact_schema() -> SchemaRef {
+    static SCHEMA: OnceLock<SchemaRef> = OnceLock::new();
+    SCHEMA
+        .get_or_init(|| {
+            Arc::new(Schema::new(vec![Field::new(
+                "value",
+                DataType::Float32,
+                false,
+            )]))
+        })
+        .clone()
+}
+
+/// The schema of every seed-layout payload we write, built once.
 fn seed_schema() -> SchemaRef {
     static SCHEMA: OnceLock<SchemaRef> = OnceLock::new();
     SCHEMA
@@ -45,39 +94,44 @@ fn seed_schema() -> SchemaRef {
         .clone()
 }
 
-/// Encode one chunk's values as a seed-layout Arrow IPC file.
-pub fn encode_payload(values: &[f32]) -> Result<Vec<u8>> {
-    // Column data is 8 bytes a value; schema, footer and padding stay under 1 KiB.
-    let mut out = Vec::with_capacity(values.len() * 8 + 1024);
-    encode_to(values, &mut out)?;
+/// Encode one chunk's values as an Arrow IPC file in `layout`.
+pub fn encode_payload(layout: Layout, values: &[f32]) -> Result<Vec<u8>> {
+    // Column data is 4 or 8 bytes a value; schema, footer and padding stay under 1 KiB.
+    let mut out = Vec::with_capacity(values.len() * layout.bytes_per_value() + 1024);
+    encode_to(layout, values, &mut out)?;
     Ok(out)
 }
 
-/// Append the seed-layout file of `values` to `out`.
-pub fn append_payload(values: &[f32], out: &mut Vec<u8>) -> Result<()> {
-    encode_to(values, out)
+/// Append the file of `values` in `layout` to `out`.
+pub fn append_payload(layout: Layout, values: &[f32], out: &mut Vec<u8>) -> Result<()> {
+    encode_to(layout, values, out)
 }
 
-fn encode_to(values: &[f32], out: impl std::io::Write) -> Result<()> {
-    let index = index_column(values.len())?;
+fn encode_to(layout: Layout, values: &[f32], out: impl std::io::Write) -> Result<()> {
     // SAFETY: the buffer borrows `values`; it lives in `batch`, which is dropped before
     // this function returns (the writer copies bytes out and keeps no reference).
     let value_bytes = unsafe { borrowed_buffer(bytemuck_f32(values)) };
-    let value = Float32Array::new(value_bytes.into(), None);
-    let batch = RecordBatch::try_new(seed_schema(), vec![Arc::new(index), Arc::new(value)])
-        .map_err(arrow_err)?;
+    let value = Arc::new(Float32Array::new(value_bytes.into(), None));
+    let batch = match layout {
+        Layout::Seed => {
+            let index = Arc::new(index_column(values.len())?);
+            RecordBatch::try_new(seed_schema(), vec![index, value])
+        }
+        Layout::Compact => RecordBatch::try_new(compact_schema(), vec![value]),
+    }
+    .map_err(arrow_err)?;
     let mut writer = FileWriter::try_new(out, &batch.schema()).map_err(arrow_err)?;
     writer.write(&batch).map_err(arrow_err)?;
     writer.finish().map_err(arrow_err)?;
     Ok(())
 }
 
-/// Write the seed-layout file of `values` into `out`, which must be exactly its length
+/// Write the file of `values` in `layout` into `out`, which must be exactly its length
 /// (as measured by an earlier `encode_payload` of as many values).
-pub fn encode_payload_exact(values: &[f32], out: &mut [u8]) -> Result<()> {
+pub fn encode_payload_exact(layout: Layout, values: &[f32], out: &mut [u8]) -> Result<()> {
     let expected = out.len();
     let mut cursor = std::io::Cursor::new(out);
-    encode_to(values, &mut cursor)?;
+    encode_to(layout, values, &mut cursor)?;
     let written = cursor.position() as usize;
     if written != expected {
         return Err(GradientStreamError::arrow(format!(
@@ -355,13 +409,13 @@ mod tests {
         .iter()
         .map(|b| f32::from_bits(*b))
         .collect();
-        let payload = encode_payload(&values).unwrap();
+        let payload = encode_payload(Layout::Seed, &values).unwrap();
         assert_eq!(bits(&decode(&payload).unwrap()), bits(&values));
     }
 
     #[test]
     fn payload_is_the_seed_layout() {
-        let payload = encode_payload(&[1.0, 2.0, 3.0]).unwrap();
+        let payload = encode_payload(Layout::Seed, &[1.0, 2.0, 3.0]).unwrap();
         assert_eq!(&payload[..6], MAGIC);
         let reader =
             arrow_ipc::reader::FileReader::try_new(std::io::Cursor::new(&payload), None).unwrap();
@@ -378,7 +432,7 @@ mod tests {
 
     #[test]
     fn empty_chunk_is_a_valid_file() {
-        let payload = encode_payload(&[]).unwrap();
+        let payload = encode_payload(Layout::Seed, &[]).unwrap();
         assert!(decode(&payload).unwrap().is_empty());
     }
 
@@ -458,7 +512,7 @@ mod tests {
 
     #[test]
     fn every_truncation_and_byte_flip_is_an_error_or_a_value_change_never_a_panic() {
-        let payload = encode_payload(&[1.5, -2.25, 3.0, 4.0, 5.0]).unwrap();
+        let payload = encode_payload(Layout::Seed, &[1.5, -2.25, 3.0, 4.0, 5.0]).unwrap();
         for cut in 0..payload.len() {
             assert!(decode(&payload[..cut]).is_err(), "cut at {cut}");
         }
@@ -527,7 +581,7 @@ mod tests {
     #[test]
     fn lying_block_offsets_are_caught_before_slicing() {
         // Corrupt every 4-byte word of the footer in turn with huge numbers.
-        let payload = encode_payload(&[1.0; 16]).unwrap();
+        let payload = encode_payload(Layout::Seed, &[1.0; 16]).unwrap();
         let footer_len = i32::from_le_bytes(
             payload[payload.len() - 10..payload.len() - 6]
                 .try_into()

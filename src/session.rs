@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::codec;
+use crate::codec::{self, Layout};
 use crate::error::{GradientStreamError, Result};
 use crate::frame::{FrameHeader, Limits, HEADER_LEN};
 
@@ -23,6 +23,8 @@ pub struct SessionConfig {
     pub limits: Limits,
     /// Longest wait for a byte to move, on streams; None waits for ever.
     pub timeout: Option<std::time::Duration>,
+    /// Columns of the payloads this session writes (it reads either).
+    pub layout: Layout,
 }
 
 /// One encoded chunk, owning its payload.
@@ -67,8 +69,8 @@ impl<'g> FramePlan<'g> {
 }
 
 /// Encode one chunk's payload into `out` (exactly its planned length); its CRC-32.
-pub fn write_payload(values: &[f32], out: &mut [u8]) -> Result<u32> {
-    codec::encode_payload_exact(values, out)?;
+pub fn write_payload(layout: Layout, values: &[f32], out: &mut [u8]) -> Result<u32> {
+    codec::encode_payload_exact(layout, values, out)?;
     Ok(codec::checksum(out))
 }
 
@@ -89,6 +91,7 @@ impl SessionConfig {
             compression: false,
             limits: Limits::default(),
             timeout: None,
+            layout: Layout::Seed,
         }
     }
 
@@ -117,7 +120,7 @@ impl SessionConfig {
             .min(gradient.len());
         let end = start.saturating_add(self.chunk_size).min(gradient.len());
         let mut frame = vec![0u8; HEADER_LEN];
-        codec::append_payload(&gradient[start..end], &mut frame)?;
+        codec::append_payload(self.layout, &gradient[start..end], &mut frame)?;
         let payload_len = self.check_payload_len(index, frame.len() - HEADER_LEN)?;
         let header = FrameHeader {
             chunk_index: index,
@@ -167,7 +170,7 @@ impl SessionConfig {
                 Ok(EncodedChunk {
                     chunk_index: index,
                     total_chunks: plan.total_chunks(),
-                    checksum: write_payload(window, &mut payload)?,
+                    checksum: write_payload(self.layout, window, &mut payload)?,
                     payload,
                 })
             })
@@ -195,8 +198,9 @@ impl SessionConfig {
                 Some(&(_, len)) => len,
                 None => {
                     // 8 bytes a value is a floor: refuse a hopeless chunk before encoding it.
-                    self.check_payload_len(index, window.len().saturating_mul(8))?;
-                    let len = codec::encode_payload(window)?.len();
+                    let floor = window.len().saturating_mul(self.layout.bytes_per_value());
+                    self.check_payload_len(index, floor)?;
+                    let len = codec::encode_payload(self.layout, window)?.len();
                     let len = self.check_payload_len(index, len)?;
                     sizes.push((window.len(), len));
                     len
@@ -234,7 +238,7 @@ impl SessionConfig {
                 chunk_index: index,
                 total_chunks: plan.total,
                 payload_len,
-                checksum: write_payload(window, payload)?,
+                checksum: write_payload(self.layout, window, payload)?,
             };
             head.copy_from_slice(&header.to_bytes());
         }

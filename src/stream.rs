@@ -77,7 +77,7 @@ pub async fn send_gradient<W: AsyncWrite + Unpin>(
             chunk_index: index,
             total_chunks: plan.total_chunks(),
             payload_len,
-            checksum: write_payload(window, payload)?,
+            checksum: write_payload(config.layout, window, payload)?,
         };
         head.copy_from_slice(&header.to_bytes());
         // The timeout bounds each write call, not the frame: a slow reader that keeps

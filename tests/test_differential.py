@@ -242,6 +242,7 @@ class Case(NamedTuple):
     seed: int
     values: str  # 'bits' | 'special' | 'normal'
     order: tuple[int, ...] | None  # arrival order; None: a permutation seeded by `seed`
+    layout: str = "seed"  # payload columns: 'seed' (index + value) or 'compact' (value)
 
 
 CHUNK_SIZES = st.one_of(st.sampled_from([0, 1, 2, 7, 4096, 65_536]), st.integers(1, 100_000))
@@ -270,7 +271,8 @@ def cases(draw: st.DrawFn) -> Case:
     values = draw(st.sampled_from(["bits", "special", "normal"]))
     n = n_chunks_for(length, chunk_size)
     order = tuple(draw(st.permutations(range(n)))) if n <= MAX_DRAWN_PERMUTATION else None
-    return Case(chunk_size, length, seed, values, order)
+    layout = draw(st.sampled_from(["seed", "compact"]))
+    return Case(chunk_size, length, seed, values, order, layout)
 
 
 def edge_examples(test: Callable[..., None]) -> Callable[..., None]:
@@ -295,7 +297,7 @@ def test_round_trip_agrees(case: Case) -> None:
     expected = grad.view(np.uint32)
     n = n_chunks_for(case.length, case.chunk_size)
     event(f"chunks: {'1' if n == 1 else '2-16' if n <= 16 else '17+'}")
-    ss = sessions(case.chunk_size)
+    ss = sessions(case.chunk_size, layout=case.layout)
 
     # Encoding: the same chunk sequence from both, each with a correct CRC.
     chunks = {name: s.encode_gradient(grad) for name, s in ss.items()}

@@ -1272,3 +1272,57 @@ def test_transfer_progress_counts_one_transfer(impl):
     assert_same_bits(got, grad)
     for p in (sent_progress, got_progress):
         assert (p.bytes, p.chunks, p.total_chunks) == (len(wire), 5, 5)
+
+
+# --------------------------------------------------------------------------- compact layout
+
+
+def test_layout_defaults_to_seed_and_is_kept_by_builders(impl):
+    s = impl.GradientStreamSession("run")
+    assert s.layout == "seed"
+    c = impl.GradientStreamSession("run", 7, layout="compact")
+    assert c.layout == "compact"
+    assert c.with_compression(True).layout == "compact"
+
+
+@pytest.mark.parametrize("bad", ["Seed", "", "dense", None, 1])
+def test_unknown_layout_is_refused(impl, bad):
+    with pytest.raises((ValueError, TypeError), match=r"layout|str"):
+        impl.GradientStreamSession("run", layout=bad)
+
+
+def test_compact_payload_is_the_value_column_alone(impl):
+    s = impl.GradientStreamSession("run", 4, layout="compact")
+    for chunk in s.encode_gradient(ramp(10)):
+        reader = pa.ipc.open_file(pa.py_buffer(chunk.arrow_ipc_bytes))
+        assert reader.schema == pa.schema([pa.field("value", pa.float32(), nullable=False)])
+        assert reader.num_record_batches == 1
+        assert zlib.crc32(chunk.arrow_ipc_bytes) == chunk.checksum
+
+
+def test_compact_halves_the_wire_and_round_trips(impl):
+    grad = ramp(65536 * 3 + 5)
+    seed = impl.GradientStreamSession("run").encode_frames(grad)
+    compact = impl.GradientStreamSession("run", layout="compact").encode_frames(grad)
+    assert len(compact) < 0.52 * len(seed)
+    # Any session decodes either layout: decoding only looks up the value column.
+    reader = impl.GradientStreamSession("other")
+    assert_same_bits(reader.decode_frames(compact), grad)
+    assert_same_bits(reader.decode_frames(seed), grad)
+
+
+def test_compact_empty_gradient_is_one_empty_batch(impl):
+    s = impl.GradientStreamSession("run", layout="compact")
+    (chunk,) = s.encode_gradient(np.empty(0, np.float32))
+    assert chunk.total_chunks == 1
+    assert pa.ipc.open_file(pa.py_buffer(chunk.arrow_ipc_bytes)).get_batch(0).num_rows == 0
+    assert s.decode_chunks([chunk]).size == 0
+
+
+def test_compact_payload_limit_counts_four_bytes_a_value(impl):
+    # 1000 values fit in 4 KiB + overhead compact, but never in the seed layout.
+    impl.GradientStreamSession("run", 1000, max_payload_len=5000, layout="compact").encode_frames(
+        ramp(3000)
+    )
+    with pytest.raises(FrameError):
+        impl.GradientStreamSession("run", 1000, max_payload_len=5000).encode_frames(ramp(3000))

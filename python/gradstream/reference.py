@@ -185,16 +185,26 @@ def _out_of_range(index: int, total: int) -> str:
 # --------------------------------------------------------------------------- payload codec
 
 
-def encode_payload(values: np.ndarray) -> bytes:
-    """Encode a 1-D float32 vector as an Arrow IPC file in the seed layout."""
+# The "compact" layout: the value column alone (4 bytes a value instead of 8). The
+# original's decoder only looks up `value`, so it reads these too.
+COMPACT_SCHEMA = pa.schema([pa.field("value", pa.float32(), nullable=False)])
+LAYOUTS = ("seed", "compact")
+
+
+def encode_payload(values: np.ndarray, layout: str = "seed") -> bytes:
+    """Encode a 1-D float32 vector as an Arrow IPC file in the seed or compact layout."""
     n = len(values)
     # from_buffers wraps the float32 words as they are: no conversion, no NaN canonicalising.
     value_array = pa.Array.from_buffers(pa.float32(), n, [None, pa.py_buffer(values)])
-    index_array = pa.array(np.arange(n, dtype=np.int32), type=pa.int32())
-    batch = pa.RecordBatch.from_arrays([index_array, value_array], schema=PAYLOAD_SCHEMA)
+    if layout == "compact":
+        schema, columns = COMPACT_SCHEMA, [value_array]
+    else:
+        index_array = pa.array(np.arange(n, dtype=np.int32), type=pa.int32())
+        schema, columns = PAYLOAD_SCHEMA, [index_array, value_array]
+    batch = pa.RecordBatch.from_arrays(columns, schema=schema)
     sink = pa.BufferOutputStream()
     # Exactly one batch, even when it is empty: an empty gradient is one empty batch.
-    with pa.ipc.new_file(sink, PAYLOAD_SCHEMA) as writer:
+    with pa.ipc.new_file(sink, schema) as writer:
         writer.write_batch(batch)
     payload: bytes = sink.getvalue().to_pybytes()
     return payload
@@ -944,6 +954,7 @@ class GradientStreamSession:
     __slots__ = (
         "_chunk_size",
         "_compression",
+        "_layout",
         "_max_gradient_len",
         "_max_payload_len",
         "_session_id",
@@ -958,8 +969,15 @@ class GradientStreamSession:
         max_payload_len: int = DEFAULT_MAX_PAYLOAD_LEN,
         max_gradient_len: int = DEFAULT_MAX_GRADIENT_LEN,
         timeout: float | None = None,
+        layout: str = "seed",
     ) -> None:
         self._session_id = _check_str(session_id, "session_id")
+        if layout not in LAYOUTS:
+            raise ValueError(
+                "layout must be 'seed' (the original's payload) or 'compact' (values only), "
+                f"got {layout!r}"
+            )
+        self._layout = layout
         chunk_size = operator.index(chunk_size)
         if chunk_size < 0:
             raise ValueError(f"chunk_size must be >= 0, got {chunk_size}")
@@ -988,6 +1006,7 @@ class GradientStreamSession:
             max_payload_len=self._max_payload_len,
             max_gradient_len=self._max_gradient_len,
             timeout=self._timeout,
+            layout=self._layout,
         )
         twin._compression = _check_bool(enabled, "enabled")
         return twin
@@ -1015,12 +1034,16 @@ class GradientStreamSession:
     def timeout(self) -> float | None:
         return self._timeout
 
+    @property
+    def layout(self) -> str:
+        return self._layout
+
     def __repr__(self) -> str:
         return (
             f"GradientStreamSession(session_id={self._session_id!r}, "
             f"chunk_size={self._chunk_size}, max_payload_len={self._max_payload_len}, "
             f"max_gradient_len={self._max_gradient_len}, timeout={self._timeout!r}, "
-            f"compression={self._compression})"
+            f"layout={self._layout!r}, compression={self._compression})"
         )
 
     # ---- encoding
@@ -1035,9 +1058,10 @@ class GradientStreamSession:
             f"max_payload_len {limit} bytes; use a smaller chunk_size"
         )
         # Cheap lower bound first: never build a payload we already know is too big.
-        if len(window) * _MIN_PAYLOAD_BYTES_PER_VALUE > limit:
+        floor = 4 if self._layout == "compact" else _MIN_PAYLOAD_BYTES_PER_VALUE
+        if len(window) * floor > limit:
             raise FrameError(refusal, chunk_index)
-        payload = encode_payload(window)
+        payload = encode_payload(window, self._layout)
         if len(payload) > limit:
             raise FrameError(refusal, chunk_index)
         return payload

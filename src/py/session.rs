@@ -16,6 +16,7 @@ use super::stream::{
     aio, progress_counters, run_on_loop, FrameEncoder, HeldGradient, PyFrameReceiver, SocketStream,
     TransferProgress,
 };
+use crate::codec::Layout;
 use crate::frame::{Limits, DEFAULT_MAX_GRADIENT_LEN, DEFAULT_MAX_PAYLOAD_LEN};
 use crate::session::{write_payload, ChunkRef, SessionConfig, DEFAULT_CHUNK_SIZE};
 use crate::stream::{receive_gradient, send_gradient};
@@ -102,9 +103,10 @@ impl PySession {
             max_payload_len = DEFAULT_MAX_PAYLOAD_LEN as i64,
             max_gradient_len = DEFAULT_MAX_GRADIENT_LEN as i128,
             timeout = None,
+            layout = "seed",
         ),
         text_signature = "(session_id, chunk_size=65536, *, max_payload_len=268435456, \
-                          max_gradient_len=1073741824, timeout=None)"
+                          max_gradient_len=1073741824, timeout=None, layout='seed')"
     )]
     fn new(
         session_id: String,
@@ -112,7 +114,14 @@ impl PySession {
         max_payload_len: i64,
         max_gradient_len: i128,
         timeout: Option<f64>,
+        layout: &str,
     ) -> PyResult<Self> {
+        let layout = Layout::from_name(layout).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "layout must be 'seed' (the original's payload) or 'compact' (values only), \
+                 got {layout:?}"
+            ))
+        })?;
         let chunk_size = usize::try_from(chunk_size).map_err(|_| {
             PyValueError::new_err(format!("chunk_size must be >= 0, got {chunk_size}"))
         })?;
@@ -150,6 +159,7 @@ impl PySession {
             max_gradient_len,
         };
         config.timeout = timeout;
+        config.layout = layout;
         Ok(Self { config })
     }
 
@@ -190,6 +200,12 @@ impl PySession {
     #[getter]
     fn max_gradient_len(&self) -> usize {
         self.config.limits.max_gradient_len
+    }
+
+    /// "seed" (index + value columns, as the original) or "compact" (values only).
+    #[getter]
+    fn layout(&self) -> &'static str {
+        self.config.layout.name()
     }
 
     #[getter]
@@ -305,7 +321,9 @@ impl PySession {
                 // Each payload is encoded straight into its `bytes`, with the GIL released.
                 let mut checksum = 0;
                 let payload = PyBytes::new_with(py, len as usize, |out| {
-                    checksum = py.detach(|| write_payload(window, out)).py_err(py)?;
+                    checksum = py
+                        .detach(|| write_payload(self.config.layout, window, out))
+                        .py_err(py)?;
                     Ok(())
                 })?;
                 Ok(PyChunk {
@@ -379,13 +397,14 @@ impl PySession {
         let c = &self.config;
         format!(
             "GradientStreamSession(session_id={:?}, chunk_size={}, max_payload_len={}, \
-             max_gradient_len={}, timeout={}, compression={})",
+             max_gradient_len={}, timeout={}, layout={:?}, compression={})",
             c.session_id,
             c.chunk_size,
             c.limits.max_payload_len,
             c.limits.max_gradient_len,
             c.timeout
                 .map_or_else(|| "None".to_string(), |t| t.as_secs_f64().to_string()),
+            c.layout.name(),
             if c.compression { "True" } else { "False" }
         )
     }

@@ -3,6 +3,7 @@
     gradstream recv [HOST:]PORT --out FILE.npy [--count N] [--impl native|reference] [--timeout S]
     gradstream send HOST:PORT FILE.npy [FILE.npy ...] [--chunk-size N] [--impl ...] [--timeout S]
     gradstream demo [--elements N] [--impl-only native|reference] [--chunk-size N]
+    gradstream bench [--quick] [--json FILE]
 
 (``python -m gradstream ...`` is the same command.)
 
@@ -456,6 +457,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return demo.run(elements=args.elements, impl_only=args.impl_only, chunk_size=args.chunk_size)
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from . import bench
+
+    return bench.run(args)
+
+
 # --------------------------------------------------------------------------- parser
 
 
@@ -574,6 +581,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_arguments(demo_parser)
     demo_parser.set_defaults(func=_cmd_demo)
+
+    from . import bench
+
+    bench_parser = sub.add_parser(
+        "bench",
+        help="the throughput benchmark: limits, codec, end to end, small gradients, memory",
+        description="Measure gradstream against the machine's limits and its peers, in one "
+        "process tree on 127.0.0.1: a table of medians, then every target of issue 4 as a "
+        "ratio measured in the same run. --quick takes under a minute, the full run under ten.",
+        formatter_class=fmt,
+    )
+    bench.add_arguments(bench_parser)
+    bench_parser.set_defaults(func=_cmd_bench)
     return parser
 
 

@@ -190,6 +190,32 @@ def test_send_recv_bit_equal(
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+def test_send_compact_layout_is_received_by_a_default_receiver(
+    tmp_path: Path, spawn: list[Child], impl: str
+) -> None:
+    grad = gradient(5000, seed=3)
+    src, out = tmp_path / "grad.npy", tmp_path / "out.npy"
+    np.save(src, grad)
+    receiver, port = start_receiver(spawn, "--out", str(out), "--impl", impl)
+    sent = run(
+        "send", f"127.0.0.1:{port}", str(src), "--impl", impl,
+        "--chunk-size", "1000", "--layout", "compact",
+    )  # fmt: skip
+    assert sent.returncode == 0, sent.stderr
+    status, stdout, stderr = receiver.finish()
+    assert status == 0, stderr
+    assert "all 5 chunk CRC-32 checks passed" in stdout
+    assert bit_equal(np.load(out), grad)
+
+
+def test_send_unknown_layout_is_a_usage_error(tmp_path: Path) -> None:
+    np.save(tmp_path / "g.npy", gradient(10))
+    done = run("send", "127.0.0.1:9", str(tmp_path / "g.npy"), "--layout", "dense")
+    assert done.returncode == 2
+    assert "invalid choice" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 def test_count_two(tmp_path: Path, spawn: list[Child], impl: str) -> None:
     a, b = gradient(1000, seed=1), gradient(0)
     np.save(tmp_path / "a.npy", a)

@@ -1,7 +1,8 @@
 """The ``gradstream`` command: send and receive gradients over TCP, and the demo.
 
     gradstream recv [HOST:]PORT --out FILE.npy [--count N] [--impl native|reference] [--timeout S]
-    gradstream send HOST:PORT FILE.npy [FILE.npy ...] [--chunk-size N] [--impl ...] [--timeout S]
+    gradstream send HOST:PORT FILE.npy [FILE.npy ...] [--chunk-size N] [--layout L] [--impl ...]
+                    [--timeout S]
     gradstream demo [--elements N] [--impl-only native|reference] [--chunk-size N]
     gradstream bench [--quick] [--json FILE]
 
@@ -93,11 +94,13 @@ class _Impl:
     session_class: Callable[..., Any]
     progress_class: Callable[[], Any]
 
-    def session(self, chunk_size: int | None = None, timeout: float | None = None) -> _Session:
+    def session(
+        self, chunk_size: int | None = None, timeout: float | None = None, layout: str = "seed"
+    ) -> _Session:
         args: list[Any] = [SESSION_ID]
         if chunk_size is not None:
             args.append(chunk_size)
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = {"layout": layout}
         if timeout is not None:
             kwargs["timeout"] = timeout
         try:
@@ -409,8 +412,9 @@ async def _send_all(
     chunk_size: int | None,
     timeout: float | None,
     bar: bool,
+    layout: str = "seed",
 ) -> None:
-    session = impl.session(chunk_size, timeout)
+    session = impl.session(chunk_size, timeout, layout)
     count = len(grads)
     for i, (path, grad) in enumerate(grads):
         progress = impl.progress()
@@ -443,7 +447,15 @@ def _cmd_send(args: argparse.Namespace) -> int:
     with sock:
         sock.setblocking(True)
         _run_transfer(
-            _send_all(impl, sock, grads, args.chunk_size, args.timeout, _want_progress(args))
+            _send_all(
+                impl,
+                sock,
+                grads,
+                args.chunk_size,
+                args.timeout,
+                _want_progress(args),
+                args.layout,
+            )
         )
     return 0
 
@@ -569,6 +581,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="float32 values per chunk (default 65536)",
+    )
+    send.add_argument(
+        "--layout",
+        choices=["seed", "compact"],
+        default="seed",
+        help="payload columns: seed (index + value, as ipfrs-transport sends; default) or "
+        "compact (values only, half the wire bytes; any gradstream or ipfrs-transport "
+        "receiver reads it)",
     )
     _add_common(send)
     send.set_defaults(func=_cmd_send)

@@ -414,10 +414,6 @@ impl Reassembler {
         self.first.map(|(_, total)| total)
     }
 
-    pub fn is_complete(&self) -> bool {
-        self.total().is_some_and(|t| self.received == t as usize)
-    }
-
     /// Check and take one frame; `Ok(true)` once every chunk is in. A frame that fails
     /// leaves the assembly as it was.
     pub fn accept(&mut self, header: &FrameHeader, payload: &[u8], offset: u64) -> Result<bool> {

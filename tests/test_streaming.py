@@ -1448,3 +1448,26 @@ def test_fuzz_receive_from_agrees_with_decode_frames(path: str) -> None:
 async def _count_fds_after_warm_up() -> int:
     await warm_up()
     return nfd()
+
+
+@pytest.mark.parametrize("impl", IMPL_NAMES)
+def test_socket_arguments_that_cannot_carry_a_gradient(impl: str) -> None:
+    # Both implementations: a closed socket is StreamIOError(EBADF), a datagram socket a
+    # ValueError, anything else a TypeError naming what is accepted.
+    session = IMPLS[impl].GradientStreamSession("args")
+
+    async def main() -> None:
+        closed = socket.socket()
+        closed.close()
+        with pytest.raises(gs.StreamIOError) as info:
+            await session.receive_from(closed)
+        assert info.value.errno == errno.EBADF
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            with pytest.raises(ValueError, match=r"(?i)stream socket|SOCK_STREAM"):
+                await session.receive_from(udp)
+        with pytest.raises(TypeError, match="socket"):
+            await session.receive_from(object())
+        with pytest.raises(TypeError, match="socket"):
+            await session.stream_to(np.ones(3, np.float32), object())
+
+    asyncio.run(main())

@@ -22,23 +22,13 @@ from .errors import StreamIOError, StreamTimeoutError
 T = TypeVar("T")
 
 
-def _writer_of(stream: Any) -> asyncio.StreamWriter:
+def _half(stream: Any, index: int, kind: type[T], method: str) -> T:
+    """The reader (index 0) or writer (1) of a stream or a (reader, writer) pair."""
     if isinstance(stream, tuple) and len(stream) == 2:
-        stream = stream[1]
-    if not isinstance(stream, asyncio.StreamWriter):
+        stream = stream[index]
+    if not isinstance(stream, kind):
         raise TypeError(
-            "stream_to takes a connected socket.socket, an asyncio.StreamWriter or a "
-            f"(reader, writer) pair, not {type(stream).__name__}"
-        )
-    return stream
-
-
-def _reader_of(stream: Any) -> asyncio.StreamReader:
-    if isinstance(stream, tuple) and len(stream) == 2:
-        stream = stream[0]
-    if not isinstance(stream, asyncio.StreamReader):
-        raise TypeError(
-            "receive_from takes a connected socket.socket, an asyncio.StreamReader or a "
+            f"{method} takes a connected socket.socket, an asyncio.{kind.__name__} or a "
             f"(reader, writer) pair, not {type(stream).__name__}"
         )
     return stream
@@ -73,7 +63,7 @@ _PIECE = 64 * 1024
 
 
 async def stream_to(session: Any, gradient: Any, stream: Any, progress: Any) -> int:
-    writer = _writer_of(stream)
+    writer = _half(stream, 1, asyncio.StreamWriter, "stream_to")
     frames = session._frame_encoder(gradient, progress)
     sent = 0
     for frame in frames:
@@ -95,7 +85,7 @@ async def stream_to(session: Any, gradient: Any, stream: Any, progress: Any) -> 
 
 async def receive(session: Any, stream: Any, progress: Any, none_at_end: bool) -> Any:
     """One gradient; None (or, with none_at_end False, an empty array) at a clean end."""
-    reader = _reader_of(stream)
+    reader = _half(stream, 0, asyncio.StreamReader, "receive_from")
     receiver = session._frame_receiver(progress)
     while True:
         want = receiver.want()

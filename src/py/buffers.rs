@@ -36,10 +36,7 @@ impl ReadBuffer {
         let view = PyUntypedBuffer::get(obj)?;
         if !view.is_c_contiguous() {
             // A strided view (e.g. memoryview(x)[::2]): Python makes the contiguous copy.
-            let bytes = PyMemoryView::from(obj)?
-                .call_method0("tobytes")?
-                .cast_into::<PyBytes>()?;
-            return Ok(Self::Bytes(bytes.into()));
+            return Ok(Self::Bytes(immutable_bytes(obj)?));
         }
         let (ptr, len) = (view.buf_ptr() as usize, view.len_bytes());
         let copy = obj.py().detach(|| {
@@ -64,6 +61,18 @@ impl ReadBuffer {
             Self::Copied(copy) => copy,
         }
     }
+}
+
+/// Any bytes-like object as immutable bytes: a `bytes` object is kept as it is, any other
+/// buffer is copied once (in C order) into a new `bytes`.
+pub fn immutable_bytes(obj: &Bound<'_, PyAny>) -> PyResult<PyBackedBytes> {
+    if let Ok(bytes) = obj.cast::<PyBytes>() {
+        return Ok(bytes.clone().into());
+    }
+    let bytes = PyMemoryView::from(obj)?
+        .call_method0("tobytes")?
+        .cast_into::<PyBytes>()?;
+    Ok(bytes.into())
 }
 
 /// Immutable bytes made in Rust, exported through the buffer protocol.

@@ -3,9 +3,9 @@
 
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
-use pyo3::types::{PyBytes, PyMemoryView};
+use pyo3::types::PyBytes;
 
-use super::buffers::{bytes_to_pyarrow, ReadBuffer};
+use super::buffers::{bytes_to_pyarrow, immutable_bytes, ReadBuffer};
 use crate::codec;
 use crate::session::ChunkRef;
 
@@ -39,18 +39,6 @@ impl PyChunk {
     }
 }
 
-/// The payload of a chunk given as any bytes-like object: `bytes` is kept as it is, other
-/// buffers are copied once into a new `bytes`.
-pub fn payload_bytes(obj: &Bound<'_, PyAny>) -> PyResult<PyBackedBytes> {
-    if let Ok(bytes) = obj.cast::<PyBytes>() {
-        return Ok(bytes.clone().into());
-    }
-    let bytes = PyMemoryView::from(obj)?
-        .call_method0("tobytes")?
-        .cast_into::<PyBytes>()?;
-    Ok(bytes.into())
-}
-
 #[pymethods]
 impl PyChunk {
     #[new]
@@ -66,7 +54,7 @@ impl PyChunk {
             chunk_index,
             total_chunks,
             checksum,
-            payload: payload_bytes(arrow_ipc_bytes)?,
+            payload: immutable_bytes(arrow_ipc_bytes)?,
         })
     }
 

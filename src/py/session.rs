@@ -8,8 +8,8 @@ use pyo3::pybacked::PyBackedBytes;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyBytes;
 
-use super::buffers::{vec_to_pyarrow, ReadBuffer};
-use super::chunk::{payload_bytes, PyChunk};
+use super::buffers::{immutable_bytes, vec_to_pyarrow, ReadBuffer};
+use super::chunk::PyChunk;
 use super::complete::Outcome;
 use super::errors::IntoPyResult;
 use super::stream::{
@@ -78,7 +78,7 @@ impl HeldChunk {
             chunk_index: field("chunk_index")?.extract()?,
             total_chunks: field("total_chunks")?.extract()?,
             checksum: field("checksum")?.extract()?,
-            payload: payload_bytes(&field("arrow_ipc_bytes")?)?,
+            payload: immutable_bytes(&field("arrow_ipc_bytes")?)?,
         })
     }
 

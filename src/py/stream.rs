@@ -117,26 +117,6 @@ impl HeldGradient {
     }
 }
 
-/// What a receive awaitable resolves to.
-pub enum Received {
-    Values(Vec<f32>),
-    /// The stream ended before the gradient's first byte.
-    End,
-}
-
-impl<'py> IntoPyObject<'py> for Received {
-    type Target = PyAny;
-    type Output = Bound<'py, PyAny>;
-    type Error = PyErr;
-
-    fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        Ok(match self {
-            Self::Values(values) => PyArray1::from_vec(py, values).into_any(),
-            Self::End => py.None().into_bound(py),
-        })
-    }
-}
-
 /// Sockets on which a transfer has put O_NONBLOCK, by (device, inode): the flag belongs
 /// to the shared open file, so with two transfers on one socket (a send and a receive)
 /// only the last to finish may restore the caller's mode.
@@ -437,12 +417,14 @@ impl PyFrameReceiver {
 
     /// The stream ended after `got` bytes of what `want()` asked: None when it ended
     /// before the gradient's first byte, else the error the decoding rules give.
-    fn end(&mut self, py: Python<'_>, got: usize) -> PyResult<Received> {
+    fn end<'py>(
+        &mut self,
+        py: Python<'py>,
+        got: usize,
+    ) -> PyResult<Option<Bound<'py, PyArray1<f32>>>> {
         let receiver = self.take()?;
-        Ok(match receiver.end_of_stream(got).py_err(py)? {
-            Some(values) => Received::Values(values),
-            None => Received::End,
-        })
+        let values = receiver.end_of_stream(got).py_err(py)?;
+        Ok(values.map(|values| PyArray1::from_vec(py, values)))
     }
 
     fn finish<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<f32>>> {

@@ -19,6 +19,7 @@ use arrow_ipc::{Block, MessageHeader};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
 use crate::error::{GradientStreamError, Result};
+use crate::output::ValueSink;
 
 /// The magic an IPC file starts and ends with (padded to 8 bytes at the start).
 const MAGIC: &[u8; 6] = b"ARROW1";
@@ -110,7 +111,7 @@ pub fn append_payload(layout: Layout, values: &[f32], out: &mut Vec<u8>) -> Resu
 fn encode_to(layout: Layout, values: &[f32], out: impl std::io::Write) -> Result<()> {
     // SAFETY: the buffer borrows `values`; it lives in `batch`, which is dropped before
     // this function returns (the writer copies bytes out and keeps no reference).
-    let value_bytes = unsafe { borrowed_buffer(bytemuck_f32(values)) };
+    let value_bytes = unsafe { borrowed_buffer(f32_bytes(values)) };
     let value = Arc::new(Float32Array::new(value_bytes.into(), None));
     let batch = match layout {
         Layout::Seed => {
@@ -164,7 +165,8 @@ fn index_column(n: usize) -> Result<Int32Array> {
     }))
 }
 
-fn bytemuck_f32(values: &[f32]) -> &[u8] {
+/// The bytes of `values` as they lie in memory.
+pub fn f32_bytes(values: &[f32]) -> &[u8] {
     // SAFETY: f32 has no padding and every byte pattern is a valid u8.
     unsafe {
         std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values))
@@ -184,7 +186,7 @@ unsafe fn borrowed_buffer(bytes: &[u8]) -> Buffer {
 /// Decode a payload and append its `value` column to `out`.
 ///
 /// On error `out` may hold part of the payload's values; callers discard it.
-pub fn decode_payload(payload: &[u8], out: &mut Vec<f32>) -> Result<()> {
+pub fn decode_payload<S: ValueSink + ?Sized>(payload: &[u8], out: &mut S) -> Result<()> {
     // SAFETY: `buffer` and all arrays decoded from it (batches)
     // live inside `decode_buffer` and are dropped before it returns, unwinding included;
     // only copied values leave it. Misaligned buffers are copied by arrow-rs itself.
@@ -201,7 +203,7 @@ fn arrow_err(e: arrow_schema::ArrowError) -> GradientStreamError {
     GradientStreamError::arrow(e.to_string())
 }
 
-fn decode_buffer(buf: &Buffer, out: &mut Vec<f32>) -> Result<()> {
+fn decode_buffer<S: ValueSink + ?Sized>(buf: &Buffer, out: &mut S) -> Result<()> {
     let len = buf.len();
     if len < MIN_FILE_LEN || &buf[..MAGIC.len()] != MAGIC {
         return Err(GradientStreamError::arrow(
@@ -288,7 +290,7 @@ fn decode_buffer(buf: &Buffer, out: &mut Vec<f32>) -> Result<()> {
                 column.null_count()
             )));
         }
-        out.extend_from_slice(column.values());
+        out.put(column.values());
     }
     Ok(())
 }

@@ -35,6 +35,15 @@ pub enum GradientStreamError {
         offset: Option<u64>,
     },
 
+    /// The gradient's size is not that of the caller's output buffer (`out=`).
+    /// `chunk_index` names the chunk that ran over; None when the gradient came up short.
+    #[error("{}", size_message(*expected, *received, *chunk_index))]
+    GradientSize {
+        expected: usize,
+        received: usize,
+        chunk_index: Option<u32>,
+    },
+
     /// The connection failed; `errno` is the OS error code when there is one.
     #[error("I/O error: {message}")]
     Io { errno: Option<i32>, message: String },
@@ -54,6 +63,18 @@ impl From<std::io::Error> for GradientStreamError {
             errno: e.raw_os_error(),
             message: e.to_string(),
         }
+    }
+}
+
+fn size_message(expected: usize, received: usize, chunk_index: Option<u32>) -> String {
+    match chunk_index {
+        None => {
+            format!("the gradient holds {received} values; out= has room for exactly {expected}")
+        }
+        Some(i) => format!(
+            "the gradient runs over the {expected} values out= has room for: {received} values \
+             by chunk {i}"
+        ),
     }
 }
 

@@ -1,14 +1,17 @@
 //! gradstream: stream gradient tensors as CRC-checked Arrow IPC chunks, in the wire format
 //! of ipfrs-transport 0.2.0's gradient-streaming module.
 //!
-//! `frame` (header + limits), `codec` (payload + CRC), `session` (chunking, reassembly) are
-//! plain Rust; `py` is the thin PyO3 layer that the Python package `gradstream` wraps.
+//! `frame` (header + limits), `codec` (payload + CRC), `template` (the constant bytes of
+//! our payloads, for the fast paths), `output` (where received values go), `session`
+//! (chunking, reassembly) and `stream` (tokio I/O) are plain Rust; `py` is the thin PyO3 layer that the Python package `gradstream` wraps.
 
 pub mod codec;
 pub mod error;
 pub mod frame;
+pub mod output;
 pub mod session;
 pub mod stream;
+pub mod template;
 
 mod py;
 

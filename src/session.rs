@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 use crate::codec::{self, Layout};
 use crate::error::{GradientStreamError, Result};
 use crate::frame::{FrameHeader, Limits, HEADER_LEN};
+use crate::output::{OutSlice, Output, ValueSink};
+use crate::template::Template;
 
 /// Default chunk size: 65,536 f32 values, 256 KiB of gradient.
 pub const DEFAULT_CHUNK_SIZE: usize = 65_536;
@@ -70,8 +72,22 @@ impl<'g> FramePlan<'g> {
 
 /// Encode one chunk's payload into `out` (exactly its planned length); its CRC-32.
 pub fn write_payload(layout: Layout, values: &[f32], out: &mut [u8]) -> Result<u32> {
-    codec::encode_payload_exact(layout, values, out)?;
-    Ok(codec::checksum(out))
+    match Template::get(layout, values.len()) {
+        Some(template) if template.len() == out.len() => Ok(template.write(values, out)),
+        _ => {
+            codec::encode_payload_exact(layout, values, out)?;
+            Ok(codec::checksum(out))
+        }
+    }
+}
+
+/// The length of the payload of `n` values in `layout`.
+fn payload_len_of(layout: Layout, n: usize) -> Result<usize> {
+    match Template::get(layout, n) {
+        Some(template) => Ok(template.len()),
+        // No template (empty or huge chunks): measure by encoding as many zeros.
+        None => Ok(codec::encode_payload(layout, &vec![0f32; n])?.len()),
+    }
 }
 
 /// A chunk to decode, borrowed from wherever the caller keeps it.
@@ -185,6 +201,40 @@ impl SessionConfig {
         Ok(out)
     }
 
+    /// Bytes of the frame stream of a gradient of `len` values (what `encode_frames` and
+    /// the senders produce), with the errors encoding such a gradient would raise.
+    pub fn frames_len(&self, len: usize) -> Result<usize> {
+        let total = self.chunk_count(len)?;
+        let full = len / self.chunk_size;
+        let tail = len % self.chunk_size;
+        let mut bytes = 0usize;
+        let mut add = |count: usize, values: usize, index: u32| -> Result<()> {
+            if count == 0 {
+                return Ok(());
+            }
+            let floor = values.saturating_mul(self.layout.bytes_per_value());
+            self.check_payload_len(index, floor)?;
+            let payload = self.check_payload_len(index, payload_len_of(self.layout, values)?)?;
+            bytes = (HEADER_LEN + payload as usize)
+                .checked_mul(count)
+                .and_then(|b| b.checked_add(bytes))
+                .ok_or_else(|| {
+                    GradientStreamError::frame(
+                        format!("the frames of {len} values do not fit in memory"),
+                        None,
+                    )
+                })?;
+            Ok(())
+        };
+        if len == 0 {
+            add(1, 0, 0)?;
+        } else {
+            add(full, self.chunk_size, 0)?;
+            add(usize::from(tail > 0), tail, total - 1)?;
+        }
+        Ok(bytes)
+    }
+
     /// Work out the chunks of `gradient` and the exact length of its frame stream, so that
     /// the stream can be written into memory allocated once (a Python `bytes`, say).
     pub fn plan_frames<'g>(&self, gradient: &'g [f32]) -> Result<FramePlan<'g>> {
@@ -200,7 +250,7 @@ impl SessionConfig {
                     // 8 bytes a value is a floor: refuse a hopeless chunk before encoding it.
                     let floor = window.len().saturating_mul(self.layout.bytes_per_value());
                     self.check_payload_len(index, floor)?;
-                    let len = codec::encode_payload(self.layout, window)?.len();
+                    let len = payload_len_of(self.layout, window.len())?;
                     let len = self.check_payload_len(index, len)?;
                     sizes.push((window.len(), len));
                     len
@@ -269,7 +319,8 @@ impl SessionConfig {
             });
         }
         // The seed layout spends 8 payload bytes a value: a good first guess of the size.
-        let mut values = Vec::with_capacity(chunks.iter().map(|c| c.payload.len() / 8).sum());
+        let mut values: Vec<f32> =
+            Vec::with_capacity(chunks.iter().map(|c| c.payload.len() / 8).sum());
         for c in &chunks {
             verify_and_decode(c.chunk_index, c.checksum, c.payload, &mut values)?;
         }
@@ -280,14 +331,29 @@ impl SessionConfig {
     /// decode_frames): exactly one gradient, and nothing after it.
     pub fn decode_frames(&self, data: &[u8]) -> Result<Vec<f32>> {
         // The input bounds what it can hold: a quarter of its bytes in values.
-        let mut receiver = FrameReceiver::new(self.limits, data.len() / 4);
+        let receiver = FrameReceiver::new(self.limits, data.len() / 4);
+        Self::decode_frames_with(receiver, data).map(Output::into_vec)
+    }
+
+    /// `decode_frames` into the caller's buffer, whose length must be the gradient's
+    /// (else `GradientSize`). On error `out` may hold part of the gradient.
+    pub fn decode_frames_into(&self, data: &[u8], out: &mut [f32]) -> Result<()> {
+        // SAFETY: the OutSlice lives in `receiver` and in the Output returned to us, both
+        // dropped before this function returns.
+        let receiver = FrameReceiver::with_output(self.limits, unsafe { OutSlice::of(out) });
+        Self::decode_frames_with(receiver, data).map(drop)
+    }
+
+    fn decode_frames_with(mut receiver: FrameReceiver, data: &[u8]) -> Result<Output> {
         let mut pos = 0usize;
         loop {
             let want = receiver.want();
             let Some(unit) = data.get(pos..pos + want) else {
-                return receiver
-                    .end_of_stream(data.len() - pos)
-                    .map(Option::unwrap_or_default);
+                let got = data.len() - pos;
+                return match receiver.end_of_stream(got)? {
+                    Ended::Gradient(values) => Ok(values),
+                    Ended::BeforeFirstByte(receiver) => receiver.finish(),
+                };
             };
             pos += want;
             if receiver.feed(unit)? {
@@ -307,6 +373,11 @@ impl SessionConfig {
     /// A receiver for one gradient arriving frame by frame over a stream.
     pub fn receiver(&self) -> FrameReceiver {
         FrameReceiver::new(self.limits, self.limits.max_gradient_len)
+    }
+
+    /// A receiver that writes the gradient into the caller's buffer.
+    pub fn receiver_into(&self, out: OutSlice) -> FrameReceiver {
+        FrameReceiver::with_output(self.limits, out)
     }
 }
 
@@ -359,7 +430,28 @@ fn duplicate(index: u32) -> GradientStreamError {
 }
 
 /// CRC first (a corrupt payload is never parsed), then decode into `out`.
-fn verify_and_decode(index: u32, expected: u32, payload: &[u8], out: &mut Vec<f32>) -> Result<()> {
+fn verify_and_decode<S: ValueSink + ?Sized>(
+    index: u32,
+    expected: u32,
+    payload: &[u8],
+    out: &mut S,
+) -> Result<()> {
+    // Our own payloads (any sender of ours) match a template: the CRC of the constant
+    // bytes is known, and the values are copied out without going through Arrow.
+    let templates = Template::for_payload(payload.len());
+    for template in &templates {
+        if let Some((actual, raw)) = template.matches(payload) {
+            if actual != expected {
+                return Err(GradientStreamError::ChecksumMismatch {
+                    chunk_index: index,
+                    expected,
+                    actual,
+                });
+            }
+            out.put_raw(raw);
+            return Ok(());
+        }
+    }
     let actual = codec::checksum(payload);
     if actual != expected {
         return Err(GradientStreamError::ChecksumMismatch {
@@ -368,7 +460,32 @@ fn verify_and_decode(index: u32, expected: u32, payload: &[u8], out: &mut Vec<f3
             actual,
         });
     }
-    codec::decode_payload(payload, out).map_err(|e| e.in_chunk(index))
+    let mut counted = Counted { inner: out, n: 0 };
+    codec::decode_payload(payload, &mut counted).map_err(|e| e.in_chunk(index))?;
+    if templates.is_empty() {
+        // A payload size with no template yet: make this count's templates, so that
+        // the next payload of this size (a gradient's next full chunk) takes the fast path.
+        Template::learn(counted.n, payload.len());
+    }
+    Ok(())
+}
+
+/// Counts the values going into a sink.
+struct Counted<'s, S: ?Sized> {
+    inner: &'s mut S,
+    n: usize,
+}
+
+impl<S: ValueSink + ?Sized> ValueSink for Counted<'_, S> {
+    fn put(&mut self, values: &[f32]) {
+        self.n += values.len();
+        self.inner.put(values);
+    }
+
+    fn put_raw(&mut self, raw: &[u8]) {
+        self.n += raw.len() / 4;
+        self.inner.put_raw(raw);
+    }
 }
 
 /// Puts a gradient together from frames as they arrive, checking each on arrival.
@@ -385,7 +502,7 @@ pub struct Reassembler {
     count: usize,
     /// The index whose values go at the end of `values` next.
     next: u32,
-    values: Vec<f32>,
+    values: Output,
     early: BTreeMap<u32, Vec<f32>>,
     /// Upper bound for the initial reservation (values the input could hold at most).
     reserve_cap: usize,
@@ -399,10 +516,16 @@ impl Reassembler {
             received: 0,
             count: 0,
             next: 0,
-            values: Vec::new(),
+            values: Output::default(),
             early: BTreeMap::new(),
             reserve_cap: reserve_cap.min(max_gradient_len),
         }
+    }
+
+    /// Write the values into the caller's buffer instead of a vector of our own.
+    pub fn into_output(mut self, out: OutSlice) -> Self {
+        self.values = Output::Lent(out);
+        self
     }
 
     pub fn received(&self) -> usize {
@@ -422,41 +545,44 @@ impl Reassembler {
         self.check_frame(first_index, total, header)
             .map_err(|e| e.at_offset(offset))?;
         let mut fresh = Vec::new();
-        let out = if index == self.next {
-            if self.received == 0 {
-                // Guess the gradient's size from the first chunk, within what can come.
-                let guess = (total as usize).saturating_mul(payload.len() / 8);
-                self.values.reserve(guess.min(self.reserve_cap));
-            }
-            &mut self.values
+        let in_order = index == self.next;
+        if in_order && self.received == 0 {
+            // Guess the gradient's size from the first chunk, within what can come.
+            let guess = (total as usize).saturating_mul(payload.len() / 8);
+            self.values.reserve(guess.min(self.reserve_cap));
+        }
+        let before = self.values.len();
+        let decoded = if in_order {
+            verify_and_decode(index, header.checksum, payload, &mut self.values)
+                .map(|()| self.values.len() - before)
         } else {
-            &mut fresh
+            verify_and_decode(index, header.checksum, payload, &mut fresh).map(|()| fresh.len())
         };
-        let before = out.len();
-        let decoded = verify_and_decode(index, header.checksum, payload, out)
-            .map(|()| out.len() - before)
-            .and_then(|n| {
-                let count = self.count + n;
-                if count > self.max_gradient_len {
-                    return Err(GradientStreamError::frame(
-                        format!(
-                            "gradient exceeds max_gradient_len {}: {count} values by chunk {index}",
-                            self.max_gradient_len
-                        ),
-                        Some(index),
-                    )
-                    .at_offset(offset));
-                }
-                Ok(count)
-            });
+        let decoded = decoded.and_then(|n| {
+            let count = self.count + n;
+            if count > self.max_gradient_len {
+                return Err(GradientStreamError::frame(
+                    format!(
+                        "gradient exceeds max_gradient_len {}: {count} values by chunk {index}",
+                        self.max_gradient_len
+                    ),
+                    Some(index),
+                )
+                .at_offset(offset));
+            }
+            if let Some(expected) = self.values.limit().filter(|&room| count > room) {
+                return Err(GradientStreamError::GradientSize {
+                    expected,
+                    received: count,
+                    chunk_index: Some(index),
+                });
+            }
+            Ok(count)
+        });
         let count = match decoded {
             Ok(count) => count,
             Err(e) => {
-                self.values.truncate(if index == self.next {
-                    before
-                } else {
-                    self.values.len()
-                });
+                self.values.truncate(before);
                 return Err(e);
             }
         };
@@ -464,7 +590,7 @@ impl Reassembler {
         if index == self.next {
             self.next += 1;
             while let Some(values) = self.early.remove(&self.next) {
-                self.values.extend_from_slice(&values);
+                self.values.put(&values);
                 self.next += 1;
             }
         } else {
@@ -497,13 +623,21 @@ impl Reassembler {
         Ok(())
     }
 
-    /// The gradient, or IncompleteStreamError when chunks are missing.
-    pub fn finish(self) -> Result<Vec<f32>> {
+    /// The gradient, or IncompleteStreamError when chunks are missing (or GradientSize
+    /// when it is shorter than the caller's buffer).
+    pub fn finish(self) -> Result<Output> {
         let total = self.total().map_or(0, |t| t as usize);
         if self.received < total {
             return Err(GradientStreamError::IncompleteStream {
                 received: self.received,
                 total,
+            });
+        }
+        if let Some(expected) = self.values.limit().filter(|&room| room != self.count) {
+            return Err(GradientStreamError::GradientSize {
+                expected,
+                received: self.count,
+                chunk_index: None,
             });
         }
         Ok(self.values)
@@ -531,6 +665,13 @@ impl FrameReceiver {
             pending: None,
             offset: 0,
         }
+    }
+
+    /// A receiver that writes the gradient into the caller's buffer.
+    pub fn with_output(limits: Limits, out: OutSlice) -> Self {
+        let mut receiver = Self::new(limits, 0);
+        receiver.assembly = receiver.assembly.into_output(out);
+        receiver
     }
 
     /// Bytes wanted next: a header, or the pending header's payload.
@@ -581,9 +722,10 @@ impl FrameReceiver {
         }
     }
 
-    /// The stream ended after `got` bytes of what `want()` asked for. `Ok(None)` when it
-    /// ended cleanly before the gradient's first byte (the original's "no network").
-    pub fn end_of_stream(self, got: usize) -> Result<Option<Vec<f32>>> {
+    /// The stream ended after `got` bytes of what `want()` asked for. It may have ended
+    /// cleanly before the gradient's first byte (the original's "no network"): then the
+    /// receiver comes back, for the caller to say what that means.
+    pub fn end_of_stream(self, got: usize) -> Result<Ended> {
         match self.pending {
             Some(header) => Err(GradientStreamError::frame(
                 format!(
@@ -594,8 +736,8 @@ impl FrameReceiver {
                 Some(header.chunk_index),
             )
             .at_offset(self.offset)),
-            None if self.assembly.received() > 0 => self.assembly.finish().map(Some),
-            None if got == 0 => Ok(None),
+            None if self.assembly.received() > 0 => self.assembly.finish().map(Ended::Gradient),
+            None if got == 0 => Ok(Ended::BeforeFirstByte(self)),
             None => Err(GradientStreamError::frame(
                 format!("truncated frame header: {got} of {HEADER_LEN} bytes"),
                 None,
@@ -604,9 +746,19 @@ impl FrameReceiver {
         }
     }
 
-    pub fn finish(self) -> Result<Vec<f32>> {
+    /// The gradient; on a stream that ended before its first byte, the empty gradient.
+    pub fn finish(self) -> Result<Output> {
         self.assembly.finish()
     }
+}
+
+/// How a stream ended.
+#[derive(Debug)]
+pub enum Ended {
+    /// After the gradient's last frame.
+    Gradient(Output),
+    /// Before the gradient's first byte.
+    BeforeFirstByte(FrameReceiver),
 }
 
 #[cfg(test)]
@@ -798,7 +950,7 @@ mod tests {
         for c in &chunks[1..] {
             assembly.accept(&c.header(), &c.payload, 0).unwrap();
         }
-        assert_eq!(assembly.finish().unwrap(), gradient(6));
+        assert_eq!(assembly.finish().unwrap().into_vec(), gradient(6));
     }
 
     #[test]

@@ -10,7 +10,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::error::{GradientStreamError, Result};
 use crate::frame::{FrameHeader, HEADER_LEN};
-use crate::session::{write_payload, SessionConfig};
+use crate::session::{write_payload, Ended, FrameReceiver, SessionConfig};
+use crate::template::Template;
 
 /// Counters a transfer updates as it goes, readable from any thread.
 #[derive(Debug, Default)]
@@ -54,6 +55,10 @@ async fn within<T>(
 }
 
 /// Send one gradient; the number of chunks sent.
+///
+/// A chunk of ours goes out as one vectored write of the header, the template's constant
+/// bytes and the values straight from the caller's memory: no copy of the gradient is made
+/// (see `template.rs`). Chunks without a template are encoded into a reused frame buffer.
 pub async fn send_gradient<W: AsyncWrite + Unpin>(
     config: &SessionConfig,
     gradient: &[f32],
@@ -62,51 +67,59 @@ pub async fn send_gradient<W: AsyncWrite + Unpin>(
     progress: &Progress,
 ) -> Result<usize> {
     let plan = config.plan_frames(gradient)?;
-    progress.add_total(plan.total_chunks());
-    let largest = plan
-        .chunks()
-        .map(|(_, _, len)| len as usize)
-        .max()
-        .unwrap_or(0);
-    let mut frame = vec![0u8; HEADER_LEN + largest];
+    let total = plan.total_chunks();
+    progress.add_total(total);
+    let mut frame: Vec<u8> = Vec::new();
     let mut sent = 0usize;
     for (index, window, payload_len) in plan.chunks() {
-        let frame = &mut frame[..HEADER_LEN + payload_len as usize];
-        let (head, payload) = frame.split_at_mut(HEADER_LEN);
-        let header = FrameHeader {
-            chunk_index: index,
-            total_chunks: plan.total_chunks(),
-            payload_len,
-            checksum: write_payload(config.layout, window, payload)?,
+        let template = Template::get(config.layout, window.len())
+            .filter(|t| writer.is_write_vectored() && t.len() == payload_len as usize);
+        let (pieces, checksum) = match &template {
+            Some(t) => t.pieces(window),
+            None => {
+                frame.resize(payload_len as usize, 0);
+                let checksum = write_payload(config.layout, window, &mut frame)?;
+                ([&frame[..], &[][..], &[][..]], checksum)
+            }
         };
-        head.copy_from_slice(&header.to_bytes());
+        let head = FrameHeader {
+            chunk_index: index,
+            total_chunks: total,
+            payload_len,
+            checksum,
+        }
+        .to_bytes();
+        let mut parts = [&head[..], pieces[0], pieces[1], pieces[2]];
         // The timeout bounds each write call, not the frame: a slow reader that keeps
         // taking bytes is progress.
-        let mut rest: &[u8] = frame;
-        while !rest.is_empty() {
-            let at = (sent, Some(plan.total_chunks()));
-            let n = within(timeout, at, writer.write(rest)).await?;
+        while parts.iter().any(|p| !p.is_empty()) {
+            let slices = parts.map(std::io::IoSlice::new);
+            let n = within(timeout, (sent, Some(total)), writer.write_vectored(&slices)).await?;
             if n == 0 {
                 return Err(std::io::Error::from(std::io::ErrorKind::WriteZero).into());
             }
-            rest = &rest[n..];
             progress.add(n, 0);
+            let mut left = n;
+            for part in &mut parts {
+                let take = left.min(part.len());
+                *part = &part[take..];
+                left -= take;
+            }
         }
         sent += 1;
         progress.add(0, 1);
     }
-    within(timeout, (sent, Some(plan.total_chunks())), writer.flush()).await?;
+    within(timeout, (sent, Some(total)), writer.flush()).await?;
     Ok(sent)
 }
 
-/// Receive one gradient; `Ok(None)` when the stream ended cleanly before its first byte.
+/// Receive one gradient through `receiver` (`SessionConfig::receiver` or `receiver_into`).
 pub async fn receive_gradient<R: AsyncRead + Unpin>(
-    config: &SessionConfig,
+    mut receiver: FrameReceiver,
     reader: &mut R,
     timeout: Option<Duration>,
     progress: &Progress,
-) -> Result<Option<Vec<f32>>> {
-    let mut receiver = config.receiver();
+) -> Result<Ended> {
     // Holds a header or a payload (at most max_payload_len, checked from the header).
     let mut unit = Vec::with_capacity(HEADER_LEN);
     loop {
@@ -132,7 +145,7 @@ pub async fn receive_gradient<R: AsyncRead + Unpin>(
         }
         progress.add(0, (receiver.received() - before) as u64);
         if done {
-            return receiver.finish().map(Some);
+            return receiver.finish().map(Ended::Gradient);
         }
     }
 }
@@ -150,6 +163,61 @@ mod tests {
         SessionConfig::new("t", chunk_size)
     }
 
+    /// The gradient, or None when the stream ended before its first byte.
+    async fn receive<R: AsyncRead + Unpin>(
+        s: &SessionConfig,
+        reader: &mut R,
+        timeout: Option<Duration>,
+        progress: &Progress,
+    ) -> Result<Option<Vec<f32>>> {
+        Ok(
+            match receive_gradient(s.receiver(), reader, timeout, progress).await? {
+                Ended::Gradient(values) => Some(values.into_vec()),
+                Ended::BeforeFirstByte(_) => None,
+            },
+        )
+    }
+
+    #[tokio::test]
+    async fn receives_into_the_callers_buffer_and_checks_its_size() {
+        let s = session(1000);
+        let g = gradient(4500);
+        let wire = s.encode_frames(&g).unwrap();
+        for room in [4500, 4499, 4501] {
+            let mut out = vec![f32::NAN; room];
+            let (mut a, mut b) = duplex(1 << 16);
+            a.write_all(&wire).await.unwrap();
+            drop(a);
+            // SAFETY: the receiver (and its Output) is dropped within this iteration.
+            let receiver = s.receiver_into(unsafe { crate::output::OutSlice::of(&mut out) });
+            let got = receive_gradient(receiver, &mut b, None, &Progress::default()).await;
+            match (room, got) {
+                (4500, Ok(Ended::Gradient(_))) => assert_eq!(out, g),
+                (
+                    4499,
+                    Err(GradientStreamError::GradientSize {
+                        expected,
+                        received,
+                        chunk_index,
+                    }),
+                ) => {
+                    assert_eq!((expected, received, chunk_index), (4499, 4500, Some(4)));
+                }
+                (
+                    4501,
+                    Err(GradientStreamError::GradientSize {
+                        expected,
+                        received,
+                        chunk_index,
+                    }),
+                ) => {
+                    assert_eq!((expected, received, chunk_index), (4501, 4500, None));
+                }
+                (room, got) => panic!("room {room}: {got:?}"),
+            }
+        }
+    }
+
     #[tokio::test]
     async fn sends_the_encode_frames_bytes_and_receives_them_back() {
         let s = session(1000);
@@ -158,7 +226,7 @@ mod tests {
         let (progress, unobserved) = (Progress::default(), Progress::default());
         let (sent, got) = tokio::join!(
             send_gradient(&s, &g, &mut a, None, &progress),
-            receive_gradient(&s, &mut b, None, &unobserved)
+            receive(&s, &mut b, None, &unobserved)
         );
         assert_eq!(sent.unwrap(), 5);
         assert_eq!(got.unwrap(), Some(g.clone()));
@@ -176,14 +244,14 @@ mod tests {
         drop(a);
         let p = Progress::default();
         assert_eq!(
-            receive_gradient(&s, &mut b, None, &p).await.unwrap(),
+            receive(&s, &mut b, None, &p).await.unwrap(),
             Some(gradient(20))
         );
         assert_eq!(
-            receive_gradient(&s, &mut b, None, &p).await.unwrap(),
+            receive(&s, &mut b, None, &p).await.unwrap(),
             Some(gradient(3))
         );
-        assert_eq!(receive_gradient(&s, &mut b, None, &p).await.unwrap(), None);
+        assert_eq!(receive(&s, &mut b, None, &p).await.unwrap(), None);
     }
 
     #[tokio::test]
@@ -207,7 +275,7 @@ mod tests {
             let (mut a, mut b) = duplex(1 << 16);
             a.write_all(&wire[..cut]).await.unwrap();
             drop(a);
-            let err = receive_gradient(&s, &mut b, None, &Progress::default())
+            let err = receive(&s, &mut b, None, &Progress::default())
                 .await
                 .unwrap_err();
             assert!(err.to_string().starts_with(expect), "cut {cut}: {err}");
@@ -220,7 +288,7 @@ mod tests {
         let (mut a, mut b) = duplex(1 << 16);
         let wire = s.encode_frames(&gradient(10)).unwrap();
         a.write_all(&wire[..30]).await.unwrap(); // and then nothing, connection kept open
-        let err = receive_gradient(
+        let err = receive(
             &s,
             &mut b,
             Some(Duration::from_millis(50)),
@@ -252,7 +320,7 @@ mod tests {
         let (mut a, mut b) = duplex(1 << 16);
         a.write_all(&header.to_bytes()).await.unwrap();
         a.write_all(&chunk.payload).await.unwrap();
-        let err = receive_gradient(&s, &mut b, None, &Progress::default())
+        let err = receive(&s, &mut b, None, &Progress::default())
             .await
             .unwrap_err();
         assert!(
@@ -268,7 +336,7 @@ mod tests {
         s.limits.max_gradient_len = 6;
         let (mut a, mut b) = duplex(1 << 16);
         a.write_all(&wire).await.unwrap();
-        let err = receive_gradient(&s, &mut b, None, &Progress::default())
+        let err = receive(&s, &mut b, None, &Progress::default())
             .await
             .unwrap_err();
         assert_eq!(

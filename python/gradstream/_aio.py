@@ -83,10 +83,10 @@ async def stream_to(session: Any, gradient: Any, stream: Any, progress: Any) -> 
     return sent
 
 
-async def receive(session: Any, stream: Any, progress: Any, none_at_end: bool) -> Any:
-    """One gradient; None (or, with none_at_end False, an empty array) at a clean end."""
+async def receive(session: Any, stream: Any, receiver: Any, none_at_end: bool) -> Any:
+    """One gradient through ``receiver`` (a native _FrameReceiver); at a clean end, None,
+    or with none_at_end False the empty gradient."""
     reader = _half(stream, 0, asyncio.StreamReader, "receive_from")
-    receiver = session._frame_receiver(progress)
     while True:
         want = receiver.want()
         # Grown as bytes arrive, not sized by the header: a 16-byte header must not
@@ -98,7 +98,7 @@ async def receive(session: Any, stream: Any, progress: Any, none_at_end: bool) -
                 if not piece:
                     got = receiver.end(len(unit))
                     if got is None and not none_at_end:
-                        return np.empty(0, dtype=np.float32)
+                        return receiver.finish()
                     return got
                 unit += piece
         except TimeoutError:

@@ -1,4 +1,5 @@
-"""Turn whatever a caller hands us into a flat, C-contiguous float32 numpy vector.
+"""Turn whatever a caller hands us into a flat, C-contiguous float32 numpy vector, and
+check the output buffers callers lend (``out=``).
 
 Shared by the native session (which only comes here when its own fast path, a
 native-endian C-contiguous float32 ndarray, does not apply) and by the reference.
@@ -12,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["as_float32_vector"]
+__all__ = ["as_float32_vector", "frame_buffer", "value_buffer"]
 
 _HOW = (
     "gradstream sends float32 values only, as the ipfrs-transport wire format does; "
@@ -102,3 +103,58 @@ def as_float32_vector(obj: Any) -> np.ndarray:
     # No-op for C-contiguous aligned input, one copy otherwise (a float32 view at an odd
     # byte offset is contiguous but misaligned, and Rust cannot read it as f32 in place).
     return np.require(arr, requirements=["C", "A"]).reshape(-1)
+
+
+# out= buffers, checked alike by the native session and the reference.
+
+_DECODE_OUT = "out= must be a writeable C-contiguous float32 numpy array"
+
+
+def value_buffer(out: Any) -> np.ndarray:
+    """Check a decode call's ``out=`` before any data is read: a writeable, C-contiguous,
+    aligned, native-endian float32 numpy array of any shape. Returns ``out`` itself;
+    TypeError naming the problem otherwise."""
+    if not isinstance(out, np.ndarray):
+        problem = type(out).__name__
+    elif out.dtype.type is not np.float32:
+        problem = f"{out.dtype} array"
+    elif not out.dtype.isnative:
+        problem = f"float32 array in non-native byte order ({out.dtype.str})"
+    elif not out.flags.c_contiguous:
+        problem = "non-contiguous float32 array"
+    elif not out.flags.aligned:
+        # README: aligned, as the native side writes f32 values in place.
+        problem = "misaligned float32 array"
+    elif not out.flags.writeable:
+        problem = "read-only float32 array"
+    else:
+        return out
+    raise TypeError(f"{_DECODE_OUT}, got {problem}")
+
+
+def frame_buffer(out: Any) -> memoryview:
+    """Check an encode call's ``out=`` and return its memory as writeable raw bytes,
+    ``memoryview(out).cast("B")``; TypeError naming the problem otherwise."""
+    kind = type(out).__name__
+    try:
+        view = memoryview(out)
+    except (TypeError, ValueError, BufferError) as exc:
+        # numpy raises ValueError for dtypes it cannot export (datetime64).
+        raise TypeError(
+            f"out= must be an object exporting a writeable C-contiguous buffer (bytearray, "
+            f"memoryview, numpy array), got {kind}"
+        ) from exc
+    # The caller's view is released on every path (the cast below stands on its own), so
+    # that a bytearray is not left locked against resizing, even by a traceback.
+    with view:
+        if view.readonly:
+            raise TypeError(f"out= must be a writeable buffer, got a read-only {kind}")
+        if not view.c_contiguous:
+            raise TypeError(f"out= must be a C-contiguous buffer, got a non-contiguous {kind}")
+        if view.format == "O" or (isinstance(out, np.ndarray) and out.dtype.hasobject):
+            # Raw bytes written over Python object pointers would crash the interpreter.
+            raise TypeError(f"out= cannot hold Python objects, got an object {kind}")
+        if view.nbytes == 0:
+            # memoryview.cast refuses shapes containing 0; nothing fits in it anyway.
+            return memoryview(bytearray())
+        return view.cast("B")

@@ -14,6 +14,7 @@ __all__ = [
     "ArrowIpcError",
     "ChecksumMismatchError",
     "FrameError",
+    "GradientSizeError",
     "GradientStreamError",
     "IncompleteStreamError",
     "StreamIOError",
@@ -101,6 +102,35 @@ class FrameError(GradientStreamError):
 
     def __reduce__(self) -> tuple[type, tuple[str, int | None, int | None]]:
         return (type(self), (self.detail, self.chunk_index, self.offset))
+
+
+class GradientSizeError(GradientStreamError, ValueError):
+    """The gradient that arrived does not have the size of the caller's ``out=`` array.
+
+    ``expected`` is ``out.size``. ``received`` is the number of values the gradient
+    holds, or, when it ran over, the count at the chunk that ran over (``chunk_index``;
+    None when the gradient came up short). ``out`` may hold part of the gradient.
+    """
+
+    expected: int
+    received: int
+    chunk_index: int | None
+
+    def __init__(self, expected: int, received: int, chunk_index: int | None = None) -> None:
+        self.expected = expected
+        self.received = received
+        self.chunk_index = chunk_index
+        if chunk_index is None:
+            msg = f"the gradient holds {received} values; out= has room for exactly {expected}"
+        else:
+            msg = (
+                f"the gradient runs over the {expected} values out= has room for: "
+                f"{received} values by chunk {chunk_index}"
+            )
+        super().__init__(msg)
+
+    def __reduce__(self) -> tuple[type, tuple[int, int, int | None]]:
+        return (type(self), (self.expected, self.received, self.chunk_index))
 
 
 class StreamIOError(GradientStreamError, OSError):

@@ -16,12 +16,19 @@ The decoding rules for frames live in one place, ``_FrameReceiver``, a sans-I/O 
 machine that is fed one header or one payload at a time. ``decode_frames`` drives it over
 bytes in memory; ``receive_from`` / ``receive_iter`` drive it over a socket or an asyncio
 stream (README "Streaming"), with plain asyncio and no threads.
+
+Caller-provided buffers (``out=``): ``decode_frames`` and ``receive_from`` can write the
+gradient into a float32 array the caller owns, chunk by chunk as the chunks come into
+index order (a chunk that arrives early is held until its turn), and refuse a gradient of
+another size with ``GradientSizeError``; ``encode_frames`` can write the frames into any
+writeable buffer, whose size ``frames_len`` tells without encoding anything.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import operator
 import os
 import socket
@@ -30,17 +37,18 @@ import struct
 import sys
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar, overload
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc
 
-from ._convert import as_float32_vector
+from ._convert import as_float32_vector, frame_buffer, value_buffer
 from .errors import (
     ArrowIpcError,
     ChecksumMismatchError,
     FrameError,
+    GradientSizeError,
     IncompleteStreamError,
     StreamIOError,
     StreamTimeoutError,
@@ -140,6 +148,12 @@ def _byte_view(data: Any) -> memoryview:
     if view.ndim != 1 or view.format != "B":
         view = view.cast("B")
     return view
+
+
+def _flat(out: np.ndarray) -> np.ndarray:
+    """The 1-D view of a checked decode ``out=`` (C-contiguous, so never a copy)."""
+    flat: np.ndarray = out.reshape(-1)
+    return flat
 
 
 def _to_bytes(data: Any) -> bytes:
@@ -328,6 +342,12 @@ def _value_columns(payload: memoryview, chunk_index: int) -> Iterator[pa.Array]:
 
 def decode_payload(payload: memoryview, chunk_index: int) -> np.ndarray:
     """Decode one payload: the Float32 'value' column of every batch, concatenated."""
+    return _concat(_payload_parts(payload, chunk_index))
+
+
+def _payload_parts(payload: memoryview, chunk_index: int) -> list[np.ndarray]:
+    """The 'value' column of every batch of one payload, as float32 views over the payload
+    bytes (no copy): the caller copies them where they belong."""
     parts = []
     for column in _value_columns(payload, chunk_index):
         if isinstance(column, pa.ExtensionArray):
@@ -339,15 +359,49 @@ def decode_payload(payload: memoryview, chunk_index: int) -> np.ndarray:
             )
         # Without nulls a Float32 array converts to numpy zero-copy, bits untouched.
         parts.append(column.to_numpy(zero_copy_only=True))
-    return _concat(parts)
+    return parts
 
 
-def _verify_and_decode(chunk_index: int, checksum: int, payload: memoryview) -> np.ndarray:
+def _verify_checksum(chunk_index: int, checksum: int, payload: memoryview) -> None:
     # Integrity first: a payload is never parsed before its CRC-32 matched.
     actual = zlib.crc32(payload)
     if actual != checksum:
         raise ChecksumMismatchError(chunk_index, checksum, actual)
+
+
+def _verify_and_decode(chunk_index: int, checksum: int, payload: memoryview) -> np.ndarray:
+    _verify_checksum(chunk_index, checksum, payload)
     return decode_payload(payload, chunk_index)
+
+
+def _pad8(nbytes: int) -> int:
+    return -(-nbytes // 8) * 8
+
+
+@functools.cache
+def _payload_len_constants(layout: str) -> tuple[int, int]:
+    """(length of the empty payload, length of a one-value payload) in ``layout``, measured
+    once from the writer itself."""
+    return (
+        len(encode_payload(np.empty(0, dtype=np.float32), layout)),
+        len(encode_payload(np.zeros(1, dtype=np.float32), layout)),
+    )
+
+
+def payload_len(n_values: int, layout: str = "seed") -> int:
+    """The exact length of ``encode_payload`` of ``n_values`` values, without encoding them.
+
+    The IPC file's metadata (schema, record batch message, footer) has one size for every
+    non-empty batch, because all its numbers are fixed-width fields; an empty batch is
+    smaller, its zero lengths being flatbuffer defaults that are left out. The body holds
+    one 4-byte-a-value buffer per column (index and value in the seed layout, value alone
+    in the compact one), each padded to 8 bytes.
+    """
+    empty, one = _payload_len_constants(layout)
+    if n_values == 0:
+        return empty
+    columns = 1 if layout == "compact" else 2
+    return one + columns * (_pad8(4 * n_values) - _pad8(4))
 
 
 # --------------------------------------------------------------------------- chunk
@@ -506,30 +560,53 @@ class _FrameReceiver:
     wanted bytes that did arrive. Every rule lives here, so decode_frames and the stream
     receivers raise the same errors for the same bytes. Any exception ends the gradient:
     a receiver is not fed again after one.
+
+    The values are placed in index order as soon as they can be: chunk k goes in once
+    chunks 0..k-1 have, and a chunk that arrives before its turn is held until then. With
+    ``out`` (a checked float32 array of the caller's) they are copied straight into it,
+    so the receiver holds nothing but early chunks; the gradient must then have exactly
+    ``out.size`` values (``GradientSizeError``).
     """
 
     __slots__ = (
         "_copy_values",
         "_first",
+        "_flat_out",
+        "_held",
         "_max_gradient_len",
         "_max_payload_len",
+        "_next",
         "_offset",
-        "_parts",
+        "_out",
         "_pending",
+        "_placed",
+        "_pos",
         "_values",
     )
 
-    def __init__(self, max_payload_len: int, max_gradient_len: int, *, copy_values: bool) -> None:
+    def __init__(
+        self,
+        max_payload_len: int,
+        max_gradient_len: int,
+        *,
+        copy_values: bool,
+        out: np.ndarray | None = None,
+    ) -> None:
         self._max_payload_len = max_payload_len
         self._max_gradient_len = max_gradient_len
-        # True when the fed payloads are transient buffers: the decoded values are then
+        # True when the fed payloads are transient buffers: values held for later are then
         # copied out, so that only one payload is held at a time, never all of them.
         self._copy_values = copy_values
+        self._out = out
+        self._flat_out = None if out is None else _flat(out)
         self._offset = 0  # of the next header, from the gradient's first byte
         self._pending: _PendingFrame | None = None
         self._first: tuple[int, int] | None = None  # (chunk_index, total_chunks)
-        self._parts: dict[int, np.ndarray] = {}
-        self._values = 0  # decoded so far, in arrival order
+        self._next = 0  # chunks 0.._next-1 are placed
+        self._held: dict[int, list[np.ndarray]] = {}  # accepted before their turn
+        self._placed: list[np.ndarray] = []  # without out: the values, in index order
+        self._pos = 0  # values placed
+        self._values = 0  # accepted so far, in arrival order
 
     @property
     def want(self) -> int:
@@ -539,11 +616,11 @@ class _FrameReceiver:
     @property
     def done(self) -> bool:
         """As many frames as total_chunks have arrived: reading stops (rule 8)."""
-        return self._first is not None and len(self._parts) == self._first[1]
+        return self._first is not None and self.received == self._first[1]
 
     @property
     def received(self) -> int:
-        return len(self._parts)
+        return self._next + len(self._held)
 
     @property
     def total(self) -> int | None:
@@ -587,26 +664,52 @@ class _FrameReceiver:
             raise FrameError(f"total_chunks {total} above max_gradient_len {limit}", index, offset)
         if index >= total:  # rule 6
             raise FrameError(_out_of_range(index, total), index, offset)
-        if index in self._parts:  # rule 7
+        if index < self._next or index in self._held:  # rule 7
             raise FrameError(_duplicate(index), index, offset)
         # Rule 8: each frame is verified and decoded as it arrives.
-        values = _verify_and_decode(index, frame.checksum, payload)
-        count = self._values + len(values)
+        _verify_checksum(index, frame.checksum, payload)
+        parts = _payload_parts(payload, index)
+        count = self._values + sum(len(part) for part in parts)
         if count > limit:
             raise FrameError(
                 f"gradient exceeds max_gradient_len {limit}: {count} values by chunk {index}",
                 index,
                 offset,
             )
-        self._parts[index] = values.copy() if self._copy_values else values
+        # out= runs over: checked on the same arrival-order count, after the limit.
+        out = self._flat_out
+        if out is not None and count > out.size:
+            raise GradientSizeError(out.size, count, index)
         self._values = count
         self._first = first
         self._pending = None
         self._offset = offset + HEADER_LEN + frame.payload_len
+        if index != self._next:
+            # Early: held until its turn. The parts are views over the payload; a
+            # transient payload is not kept, only a copy of its values (4 bytes a value).
+            self._held[index] = [_concat(parts)] if self._copy_values else parts
+            return
+        self._place(parts)
+        while self._next in self._held:
+            self._place(self._held.pop(self._next))
+
+    def _place(self, parts: list[np.ndarray]) -> None:
+        """Put chunk ``_next``'s values after those of the chunks before it."""
+        out = self._flat_out
+        for part in parts:
+            n = len(part)
+            if out is None:
+                # np.concatenate copies: the result never aliases a payload buffer.
+                self._placed.append(_concat([part]))
+            else:
+                # Same dtype: a byte copy, so NaN payloads and -0.0 survive.
+                np.copyto(out[self._pos : self._pos + n], part)
+            self._pos += n
+        self._next += 1
 
     def end_of_stream(self, got: int) -> None:
         """The input ended with ``got`` of the ``want`` bytes in. Returns only for the end
-        before any byte (rule 1: an empty gradient); raises otherwise."""
+        before any byte (rule 1: an empty gradient, see ``_zero_values``); raises otherwise."""
         frame = self._pending
         if frame is not None:  # rule 4
             raise FrameError(
@@ -623,26 +726,42 @@ class _FrameReceiver:
                 f"truncated frame header: {got} of {HEADER_LEN} bytes", None, self._offset
             )
         # Rule 9 (a header cut short after a frame counts as a missing frame).
-        raise IncompleteStreamError(len(self._parts), self._first[1])
+        raise IncompleteStreamError(len(self._held) + self._next, self._first[1])
 
     def result(self) -> np.ndarray:
-        """The gradient, once ``done``: the values assembled in index order."""
-        assert self._first is not None and self.done
-        return _concat(self._parts[i] for i in range(self._first[1]))
+        """The gradient, once ``done`` and every other rule has passed: the values in index
+        order, or ``out`` filled with them (GradientSizeError if it has room for more)."""
+        assert self._first is not None and self.done and not self._held
+        if self._out is None:
+            return _concat(self._placed)
+        if self._pos != self._out.size:
+            raise GradientSizeError(self._out.size, self._pos, None)
+        return self._out
+
+
+def _zero_values(out: np.ndarray | None) -> np.ndarray:
+    """The gradient of an input that ended before its first byte (rule 1): zero values, as
+    a new empty array or as ``out``, which must then have room for exactly none."""
+    if out is None:
+        return _empty_vector()
+    if out.size != 0:
+        raise GradientSizeError(out.size, 0, None)
+    return out
 
 
 def _decode_frame_stream(
-    data: memoryview, max_payload_len: int, max_gradient_len: int
+    data: memoryview, max_payload_len: int, max_gradient_len: int, out: np.ndarray | None = None
 ) -> np.ndarray:
-    """decode_frames: drive the receiver over bytes in memory, then rule 9's left-over."""
-    receiver = _FrameReceiver(max_payload_len, max_gradient_len, copy_values=False)
+    """decode_frames: drive the receiver over bytes in memory, then rule 9's left-over, then
+    the size of ``out``."""
+    receiver = _FrameReceiver(max_payload_len, max_gradient_len, copy_values=False, out=out)
     end = len(data)
     pos = 0
     while not receiver.done:
         want = receiver.want
         if end - pos < want:
             receiver.end_of_stream(end - pos)  # raises, but for the empty input
-            return _empty_vector()
+            return _zero_values(out)
         receiver.feed(data[pos : pos + want])
         pos += want
     if pos < end:  # rule 9
@@ -1048,23 +1167,34 @@ class GradientStreamSession:
 
     # ---- encoding
 
+    def _refusal(self, chunk_index: int, n_values: int) -> FrameError:
+        # One message for both checks, so the text does not depend on the Arrow writer's
+        # exact byte count (which differs between pyarrow and arrow-rs).
+        return FrameError(
+            f"chunk {chunk_index} ({n_values} values) would encode to a payload above "
+            f"max_payload_len {self._max_payload_len} bytes; use a smaller chunk_size",
+            chunk_index,
+        )
+
     def _chunk_payload(self, chunk_index: int, window: np.ndarray) -> bytes:
         """Encode one chunk, refusing it if its payload would exceed max_payload_len."""
         limit = self._max_payload_len
-        # One message for both checks, so the text does not depend on the Arrow writer's
-        # exact byte count (which differs between pyarrow and arrow-rs).
-        refusal = (
-            f"chunk {chunk_index} ({len(window)} values) would encode to a payload above "
-            f"max_payload_len {limit} bytes; use a smaller chunk_size"
-        )
         # Cheap lower bound first: never build a payload we already know is too big.
         floor = 4 if self._layout == "compact" else _MIN_PAYLOAD_BYTES_PER_VALUE
         if len(window) * floor > limit:
-            raise FrameError(refusal, chunk_index)
+            raise self._refusal(chunk_index, len(window))
         payload = encode_payload(window, self._layout)
         if len(payload) > limit:
-            raise FrameError(refusal, chunk_index)
+            raise self._refusal(chunk_index, len(window))
         return payload
+
+    def _frame_len(self, chunk_index: int, n_values: int) -> int:
+        """Bytes of the frame of a chunk of n_values values, refused as _chunk_payload
+        would refuse it."""
+        length = payload_len(n_values, self._layout)
+        if length > self._max_payload_len:
+            raise self._refusal(chunk_index, n_values)
+        return HEADER_LEN + length
 
     def _total_chunks(self, length: int) -> int:
         # Ceiling division; an empty gradient still makes one (empty) chunk.
@@ -1093,23 +1223,107 @@ class GradientStreamSession:
             for k, total, payload, checksum in self._frames(values)
         ]
 
-    def encode_frames(self, gradient: Any, as_buffer: bool = False) -> bytes | pa.Buffer:
+    def frames_len(self, n_values: int) -> int:
+        """The exact number of bytes encode_frames (and stream_to) produce for a gradient
+        of ``n_values`` values in this session's layout and chunk size, computed without
+        any values.
+
+        TypeError for a non-integer, ValueError for a negative count; for a length that
+        encode_frames would refuse (a chunk whose payload exceeds max_payload_len, more
+        chunks than a u32 counts) the FrameError encode_frames would raise.
+        """
+        n = operator.index(n_values)
+        if n < 0:
+            raise ValueError(f"n_values must be >= 0, got {n}")
+        size = self._chunk_size
+        total = self._total_chunks(n)
+        last = n - (total - 1) * size  # the empty gradient's one chunk holds 0 values
+        # Chunks are refused in index order, as encode_frames meets them: chunk 0 first.
+        if total == 1:
+            return self._frame_len(0, last)
+        full = self._frame_len(0, size)
+        return (total - 1) * full + self._frame_len(total - 1, last)
+
+    @overload
+    def encode_frames(
+        self, gradient: Any, as_buffer: Literal[False] = False, *, out: None = None
+    ) -> bytes: ...
+    @overload
+    def encode_frames(
+        self, gradient: Any, as_buffer: Literal[True], *, out: None = None
+    ) -> pa.Buffer: ...
+    @overload
+    def encode_frames(self, gradient: Any, as_buffer: bool = False, *, out: Any) -> int: ...
+    def encode_frames(
+        self, gradient: Any, as_buffer: bool = False, *, out: Any = None
+    ) -> bytes | pa.Buffer | int:
+        """The frames of ``gradient``: ``bytes``, or a ``pyarrow.Buffer`` (as_buffer=True).
+
+        With ``out`` (any object exporting a writeable C-contiguous buffer: bytearray,
+        memoryview, a numpy array of any dtype but object, viewed as raw bytes) the frames
+        are written at its start instead and their byte count is returned; the bytes after
+        them are left as they were. TypeError for a read-only or non-contiguous buffer;
+        ValueError for one smaller than ``frames_len`` of the gradient (nothing is then
+        written) and for as_buffer=True with out. A gradient that cannot be encoded raises
+        what it raises without ``out``, before anything is written.
+        """
         as_buffer = _check_bool(as_buffer, "as_buffer")
-        parts: list[bytes] = []
-        for k, total, payload, checksum in self._frames(as_float32_vector(gradient)):
-            parts.append(HEADER.pack(k, total, len(payload), checksum))
-            parts.append(payload)
-        frames = b"".join(parts)
-        # py_buffer wraps the bytes object without copying it.
-        return pa.py_buffer(frames) if as_buffer else frames
+        if out is None:
+            parts: list[bytes] = []
+            for k, total, payload, checksum in self._frames(as_float32_vector(gradient)):
+                parts.append(HEADER.pack(k, total, len(payload), checksum))
+                parts.append(payload)
+            frames = b"".join(parts)
+            # py_buffer wraps the bytes object without copying it.
+            return pa.py_buffer(frames) if as_buffer else frames
+        if as_buffer:
+            raise ValueError("as_buffer=True and out= exclude each other: out= is the buffer")
+        with frame_buffer(out) as view:
+            return self._encode_frames_into(as_float32_vector(gradient), view)
+
+    def _encode_frames_into(self, values: np.ndarray, view: memoryview) -> int:
+        # The exact size first (raising the encoder's FrameError for a refused length), so
+        # that a buffer too small is refused before a byte of it is written.
+        needed = self.frames_len(len(values))
+        if needed > len(view):
+            raise ValueError(
+                f"out= holds {len(view)} bytes; the frames of {len(values)} values take {needed}"
+            )
+        pos = 0
+        for k, total, payload, checksum in self._frames(values):
+            end = pos + HEADER_LEN + len(payload)
+            if end > needed:  # frames_len and the encoder disagree: a bug, never an overrun
+                raise AssertionError(f"frames_len {needed} is short of the frames' length")
+            HEADER.pack_into(view, pos, k, total, len(payload), checksum)
+            view[pos + HEADER_LEN : end] = payload
+            pos = end
+        assert pos == needed, (pos, needed)
+        return pos
 
     # ---- decoding
 
     def decode_chunks(self, chunks: Iterable[Any]) -> np.ndarray:
         return _decode_chunk_list([_chunk_fields(c) for c in chunks])
 
-    def decode_frames(self, data: Any) -> np.ndarray:
-        return _decode_frame_stream(_byte_view(data), self._max_payload_len, self._max_gradient_len)
+    def decode_frames(self, data: Any, *, out: np.ndarray | None = None) -> np.ndarray:
+        """The gradient held by the frames in ``data`` (any bytes-like object): a new 1-D
+        float32 array, or, with ``out``, ``out`` itself filled with the values.
+
+        ``out`` must be a writeable, C-contiguous, aligned float32 numpy array in native
+        byte order, of any shape (TypeError otherwise, before the data is read); it is
+        filled in C order and keeps its shape. The gradient must hold exactly ``out.size``
+        values, else GradientSizeError: as soon as the chunk that runs over is decoded
+        (values counted in arrival order; a gradient over max_gradient_len is the
+        FrameError first), or, for a gradient short of it, once every other rule has
+        passed (truncation, IncompleteStreamError, bytes left over). The empty input is a
+        gradient of 0 values. Nothing is written past ``out``'s end, but after any error
+        its contents are unspecified (part of the gradient, perhaps).
+        """
+        if out is not None:
+            out = value_buffer(out)
+        return _decode_frame_stream(
+            _byte_view(data), self._max_payload_len, self._max_gradient_len, out
+        )
 
     # ---- streaming (README "Streaming")
 
@@ -1145,16 +1359,25 @@ class GradientStreamSession:
         return total
 
     async def receive_from(
-        self, stream: Any, *, progress: TransferProgress | None = None
+        self,
+        stream: Any,
+        *,
+        progress: TransferProgress | None = None,
+        out: np.ndarray | None = None,
     ) -> np.ndarray:
         """Receive one gradient from a socket or an asyncio stream.
 
         The end of the stream before any byte gives an empty array (the original's "no
-        network"); see the README for the other ends.
+        network"); see the README for the other ends. ``out`` is as for decode_frames: the
+        gradient is written into it as its chunks arrive, and ``out`` is returned; it is
+        checked before any byte is read, and holds unspecified values after an error.
         """
         channel = _receiving_channel(stream, self._timeout)
-        values = await self._receive(channel, _check_progress(progress))
-        return _empty_vector() if values is None else values
+        progress = _check_progress(progress)
+        if out is not None:
+            out = value_buffer(out)
+        values = await self._receive(channel, progress, out)
+        return _zero_values(out) if values is None else values
 
     async def receive_iter(
         self, stream: Any, *, progress: TransferProgress | None = None
@@ -1163,16 +1386,19 @@ class GradientStreamSession:
         channel = _receiving_channel(stream, self._timeout)
         progress = _check_progress(progress)
         while True:
-            values = await self._receive(channel, progress)
+            values = await self._receive(channel, progress, None)
             if values is None:
                 return
             yield values
 
     async def _receive(
-        self, channel: _Channel, progress: TransferProgress | None
+        self, channel: _Channel, progress: TransferProgress | None, out: np.ndarray | None
     ) -> np.ndarray | None:
-        """One gradient, or None when the stream ended before its first byte."""
-        receiver = _FrameReceiver(self._max_payload_len, self._max_gradient_len, copy_values=True)
+        """One gradient (written into ``out`` when given), or None when the stream ended
+        before its first byte."""
+        receiver = _FrameReceiver(
+            self._max_payload_len, self._max_gradient_len, copy_values=True, out=out
+        )
         # The socket is non-blocking only while a gradient is being received, so between
         # two gradients of receive_iter it is in the caller's mode.
         with channel:

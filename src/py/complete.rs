@@ -26,6 +26,8 @@ use crate::error::GradientStreamError;
 pub enum Outcome {
     Chunks(usize),
     Values(Vec<f32>),
+    /// The gradient is in the caller's `out=` array, handed back.
+    Filled(Py<PyAny>),
     /// The stream ended before the gradient's first byte.
     End,
 }
@@ -125,6 +127,7 @@ impl Completions {
                     Ok(Outcome::Values(v)) => {
                         (job, true, PyArray1::from_vec(py, v).into_any().unbind())
                     }
+                    Ok(Outcome::Filled(out)) => (job, true, out),
                     Ok(Outcome::End) => (job, true, py.None()),
                     Err(e) => (job, false, to_py_err(py, e).into_value(py).into_any()),
                 })
@@ -133,10 +136,19 @@ impl Completions {
     }
 
     /// Stop a job (its awaiting task was cancelled): the transfer's future is dropped.
-    fn abort(&self, job: u64) {
-        if let Some(handle) = Shared::lock(&self.shared.running).remove(&job) {
-            handle.abort();
-        }
+    /// Returns once it is: a receive into an `out=` array must not write into it after
+    /// the caller saw the cancellation. A poll is one frame's work, so the wait is short.
+    fn abort(&self, py: Python<'_>, job: u64) {
+        let Some(handle) = Shared::lock(&self.shared.running).remove(&job) else {
+            return;
+        };
+        handle.abort();
+        py.detach(|| {
+            let start = std::time::Instant::now();
+            while !handle.is_finished() && start.elapsed() < std::time::Duration::from_secs(5) {
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+        });
     }
 
     /// Jobs still running.

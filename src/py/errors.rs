@@ -13,6 +13,7 @@ static ARROW_IPC: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static CHECKSUM: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static INCOMPLETE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static FRAME: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static SIZE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static STREAM_IO: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static TIMEOUT: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
@@ -43,6 +44,15 @@ fn instantiate(py: Python<'_>, err: GradientStreamError) -> PyResult<PyErr> {
         } => FRAME
             .import(py, MODULE, "FrameError")?
             .call1((detail, chunk_index, offset))?,
+        GradientStreamError::GradientSize {
+            expected,
+            received,
+            chunk_index,
+        } => SIZE.import(py, MODULE, "GradientSizeError")?.call1((
+            expected,
+            received,
+            chunk_index,
+        ))?,
         GradientStreamError::Io { errno, message } => {
             let class = STREAM_IO.import(py, MODULE, "StreamIOError")?;
             match errno {

@@ -13,13 +13,46 @@ use super::chunk::PyChunk;
 use super::complete::Outcome;
 use super::errors::IntoPyResult;
 use super::stream::{
-    aio, progress_counters, run_on_loop, FrameEncoder, HeldGradient, PyFrameReceiver, SocketStream,
-    TransferProgress,
+    aio, progress_counters, run_on_loop, FrameEncoder, HeldGradient, LentArray, PyFrameReceiver,
+    SocketStream, TransferProgress,
 };
 use crate::codec::Layout;
 use crate::frame::{Limits, DEFAULT_MAX_GRADIENT_LEN, DEFAULT_MAX_PAYLOAD_LEN};
-use crate::session::{write_payload, ChunkRef, SessionConfig, DEFAULT_CHUNK_SIZE};
+use crate::session::{write_payload, ChunkRef, Ended, SessionConfig, DEFAULT_CHUNK_SIZE};
 use crate::stream::{receive_gradient, send_gradient};
+
+/// A caller's writeable buffer (`encode_frames(out=)`), checked by
+/// gradstream._convert.frame_buffer and held for the call.
+struct WritableBytes {
+    buffer: pyo3::buffer::PyBuffer<u8>,
+}
+
+impl WritableBytes {
+    fn new(out: &Bound<'_, PyAny>) -> PyResult<Self> {
+        static CHECK: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+        let view = CHECK
+            .import(out.py(), "gradstream._convert", "frame_buffer")?
+            .call1((out,))?;
+        let buffer = pyo3::buffer::PyBuffer::<u8>::get(&view)?;
+        if buffer.readonly() || !buffer.is_c_contiguous() {
+            return Err(PyTypeError::new_err(
+                "out= must be a writeable C-contiguous buffer",
+            ));
+        }
+        Ok(Self { buffer })
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        let len = self.buffer.len_bytes();
+        if len == 0 {
+            return &mut [];
+        }
+        // SAFETY: a writeable, C-contiguous buffer of `len` bytes, held (so neither freed
+        // nor resized) while `self` lives. Writes from other threads meanwhile are the
+        // caller's to avoid, as with socket.recv_into.
+        unsafe { std::slice::from_raw_parts_mut(self.buffer.buf_ptr().cast::<u8>(), len) }
+    }
+}
 
 #[pyclass(name = "GradientStreamSession", module = "gradstream", frozen)]
 pub struct PySession {
@@ -241,14 +274,16 @@ impl PySession {
         aio(slf.py(), "stream_to")?.call1((slf, gradient, stream, progress))
     }
 
-    /// Receive one gradient from a socket or asyncio stream; awaits a float32 array.
-    #[pyo3(signature = (stream, *, progress = None))]
+    /// Receive one gradient from a socket or asyncio stream; awaits a float32 array (`out`
+    /// itself, filled, when given).
+    #[pyo3(signature = (stream, *, progress = None, out = None))]
     fn receive_from<'py>(
         slf: &Bound<'py, Self>,
         stream: &Bound<'py, PyAny>,
         progress: Option<&Bound<'py, TransferProgress>>,
+        out: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        Self::_receive(slf, stream, progress, false)
+        Self::_receive(slf, stream, progress, false, out)
     }
 
     /// Receive gradients until the peer closes the connection between two of them.
@@ -263,28 +298,42 @@ impl PySession {
 
     /// One gradient, or None when the stream ended before its first byte (`receive_iter`
     /// ends there; `receive_from` gives an empty array, as the original does).
-    #[pyo3(signature = (stream, progress = None, none_at_end = true))]
+    #[pyo3(signature = (stream, progress = None, none_at_end = true, out = None))]
     fn _receive<'py>(
         slf: &Bound<'py, Self>,
         stream: &Bound<'py, PyAny>,
         progress: Option<&Bound<'py, TransferProgress>>,
         none_at_end: bool,
+        out: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let counters = progress_counters(progress);
+        let lent = out.map(LentArray::new).transpose()?;
         if let Some(socket) = SocketStream::from_py(stream)? {
             let config = slf.get().config.clone();
             return run_on_loop(slf.py(), async move {
+                let (receiver, owner) = match lent {
+                    Some(lent) => (config.receiver_into(lent.slice), Some(lent.owner)),
+                    None => (config.receiver(), None),
+                };
                 let mut io = socket.open()?;
-                Ok(
-                    match receive_gradient(&config, &mut io, config.timeout, &counters).await? {
-                        Some(values) => Outcome::Values(values),
-                        None if none_at_end => Outcome::End,
-                        None => Outcome::Values(Vec::new()),
-                    },
-                )
+                let ended = receive_gradient(receiver, &mut io, config.timeout, &counters).await?;
+                let values = match ended {
+                    Ended::Gradient(values) => values,
+                    Ended::BeforeFirstByte(_) if none_at_end => return Ok(Outcome::End),
+                    // "No network": the empty gradient (which must fit `out`).
+                    Ended::BeforeFirstByte(receiver) => receiver.finish()?,
+                };
+                Ok(match owner {
+                    Some(owner) => Outcome::Filled(owner),
+                    None => Outcome::Values(values.into_vec()),
+                })
             });
         }
-        aio(slf.py(), "receive")?.call1((slf, stream, progress, none_at_end))
+        let receiver = Bound::new(
+            slf.py(),
+            PyFrameReceiver::new(&slf.get().config, counters, lent),
+        )?;
+        aio(slf.py(), "receive")?.call1((slf, stream, receiver, none_at_end))
     }
 
     /// The frames of a gradient one at a time (the asyncio-streams sender).
@@ -299,12 +348,6 @@ impl PySession {
             gradient_array(gradient)?,
             progress_counters(progress),
         )
-    }
-
-    /// A sans-I/O receiver for one gradient (the asyncio-streams receiver).
-    #[pyo3(signature = (progress = None))]
-    fn _frame_receiver(&self, progress: Option<&Bound<'_, TransferProgress>>) -> PyFrameReceiver {
-        PyFrameReceiver::new(&self.config, progress_counters(progress))
     }
 
     /// Split a gradient into Arrow IPC chunks, each with its CRC-32.
@@ -356,16 +399,45 @@ impl PySession {
         Ok(PyArray1::from_vec(py, values))
     }
 
-    /// The frames `stream_to` writes, as `bytes` (or a `pyarrow.Buffer` with no copy).
-    #[pyo3(signature = (gradient, as_buffer = false))]
+    /// Bytes of the frames of a gradient of `n_values` values.
+    fn frames_len(&self, py: Python<'_>, n_values: i64) -> PyResult<usize> {
+        let n = usize::try_from(n_values)
+            .map_err(|_| PyValueError::new_err(format!("n_values must be >= 0, got {n_values}")))?;
+        self.config.frames_len(n).py_err(py)
+    }
+
+    /// The frames `stream_to` writes, as `bytes` (or a `pyarrow.Buffer` with no copy), or
+    /// written into `out` (then the number of bytes written).
+    #[pyo3(signature = (gradient, as_buffer = false, *, out = None))]
     fn encode_frames<'py>(
         &self,
         py: Python<'py>,
         gradient: &Bound<'py, PyAny>,
         as_buffer: bool,
+        out: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        if as_buffer && out.is_some() {
+            return Err(PyValueError::new_err(
+                "encode_frames takes as_buffer=True or out=, not both",
+            ));
+        }
         let array = gradient_array(gradient)?;
         let values = array.as_slice()?;
+        if let Some(out) = out {
+            let mut target = WritableBytes::new(out)?;
+            let plan = py.detach(|| self.config.plan_frames(values)).py_err(py)?;
+            let room = target.as_mut_slice().len();
+            let Some(frames) = target.as_mut_slice().get_mut(..plan.len()) else {
+                return Err(PyValueError::new_err(format!(
+                    "out= holds {room} bytes; the frames of {} values take {}",
+                    values.len(),
+                    plan.len()
+                )));
+            };
+            py.detach(|| self.config.write_frames(&plan, frames))
+                .py_err(py)?;
+            return Ok(plan.len().into_pyobject(py)?.into_any());
+        }
         if as_buffer {
             let wire = py.detach(|| self.config.encode_frames(values)).py_err(py)?;
             return vec_to_pyarrow(py, wire);
@@ -380,17 +452,27 @@ impl PySession {
         Ok(wire.into_any())
     }
 
-    /// Parse a byte stream holding exactly one gradient's frames.
+    /// Parse a byte stream holding exactly one gradient's frames (into `out`, when given).
+    #[pyo3(signature = (data, *, out = None))]
     fn decode_frames<'py>(
         &self,
         py: Python<'py>,
         data: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyArray1<f32>>> {
+        out: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let lent = out.map(LentArray::new).transpose()?;
         let bytes = ReadBuffer::get(data)?;
+        if let Some(mut lent) = lent {
+            // SAFETY: the checked array is alive (`lent.owner`) and stays ours for the call.
+            let target = unsafe { lent.slice.as_mut_slice() };
+            py.detach(|| self.config.decode_frames_into(bytes.as_slice(), target))
+                .py_err(py)?;
+            return Ok(lent.owner.into_bound(py));
+        }
         let values = py
             .detach(|| self.config.decode_frames(bytes.as_slice()))
             .py_err(py)?;
-        Ok(PyArray1::from_vec(py, values))
+        Ok(PyArray1::from_vec(py, values).into_any())
     }
 
     fn __repr__(&self) -> String {

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
-use numpy::{PyArray1, PyReadonlyArrayDyn};
+use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -20,7 +20,8 @@ use super::buffers::ReadBuffer;
 use super::complete::{Completions, Outcome};
 use super::errors::IntoPyResult;
 use crate::error::{GradientStreamError, Result};
-use crate::session::{FrameReceiver, SessionConfig};
+use crate::output::{OutSlice, Output};
+use crate::session::{Ended, FrameReceiver, SessionConfig};
 use crate::stream::Progress;
 
 /// `gradstream._aio.<name>`: the asyncio-streams half of a method.
@@ -86,6 +87,36 @@ impl TransferProgress {
 
 pub fn progress_counters(progress: Option<&Bound<'_, TransferProgress>>) -> Arc<Progress> {
     progress.map_or_else(Arc::default, |p| p.get().counters.clone())
+}
+
+/// A caller's `out=` array, kept alive while values are written into it without the GIL.
+pub struct LentArray {
+    pub owner: Py<PyAny>,
+    pub slice: OutSlice,
+}
+
+impl LentArray {
+    /// Check `out` (gradstream._convert.value_buffer, shared with the reference) and
+    /// take a pointer to its values.
+    pub fn new(out: &Bound<'_, PyAny>) -> PyResult<Self> {
+        static CHECK: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+        let checked = CHECK
+            .import(out.py(), "gradstream._convert", "value_buffer")?
+            .call1((out,))?;
+        let array = checked.cast::<PyArrayDyn<f32>>()?;
+        let mut writable = array.try_readwrite()?;
+        let values = writable.as_slice_mut()?;
+        // SAFETY: `owner` keeps the array (and so its memory, which numpy never moves)
+        // alive for as long as the OutSlice. The checked array is C-contiguous, aligned
+        // and writeable. Exclusive access is the caller's part of the out= contract, as
+        // for any buffer handed to recv_into: the docs say not to touch `out` meanwhile.
+        let slice = unsafe { OutSlice::of(values) };
+        drop(writable);
+        Ok(Self {
+            owner: checked.unbind(),
+            slice,
+        })
+    }
 }
 
 /// A gradient array kept alive while a transfer runs without the GIL.
@@ -280,6 +311,21 @@ impl AsyncWrite for SocketIo {
         }
     }
 
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match &mut self.get_mut().kind {
+            Kind::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Kind::Unix(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         match &mut self.get_mut().kind {
             Kind::Tcp(s) => Pin::new(s).poll_flush(cx),
@@ -359,13 +405,27 @@ impl FrameEncoder {
 pub struct PyFrameReceiver {
     inner: Option<FrameReceiver>,
     progress: Arc<Progress>,
+    /// The caller's `out=` array the receiver writes into, returned by `finish`.
+    out: Option<Py<PyAny>>,
 }
 
 impl PyFrameReceiver {
-    pub fn new(config: &SessionConfig, progress: Arc<Progress>) -> Self {
+    pub fn new(config: &SessionConfig, progress: Arc<Progress>, out: Option<LentArray>) -> Self {
+        let (inner, out) = match out {
+            Some(lent) => (config.receiver_into(lent.slice), Some(lent.owner)),
+            None => (config.receiver(), None),
+        };
         Self {
-            inner: Some(config.receiver()),
+            inner: Some(inner),
             progress,
+            out,
+        }
+    }
+
+    fn result<'py>(&self, py: Python<'py>, values: Output) -> Bound<'py, PyAny> {
+        match &self.out {
+            Some(out) => out.bind(py).clone(),
+            None => PyArray1::from_vec(py, values.into_vec()).into_any(),
         }
     }
 
@@ -416,20 +476,22 @@ impl PyFrameReceiver {
     }
 
     /// The stream ended after `got` bytes of what `want()` asked: None when it ended
-    /// before the gradient's first byte, else the error the decoding rules give.
-    fn end<'py>(
-        &mut self,
-        py: Python<'py>,
-        got: usize,
-    ) -> PyResult<Option<Bound<'py, PyArray1<f32>>>> {
+    /// before the gradient's first byte (then `finish` gives the empty gradient), else
+    /// the gradient or the error the decoding rules give.
+    fn end<'py>(&mut self, py: Python<'py>, got: usize) -> PyResult<Option<Bound<'py, PyAny>>> {
         let receiver = self.take()?;
-        let values = receiver.end_of_stream(got).py_err(py)?;
-        Ok(values.map(|values| PyArray1::from_vec(py, values)))
+        match receiver.end_of_stream(got).py_err(py)? {
+            Ended::Gradient(values) => Ok(Some(self.result(py, values))),
+            Ended::BeforeFirstByte(receiver) => {
+                self.inner = Some(receiver);
+                Ok(None)
+            }
+        }
     }
 
-    fn finish<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<f32>>> {
+    fn finish<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let values = self.take()?.finish().py_err(py)?;
-        Ok(PyArray1::from_vec(py, values))
+        Ok(self.result(py, values))
     }
 
     /// Raise the timeout error for this receiver's state.

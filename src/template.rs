@@ -1,0 +1,241 @@
+//! The constant part of a payload. Every payload our writer makes for a given layout and
+//! value count has the same bytes but for the values themselves: the schema, the batch
+//! metadata, the footer and (seed layout) the `index` column 0..n-1. A `Template` holds
+//! those bytes once, with the CRC-32 of everything before the values, so that
+//!
+//! - encoding a chunk is three copies (prefix, values, suffix) and a CRC of the values and
+//!   the short suffix, resumed from the prefix's CRC, instead of an Arrow writer run and a
+//!   CRC of the whole payload (twice the bytes, in the seed layout);
+//! - decoding a payload whose bytes equal the template outside the values (every payload
+//!   of ours, whoever sends it) is a compare against the template, the same short CRC and
+//!   one copy of the values, instead of an Arrow reader run and a full CRC.
+//!
+//! Both give bit for bit what the Arrow path gives: the template is built by the Arrow
+//! writer itself, and checked through the full decoder before it is used (see `build`).
+
+use std::sync::{Arc, Mutex};
+
+use crate::codec::{self, Layout};
+
+/// Values a cached template may hold: at most 8 MiB of template (seed layout).
+const MAX_VALUES: usize = 1 << 20;
+/// Templates kept at once (two sizes per gradient, full chunks and the tail, per layout).
+const CACHE_SLOTS: usize = 8;
+
+static CACHE: Mutex<Vec<Arc<Template>>> = Mutex::new(Vec::new());
+
+fn with_cache<T>(f: impl FnOnce(&mut Vec<Arc<Template>>) -> T) -> Option<T> {
+    CACHE.lock().ok().map(|mut cache| f(&mut cache))
+}
+
+/// A payload with its value bytes marked out. See the module comment.
+#[derive(Debug)]
+pub struct Template {
+    layout: Layout,
+    values: usize,
+    bytes: Vec<u8>,
+    /// Where the value bytes start; they run for `4 * values` bytes.
+    values_at: usize,
+    /// CRC-32 of `bytes[..values_at]`.
+    prefix_crc: u32,
+}
+
+impl Template {
+    /// The template of `values`-value payloads in `layout`, from the cache or built now.
+    /// None when it is too large to keep or the writer's output has a shape we do not
+    /// know (then the Arrow path is used, with the same result).
+    pub fn get(layout: Layout, values: usize) -> Option<Arc<Self>> {
+        if values == 0 || values > MAX_VALUES {
+            return None;
+        }
+        let found = with_cache(|cache| {
+            cache
+                .iter()
+                .find(|t| t.layout == layout && t.values == values)
+                .cloned()
+        })
+        .flatten();
+        if found.is_some() {
+            return found;
+        }
+        let built = Arc::new(Self::build(layout, values)?);
+        with_cache(|cache| {
+            if cache.len() >= CACHE_SLOTS {
+                cache.remove(0);
+            }
+            cache.push(built.clone());
+        });
+        Some(built)
+    }
+
+    /// The cached templates `payload_len` bytes long (at most one per layout).
+    pub fn for_payload(payload_len: usize) -> Vec<Arc<Self>> {
+        with_cache(|cache| {
+            cache
+                .iter()
+                .filter(|t| t.bytes.len() == payload_len)
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default()
+    }
+
+    /// A payload of `payload_len` bytes decoded to `values` values the slow way: make the
+    /// templates of that count, so later payloads like it take the fast path.
+    pub fn learn(values: usize, payload_len: usize) {
+        // Any payload of ours is at least 4 bytes a value: a larger count is not ours.
+        if values.saturating_mul(4) < payload_len {
+            for layout in [Layout::Seed, Layout::Compact] {
+                Self::get(layout, values);
+            }
+        }
+    }
+
+    /// Encode two payloads whose values differ in every byte; the bytes that differ must
+    /// be exactly one run of `4 * values`, the values, and the result must decode to them.
+    fn build(layout: Layout, values: usize) -> Option<Self> {
+        let ones = vec![f32::from_bits(0x0101_0101); values];
+        let twos = vec![f32::from_bits(0x0202_0202); values];
+        let a = codec::encode_payload(layout, &ones).ok()?;
+        let b = codec::encode_payload(layout, &twos).ok()?;
+        if a.len() != b.len() {
+            return None;
+        }
+        let values_at = a.iter().zip(&b).position(|(x, y)| x != y)?;
+        let end = values_at + 4 * values;
+        let differs_only_there = a[end.min(a.len())..] == b[end.min(b.len())..]
+            && a.get(values_at..end)?.iter().all(|&x| x == 0x01)
+            && b.get(values_at..end)?.iter().all(|&x| x == 0x02);
+        let mut decoded = Vec::with_capacity(values);
+        codec::decode_payload(&a, &mut decoded).ok()?;
+        let decodes_to_them =
+            decoded.len() == values && decoded.iter().all(|v| v.to_bits() == 0x0101_0101);
+        if !(differs_only_there && decodes_to_them) {
+            return None;
+        }
+        let prefix_crc = codec::checksum(&a[..values_at]);
+        Some(Self {
+            layout,
+            values,
+            bytes: a,
+            values_at,
+            prefix_crc,
+        })
+    }
+
+    /// Length of each payload made from this template.
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    pub fn values(&self) -> usize {
+        self.values
+    }
+
+    fn suffix(&self) -> &[u8] {
+        &self.bytes[self.values_at + 4 * self.values..]
+    }
+
+    /// The payload of `values` (exactly `self.values()` of them) into `out` (exactly
+    /// `self.len()` bytes); its CRC-32.
+    pub fn write(&self, values: &[f32], out: &mut [u8]) -> u32 {
+        assert_eq!(values.len(), self.values, "template of another size");
+        let raw = codec::f32_bytes(values);
+        let (prefix, rest) = out.split_at_mut(self.values_at);
+        let (body, suffix) = rest.split_at_mut(raw.len());
+        prefix.copy_from_slice(&self.bytes[..self.values_at]);
+        body.copy_from_slice(raw);
+        suffix.copy_from_slice(self.suffix());
+        self.checksum_of(raw)
+    }
+
+    /// The pieces of the payload of `values`, for a vectored write: the prefix, the
+    /// values as they lie in memory, the suffix; and its CRC-32.
+    pub fn pieces<'a>(&'a self, values: &'a [f32]) -> ([&'a [u8]; 3], u32) {
+        assert_eq!(values.len(), self.values, "template of another size");
+        let raw = codec::f32_bytes(values);
+        (
+            [&self.bytes[..self.values_at], raw, self.suffix()],
+            self.checksum_of(raw),
+        )
+    }
+
+    fn checksum_of(&self, raw: &[u8]) -> u32 {
+        let mut crc = crc32fast::Hasher::new_with_initial(self.prefix_crc);
+        crc.update(raw);
+        crc.update(self.suffix());
+        crc.finalize()
+    }
+
+    /// When `payload` is this template's but for its values: its CRC-32 and its value
+    /// bytes. Then decoding it through Arrow would give exactly those values.
+    pub fn matches<'p>(&self, payload: &'p [u8]) -> Option<(u32, &'p [u8])> {
+        let end = self.values_at + 4 * self.values;
+        if payload.len() != self.bytes.len()
+            || payload[..self.values_at] != self.bytes[..self.values_at]
+            || payload[end..] != *self.suffix()
+        {
+            return None;
+        }
+        let raw = &payload[self.values_at..end];
+        Some((self.checksum_of(raw), raw))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| f32::from_bits((i as u32).wrapping_mul(2_654_435_761)))
+            .collect()
+    }
+
+    #[test]
+    fn writes_what_the_arrow_writer_writes_with_its_crc() {
+        for layout in [Layout::Seed, Layout::Compact] {
+            for n in [1, 2, 3, 7, 8, 1000, 4096, 65_537] {
+                let values = sample(n);
+                let t = Template::get(layout, n).expect("a template for our own writer");
+                let expected = codec::encode_payload(layout, &values).unwrap();
+                let mut out = vec![0u8; t.len()];
+                let crc = t.write(&values, &mut out);
+                assert_eq!(out, expected, "{layout:?} n={n}");
+                assert_eq!(crc, codec::checksum(&expected));
+                let ([a, b, c], crc2) = t.pieces(&values);
+                assert_eq!([a, b, c].concat(), expected);
+                assert_eq!(crc2, crc);
+                let (crc3, raw) = t.matches(&expected).expect("our payload matches");
+                assert_eq!(crc3, crc);
+                assert_eq!(raw, codec::f32_bytes(&values));
+            }
+        }
+    }
+
+    #[test]
+    fn a_payload_that_differs_outside_the_values_does_not_match() {
+        let t = Template::get(Layout::Seed, 100).unwrap();
+        let payload = codec::encode_payload(Layout::Seed, &sample(100)).unwrap();
+        for i in (0..payload.len()).step_by(7) {
+            let mut bad = payload.clone();
+            bad[i] ^= 0x40;
+            let inside_values = i >= t.values_at && i < t.values_at + 400;
+            assert_eq!(t.matches(&bad).is_some(), inside_values, "byte {i}");
+        }
+        assert!(t.matches(&payload[1..]).is_none());
+        // The other layout's payload of as many values is not this template's.
+        let compact = codec::encode_payload(Layout::Compact, &sample(100)).unwrap();
+        assert!(t.matches(&compact).is_none());
+    }
+
+    #[test]
+    fn no_template_for_nothing_or_for_huge_chunks() {
+        assert!(Template::get(Layout::Seed, 0).is_none());
+        assert!(Template::get(Layout::Compact, MAX_VALUES + 1).is_none());
+    }
+}

@@ -33,7 +33,7 @@ TIMED_ROWS = {
     *(
         f"{impl}_{op}_{layout}_{chunk}"
         for impl in ("native", "reference")
-        for op in ("encode", "decode")
+        for op in ("encode", "decode", "encode_out", "decode_out")
         for layout in LAYOUTS
         for chunk in CHUNK_SIZES
     ),
@@ -51,17 +51,17 @@ RSS_ROWS = {"rss_send", "rss_recv"}
 # Ratio name -> the row keys it divides (the targets of issue 4).
 RATIO_ROWS = {
     **{
-        f"native {op}_frames, chunk 65536, {layout} / memcpy": (
-            f"native_{op}_{layout}_65536",
+        f"native {op}_frames(out=), chunk 65536, {layout} / memcpy": (
+            f"native_{op}_out_{layout}_65536",
             "memcpy",
         )
         for op in ("encode", "decode")
         for layout in LAYOUTS
     },
     **{
-        f"native / reference {op}_frames, chunk {chunk}, {layout}": (
-            f"native_{op}_{layout}_{chunk}",
-            f"reference_{op}_{layout}_{chunk}",
+        f"native / reference {op}_frames(out=), chunk {chunk}, {layout}": (
+            f"native_{op}_out_{layout}_{chunk}",
+            f"reference_{op}_out_{layout}_{chunk}",
         )
         for op in ("encode", "decode")
         for layout in LAYOUTS

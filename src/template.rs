@@ -17,6 +17,8 @@ use std::sync::{Arc, Mutex};
 
 use crate::codec::{self, Layout};
 
+/// Bytes copied and CRC'd at a time: well inside L1/L2, so the second touch is a hit.
+const BLOCK: usize = 16 * 1024;
 /// Values a cached template may hold: at most 8 MiB of template (seed layout).
 const MAX_VALUES: usize = 1 << 20;
 /// Templates kept at once (two sizes per gradient, full chunks and the tail, per layout).
@@ -148,9 +150,16 @@ impl Template {
         let (prefix, rest) = out.split_at_mut(self.values_at);
         let (body, suffix) = rest.split_at_mut(raw.len());
         prefix.copy_from_slice(&self.bytes[..self.values_at]);
-        body.copy_from_slice(raw);
         suffix.copy_from_slice(self.suffix());
-        self.checksum_of(raw)
+        let mut crc = crc32fast::Hasher::new_with_initial(self.prefix_crc);
+        // Copy and CRC one cache-sized block at a time: the CRC reads what the copy just
+        // brought into cache, instead of a second pass over memory.
+        for (from, to) in raw.chunks(BLOCK).zip(body.chunks_mut(BLOCK)) {
+            to.copy_from_slice(from);
+            crc.update(from);
+        }
+        crc.update(self.suffix());
+        crc.finalize()
     }
 
     /// The pieces of the payload of `values`, for a vectored write: the prefix, the
@@ -172,7 +181,10 @@ impl Template {
     }
 
     /// When `payload` is this template's but for its values: its CRC-32 and its value
-    /// bytes. Then decoding it through Arrow would give exactly those values.
+    /// bytes. Then decoding it through Arrow would give exactly those values. (The CRC
+    /// comes first and the copy after, as on the Arrow path: fusing the two per block, as
+    /// `write` does, measured no faster here, and a corrupt payload's values are then
+    /// never handed on.)
     pub fn matches<'p>(&self, payload: &'p [u8]) -> Option<(u32, &'p [u8])> {
         let end = self.values_at + 4 * self.values;
         if payload.len() != self.bytes.len()

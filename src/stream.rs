@@ -74,22 +74,29 @@ pub async fn send_gradient<W: AsyncWrite + Unpin>(
     for (index, window, payload_len) in plan.chunks() {
         let template = Template::get(config.layout, window.len())
             .filter(|t| writer.is_write_vectored() && t.len() == payload_len as usize);
-        let (pieces, checksum) = match &template {
-            Some(t) => t.pieces(window),
-            None => {
-                frame.resize(payload_len as usize, 0);
-                let checksum = write_payload(config.layout, window, &mut frame)?;
-                ([&frame[..], &[][..], &[][..]], checksum)
-            }
-        };
-        let head = FrameHeader {
+        let header = |checksum| FrameHeader {
             chunk_index: index,
             total_chunks: total,
             payload_len,
             checksum,
-        }
-        .to_bytes();
-        let mut parts = [&head[..], pieces[0], pieces[1], pieces[2]];
+        };
+        let head;
+        let mut parts: [&[u8]; 4] = match &template {
+            Some(t) => {
+                let (pieces, checksum) = t.pieces(window);
+                head = header(checksum).to_bytes();
+                [&head[..], pieces[0], pieces[1], pieces[2]]
+            }
+            None => {
+                // Header and payload in one buffer: two writes would meet Nagle's
+                // algorithm and delayed ACKs on TCP.
+                frame.resize(HEADER_LEN + payload_len as usize, 0);
+                let (head, payload) = frame.split_at_mut(HEADER_LEN);
+                let checksum = write_payload(config.layout, window, payload)?;
+                head.copy_from_slice(&header(checksum).to_bytes());
+                [&frame[..], &[], &[], &[]]
+            }
+        };
         // The timeout bounds each write call, not the frame: a slow reader that keeps
         // taking bytes is progress.
         while parts.iter().any(|p| !p.is_empty()) {

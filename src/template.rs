@@ -27,7 +27,10 @@ const CACHE_SLOTS: usize = 8;
 static CACHE: Mutex<Vec<Arc<Template>>> = Mutex::new(Vec::new());
 
 fn with_cache<T>(f: impl FnOnce(&mut Vec<Arc<Template>>) -> T) -> Option<T> {
-    CACHE.lock().ok().map(|mut cache| f(&mut cache))
+    // A panic while the lock was held cannot leave the list half-changed (push and
+    // remove are whole), so a poisoned lock is taken as it is.
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    Some(f(&mut cache))
 }
 
 /// A payload with its value bytes marked out. See the module comment.
@@ -108,10 +111,15 @@ impl Template {
         let differs_only_there = a[end.min(a.len())..] == b[end.min(b.len())..]
             && a.get(values_at..end)?.iter().all(|&x| x == 0x01)
             && b.get(values_at..end)?.iter().all(|&x| x == 0x02);
-        let mut decoded = Vec::with_capacity(values);
-        codec::decode_payload(&a, &mut decoded).ok()?;
-        let decodes_to_them =
-            decoded.len() == values && decoded.iter().all(|v| v.to_bits() == 0x0101_0101);
+        // Both must decode to their own values: the decoder reads the values from the run
+        // that differs, not from some constant run that happens to look alike.
+        let decodes_to = |payload: &[u8], bits: u32| {
+            let mut decoded = Vec::with_capacity(values);
+            codec::decode_payload(payload, &mut decoded).is_ok()
+                && decoded.len() == values
+                && decoded.iter().all(|v| v.to_bits() == bits)
+        };
+        let decodes_to_them = decodes_to(&a, 0x0101_0101) && decodes_to(&b, 0x0202_0202);
         if !(differs_only_there && decodes_to_them) {
             return None;
         }

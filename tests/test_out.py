@@ -951,3 +951,19 @@ def test_native_and_reference_agree_on_decodes_into_out(case):
     ]
     event(outcomes[1][0])
     assert outcomes[0] == outcomes[1]
+
+
+@pytest.mark.parametrize("view", ["float32", "uint8", "memoryview"])
+def test_encode_frames_refuses_an_out_that_overlaps_the_gradient(impl: Any, view: str) -> None:
+    # One buffer holding both: writing the frames would overwrite values not yet read.
+    s = impl.GradientStreamSession("s", 16)
+    g = np.arange(100, dtype=np.float32)
+    buf = np.zeros(s.frames_len(100) // 4 + 200, np.float32)
+    buf[:100] = g
+    out: Any = {"float32": buf, "uint8": buf.view(np.uint8), "memoryview": memoryview(buf)}[view]
+    before = buf.copy()
+    with pytest.raises(ValueError, match="overlaps the gradient"):
+        s.encode_frames(buf[:100], out=out)
+    np.testing.assert_array_equal(buf, before)
+    # The same bytes in a separate buffer are fine.
+    assert s.encode_frames(g, out=bytearray(s.frames_len(100))) == s.frames_len(100)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import warnings
 import weakref
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
@@ -144,8 +145,13 @@ class Hub:
 
     def _settled(self, job: int, future: asyncio.Future[Any]) -> None:
         self.futures.pop(job, None)
-        if future.cancelled():
-            self.native.abort(job)
+        if future.cancelled() and not self.native.abort(job):
+            warnings.warn(
+                f"gradstream: a cancelled transfer (job {job}) was still running 5 s later; "
+                "an out= array it was filling may still change",
+                RuntimeWarning,
+                stacklevel=1,
+            )
 
     def _deliver(self) -> None:
         for job, ok, value in self.native.drain():

@@ -1279,7 +1279,13 @@ class GradientStreamSession:
         if as_buffer:
             raise ValueError("as_buffer=True and out= exclude each other: out= is the buffer")
         with frame_buffer(out) as view:
-            return self._encode_frames_into(as_float32_vector(gradient), view)
+            values = as_float32_vector(gradient)
+            if view.nbytes and np.may_share_memory(values, np.frombuffer(view, np.uint8)):
+                raise ValueError(
+                    "out= overlaps the gradient's memory: the frames would overwrite values "
+                    "before they are read"
+                )
+            return self._encode_frames_into(values, view)
 
     def _encode_frames_into(self, values: np.ndarray, view: memoryview) -> int:
         # The exact size first (raising the encoder's FrameError for a refused length), so

@@ -136,11 +136,11 @@ impl Completions {
     }
 
     /// Stop a job (its awaiting task was cancelled): the transfer's future is dropped.
-    /// Returns once it is: a receive into an `out=` array must not write into it after
+    /// Returns once it is (true), or after 5 s (false): a receive into an `out=` array must not write into it after
     /// the caller saw the cancellation. A poll is one frame's work, so the wait is short.
-    fn abort(&self, py: Python<'_>, job: u64) {
+    fn abort(&self, py: Python<'_>, job: u64) -> bool {
         let Some(handle) = Shared::lock(&self.shared.running).remove(&job) else {
-            return;
+            return true;
         };
         handle.abort();
         py.detach(|| {
@@ -149,6 +149,8 @@ impl Completions {
                 std::thread::sleep(std::time::Duration::from_micros(50));
             }
         });
+        // False: the transfer did not stop within 5 s (the caller warns).
+        handle.is_finished()
     }
 
     /// Jobs still running.

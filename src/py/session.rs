@@ -418,13 +418,22 @@ impl PySession {
     ) -> PyResult<Bound<'py, PyAny>> {
         if as_buffer && out.is_some() {
             return Err(PyValueError::new_err(
-                "encode_frames takes as_buffer=True or out=, not both",
+                "as_buffer=True and out= exclude each other: out= is the buffer",
             ));
         }
         let array = gradient_array(gradient)?;
         let values = array.as_slice()?;
         if let Some(out) = out {
             let mut target = WritableBytes::new(out)?;
+            let frames = target.as_mut_slice().as_ptr_range();
+            let read = values.as_ptr_range();
+            let (read_start, read_end) = (read.start.cast::<u8>(), read.end.cast::<u8>());
+            if read_start < frames.end && frames.start < read_end {
+                return Err(PyValueError::new_err(
+                    "out= overlaps the gradient's memory: the frames would overwrite values \
+                     before they are read",
+                ));
+            }
             let plan = py.detach(|| self.config.plan_frames(values)).py_err(py)?;
             let room = target.as_mut_slice().len();
             let Some(frames) = target.as_mut_slice().get_mut(..plan.len()) else {

@@ -14,8 +14,8 @@ use std::sync::{Arc, OnceLock};
 use arrow_array::{Array, Float32Array, Int32Array, RecordBatch};
 use arrow_buffer::Buffer;
 use arrow_ipc::reader::{read_footer_length, FileDecoder};
-use arrow_ipc::writer::FileWriter;
-use arrow_ipc::{Block, MessageHeader};
+use arrow_ipc::writer::{FileWriter, IpcWriteOptions};
+use arrow_ipc::{Block, CompressionType, MessageHeader};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
 use crate::error::{GradientStreamError, Result};
@@ -69,6 +69,54 @@ impl Layout {
     }
 }
 
+/// Arrow IPC buffer compression of a payload (the standard BodyCompression, which
+/// pyarrow and arrow-rs read). The CRC covers the compressed bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Compression {
+    Lz4,
+    Zstd,
+}
+
+impl Compression {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Lz4 => "lz4",
+            Self::Zstd => "zstd",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "lz4" => Some(Self::Lz4),
+            "zstd" => Some(Self::Zstd),
+            _ => None,
+        }
+    }
+
+    fn ipc(self) -> CompressionType {
+        match self {
+            Self::Lz4 => CompressionType::LZ4_FRAME,
+            Self::Zstd => CompressionType::ZSTD,
+        }
+    }
+}
+
+/// How a payload is written: its columns and its compression.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Encoding {
+    pub layout: Layout,
+    pub compression: Option<Compression>,
+}
+
+impl From<Layout> for Encoding {
+    fn from(layout: Layout) -> Self {
+        Self {
+            layout,
+            compression: None,
+        }
+    }
+}
+
 fn compact_schema() -> SchemaRef {
     static SCHEMA: OnceLock<SchemaRef> = OnceLock::new();
     SCHEMA
@@ -95,20 +143,29 @@ fn seed_schema() -> SchemaRef {
         .clone()
 }
 
-/// Encode one chunk's values as an Arrow IPC file in `layout`.
-pub fn encode_payload(layout: Layout, values: &[f32]) -> Result<Vec<u8>> {
+/// Encode one chunk's values as an Arrow IPC file.
+pub fn encode_payload(encoding: impl Into<Encoding>, values: &[f32]) -> Result<Vec<u8>> {
+    let encoding = encoding.into();
     // Column data is 4 or 8 bytes a value; schema, footer and padding stay under 1 KiB.
-    let mut out = Vec::with_capacity(values.len() * layout.bytes_per_value() + 1024);
-    encode_to(layout, values, &mut out)?;
+    let mut out = Vec::with_capacity(values.len() * encoding.layout.bytes_per_value() + 1024);
+    encode_to(encoding, values, &mut out)?;
     Ok(out)
 }
 
-/// Append the file of `values` in `layout` to `out`.
-pub fn append_payload(layout: Layout, values: &[f32], out: &mut Vec<u8>) -> Result<()> {
-    encode_to(layout, values, out)
+/// Append the file of `values` to `out`.
+pub fn append_payload(
+    encoding: impl Into<Encoding>,
+    values: &[f32],
+    out: &mut Vec<u8>,
+) -> Result<()> {
+    encode_to(encoding.into(), values, out)
 }
 
-fn encode_to(layout: Layout, values: &[f32], out: impl std::io::Write) -> Result<()> {
+fn encode_to(encoding: Encoding, values: &[f32], out: impl std::io::Write) -> Result<()> {
+    let Encoding {
+        layout,
+        compression,
+    } = encoding;
     // SAFETY: the buffer borrows `values`; it lives in `batch`, which is dropped before
     // this function returns (the writer copies bytes out and keeps no reference).
     let value_bytes = unsafe { borrowed_buffer(f32_bytes(values)) };
@@ -121,7 +178,11 @@ fn encode_to(layout: Layout, values: &[f32], out: impl std::io::Write) -> Result
         Layout::Compact => RecordBatch::try_new(compact_schema(), vec![value]),
     }
     .map_err(arrow_err)?;
-    let mut writer = FileWriter::try_new(out, &batch.schema()).map_err(arrow_err)?;
+    let options = IpcWriteOptions::default()
+        .try_with_compression(compression.map(Compression::ipc))
+        .map_err(arrow_err)?;
+    let mut writer =
+        FileWriter::try_new_with_options(out, &batch.schema(), options).map_err(arrow_err)?;
     writer.write(&batch).map_err(arrow_err)?;
     writer.finish().map_err(arrow_err)?;
     Ok(())
@@ -132,7 +193,7 @@ fn encode_to(layout: Layout, values: &[f32], out: impl std::io::Write) -> Result
 pub fn encode_payload_exact(layout: Layout, values: &[f32], out: &mut [u8]) -> Result<()> {
     let expected = out.len();
     let mut cursor = std::io::Cursor::new(out);
-    encode_to(layout, values, &mut cursor)?;
+    encode_to(layout.into(), values, &mut cursor)?;
     let written = cursor.position() as usize;
     if written != expected {
         return Err(GradientStreamError::arrow(format!(
@@ -186,12 +247,20 @@ unsafe fn borrowed_buffer(bytes: &[u8]) -> Buffer {
 /// Decode a payload and append its `value` column to `out`.
 ///
 /// On error `out` may hold part of the payload's values; callers discard it.
-pub fn decode_payload<S: ValueSink + ?Sized>(payload: &[u8], out: &mut S) -> Result<()> {
+///
+/// `room` is how many more values the gradient may take (max_gradient_len minus what came
+/// before): a compressed batch declaring more rows is refused before anything is
+/// decompressed, since Arrow readers allocate whatever uncompressed size a buffer declares.
+pub fn decode_payload<S: ValueSink + ?Sized>(
+    payload: &[u8],
+    out: &mut S,
+    room: usize,
+) -> Result<()> {
     // SAFETY: `buffer` and all arrays decoded from it (batches)
     // live inside `decode_buffer` and are dropped before it returns, unwinding included;
     // only copied values leave it. Misaligned buffers are copied by arrow-rs itself.
     let buffer = unsafe { borrowed_buffer(payload) };
-    match catch_unwind(AssertUnwindSafe(|| decode_buffer(&buffer, out))) {
+    match catch_unwind(AssertUnwindSafe(|| decode_buffer(&buffer, out, room))) {
         Ok(result) => result,
         Err(_) => Err(GradientStreamError::arrow(
             "malformed Arrow IPC file (the decoder rejected its layout)",
@@ -203,7 +272,7 @@ fn arrow_err(e: arrow_schema::ArrowError) -> GradientStreamError {
     GradientStreamError::arrow(e.to_string())
 }
 
-fn decode_buffer<S: ValueSink + ?Sized>(buf: &Buffer, out: &mut S) -> Result<()> {
+fn decode_buffer<S: ValueSink + ?Sized>(buf: &Buffer, out: &mut S, room: usize) -> Result<()> {
     let len = buf.len();
     if len < MIN_FILE_LEN || &buf[..MAGIC.len()] != MAGIC {
         return Err(GradientStreamError::arrow(
@@ -254,6 +323,8 @@ fn decode_buffer<S: ValueSink + ?Sized>(buf: &Buffer, out: &mut S) -> Result<()>
     // a footer naming one block many times would otherwise multiply its values, making a
     // small payload decode to gigabytes.
     let mut free_from = 8usize;
+    // The compressed batches of one payload share the room.
+    let mut room = room;
     for block in blocks {
         let data = block_data(buf, block, footer_start)?;
         let start = block.offset() as usize; // checked by block_data
@@ -263,7 +334,7 @@ fn decode_buffer<S: ValueSink + ?Sized>(buf: &Buffer, out: &mut S) -> Result<()>
             )));
         }
         free_from = start + data.len();
-        let declared_rows = check_batch_message(&data, block)?;
+        let declared_rows = check_batch_message(&data, block, &mut room)?;
         // A block whose message is of type NONE decodes to "no batch" in arrow-rs; the
         // original would skip it silently, losing whatever the block was meant to hold.
         let batch = decoder
@@ -323,7 +394,7 @@ fn block_data(buf: &Buffer, block: &Block, limit: usize) -> Result<Buffer> {
 /// Check a record batch message against its block before arrow-rs reads it: the body
 /// length must be the block's, and every buffer must lie inside the body. Returns the
 /// row count the message declares (None when the message is not a record batch).
-fn check_batch_message(data: &Buffer, block: &Block) -> Result<Option<i64>> {
+fn check_batch_message(data: &Buffer, block: &Block, room: &mut usize) -> Result<Option<i64>> {
     let meta_len = usize::try_from(block.metaDataLength()).unwrap_or(usize::MAX);
     let body_len = data.len().saturating_sub(meta_len) as u64;
     let meta = data.get(..meta_len).unwrap_or(&[]);
@@ -368,7 +439,81 @@ fn check_batch_message(data: &Buffer, block: &Block) -> Result<Option<i64>> {
             )));
         }
     }
+    if let Some(compression) = batch.compression() {
+        let body = data.get(meta_len..).unwrap_or(&[]);
+        let rows = check_compressed(&batch, compression, body, *room)?;
+        *room -= rows;
+    }
     Ok(Some(batch.length()))
+}
+
+/// A compressed batch, before anything is decompressed: a known codec, no more rows than
+/// the gradient has room for, and no buffer (nor all of them together) declaring more
+/// bytes than its rows can hold. Its row count.
+fn check_compressed(
+    batch: &arrow_ipc::RecordBatch<'_>,
+    compression: arrow_ipc::BodyCompression<'_>,
+    body: &[u8],
+    room: usize,
+) -> Result<usize> {
+    let codec = compression.codec();
+    if codec != CompressionType::LZ4_FRAME && codec != CompressionType::ZSTD {
+        return Err(GradientStreamError::arrow(format!(
+            "unknown IPC compression codec {}",
+            codec.0
+        )));
+    }
+    let method = compression.method();
+    if method != arrow_ipc::BodyCompressionMethod::BUFFER {
+        return Err(GradientStreamError::arrow(format!(
+            "unknown IPC compression method {}",
+            method.0
+        )));
+    }
+    let rows = batch.length();
+    let Some(count) = usize::try_from(rows).ok().filter(|&r| r <= room) else {
+        return Err(GradientStreamError::arrow(format!(
+            "compressed record batch declares {rows} rows, more than the {room} values \
+             max_gradient_len still allows"
+        )));
+    };
+    let mut total = 0i64;
+    for b in batch.buffers().iter().flatten() {
+        let length = b.length();
+        if length == 0 {
+            continue;
+        }
+        // In the body, as checked above.
+        let start = b.offset() as usize;
+        let prefix: Option<[u8; 8]> = body
+            .get(start..start + 8)
+            .filter(|_| length >= 8)
+            .and_then(|p| p.try_into().ok());
+        let Some(prefix) = prefix else {
+            return Err(GradientStreamError::arrow(format!(
+                "compressed IPC buffer of {length} bytes has no length prefix"
+            )));
+        };
+        let declared = i64::from_le_bytes(prefix);
+        if declared == -1 {
+            continue;
+        }
+        if !(0..=rows.saturating_mul(8)).contains(&declared) {
+            return Err(GradientStreamError::arrow(format!(
+                "compressed IPC buffer declares {declared} bytes uncompressed, more than its \
+                 {rows}-row batch can hold"
+            )));
+        }
+        total = total.saturating_add(declared);
+    }
+    // All buffers together, too: a schema of many columns must not multiply the bound.
+    if total > rows.saturating_mul(8) {
+        return Err(GradientStreamError::arrow(format!(
+            "compressed IPC buffers declare {total} bytes uncompressed in all, more than their \
+             {rows}-row batch can hold"
+        )));
+    }
+    Ok(count)
 }
 
 #[cfg(test)]
@@ -379,7 +524,7 @@ mod tests {
 
     fn decode(payload: &[u8]) -> Result<Vec<f32>> {
         let mut out = Vec::new();
-        decode_payload(payload, &mut out).map(|()| out)
+        decode_payload(payload, &mut out, usize::MAX).map(|()| out)
     }
 
     fn file_of(batches: &[RecordBatch]) -> Vec<u8> {
@@ -595,5 +740,86 @@ mod tests {
             bad[at..at + 4].copy_from_slice(&0x7fff_fff0u32.to_le_bytes());
             let _ = decode(&bad);
         }
+    }
+
+    /// Where the first compressed buffer's 8-byte length prefix of the value column lies
+    /// in `payload`, and the batch's row count.
+    fn value_prefix(payload: &[u8]) -> (usize, i64) {
+        let len = payload.len();
+        let footer_len = read_footer_length(payload[len - 10..].try_into().unwrap()).unwrap();
+        let footer = arrow_ipc::root_as_footer(&payload[len - 10 - footer_len..len - 10]).unwrap();
+        let block = footer.recordBatches().unwrap().get(0);
+        let start = block.offset() as usize;
+        let meta = &payload[start..start + block.metaDataLength() as usize];
+        let fb_len = i32::from_le_bytes(meta[4..8].try_into().unwrap()) as usize;
+        let message = arrow_ipc::root_as_message(&meta[8..8 + fb_len]).unwrap();
+        let batch = message.header_as_record_batch().unwrap();
+        let buffers = batch.buffers().unwrap();
+        let last = buffers.get(buffers.len() - 1);
+        let body = start + block.metaDataLength() as usize;
+        (body + last.offset() as usize, batch.length())
+    }
+
+    #[test]
+    fn compressed_payloads_round_trip_in_both_layouts_and_codecs() {
+        let mut values: Vec<f32> = vec![0.0; 5000];
+        values[17] = f32::from_bits(0x7fc0_0001);
+        values[4999] = -0.0;
+        for layout in [Layout::Seed, Layout::Compact] {
+            let plain = encode_payload(layout, &values).unwrap();
+            for compression in [Compression::Lz4, Compression::Zstd] {
+                let encoding = Encoding {
+                    layout,
+                    compression: Some(compression),
+                };
+                let payload = encode_payload(encoding, &values).unwrap();
+                // Zeros compress; the seed layout's index column 0..n-1 hardly does.
+                let factor = if layout == Layout::Compact { 4 } else { 1 };
+                assert!(
+                    payload.len() * factor < plain.len(),
+                    "{encoding:?}: {} bytes against {} plain",
+                    payload.len(),
+                    plain.len()
+                );
+                assert_eq!(bits(&decode(&payload).unwrap()), bits(&values));
+            }
+        }
+    }
+
+    #[test]
+    fn a_compressed_buffer_declaring_too_much_is_refused_before_decompressing() {
+        let values = vec![1.5f32; 1000];
+        let encoding = Encoding {
+            layout: Layout::Compact,
+            compression: Some(Compression::Lz4),
+        };
+        let payload = encode_payload(encoding, &values).unwrap();
+        let (at, rows) = value_prefix(&payload);
+        assert_eq!(rows, 1000);
+        assert_eq!(
+            i64::from_le_bytes(payload[at..at + 8].try_into().unwrap()),
+            4000
+        );
+        let mut bomb = payload.clone();
+        bomb[at..at + 8].copy_from_slice(&(1i64 << 40).to_le_bytes());
+        let err = decode(&bomb).unwrap_err().to_string();
+        assert!(
+            err.contains("declares 1099511627776 bytes uncompressed, more than its 1000-row"),
+            "{err}"
+        );
+        // 8 bytes a row is the most a buffer of ours can take; exactly that passes the
+        // check (and then fails to decompress to that size, an ordinary Arrow error).
+        bomb[at..at + 8].copy_from_slice(&8000i64.to_le_bytes());
+        assert!(decode(&bomb).is_err());
+        // More rows than the gradient has room for: refused, whatever the buffers say.
+        let mut out = Vec::new();
+        let err = decode_payload(&payload, &mut out, 999)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("declares 1000 rows, more than the 999 values max_gradient_len"),
+            "{err}"
+        );
+        assert!(decode_payload(&payload, &mut out, 1000).is_ok());
     }
 }

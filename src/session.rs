@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::codec::{self, Layout};
+use crate::codec::{self, Compression, Encoding, Layout};
 use crate::error::{GradientStreamError, Result};
 use crate::frame::{FrameHeader, Limits, HEADER_LEN};
 use crate::output::{OutSlice, Output, ValueSink};
@@ -20,8 +20,8 @@ pub struct SessionConfig {
     pub session_id: String,
     /// Values per chunk; never 0 (the original raises 0 to 1).
     pub chunk_size: usize,
-    /// Stored and reported only, as in the original.
-    pub compression: bool,
+    /// Arrow IPC buffer compression of the payloads this session writes (it reads any).
+    pub compression: Option<Compression>,
     pub limits: Limits,
     /// Longest wait for a byte to move, on streams; None waits for ever.
     pub timeout: Option<std::time::Duration>,
@@ -45,6 +45,9 @@ pub struct FramePlan<'g> {
     windows: Vec<&'g [f32]>,
     payload_lens: Vec<u32>,
     len: usize,
+    /// Compressed sessions: each chunk's payload and CRC, encoded while planning (their
+    /// sizes depend on the values).
+    encoded: Vec<(Vec<u8>, u32)>,
 }
 
 impl<'g> FramePlan<'g> {
@@ -104,7 +107,7 @@ impl SessionConfig {
         Self {
             session_id: session_id.into(),
             chunk_size: chunk_size.max(1),
-            compression: false,
+            compression: None,
             limits: Limits::default(),
             timeout: None,
             layout: Layout::Seed,
@@ -113,6 +116,14 @@ impl SessionConfig {
 
     /// Number of chunks for a gradient of `len` values: ceiling division, and 1 for an
     /// empty gradient so that a stream always has a frame.
+    /// How this session writes payloads.
+    pub fn encoding(&self) -> Encoding {
+        Encoding {
+            layout: self.layout,
+            compression: self.compression,
+        }
+    }
+
     pub fn chunk_count(&self, len: usize) -> Result<u32> {
         let n = len.div_ceil(self.chunk_size).max(1);
         u32::try_from(n).map_err(|_| {
@@ -136,7 +147,7 @@ impl SessionConfig {
             .min(gradient.len());
         let end = start.saturating_add(self.chunk_size).min(gradient.len());
         let mut frame = vec![0u8; HEADER_LEN];
-        codec::append_payload(self.layout, &gradient[start..end], &mut frame)?;
+        codec::append_payload(self.encoding(), &gradient[start..end], &mut frame)?;
         let payload_len = self.check_payload_len(index, frame.len() - HEADER_LEN)?;
         let header = FrameHeader {
             chunk_index: index,
@@ -186,7 +197,7 @@ impl SessionConfig {
                 Ok(EncodedChunk {
                     chunk_index: index,
                     total_chunks: plan.total_chunks(),
-                    checksum: write_payload(self.layout, window, &mut payload)?,
+                    checksum: self.write_chunk(&plan, index, window, &mut payload)?,
                     payload,
                 })
             })
@@ -239,6 +250,25 @@ impl SessionConfig {
     /// the stream can be written into memory allocated once (a Python `bytes`, say).
     pub fn plan_frames<'g>(&self, gradient: &'g [f32]) -> Result<FramePlan<'g>> {
         let (total, windows) = self.windows(gradient)?;
+        if self.compression.is_some() {
+            // Sizes depend on the values: encode every chunk now, keep the payloads.
+            let mut encoded = Vec::with_capacity(windows.len());
+            let mut payload_lens = Vec::with_capacity(windows.len());
+            for (window, index) in windows.iter().zip(0u32..) {
+                let payload = codec::encode_payload(self.encoding(), window)?;
+                payload_lens.push(self.check_payload_len(index, payload.len())?);
+                let checksum = codec::checksum(&payload);
+                encoded.push((payload, checksum));
+            }
+            let len = payload_lens.iter().map(|&n| HEADER_LEN + n as usize).sum();
+            return Ok(FramePlan {
+                total,
+                windows,
+                payload_lens,
+                len,
+                encoded,
+            });
+        }
         // A payload's size depends only on its value count, and a gradient has at most two
         // counts (full chunks and the tail): measure each once by encoding it.
         let mut sizes: Vec<(usize, u32)> = Vec::with_capacity(2);
@@ -264,7 +294,25 @@ impl SessionConfig {
             windows,
             payload_lens,
             len,
+            encoded: Vec::new(),
         })
+    }
+
+    /// Chunk `index` of a plan into `out` (its planned length); its CRC-32.
+    pub fn write_chunk(
+        &self,
+        plan: &FramePlan<'_>,
+        index: u32,
+        window: &[f32],
+        out: &mut [u8],
+    ) -> Result<u32> {
+        match plan.encoded.get(index as usize) {
+            Some((payload, checksum)) => {
+                out.copy_from_slice(payload);
+                Ok(*checksum)
+            }
+            None => write_payload(self.layout, window, out),
+        }
     }
 
     /// Write a planned frame stream into `out`, which must be `plan.len()` bytes long.
@@ -288,7 +336,7 @@ impl SessionConfig {
                 chunk_index: index,
                 total_chunks: plan.total,
                 payload_len,
-                checksum: write_payload(self.layout, window, payload)?,
+                checksum: self.write_chunk(plan, index, window, payload)?,
             };
             head.copy_from_slice(&header.to_bytes());
         }
@@ -322,7 +370,8 @@ impl SessionConfig {
         let mut values: Vec<f32> =
             Vec::with_capacity(chunks.iter().map(|c| c.payload.len() / 8).sum());
         for c in &chunks {
-            verify_and_decode(c.chunk_index, c.checksum, c.payload, &mut values)?;
+            let room = self.limits.max_gradient_len.saturating_sub(values.len());
+            verify_and_decode(c.chunk_index, c.checksum, c.payload, &mut values, room)?;
         }
         Ok(values)
     }
@@ -435,6 +484,7 @@ fn verify_and_decode<S: ValueSink + ?Sized>(
     expected: u32,
     payload: &[u8],
     out: &mut S,
+    room: usize,
 ) -> Result<()> {
     // Our own payloads (any sender of ours) match a template: the CRC of the constant
     // bytes is known, and the values are copied out without going through Arrow.
@@ -461,7 +511,7 @@ fn verify_and_decode<S: ValueSink + ?Sized>(
         });
     }
     let mut counted = Counted { inner: out, n: 0 };
-    codec::decode_payload(payload, &mut counted).map_err(|e| e.in_chunk(index))?;
+    codec::decode_payload(payload, &mut counted, room).map_err(|e| e.in_chunk(index))?;
     if templates.is_empty() {
         // A payload size with no template yet: make this count's templates, so that
         // the next payload of this size (a gradient's next full chunk) takes the fast path.
@@ -552,11 +602,13 @@ impl Reassembler {
             self.values.reserve(guess.min(self.reserve_cap));
         }
         let before = self.values.len();
+        let room = self.max_gradient_len.saturating_sub(self.count);
         let decoded = if in_order {
-            verify_and_decode(index, header.checksum, payload, &mut self.values)
+            verify_and_decode(index, header.checksum, payload, &mut self.values, room)
                 .map(|()| self.values.len() - before)
         } else {
-            verify_and_decode(index, header.checksum, payload, &mut fresh).map(|()| fresh.len())
+            verify_and_decode(index, header.checksum, payload, &mut fresh, room)
+                .map(|()| fresh.len())
         };
         let decoded = decoded.and_then(|n| {
             let count = self.count + n;

@@ -66,6 +66,9 @@ pub async fn send_gradient<W: AsyncWrite + Unpin>(
     timeout: Option<Duration>,
     progress: &Progress,
 ) -> Result<usize> {
+    if config.compression.is_some() {
+        return send_compressed(config, gradient, writer, timeout, progress).await;
+    }
     let plan = config.plan_frames(gradient)?;
     let total = plan.total_chunks();
     progress.add_total(total);
@@ -118,6 +121,35 @@ pub async fn send_gradient<W: AsyncWrite + Unpin>(
     }
     within(timeout, (sent, Some(total)), writer.flush()).await?;
     Ok(sent)
+}
+
+/// The compressed sender: each frame is encoded as it is sent (payload sizes depend on
+/// the values, and the whole stream is never held).
+async fn send_compressed<W: AsyncWrite + Unpin>(
+    config: &SessionConfig,
+    gradient: &[f32],
+    writer: &mut W,
+    timeout: Option<Duration>,
+    progress: &Progress,
+) -> Result<usize> {
+    let total = config.chunk_count(gradient.len())?;
+    progress.add_total(total);
+    for index in 0..total {
+        let frame = config.encode_frame(gradient, index)?;
+        let at = (index as usize, Some(total));
+        let mut rest: &[u8] = &frame;
+        while !rest.is_empty() {
+            let n = within(timeout, at, writer.write(rest)).await?;
+            if n == 0 {
+                return Err(std::io::Error::from(std::io::ErrorKind::WriteZero).into());
+            }
+            rest = &rest[n..];
+            progress.add(n, 0);
+        }
+        progress.add(0, 1);
+    }
+    within(timeout, (total as usize, Some(total)), writer.flush()).await?;
+    Ok(total as usize)
 }
 
 /// Receive one gradient through `receiver` (`SessionConfig::receiver` or `receiver_into`).
@@ -239,6 +271,31 @@ mod tests {
         assert_eq!(got.unwrap(), Some(g.clone()));
         let wire = s.encode_frames(&g).unwrap();
         assert_eq!(progress.bytes.load(Ordering::Relaxed), wire.len() as u64);
+    }
+
+    #[tokio::test]
+    async fn compressed_sessions_stream_frame_by_frame_and_match_encode_frames() {
+        for compression in [
+            crate::codec::Compression::Lz4,
+            crate::codec::Compression::Zstd,
+        ] {
+            let mut s = session(1000);
+            s.compression = Some(compression);
+            let mut g = vec![0.0f32; 4500];
+            g[10] = 3.0;
+            let (mut a, mut b) = duplex(1 << 16);
+            let (progress, unobserved) = (Progress::default(), Progress::default());
+            let receiver = session(7);
+            let (sent, got) = tokio::join!(
+                send_gradient(&s, &g, &mut a, None, &progress),
+                receive(&receiver, &mut b, None, &unobserved)
+            );
+            assert_eq!(sent.unwrap(), 5);
+            assert_eq!(got.unwrap(), Some(g.clone()));
+            let wire = s.encode_frames(&g).unwrap();
+            assert_eq!(progress.bytes.load(Ordering::Relaxed), wire.len() as u64);
+            assert!(wire.len() < s.encode_frames(&gradient(4500)).unwrap().len());
+        }
     }
 
     #[tokio::test]

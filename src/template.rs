@@ -115,7 +115,7 @@ impl Template {
         // that differs, not from some constant run that happens to look alike.
         let decodes_to = |payload: &[u8], bits: u32| {
             let mut decoded = Vec::with_capacity(values);
-            codec::decode_payload(payload, &mut decoded).is_ok()
+            codec::decode_payload(payload, &mut decoded, values).is_ok()
                 && decoded.len() == values
                 && decoded.iter().all(|v| v.to_bits() == bits)
         };

@@ -208,6 +208,27 @@ def test_send_compact_layout_is_received_by_a_default_receiver(
     assert bit_equal(np.load(out), grad)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("codec", ["lz4", "zstd"])
+def test_send_compressed_is_received_by_a_default_receiver(
+    tmp_path: Path, spawn: list[Child], impl: str, codec: str
+) -> None:
+    grad = gradient(5000, seed=4)
+    grad[::3] = 0.0
+    src, out = tmp_path / "grad.npy", tmp_path / "out.npy"
+    np.save(src, grad)
+    receiver, port = start_receiver(spawn, "--out", str(out), "--impl", impl)
+    sent = run(
+        "send", f"127.0.0.1:{port}", str(src), "--impl", impl,
+        "--chunk-size", "1000", "--compression", codec,
+    )  # fmt: skip
+    assert sent.returncode == 0, sent.stderr
+    status, stdout, stderr = receiver.finish()
+    assert status == 0, stderr
+    assert "all 5 chunk CRC-32 checks passed" in stdout
+    assert bit_equal(np.load(out), grad)
+
+
 def test_send_unknown_layout_is_a_usage_error(tmp_path: Path) -> None:
     np.save(tmp_path / "g.npy", gradient(10))
     done = run("send", "127.0.0.1:9", str(tmp_path / "g.npy"), "--layout", "dense")

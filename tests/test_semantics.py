@@ -142,9 +142,14 @@ def test_with_compression_returns_new_session(impl):
     assert on.is_compression_enabled() is True
 
 
-def test_compression_flag_does_not_change_the_bytes(impl):
+def test_compression_flag_compresses_and_round_trips(impl):
+    # The original only stored the flag; here it compresses (lz4), and any decoder reads it.
     s = session(impl, 3)
-    assert s.with_compression(True).encode_frames(ramp(7)) == s.encode_frames(ramp(7))
+    compressed = s.with_compression(True)
+    assert compressed.compression == "lz4" and s.compression is None
+    wire = compressed.encode_frames(ramp(7))
+    assert wire != s.encode_frames(ramp(7))
+    assert_same_bits(s.decode_frames(wire), ramp(7))
 
 
 def test_stream_settings_defaults(impl):

@@ -1,8 +1,8 @@
 """The ``gradstream`` command: send and receive gradients over TCP, and the demo.
 
     gradstream recv [HOST:]PORT --out FILE.npy [--count N] [--impl native|reference] [--timeout S]
-    gradstream send HOST:PORT FILE.npy [FILE.npy ...] [--chunk-size N] [--layout L] [--impl ...]
-                    [--timeout S]
+    gradstream send HOST:PORT FILE.npy [FILE.npy ...] [--chunk-size N] [--layout L]
+                    [--compression C] [--impl ...] [--timeout S]
     gradstream demo [--elements N] [--impl-only native|reference] [--chunk-size N]
     gradstream bench [--quick] [--json FILE]
 
@@ -95,12 +95,18 @@ class _Impl:
     progress_class: Callable[[], Any]
 
     def session(
-        self, chunk_size: int | None = None, timeout: float | None = None, layout: str = "seed"
+        self,
+        chunk_size: int | None = None,
+        timeout: float | None = None,
+        layout: str = "seed",
+        compression: str | None = None,
     ) -> _Session:
         args: list[Any] = [SESSION_ID]
         if chunk_size is not None:
             args.append(chunk_size)
         kwargs: dict[str, Any] = {"layout": layout}
+        if compression is not None:
+            kwargs["compression"] = compression
         if timeout is not None:
             kwargs["timeout"] = timeout
         try:
@@ -413,8 +419,9 @@ async def _send_all(
     timeout: float | None,
     bar: bool,
     layout: str = "seed",
+    compression: str | None = None,
 ) -> None:
-    session = impl.session(chunk_size, timeout, layout)
+    session = impl.session(chunk_size, timeout, layout, compression)
     count = len(grads)
     for i, (path, grad) in enumerate(grads):
         progress = impl.progress()
@@ -455,6 +462,7 @@ def _cmd_send(args: argparse.Namespace) -> int:
                 args.timeout,
                 _want_progress(args),
                 args.layout,
+                None if args.compression == "none" else args.compression,
             )
         )
     return 0
@@ -589,6 +597,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="payload columns: seed (index + value, as ipfrs-transport sends; default) or "
         "compact (values only, half the wire bytes; any gradstream or ipfrs-transport "
         "receiver reads it)",
+    )
+    send.add_argument(
+        "--compression",
+        choices=["none", "lz4", "zstd"],
+        default="none",
+        help="Arrow IPC buffer compression of the payloads (default none; any gradstream "
+        "receiver reads lz4 and zstd, ipfrs-transport may not)",
     )
     _add_common(send)
     send.set_defaults(func=_cmd_send)

@@ -21,7 +21,14 @@ Caller-provided buffers (``out=``): ``decode_frames`` and ``receive_from`` can w
 gradient into a float32 array the caller owns, chunk by chunk as the chunks come into
 index order (a chunk that arrives early is held until its turn), and refuse a gradient of
 another size with ``GradientSizeError``; ``encode_frames`` can write the frames into any
-writeable buffer, whose size ``frames_len`` tells without encoding anything.
+writeable buffer, whose size ``frames_len`` tells without encoding anything (but for a
+compressed session, whose payload sizes depend on the values).
+
+Compression (``compression="lz4"`` or ``"zstd"``): the payload is the same Arrow IPC file
+with the IPC BodyCompression on its record batch. Every session decodes compressed
+payloads whatever its own setting, and holds each compressed batch to bounds before
+pyarrow reads it (``_check_compressed_batches``): an Arrow reader allocates whatever
+uncompressed length a compressed buffer declares.
 """
 
 from __future__ import annotations
@@ -108,6 +115,27 @@ def _check_bool(value: Any, name: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be bool, not {type(value).__name__}")
     return bool(value)
+
+
+Compression = Literal["lz4", "zstd"]
+COMPRESSIONS: tuple[Compression, ...] = ("lz4", "zstd")
+
+
+def _check_compression_setting(value: Any) -> Compression | None:
+    """The constructor's ``compression``: None/False (off), True or "lz4" (LZ4 frame), or
+    "zstd". A bool is a bool: 0 and 1 (which equal False and True) are refused."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return "lz4"
+    if isinstance(value, str):
+        for name in COMPRESSIONS:
+            if value == name:
+                return name
+        raise ValueError(f"compression must be None, True, False, 'lz4' or 'zstd', got {value!r}")
+    raise TypeError(
+        f"compression must be None, a bool, 'lz4' or 'zstd', got {type(value).__name__}"
+    )
 
 
 def _check_max_gradient_len(value: Any) -> int:
@@ -205,8 +233,15 @@ COMPACT_SCHEMA = pa.schema([pa.field("value", pa.float32(), nullable=False)])
 LAYOUTS = ("seed", "compact")
 
 
-def encode_payload(values: np.ndarray, layout: str = "seed") -> bytes:
-    """Encode a 1-D float32 vector as an Arrow IPC file in the seed or compact layout."""
+def encode_payload(
+    values: np.ndarray, layout: str = "seed", compression: str | None = None
+) -> bytes:
+    """Encode a 1-D float32 vector as an Arrow IPC file in the seed or compact layout.
+
+    With ``compression`` ("lz4" or "zstd") the record batch carries the IPC BodyCompression
+    (codec LZ4_FRAME or ZSTD, method BUFFER): every buffer is stored as its uncompressed
+    length (int64) followed by the compressed bytes. The file is otherwise the same.
+    """
     n = len(values)
     # from_buffers wraps the float32 words as they are: no conversion, no NaN canonicalising.
     value_array = pa.Array.from_buffers(pa.float32(), n, [None, pa.py_buffer(values)])
@@ -217,8 +252,9 @@ def encode_payload(values: np.ndarray, layout: str = "seed") -> bytes:
         schema, columns = PAYLOAD_SCHEMA, [index_array, value_array]
     batch = pa.RecordBatch.from_arrays(columns, schema=schema)
     sink = pa.BufferOutputStream()
+    options = None if compression is None else pa.ipc.IpcWriteOptions(compression=compression)
     # Exactly one batch, even when it is empty: an empty gradient is one empty batch.
-    with pa.ipc.new_file(sink, schema) as writer:
+    with pa.ipc.new_file(sink, schema, options=options) as writer:
         writer.write_batch(batch)
     payload: bytes = sink.getvalue().to_pybytes()
     return payload
@@ -286,8 +322,9 @@ def _footer_blocks(payload: memoryview) -> list[tuple[int, int, int]] | None:
     return [_BLOCK.unpack_from(footer, vector + 4 + i * _BLOCK.size) for i in range(count)]
 
 
-def _check_footer(payload: memoryview, chunk_index: int) -> None:
-    """What pyarrow does not check and arrow-rs (or the native decoder) does."""
+def _check_footer(payload: memoryview, chunk_index: int) -> list[tuple[int, int, int]]:
+    """What pyarrow does not check and arrow-rs (or the native decoder) does; the footer's
+    record-batch blocks (see _footer_blocks)."""
     # pyarrow only looks at the trailing magic.
     if len(payload) < 18 or bytes(payload[:6]) != b"ARROW1":
         raise ArrowIpcError("not an Arrow IPC file (no ARROW1 magic at the start)", chunk_index)
@@ -305,14 +342,186 @@ def _check_footer(payload: memoryview, chunk_index: int) -> None:
                 chunk_index,
             )
         free_from = offset + meta_len + body_len
+    return blocks
 
 
-def _value_columns(payload: memoryview, chunk_index: int) -> Iterator[pa.Array]:
+# IPC encapsulated message: continuation marker, then the metadata length, then the
+# Message flatbuffer (a file written before Arrow 0.15 has the length alone).
+_CONTINUATION = 0xFFFF_FFFF
+_MESSAGE_HEADER_RECORD_BATCH = 3  # MessageHeader union: 3 is RecordBatch
+_BUFFER = struct.Struct("<qq")  # Buffer: offset (from the body's start), length
+_CODECS = (0, 1)  # CompressionType: LZ4_FRAME, ZSTD
+_METHODS = (0,)  # BodyCompressionMethod: BUFFER
+_NO_COMPRESSION_PREFIX = -1  # a buffer's length prefix when it is stored uncompressed
+
+
+class _CompressedBatch(NamedTuple):
+    """What the compression checks need from one compressed record batch message."""
+
+    rows: int  # RecordBatch.length
+    codec: int  # BodyCompression.codec (a flatbuffer byte: signed)
+    method: int  # BodyCompression.method
+    buffers: list[tuple[int, int]]  # Buffer structs: (offset from the body's start, length)
+
+
+class _Flat:
+    """Bounds-checked reads of flatbuffer tables inside one payload. Every read returns
+    None when the bytes it needs are not all inside the payload."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: memoryview) -> None:
+        self.data = data
+
+    def holds(self, pos: int | None, size: int) -> bool:
+        return pos is not None and 0 <= pos and pos + size <= len(self.data)
+
+    def read(self, fmt: str, pos: int | None) -> int | None:
+        if pos is None or not self.holds(pos, struct.calcsize(fmt)):
+            return None
+        value: int = struct.unpack_from(fmt, self.data, pos)[0]
+        return value
+
+    def deref(self, pos: int | None) -> int | None:
+        """The position an unsigned 32-bit flatbuffer offset stored at ``pos`` points to."""
+        offset = self.read("<I", pos)
+        return None if offset is None or pos is None else pos + offset
+
+    def field(self, table: int | None, field: int) -> tuple[bool, int | None]:
+        """(present, position of the field's data) of field number ``field`` of the table
+        at ``table``; (True, None) when the table or its vtable cannot be read."""
+        soffset = self.read("<i", table)
+        if table is None or soffset is None:
+            return True, None
+        vtable = table - soffset
+        vtable_len = self.read("<H", vtable)
+        if vtable_len is None:
+            return True, None
+        slot = 4 + 2 * field  # after the vtable's own length and the table's length
+        if vtable_len < slot + 2:
+            return False, None  # a vtable too short for the field: absent (the default)
+        voffset = self.read("<H", vtable + slot)
+        if voffset is None:
+            return True, None
+        if voffset == 0:
+            return False, None
+        return True, table + voffset
+
+    def scalar(self, fmt: str, table: int | None, field: int, default: int) -> int | None:
+        """A scalar field, its default when absent, None when unreadable."""
+        present, pos = self.field(table, field)
+        return self.read(fmt, pos) if present else default
+
+
+def _compressed_batch(flat: _Flat, offset: int) -> _CompressedBatch | None:
+    """The compression facts of the record batch message at ``offset`` (a footer block's),
+    or None when it is not a compressed record batch, or when some number needed points
+    outside the payload: no verdict then, the Arrow reader judges the message (its
+    flatbuffer verifier refuses anything reaching outside the metadata)."""
+    # The metadata: continuation marker and length, then the Message flatbuffer.
+    marker = flat.read("<I", offset)
+    if marker is None:
+        return None
+    message = flat.deref(offset + 8 if marker == _CONTINUATION else offset + 4)
+    # Message: 0 version, 1 header_type, 2 header, 3 bodyLength, 4 custom_metadata.
+    header_type = flat.scalar("<B", message, 1, 0)
+    if header_type != _MESSAGE_HEADER_RECORD_BATCH:
+        return None  # not a record batch (or unreadable): the reader refuses it
+    present, header_at = flat.field(message, 2)
+    header = flat.deref(header_at) if present else None
+    if header is None:
+        return None
+    # RecordBatch: 0 length, 1 nodes, 2 buffers, 3 compression.
+    present, compression_at = flat.field(header, 3)
+    if not present:
+        return None  # uncompressed: nothing to check here
+    compression = flat.deref(compression_at)
+    rows = flat.scalar("<q", header, 0, 0)
+    # BodyCompression: 0 codec (byte, default LZ4_FRAME), 1 method (byte, default BUFFER).
+    codec = flat.scalar("<b", compression, 0, 0)
+    method = flat.scalar("<b", compression, 1, 0)
+    if compression is None or rows is None or codec is None or method is None:
+        return None
+    buffers: list[tuple[int, int]] = []
+    present, buffers_at = flat.field(header, 2)
+    if present:
+        vector = flat.deref(buffers_at)
+        count = flat.read("<I", vector)
+        if vector is None or count is None or not flat.holds(vector + 4, count * _BUFFER.size):
+            return None
+        buffers = [
+            _BUFFER.unpack_from(flat.data, vector + 4 + i * _BUFFER.size) for i in range(count)
+        ]
+    return _CompressedBatch(rows, codec, method, buffers)
+
+
+def _check_compressed_batches(
+    payload: memoryview, blocks: list[tuple[int, int, int]], room: int, chunk_index: int
+) -> None:
+    """Refuse compressed record batches whose declared sizes are out of bounds, before
+    pyarrow reads them: an Arrow reader allocates whatever uncompressed length each
+    compressed buffer declares, so a payload of a kilobyte could otherwise make it
+    allocate terabytes. ``room``: the values max_gradient_len still allows for this chunk.
+    """
+    flat = _Flat(payload)
+    for offset, meta_len, _body_len in blocks:
+        batch = _compressed_batch(flat, offset)
+        if batch is None:
+            continue
+        # In this order: the codec and method say how to read the buffers at all; then the
+        # rows; then each buffer's declared length against them.
+        if batch.codec not in _CODECS:
+            raise ArrowIpcError(f"unknown IPC compression codec {batch.codec}", chunk_index)
+        if batch.method not in _METHODS:
+            raise ArrowIpcError(f"unknown IPC compression method {batch.method}", chunk_index)
+        rows = batch.rows
+        # A negative count fits no room either (the native core reads it as unsigned).
+        if not 0 <= rows <= room:
+            raise ArrowIpcError(
+                f"compressed record batch declares {rows} rows, more than the {room} values "
+                "max_gradient_len still allows",
+                chunk_index,
+            )
+        body = offset + meta_len
+        total = 0
+        for buf_offset, length in batch.buffers:
+            if length <= 0:
+                continue
+            if length < 8:
+                raise ArrowIpcError(
+                    f"compressed IPC buffer of {length} bytes has no length prefix", chunk_index
+                )
+            # A prefix outside the payload: the buffer lies outside the body, which the
+            # reader refuses before decompressing anything.
+            declared = flat.read("<q", body + buf_offset)
+            if declared is None or declared == _NO_COMPRESSION_PREFIX:
+                continue
+            if not 0 <= declared <= 8 * rows:
+                raise ArrowIpcError(
+                    f"compressed IPC buffer declares {declared} bytes uncompressed, more than "
+                    f"its {rows}-row batch can hold",
+                    chunk_index,
+                )
+            total += declared
+        # All buffers together, too: a schema of many columns must not multiply the bound.
+        if total > 8 * rows:
+            raise ArrowIpcError(
+                f"compressed IPC buffers declare {total} bytes uncompressed in all, more than "
+                f"their {rows}-row batch can hold",
+                chunk_index,
+            )
+        # The compressed batches of one payload share the room.
+        room -= rows
+
+
+def _value_columns(payload: memoryview, chunk_index: int, room: int) -> Iterator[pa.Array]:
     """Yield the 'value' column of each validated record batch, after checking the schema.
 
-    Any failure of pyarrow itself becomes ArrowIpcError with pyarrow's message.
+    Any failure of pyarrow itself becomes ArrowIpcError with pyarrow's message. ``room``:
+    the values max_gradient_len still allows for this chunk (for compressed batches).
     """
-    _check_footer(payload, chunk_index)
+    blocks = _check_footer(payload, chunk_index)
+    _check_compressed_batches(payload, blocks, room, chunk_index)
     try:
         reader = pa.ipc.open_file(pa.py_buffer(payload))
         schema = reader.schema
@@ -340,16 +549,21 @@ def _value_columns(payload: memoryview, chunk_index: int) -> Iterator[pa.Array]:
         yield values
 
 
-def decode_payload(payload: memoryview, chunk_index: int) -> np.ndarray:
-    """Decode one payload: the Float32 'value' column of every batch, concatenated."""
-    return _concat(_payload_parts(payload, chunk_index))
+def decode_payload(payload: memoryview, chunk_index: int, room: int = USIZE_MAX) -> np.ndarray:
+    """Decode one payload: the Float32 'value' column of every batch, concatenated.
+
+    ``room``: the values max_gradient_len still allows for the gradient; a compressed
+    record batch declaring more rows is refused before it is decompressed.
+    """
+    return _concat(_payload_parts(payload, chunk_index, room))
 
 
-def _payload_parts(payload: memoryview, chunk_index: int) -> list[np.ndarray]:
+def _payload_parts(payload: memoryview, chunk_index: int, room: int) -> list[np.ndarray]:
     """The 'value' column of every batch of one payload, as float32 views over the payload
-    bytes (no copy): the caller copies them where they belong."""
+    bytes, or over the decompressed buffers (no copy): the caller copies them where they
+    belong."""
     parts = []
-    for column in _value_columns(payload, chunk_index):
+    for column in _value_columns(payload, chunk_index, room):
         if isinstance(column, pa.ExtensionArray):
             column = column.storage
         if column.null_count > 0:
@@ -369,9 +583,17 @@ def _verify_checksum(chunk_index: int, checksum: int, payload: memoryview) -> No
         raise ChecksumMismatchError(chunk_index, checksum, actual)
 
 
-def _verify_and_decode(chunk_index: int, checksum: int, payload: memoryview) -> np.ndarray:
+def _verify_and_decode(
+    chunk_index: int, checksum: int, payload: memoryview, room: int
+) -> np.ndarray:
     _verify_checksum(chunk_index, checksum, payload)
-    return decode_payload(payload, chunk_index)
+    return decode_payload(payload, chunk_index, room)
+
+
+def _room(max_gradient_len: int, accepted: int) -> int:
+    """The values max_gradient_len still allows after ``accepted`` (never below 0:
+    decode_chunks does not hold uncompressed chunks to the limit, so they may pass it)."""
+    return max(max_gradient_len - accepted, 0)
 
 
 def _pad8(nbytes: int) -> int:
@@ -529,7 +751,7 @@ def _check_chunk_set(chunks: list[_ChunkFields]) -> None:
         previous = index
 
 
-def _decode_chunk_list(chunks: list[_ChunkFields]) -> np.ndarray:
+def _decode_chunk_list(chunks: list[_ChunkFields], max_gradient_len: int) -> np.ndarray:
     if not chunks:  # rule 1
         return _empty_vector()
     chunks = sorted(chunks, key=lambda c: c.chunk_index)  # rule 2; sorted() is stable
@@ -537,8 +759,16 @@ def _decode_chunk_list(chunks: list[_ChunkFields]) -> np.ndarray:
     total = chunks[0].total_chunks
     if len(chunks) != total:  # rule 4
         raise IncompleteStreamError(len(chunks), total)
-    # Rule 5: CRC then decode, chunk after chunk, in index order.
-    return _concat(_verify_and_decode(c.chunk_index, c.checksum, c.payload) for c in chunks)
+    # Rule 5: CRC then decode, chunk after chunk, in index order. A compressed chunk's
+    # declared rows are held to what max_gradient_len leaves after the chunks before it.
+    parts = []
+    accepted = 0
+    for c in chunks:
+        room = _room(max_gradient_len, accepted)
+        part = _verify_and_decode(c.chunk_index, c.checksum, c.payload, room)
+        accepted += len(part)
+        parts.append(part)
+    return _concat(parts)
 
 
 class _PendingFrame(NamedTuple):
@@ -668,7 +898,7 @@ class _FrameReceiver:
             raise FrameError(_duplicate(index), index, offset)
         # Rule 8: each frame is verified and decoded as it arrives.
         _verify_checksum(index, frame.checksum, payload)
-        parts = _payload_parts(payload, index)
+        parts = _payload_parts(payload, index, _room(limit, self._values))
         count = self._values + sum(len(part) for part in parts)
         if count > limit:
             raise FrameError(
@@ -1089,6 +1319,7 @@ class GradientStreamSession:
         max_gradient_len: int = DEFAULT_MAX_GRADIENT_LEN,
         timeout: float | None = None,
         layout: str = "seed",
+        compression: bool | str | None = None,
     ) -> None:
         self._session_id = _check_str(session_id, "session_id")
         if layout not in LAYOUTS:
@@ -1111,26 +1342,32 @@ class GradientStreamSession:
         self._max_payload_len = max_payload_len
         self._max_gradient_len = _check_max_gradient_len(max_gradient_len)
         self._timeout = _check_timeout(timeout)
-        self._compression = False
+        self._compression = _check_compression_setting(compression)
 
     @classmethod
     def with_defaults(cls, session_id: str) -> GradientStreamSession:
         return cls(session_id, DEFAULT_CHUNK_SIZE)
 
     def with_compression(self, enabled: bool) -> GradientStreamSession:
-        """A new session with the same settings and the flag set (stored, not applied)."""
-        twin = GradientStreamSession(
+        """A new session with the same settings and compression "lz4" if ``enabled``, else
+        none."""
+        enabled = _check_bool(enabled, "enabled")
+        return GradientStreamSession(
             self._session_id,
             self._chunk_size,
             max_payload_len=self._max_payload_len,
             max_gradient_len=self._max_gradient_len,
             timeout=self._timeout,
             layout=self._layout,
+            compression="lz4" if enabled else None,
         )
-        twin._compression = _check_bool(enabled, "enabled")
-        return twin
 
     def is_compression_enabled(self) -> bool:
+        return self._compression is not None
+
+    @property
+    def compression(self) -> Compression | None:
+        """The codec of the payloads this session writes: None, "lz4" or "zstd"."""
         return self._compression
 
     @property
@@ -1162,7 +1399,7 @@ class GradientStreamSession:
             f"GradientStreamSession(session_id={self._session_id!r}, "
             f"chunk_size={self._chunk_size}, max_payload_len={self._max_payload_len}, "
             f"max_gradient_len={self._max_gradient_len}, timeout={self._timeout!r}, "
-            f"layout={self._layout!r}, compression={self._compression})"
+            f"layout={self._layout!r}, compression={self._compression!r})"
         )
 
     # ---- encoding
@@ -1179,11 +1416,12 @@ class GradientStreamSession:
     def _chunk_payload(self, chunk_index: int, window: np.ndarray) -> bytes:
         """Encode one chunk, refusing it if its payload would exceed max_payload_len."""
         limit = self._max_payload_len
-        # Cheap lower bound first: never build a payload we already know is too big.
+        # Cheap lower bound first: never build a payload we already know is too big (a
+        # compressed payload has no such bound: its size depends on the values).
         floor = 4 if self._layout == "compact" else _MIN_PAYLOAD_BYTES_PER_VALUE
-        if len(window) * floor > limit:
+        if self._compression is None and len(window) * floor > limit:
             raise self._refusal(chunk_index, len(window))
-        payload = encode_payload(window, self._layout)
+        payload = encode_payload(window, self._layout, self._compression)
         if len(payload) > limit:
             raise self._refusal(chunk_index, len(window))
         return payload
@@ -1228,13 +1466,19 @@ class GradientStreamSession:
         of ``n_values`` values in this session's layout and chunk size, computed without
         any values.
 
-        TypeError for a non-integer, ValueError for a negative count; for a length that
+        TypeError for a non-integer, ValueError for a negative count, then ValueError for
+        a compressed session (its payload sizes depend on the values); for a length that
         encode_frames would refuse (a chunk whose payload exceeds max_payload_len, more
         chunks than a u32 counts) the FrameError encode_frames would raise.
         """
         n = operator.index(n_values)
         if n < 0:
             raise ValueError(f"n_values must be >= 0, got {n}")
+        if self._compression is not None:
+            raise ValueError(
+                "frames_len is not known in advance for a compressed session: payload sizes "
+                "depend on the values"
+            )
         size = self._chunk_size
         total = self._total_chunks(n)
         last = n - (total - 1) * size  # the empty gradient's one chunk holds 0 values
@@ -1263,9 +1507,10 @@ class GradientStreamSession:
         memoryview, a numpy array of any dtype but object, viewed as raw bytes) the frames
         are written at its start instead and their byte count is returned; the bytes after
         them are left as they were. TypeError for a read-only or non-contiguous buffer;
-        ValueError for one smaller than ``frames_len`` of the gradient (nothing is then
-        written) and for as_buffer=True with out. A gradient that cannot be encoded raises
-        what it raises without ``out``, before anything is written.
+        ValueError for one smaller than the frames (``frames_len`` of the gradient; a
+        compressed session encodes every frame first to know their length), in which case
+        nothing is written, and for as_buffer=True with out. A gradient that cannot be
+        encoded raises what it raises without ``out``, before anything is written.
         """
         as_buffer = _check_bool(as_buffer, "as_buffer")
         if out is None:
@@ -1288,6 +1533,8 @@ class GradientStreamSession:
             return self._encode_frames_into(values, view)
 
     def _encode_frames_into(self, values: np.ndarray, view: memoryview) -> int:
+        if self._compression is not None:
+            return self._encode_compressed_frames_into(values, view)
         # The exact size first (raising the encoder's FrameError for a refused length), so
         # that a buffer too small is refused before a byte of it is written.
         needed = self.frames_len(len(values))
@@ -1306,10 +1553,29 @@ class GradientStreamSession:
         assert pos == needed, (pos, needed)
         return pos
 
+    def _encode_compressed_frames_into(self, values: np.ndarray, view: memoryview) -> int:
+        # Payload sizes depend on the values: encode every frame first, so that a buffer
+        # too small is refused before a byte of it is written.
+        frames = [
+            (HEADER.pack(k, total, len(payload), checksum), payload)
+            for k, total, payload, checksum in self._frames(values)
+        ]
+        needed = sum(HEADER_LEN + len(payload) for _, payload in frames)
+        if needed > len(view):
+            raise ValueError(
+                f"out= holds {len(view)} bytes; the frames of {len(values)} values take {needed}"
+            )
+        pos = 0
+        for header, payload in frames:
+            view[pos : pos + HEADER_LEN] = header
+            view[pos + HEADER_LEN : pos + HEADER_LEN + len(payload)] = payload
+            pos += HEADER_LEN + len(payload)
+        return pos
+
     # ---- decoding
 
     def decode_chunks(self, chunks: Iterable[Any]) -> np.ndarray:
-        return _decode_chunk_list([_chunk_fields(c) for c in chunks])
+        return _decode_chunk_list([_chunk_fields(c) for c in chunks], self._max_gradient_len)
 
     def decode_frames(self, data: Any, *, out: np.ndarray | None = None) -> np.ndarray:
         """The gradient held by the frames in ``data`` (any bytes-like object): a new 1-D

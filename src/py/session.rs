@@ -16,10 +16,38 @@ use super::stream::{
     aio, progress_counters, run_on_loop, FrameEncoder, HeldGradient, LentArray, PyFrameReceiver,
     SocketStream, TransferProgress,
 };
-use crate::codec::Layout;
+use crate::codec::{Compression, Layout};
 use crate::frame::{Limits, DEFAULT_MAX_GRADIENT_LEN, DEFAULT_MAX_PAYLOAD_LEN};
-use crate::session::{write_payload, ChunkRef, Ended, SessionConfig, DEFAULT_CHUNK_SIZE};
+use crate::session::{ChunkRef, Ended, SessionConfig, DEFAULT_CHUNK_SIZE};
 use crate::stream::{receive_gradient, send_gradient};
+
+/// The `compression=` argument: None or False (none), True or "lz4", "zstd".
+fn compression_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Compression>> {
+    let Some(value) = value.filter(|v| !v.is_none()) else {
+        return Ok(None);
+    };
+    if let Ok(flag) = value.cast::<pyo3::types::PyBool>() {
+        return Ok(flag.is_true().then_some(Compression::Lz4));
+    }
+    if let Ok(name) = value.cast::<pyo3::types::PyString>() {
+        let name = name.to_cow()?;
+        return Compression::from_name(&name).map(Some).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "compression must be None, True, False, 'lz4' or 'zstd', got {}",
+                value
+                    .repr()
+                    .map_or_else(|_| name.to_string(), |r| r.to_string())
+            ))
+        });
+    }
+    Err(PyTypeError::new_err(format!(
+        "compression must be None, a bool, 'lz4' or 'zstd', got {}",
+        value
+            .get_type()
+            .name()
+            .map_or_else(|_| "this object".into(), |n| n.to_string())
+    )))
+}
 
 /// A caller's writeable buffer (`encode_frames(out=)`), checked by
 /// gradstream._convert.frame_buffer and held for the call.
@@ -137,9 +165,11 @@ impl PySession {
             max_gradient_len = DEFAULT_MAX_GRADIENT_LEN as i128,
             timeout = None,
             layout = "seed",
+            compression = None,
         ),
         text_signature = "(session_id, chunk_size=65536, *, max_payload_len=268435456, \
-                          max_gradient_len=1073741824, timeout=None, layout='seed')"
+                          max_gradient_len=1073741824, timeout=None, layout='seed', \
+                          compression=None)"
     )]
     fn new(
         session_id: String,
@@ -148,7 +178,9 @@ impl PySession {
         max_gradient_len: i128,
         timeout: Option<f64>,
         layout: &str,
+        compression: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        let compression = compression_arg(compression)?;
         let layout = Layout::from_name(layout).ok_or_else(|| {
             PyValueError::new_err(format!(
                 "layout must be 'seed' (the original's payload) or 'compact' (values only), \
@@ -193,6 +225,7 @@ impl PySession {
         };
         config.timeout = timeout;
         config.layout = layout;
+        config.compression = compression;
         Ok(Self { config })
     }
 
@@ -204,15 +237,21 @@ impl PySession {
         }
     }
 
-    /// A new session with the compression flag set (stored and reported only).
+    /// A new session, the same but for compression: "lz4" when enabled, else none.
     fn with_compression(&self, enabled: bool) -> Self {
         let mut config = self.config.clone();
-        config.compression = enabled;
+        config.compression = enabled.then_some(Compression::Lz4);
         Self { config }
     }
 
     fn is_compression_enabled(&self) -> bool {
-        self.config.compression
+        self.config.compression.is_some()
+    }
+
+    /// None, "lz4" or "zstd": the payload compression this session writes.
+    #[getter]
+    fn compression(&self) -> Option<&'static str> {
+        self.config.compression.map(Compression::name)
     }
 
     #[getter]
@@ -365,7 +404,7 @@ impl PySession {
                 let mut checksum = 0;
                 let payload = PyBytes::new_with(py, len as usize, |out| {
                     checksum = py
-                        .detach(|| write_payload(self.config.layout, window, out))
+                        .detach(|| self.config.write_chunk(&plan, index, window, out))
                         .py_err(py)?;
                     Ok(())
                 })?;
@@ -403,6 +442,12 @@ impl PySession {
     fn frames_len(&self, py: Python<'_>, n_values: i64) -> PyResult<usize> {
         let n = usize::try_from(n_values)
             .map_err(|_| PyValueError::new_err(format!("n_values must be >= 0, got {n_values}")))?;
+        if self.config.compression.is_some() {
+            return Err(PyValueError::new_err(
+                "frames_len is not known in advance for a compressed session: payload sizes \
+                 depend on the values",
+            ));
+        }
         self.config.frames_len(n).py_err(py)
     }
 
@@ -496,7 +541,8 @@ impl PySession {
             c.timeout
                 .map_or_else(|| "None".to_string(), |t| t.as_secs_f64().to_string()),
             c.layout.name(),
-            if c.compression { "True" } else { "False" }
+            c.compression
+                .map_or_else(|| "None".to_string(), |c| format!("'{}'", c.name()))
         )
     }
 }

@@ -101,11 +101,17 @@ impl Compression {
     }
 }
 
-/// How a payload is written: its columns and its compression.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// The schema metadata key holding a gradient's shape (`keep_shape`), as a compact JSON
+/// array of integers: "[768,3072]".
+pub const SHAPE_KEY: &str = "gradient_shape";
+
+/// How a payload is written: its columns, its compression, and the gradient's shape.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Encoding {
     pub layout: Layout,
     pub compression: Option<Compression>,
+    /// `gradient_shape` metadata to write, when the sender keeps the shape.
+    pub shape: Option<Arc<str>>,
 }
 
 impl From<Layout> for Encoding {
@@ -113,6 +119,7 @@ impl From<Layout> for Encoding {
         Self {
             layout,
             compression: None,
+            shape: None,
         }
     }
 }
@@ -165,19 +172,27 @@ fn encode_to(encoding: Encoding, values: &[f32], out: impl std::io::Write) -> Re
     let Encoding {
         layout,
         compression,
+        shape,
     } = encoding;
     // SAFETY: the buffer borrows `values`; it lives in `batch`, which is dropped before
     // this function returns (the writer copies bytes out and keeps no reference).
     let value_bytes = unsafe { borrowed_buffer(f32_bytes(values)) };
     let value = Arc::new(Float32Array::new(value_bytes.into(), None));
-    let batch = match layout {
-        Layout::Seed => {
-            let index = Arc::new(index_column(values.len())?);
-            RecordBatch::try_new(seed_schema(), vec![index, value])
-        }
-        Layout::Compact => RecordBatch::try_new(compact_schema(), vec![value]),
-    }
-    .map_err(arrow_err)?;
+    let schema = match layout {
+        Layout::Seed => seed_schema(),
+        Layout::Compact => compact_schema(),
+    };
+    let schema = match shape {
+        None => schema,
+        Some(shape) => Arc::new(schema.as_ref().clone().with_metadata(
+            std::collections::HashMap::from([(SHAPE_KEY.to_string(), shape.to_string())]),
+        )),
+    };
+    let columns: Vec<arrow_array::ArrayRef> = match layout {
+        Layout::Seed => vec![Arc::new(index_column(values.len())?), value],
+        Layout::Compact => vec![value],
+    };
+    let batch = RecordBatch::try_new(schema, columns).map_err(arrow_err)?;
     let options = IpcWriteOptions::default()
         .try_with_compression(compression.map(Compression::ipc))
         .map_err(arrow_err)?;
@@ -251,11 +266,13 @@ unsafe fn borrowed_buffer(bytes: &[u8]) -> Buffer {
 /// `room` is how many more values the gradient may take (max_gradient_len minus what came
 /// before): a compressed batch declaring more rows is refused before anything is
 /// decompressed, since Arrow readers allocate whatever uncompressed size a buffer declares.
+///
+/// Returns the payload's `gradient_shape` metadata, when it has one.
 pub fn decode_payload<S: ValueSink + ?Sized>(
     payload: &[u8],
     out: &mut S,
     room: usize,
-) -> Result<()> {
+) -> Result<Option<String>> {
     // SAFETY: `buffer` and all arrays decoded from it (batches)
     // live inside `decode_buffer` and are dropped before it returns, unwinding included;
     // only copied values leave it. Misaligned buffers are copied by arrow-rs itself.
@@ -272,7 +289,11 @@ fn arrow_err(e: arrow_schema::ArrowError) -> GradientStreamError {
     GradientStreamError::arrow(e.to_string())
 }
 
-fn decode_buffer<S: ValueSink + ?Sized>(buf: &Buffer, out: &mut S, room: usize) -> Result<()> {
+fn decode_buffer<S: ValueSink + ?Sized>(
+    buf: &Buffer,
+    out: &mut S,
+    room: usize,
+) -> Result<Option<String>> {
     let len = buf.len();
     if len < MIN_FILE_LEN || &buf[..MAGIC.len()] != MAGIC {
         return Err(GradientStreamError::arrow(
@@ -303,6 +324,7 @@ fn decode_buffer<S: ValueSink + ?Sized>(buf: &Buffer, out: &mut S, room: usize) 
         ));
     }
     let schema = arrow_ipc::convert::try_fb_to_schema(fb_schema).map_err(arrow_err)?;
+    let shape = schema.metadata().get(SHAPE_KEY).cloned();
 
     let value_idx = schema
         .index_of("value")
@@ -363,7 +385,7 @@ fn decode_buffer<S: ValueSink + ?Sized>(buf: &Buffer, out: &mut S, room: usize) 
         }
         out.put(column.values());
     }
-    Ok(())
+    Ok(shape)
 }
 
 /// The bytes of one block (metadata + body), after checking the footer's numbers fit the
@@ -524,7 +546,7 @@ mod tests {
 
     fn decode(payload: &[u8]) -> Result<Vec<f32>> {
         let mut out = Vec::new();
-        decode_payload(payload, &mut out, usize::MAX).map(|()| out)
+        decode_payload(payload, &mut out, usize::MAX).map(|_| out)
     }
 
     fn file_of(batches: &[RecordBatch]) -> Vec<u8> {
@@ -771,8 +793,9 @@ mod tests {
                 let encoding = Encoding {
                     layout,
                     compression: Some(compression),
+                    shape: None,
                 };
-                let payload = encode_payload(encoding, &values).unwrap();
+                let payload = encode_payload(encoding.clone(), &values).unwrap();
                 // Zeros compress; the seed layout's index column 0..n-1 hardly does.
                 let factor = if layout == Layout::Compact { 4 } else { 1 };
                 assert!(
@@ -792,6 +815,7 @@ mod tests {
         let encoding = Encoding {
             layout: Layout::Compact,
             compression: Some(Compression::Lz4),
+            shape: None,
         };
         let payload = encode_payload(encoding, &values).unwrap();
         let (at, rows) = value_prefix(&payload);

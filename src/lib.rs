@@ -10,6 +10,7 @@ pub mod error;
 pub mod frame;
 pub mod output;
 pub mod session;
+pub mod shape;
 pub mod stream;
 pub mod template;
 

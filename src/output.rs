@@ -116,25 +116,45 @@ impl ValueSink for OutSlice {
     }
 }
 
-/// The values of one gradient: ours, or the caller's memory.
+/// Where the values go: a vector of ours, or the caller's memory.
 #[derive(Debug)]
-pub enum Output {
+enum Values {
     Owned(Vec<f32>),
     Lent(OutSlice),
 }
 
+/// The values of one gradient (ours, or in the caller's memory), and the shape the sender
+/// kept, once the gradient is complete.
+#[derive(Debug)]
+pub struct Output {
+    values: Values,
+    /// Set by the reassembly when the payloads carried `gradient_shape`.
+    pub shape: Option<Vec<usize>>,
+}
+
 impl Default for Output {
     fn default() -> Self {
-        Self::Owned(Vec::new())
+        Self {
+            values: Values::Owned(Vec::new()),
+            shape: None,
+        }
     }
 }
 
 impl Output {
+    /// Values written into the caller's buffer.
+    pub fn lent(out: OutSlice) -> Self {
+        Self {
+            values: Values::Lent(out),
+            shape: None,
+        }
+    }
+
     /// Values put so far (for a lent buffer, also those that did not fit).
     pub fn len(&self) -> usize {
-        match self {
-            Self::Owned(v) => v.len(),
-            Self::Lent(o) => o.offered,
+        match &self.values {
+            Values::Owned(v) => v.len(),
+            Values::Lent(o) => o.offered,
         }
     }
 
@@ -144,47 +164,47 @@ impl Output {
 
     /// The most values this output takes: the caller's buffer size.
     pub fn limit(&self) -> Option<usize> {
-        match self {
-            Self::Owned(_) => None,
-            Self::Lent(o) => Some(o.capacity),
+        match &self.values {
+            Values::Owned(_) => None,
+            Values::Lent(o) => Some(o.capacity),
         }
     }
 
     /// Forget the values put after the first `len` (a frame that failed).
     pub fn truncate(&mut self, len: usize) {
-        match self {
-            Self::Owned(v) => v.truncate(len),
-            Self::Lent(o) => o.offered = o.offered.min(len),
+        match &mut self.values {
+            Values::Owned(v) => v.truncate(len),
+            Values::Lent(o) => o.offered = o.offered.min(len),
         }
     }
 
     pub fn reserve(&mut self, n: usize) {
-        if let Self::Owned(v) = self {
+        if let Values::Owned(v) = &mut self.values {
             v.reserve(n);
         }
     }
 
     /// The owned values (empty for a lent buffer, whose values are where the caller lent).
     pub fn into_vec(self) -> Vec<f32> {
-        match self {
-            Self::Owned(v) => v,
-            Self::Lent(_) => Vec::new(),
+        match self.values {
+            Values::Owned(v) => v,
+            Values::Lent(_) => Vec::new(),
         }
     }
 }
 
 impl ValueSink for Output {
     fn put(&mut self, values: &[f32]) {
-        match self {
-            Self::Owned(v) => v.put(values),
-            Self::Lent(o) => o.put(values),
+        match &mut self.values {
+            Values::Owned(v) => v.put(values),
+            Values::Lent(o) => o.put(values),
         }
     }
 
     fn put_raw(&mut self, raw: &[u8]) {
-        match self {
-            Self::Owned(v) => v.put_raw(raw),
-            Self::Lent(o) => o.put_raw(raw),
+        match &mut self.values {
+            Values::Owned(v) => v.put_raw(raw),
+            Values::Lent(o) => o.put_raw(raw),
         }
     }
 }
@@ -198,7 +218,7 @@ mod tests {
         let mut buf = [0f32; 5];
         {
             // SAFETY: `out` is dropped at the end of this block, before `buf` is read.
-            let mut out = Output::Lent(unsafe { OutSlice::of(&mut buf) });
+            let mut out = Output::lent(unsafe { OutSlice::of(&mut buf) });
             out.put(&[1.0, 2.0]);
             out.put_raw(&[3.0f32, 4.0].map(f32::to_ne_bytes).concat());
             assert_eq!(out.len(), 4);

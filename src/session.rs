@@ -9,6 +9,7 @@ use crate::codec::{self, Compression, Encoding, Layout};
 use crate::error::{GradientStreamError, Result};
 use crate::frame::{FrameHeader, Limits, HEADER_LEN};
 use crate::output::{OutSlice, Output, ValueSink};
+use crate::shape::ShapeCheck;
 use crate::template::Template;
 
 /// Default chunk size: 65,536 f32 values, 256 KiB of gradient.
@@ -27,6 +28,9 @@ pub struct SessionConfig {
     pub timeout: Option<std::time::Duration>,
     /// Columns of the payloads this session writes (it reads either).
     pub layout: Layout,
+    /// The `gradient_shape` text to write into every payload, for the gradient being
+    /// encoded: set per call by the bindings when the Python session keeps shapes.
+    pub shape: Option<std::sync::Arc<str>>,
 }
 
 /// One encoded chunk, owning its payload.
@@ -111,6 +115,7 @@ impl SessionConfig {
             limits: Limits::default(),
             timeout: None,
             layout: Layout::Seed,
+            shape: None,
         }
     }
 
@@ -121,7 +126,14 @@ impl SessionConfig {
         Encoding {
             layout: self.layout,
             compression: self.compression,
+            shape: self.shape.clone(),
         }
+    }
+
+    /// Whether payloads come from the Arrow writer chunk by chunk (their bytes depend on
+    /// more than the value count: compression, shape metadata) rather than templates.
+    pub fn writes_each_payload(&self) -> bool {
+        self.compression.is_some() || self.shape.is_some()
     }
 
     pub fn chunk_count(&self, len: usize) -> Result<u32> {
@@ -250,8 +262,9 @@ impl SessionConfig {
     /// the stream can be written into memory allocated once (a Python `bytes`, say).
     pub fn plan_frames<'g>(&self, gradient: &'g [f32]) -> Result<FramePlan<'g>> {
         let (total, windows) = self.windows(gradient)?;
-        if self.compression.is_some() {
-            // Sizes depend on the values: encode every chunk now, keep the payloads.
+        if self.writes_each_payload() {
+            // Sizes depend on the values (or the metadata): encode every chunk now, keep
+            // the payloads.
             let mut encoded = Vec::with_capacity(windows.len());
             let mut payload_lens = Vec::with_capacity(windows.len());
             for (window, index) in windows.iter().zip(0u32..) {
@@ -344,9 +357,14 @@ impl SessionConfig {
     }
 
     /// Reassemble chunks given in any order (README "Decoding rules", decode_chunks).
-    pub fn decode_chunks(&self, mut chunks: Vec<ChunkRef<'_>>) -> Result<Vec<f32>> {
+    pub fn decode_chunks(&self, chunks: Vec<ChunkRef<'_>>) -> Result<Vec<f32>> {
+        self.decode_chunks_output(chunks).map(Output::into_vec)
+    }
+
+    /// `decode_chunks`, with the shape the sender kept.
+    pub fn decode_chunks_output(&self, mut chunks: Vec<ChunkRef<'_>>) -> Result<Output> {
         if chunks.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Output::default());
         }
         chunks.sort_by_key(|c| c.chunk_index);
         let first = chunks[0];
@@ -369,11 +387,17 @@ impl SessionConfig {
         // The seed layout spends 8 payload bytes a value: a good first guess of the size.
         let mut values: Vec<f32> =
             Vec::with_capacity(chunks.iter().map(|c| c.payload.len() / 8).sum());
+        let mut shape = ShapeCheck::default();
         for c in &chunks {
             let room = self.limits.max_gradient_len.saturating_sub(values.len());
-            verify_and_decode(c.chunk_index, c.checksum, c.payload, &mut values, room)?;
+            let text = verify_and_decode(c.chunk_index, c.checksum, c.payload, &mut values, room)?;
+            shape.check(c.chunk_index, text)?;
         }
-        Ok(values)
+        let shape = shape.finish(values.len())?;
+        let mut output = Output::default();
+        output.put(&values);
+        output.shape = shape;
+        Ok(output)
     }
 
     /// Parse a byte stream of frames as the receiver does (README "Decoding rules",
@@ -382,6 +406,12 @@ impl SessionConfig {
         // The input bounds what it can hold: a quarter of its bytes in values.
         let receiver = FrameReceiver::new(self.limits, data.len() / 4);
         Self::decode_frames_with(receiver, data).map(Output::into_vec)
+    }
+
+    /// `decode_frames`, with the shape the sender kept.
+    pub fn decode_frames_output(&self, data: &[u8]) -> Result<Output> {
+        let receiver = FrameReceiver::new(self.limits, data.len() / 4);
+        Self::decode_frames_with(receiver, data)
     }
 
     /// `decode_frames` into the caller's buffer, whose length must be the gradient's
@@ -485,7 +515,7 @@ fn verify_and_decode<S: ValueSink + ?Sized>(
     payload: &[u8],
     out: &mut S,
     room: usize,
-) -> Result<()> {
+) -> Result<Option<String>> {
     // Our own payloads (any sender of ours) match a template: the CRC of the constant
     // bytes is known, and the values are copied out without going through Arrow.
     let templates = Template::for_payload(payload.len());
@@ -499,7 +529,7 @@ fn verify_and_decode<S: ValueSink + ?Sized>(
                 });
             }
             out.put_raw(raw);
-            return Ok(());
+            return Ok(None); // templates are made for payloads without metadata
         }
     }
     let actual = codec::checksum(payload);
@@ -511,13 +541,14 @@ fn verify_and_decode<S: ValueSink + ?Sized>(
         });
     }
     let mut counted = Counted { inner: out, n: 0 };
-    codec::decode_payload(payload, &mut counted, room).map_err(|e| e.in_chunk(index))?;
-    if templates.is_empty() {
+    let shape =
+        codec::decode_payload(payload, &mut counted, room).map_err(|e| e.in_chunk(index))?;
+    if templates.is_empty() && shape.is_none() {
         // A payload size with no template yet: make this count's templates, so that
         // the next payload of this size (a gradient's next full chunk) takes the fast path.
         Template::learn(counted.n, payload.len());
     }
-    Ok(())
+    Ok(shape)
 }
 
 /// Counts the values going into a sink.
@@ -556,6 +587,7 @@ pub struct Reassembler {
     early: BTreeMap<u32, Vec<f32>>,
     /// Upper bound for the initial reservation (values the input could hold at most).
     reserve_cap: usize,
+    shape: ShapeCheck,
 }
 
 impl Reassembler {
@@ -569,12 +601,13 @@ impl Reassembler {
             values: Output::default(),
             early: BTreeMap::new(),
             reserve_cap: reserve_cap.min(max_gradient_len),
+            shape: ShapeCheck::default(),
         }
     }
 
     /// Write the values into the caller's buffer instead of a vector of our own.
     pub fn into_output(mut self, out: OutSlice) -> Self {
-        self.values = Output::Lent(out);
+        self.values = Output::lent(out);
         self
     }
 
@@ -605,12 +638,15 @@ impl Reassembler {
         let room = self.max_gradient_len.saturating_sub(self.count);
         let decoded = if in_order {
             verify_and_decode(index, header.checksum, payload, &mut self.values, room)
-                .map(|()| self.values.len() - before)
+                .map(|text| (text, self.values.len() - before))
         } else {
             verify_and_decode(index, header.checksum, payload, &mut fresh, room)
-                .map(|()| fresh.len())
+                .map(|text| (text, fresh.len()))
         };
-        let decoded = decoded.and_then(|n| {
+        let decoded = decoded.and_then(|(text, n)| {
+            self.shape
+                .check(index, text)
+                .map_err(|e| e.at_offset(offset))?;
             let count = self.count + n;
             if count > self.max_gradient_len {
                 return Err(GradientStreamError::frame(
@@ -635,6 +671,8 @@ impl Reassembler {
             Ok(count) => count,
             Err(e) => {
                 self.values.truncate(before);
+                // The first chunk's shape is only kept if the chunk is taken.
+                self.shape.undo(index);
                 return Err(e);
             }
         };
@@ -685,6 +723,7 @@ impl Reassembler {
                 total,
             });
         }
+        let shape = self.shape.finish(self.count)?;
         if let Some(expected) = self.values.limit().filter(|&room| room != self.count) {
             return Err(GradientStreamError::GradientSize {
                 expected,
@@ -692,7 +731,9 @@ impl Reassembler {
                 chunk_index: None,
             });
         }
-        Ok(self.values)
+        let mut values = self.values;
+        values.shape = shape;
+        Ok(values)
     }
 }
 
@@ -1060,5 +1101,41 @@ mod tests {
             bad[i] = bad[i].wrapping_add(0x5b);
             let _ = s.decode_frames(&bad);
         }
+    }
+
+    #[test]
+    fn a_kept_shape_travels_in_every_payload_and_comes_back() {
+        let mut s = session(4);
+        s.shape = Some("[2,5]".into());
+        let g = gradient(10);
+        let wire = s.encode_frames(&g).unwrap();
+        let plain = session(4).encode_frames(&g).unwrap();
+        assert!(wire.len() > plain.len());
+        let back = session(3).decode_frames_output(&wire).unwrap();
+        assert_eq!(back.shape, Some(vec![2, 5]));
+        assert_eq!(back.into_vec(), g);
+        let chunks = s.encode_gradient(&g).unwrap();
+        let back = session(3).decode_chunks_output(refs(&chunks)).unwrap();
+        assert_eq!(back.shape, Some(vec![2, 5]));
+        // A shape that does not hold the values, and chunks that disagree.
+        s.shape = Some("[3,3]".into());
+        let (detail, index, _) =
+            frame_error(session(3).decode_frames(&s.encode_frames(&g).unwrap()));
+        assert_eq!(
+            (detail.as_str(), index),
+            (
+                "gradient_shape [3,3] holds 9 values; the gradient has 10",
+                None
+            )
+        );
+        let mut mixed = s.encode_gradient(&g).unwrap();
+        mixed[1] = session(4).encode_gradient(&g).unwrap().remove(1);
+        let (detail, index, offset) = frame_error(session(3).decode_frames(&frames_of(&mixed)));
+        assert_eq!(
+            detail,
+            "chunks disagree on gradient_shape: chunk 0 says [3,3], chunk 1 says none"
+        );
+        assert_eq!(index, Some(1));
+        assert!(offset.is_some());
     }
 }

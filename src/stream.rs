@@ -66,8 +66,8 @@ pub async fn send_gradient<W: AsyncWrite + Unpin>(
     timeout: Option<Duration>,
     progress: &Progress,
 ) -> Result<usize> {
-    if config.compression.is_some() {
-        return send_compressed(config, gradient, writer, timeout, progress).await;
+    if config.writes_each_payload() {
+        return send_each(config, gradient, writer, timeout, progress).await;
     }
     let plan = config.plan_frames(gradient)?;
     let total = plan.total_chunks();
@@ -123,9 +123,9 @@ pub async fn send_gradient<W: AsyncWrite + Unpin>(
     Ok(sent)
 }
 
-/// The compressed sender: each frame is encoded as it is sent (payload sizes depend on
-/// the values, and the whole stream is never held).
-async fn send_compressed<W: AsyncWrite + Unpin>(
+/// The sender when payloads come from the Arrow writer (compression, shape metadata):
+/// each frame is encoded as it is sent, and the whole stream is never held.
+async fn send_each<W: AsyncWrite + Unpin>(
     config: &SessionConfig,
     gradient: &[f32],
     writer: &mut W,

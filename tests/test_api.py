@@ -80,6 +80,7 @@ def test_reference_never_imports_the_extension() -> None:
     assert not any("_native" in name for name in imported), imported
     assert {name for name in imported if name.startswith(".")} <= {
         "._convert",
+        "._convert.as_float32_array",
         "._convert.as_float32_vector",
         "._convert.frame_buffer",
         "._convert.value_buffer",

@@ -43,6 +43,7 @@ from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
 import gradstream.reference as ref
+from conftest import load_impl
 from gradstream.errors import (
     ArrowIpcError,
     ChecksumMismatchError,
@@ -96,13 +97,7 @@ SPECIAL_BITS = np.array(
 
 def module(name: str) -> ModuleType:
     """An implementation by name, as the conftest ``impl`` fixture loads it."""
-    if name == "reference":
-        return ref
-    try:
-        importlib.import_module("gradstream._native")
-    except ImportError as exc:
-        pytest.skip(f"native extension not built: {exc}")
-    return importlib.import_module("gradstream")
+    return load_impl(name)
 
 
 def session(impl: ModuleType, chunk_size: int = 64, **kwargs: Any) -> Any:
@@ -651,7 +646,8 @@ def test_compression_values(impl: ModuleType, value: Any, stored: str | None):
     assert s.is_compression_enabled() is (stored is not None)
     # At the flag's old place, after the layout; the value as Python's repr shows it.
     # (How session_id and layout are quoted is not this feature's business.)
-    tail = r"""layout=["']seed["'], compression=""" + re.escape(repr(stored)) + r"\)$"
+    tail = r"""layout=["']seed["'], compression=""" + re.escape(repr(stored))
+    tail += r", keep_shape=False\)$"
     assert re.search(tail, repr(s)), repr(s)
 
 
@@ -663,7 +659,11 @@ def test_compression_defaults_to_none(impl: ModuleType):
     param = inspect.signature(impl.GradientStreamSession).parameters["compression"]
     assert param.kind is inspect.Parameter.KEYWORD_ONLY
     assert param.default is None
-    assert list(inspect.signature(impl.GradientStreamSession).parameters)[-1] == "compression"
+    # Followed only by keep_shape (tests/test_shape.py).
+    assert list(inspect.signature(impl.GradientStreamSession).parameters)[-2:] == [
+        "compression",
+        "keep_shape",
+    ]
 
 
 @pytest.mark.parametrize("value", ["gzip", "LZ4", "lz4_frame", "", "zstd "])

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["as_float32_vector", "frame_buffer", "value_buffer"]
+__all__ = ["as_float32_array", "as_float32_vector", "frame_buffer", "value_buffer"]
 
 _HOW = (
     "gradstream sends float32 values only, as the ipfrs-transport wire format does; "
@@ -94,6 +94,12 @@ def as_float32_vector(obj: Any) -> np.ndarray:
     C-contiguous aligned float32 input is returned as a view (no copy); other layouts are
     copied once, flattened in C order. Non-native byte order is swapped (lossless).
     """
+    return as_float32_array(obj).reshape(-1)
+
+
+def as_float32_array(obj: Any) -> np.ndarray:
+    """``as_float32_vector`` before flattening: C-contiguous, in ``obj``'s own shape (the
+    shape ``keep_shape`` sends)."""
     arr = _to_ndarray(obj)
     dtype = arr.dtype
     if dtype.kind != "f" or dtype.itemsize != 4:
@@ -102,7 +108,7 @@ def as_float32_vector(obj: Any) -> np.ndarray:
         arr = arr.astype(np.float32)
     # No-op for C-contiguous aligned input, one copy otherwise (a float32 view at an odd
     # byte offset is contiguous but misaligned, and Rust cannot read it as f32 in place).
-    return np.require(arr, requirements=["C", "A"]).reshape(-1)
+    return np.require(arr, requirements=["C", "A"])
 
 
 # out= buffers, checked alike by the native session and the reference.

@@ -29,6 +29,11 @@ with the IPC BodyCompression on its record batch. Every session decodes compress
 payloads whatever its own setting, and holds each compressed batch to bounds before
 pyarrow reads it (``_check_compressed_batches``): an Arrow reader allocates whatever
 uncompressed length a compressed buffer declares.
+
+Shapes (``keep_shape=True``): the sender writes the gradient's shape into every payload's
+schema metadata (``gradient_shape``, a compact JSON array such as ``[768,3072]``); every
+receiver checks it chunk by chunk (``_check_shape_text``, ``_ShapeTracker``) and reshapes
+the result once the gradient is complete.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import errno
 import functools
 import operator
 import os
+import re
 import socket
 import ssl
 import struct
@@ -50,7 +56,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc
 
-from ._convert import as_float32_vector, frame_buffer, value_buffer
+from ._convert import as_float32_array, as_float32_vector, frame_buffer, value_buffer
 from .errors import (
     ArrowIpcError,
     ChecksumMismatchError,
@@ -224,6 +230,102 @@ def _out_of_range(index: int, total: int) -> str:
     return f"chunk index {index} out of range for total_chunks {total}"
 
 
+# --------------------------------------------------------------------------- shapes
+# keep_shape: the sender's gradient shape travels as schema metadata of every payload.
+
+SHAPE_KEY = "gradient_shape"
+MAX_SHAPE_DIMS = 32
+
+# "[" then 0..32 non-negative decimal integers (ASCII digits, no sign, no leading zero but
+# for 0 itself, at most 18 digits, so below 2**63 as numpy needs) separated by ",", ASCII
+# spaces allowed around each element and inside the brackets, then "]". Nothing else: not
+# JSON (no 1.5, true, 1e3).
+_DIM = r"(?:0|[1-9][0-9]{0,17})"
+_SHAPE_RE = re.compile(rf"\[ *(?:{_DIM} *(?:, *{_DIM} *){{0,{MAX_SHAPE_DIMS - 1}}})?\]")
+
+
+def _shape_text(shape: Iterable[int]) -> str:
+    """A shape as compact JSON: ``[768,3072]``, ``[]`` for a 0-d array."""
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def _check_shape_text(raw: str | None, chunk_index: int) -> tuple[int, ...] | None:
+    """The dimensions of a payload's ``gradient_shape`` metadata (None when absent), or
+    ArrowIpcError when it does not follow the grammar above."""
+    if raw is None:
+        return None
+    if _SHAPE_RE.fullmatch(raw) is None:
+        raise ArrowIpcError(
+            "gradient_shape metadata is not a list of at most 32 non-negative integers: "
+            f"{raw[:100]}",
+            chunk_index,
+        )
+    inner = raw[1:-1].strip(" ")
+    return tuple(int(d.strip(" ")) for d in inner.split(",")) if inner else ()
+
+
+def _shape_name(raw: str | None) -> str:
+    return "none" if raw is None else raw
+
+
+class _ShapeTracker:
+    """The shape rules of one gradient: every chunk's ``gradient_shape`` (raw string, or
+    absent) must equal the first accepted chunk's; the complete gradient must hold as many
+    values as the shape's dimensions multiply to, and is then reshaped to it."""
+
+    __slots__ = ("_dims", "_first_index", "_raw")
+
+    def __init__(self) -> None:
+        self._first_index: int | None = None
+        self._raw: str | None = None
+        self._dims: tuple[int, ...] | None = None
+
+    def check(self, raw: str | None, chunk_index: int, offset: int | None) -> None:
+        """Rule 1 for one chunk whose payload has decoded; the chunk is accepted by the
+        caller only if every later check passes too (``accept``)."""
+        dims = _check_shape_text(raw, chunk_index)
+        if self._first_index is None:
+            return
+        if raw != self._raw:
+            raise FrameError(
+                f"chunks disagree on gradient_shape: chunk {self._first_index} says "
+                f"{_shape_name(self._raw)}, chunk {chunk_index} says {_shape_name(raw)}",
+                chunk_index,
+                offset,
+            )
+        assert dims == self._dims
+
+    def accept(self, raw: str | None, chunk_index: int) -> None:
+        """Record the first accepted chunk's shape (a no-op for later ones)."""
+        if self._first_index is None:
+            self._first_index = chunk_index
+            self._raw = raw
+            self._dims = _check_shape_text(raw, chunk_index)
+
+    def finish(self, count: int) -> None:
+        """Rule 2, once the gradient is otherwise complete and valid."""
+        dims = self._dims
+        if dims is None:
+            return
+        product = 1
+        for d in dims:
+            product *= d
+        if product != count:
+            raise FrameError(
+                f"gradient_shape {self._raw} holds {product} values; the gradient has {count}",
+                None,
+                None,
+            )
+
+    def shape(self, values: np.ndarray) -> np.ndarray:
+        """Rule 3: ``values`` (1-D, C order) reshaped to the shape, a view; as is without
+        one."""
+        if self._dims is None:
+            return values
+        shaped: np.ndarray = values.reshape(self._dims)
+        return shaped
+
+
 # --------------------------------------------------------------------------- payload codec
 
 
@@ -234,13 +336,18 @@ LAYOUTS = ("seed", "compact")
 
 
 def encode_payload(
-    values: np.ndarray, layout: str = "seed", compression: str | None = None
+    values: np.ndarray,
+    layout: str = "seed",
+    compression: str | None = None,
+    shape: str | None = None,
 ) -> bytes:
     """Encode a 1-D float32 vector as an Arrow IPC file in the seed or compact layout.
 
     With ``compression`` ("lz4" or "zstd") the record batch carries the IPC BodyCompression
     (codec LZ4_FRAME or ZSTD, method BUFFER): every buffer is stored as its uncompressed
-    length (int64) followed by the compressed bytes. The file is otherwise the same.
+    length (int64) followed by the compressed bytes. With ``shape`` (``_shape_text`` of the
+    gradient's shape) the schema carries the custom metadata ``gradient_shape`` = shape.
+    The file is otherwise the same.
     """
     n = len(values)
     # from_buffers wraps the float32 words as they are: no conversion, no NaN canonicalising.
@@ -250,6 +357,8 @@ def encode_payload(
     else:
         index_array = pa.array(np.arange(n, dtype=np.int32), type=pa.int32())
         schema, columns = PAYLOAD_SCHEMA, [index_array, value_array]
+    if shape is not None:
+        schema = schema.with_metadata({SHAPE_KEY: shape})
     batch = pa.RecordBatch.from_arrays(columns, schema=schema)
     sink = pa.BufferOutputStream()
     options = None if compression is None else pa.ipc.IpcWriteOptions(compression=compression)
@@ -514,8 +623,22 @@ def _check_compressed_batches(
         room -= rows
 
 
-def _value_columns(payload: memoryview, chunk_index: int, room: int) -> Iterator[pa.Array]:
-    """Yield the 'value' column of each validated record batch, after checking the schema.
+def _schema_shape(schema: pa.Schema) -> str | None:
+    """The schema's ``gradient_shape`` metadata as a str (unchecked), None when absent.
+
+    Every key and value must be UTF-8 (arrow-rs's flatbuffer verifier refuses the schema
+    otherwise): UnicodeDecodeError, which the caller turns into ArrowIpcError.
+    """
+    metadata = schema.metadata or {}
+    decoded = {key.decode("utf-8"): value.decode("utf-8") for key, value in metadata.items()}
+    return decoded.get(SHAPE_KEY)
+
+
+def _value_columns(
+    payload: memoryview, chunk_index: int, room: int
+) -> tuple[str | None, list[pa.Array]]:
+    """The schema's ``gradient_shape`` metadata (raw, unchecked; None when absent) and the
+    'value' column of each validated record batch, after checking the schema.
 
     Any failure of pyarrow itself becomes ArrowIpcError with pyarrow's message. ``room``:
     the values max_gradient_len still allows for this chunk (for compressed batches).
@@ -526,6 +649,7 @@ def _value_columns(payload: memoryview, chunk_index: int, room: int) -> Iterator
         reader = pa.ipc.open_file(pa.py_buffer(payload))
         schema = reader.schema
         names = schema.names  # decodes the names, which may fail
+        shape = _schema_shape(schema)
     except _ARROW_FAILURES as exc:
         raise ArrowIpcError(str(exc), chunk_index) from exc
 
@@ -537,6 +661,7 @@ def _value_columns(payload: memoryview, chunk_index: int, room: int) -> Iterator
     if not pa.types.is_float32(_storage_type(schema.field(column).type)):
         raise ArrowIpcError("'value' column is not Float32", chunk_index)
 
+    columns = []
     for i in range(reader.num_record_batches):
         try:
             values = reader.get_batch(i).column(column)
@@ -546,24 +671,30 @@ def _value_columns(payload: memoryview, chunk_index: int, room: int) -> Iterator
             values.validate(full=True)
         except _ARROW_FAILURES as exc:
             raise ArrowIpcError(str(exc), chunk_index) from exc
-        yield values
+        columns.append(values)
+    return shape, columns
 
 
 def decode_payload(payload: memoryview, chunk_index: int, room: int = USIZE_MAX) -> np.ndarray:
     """Decode one payload: the Float32 'value' column of every batch, concatenated.
 
     ``room``: the values max_gradient_len still allows for the gradient; a compressed
-    record batch declaring more rows is refused before it is decompressed.
+    record batch declaring more rows is refused before it is decompressed. The payload's
+    ``gradient_shape`` metadata is not looked at here (see ``_payload_parts``).
     """
-    return _concat(_payload_parts(payload, chunk_index, room))
+    return _concat(_payload_parts(payload, chunk_index, room)[1])
 
 
-def _payload_parts(payload: memoryview, chunk_index: int, room: int) -> list[np.ndarray]:
-    """The 'value' column of every batch of one payload, as float32 views over the payload
-    bytes, or over the decompressed buffers (no copy): the caller copies them where they
-    belong."""
+def _payload_parts(
+    payload: memoryview, chunk_index: int, room: int
+) -> tuple[str | None, list[np.ndarray]]:
+    """The payload's raw ``gradient_shape`` metadata (None when absent; checked by the
+    caller, after the decode) and the 'value' column of every batch, as float32 views over
+    the payload bytes, or over the decompressed buffers (no copy): the caller copies them
+    where they belong."""
+    shape, columns = _value_columns(payload, chunk_index, room)
     parts = []
-    for column in _value_columns(payload, chunk_index, room):
+    for column in columns:
         if isinstance(column, pa.ExtensionArray):
             column = column.storage
         if column.null_count > 0:
@@ -573,7 +704,7 @@ def _payload_parts(payload: memoryview, chunk_index: int, room: int) -> list[np.
             )
         # Without nulls a Float32 array converts to numpy zero-copy, bits untouched.
         parts.append(column.to_numpy(zero_copy_only=True))
-    return parts
+    return shape, parts
 
 
 def _verify_checksum(chunk_index: int, checksum: int, payload: memoryview) -> None:
@@ -585,9 +716,9 @@ def _verify_checksum(chunk_index: int, checksum: int, payload: memoryview) -> No
 
 def _verify_and_decode(
     chunk_index: int, checksum: int, payload: memoryview, room: int
-) -> np.ndarray:
+) -> tuple[str | None, list[np.ndarray]]:
     _verify_checksum(chunk_index, checksum, payload)
-    return decode_payload(payload, chunk_index, room)
+    return _payload_parts(payload, chunk_index, room)
 
 
 def _room(max_gradient_len: int, accepted: int) -> int:
@@ -761,14 +892,19 @@ def _decode_chunk_list(chunks: list[_ChunkFields], max_gradient_len: int) -> np.
         raise IncompleteStreamError(len(chunks), total)
     # Rule 5: CRC then decode, chunk after chunk, in index order. A compressed chunk's
     # declared rows are held to what max_gradient_len leaves after the chunks before it.
-    parts = []
+    # Then the chunk's gradient_shape: well formed, and the same as the lowest index's.
+    parts: list[np.ndarray] = []
     accepted = 0
+    shape = _ShapeTracker()
     for c in chunks:
         room = _room(max_gradient_len, accepted)
-        part = _verify_and_decode(c.chunk_index, c.checksum, c.payload, room)
-        accepted += len(part)
-        parts.append(part)
-    return _concat(parts)
+        raw, chunk_parts = _verify_and_decode(c.chunk_index, c.checksum, c.payload, room)
+        shape.check(raw, c.chunk_index, None)
+        shape.accept(raw, c.chunk_index)
+        accepted += sum(len(part) for part in chunk_parts)
+        parts.extend(chunk_parts)
+    shape.finish(accepted)
+    return shape.shape(_concat(parts))
 
 
 class _PendingFrame(NamedTuple):
@@ -811,6 +947,7 @@ class _FrameReceiver:
         "_pending",
         "_placed",
         "_pos",
+        "_shape",
         "_values",
     )
 
@@ -837,6 +974,7 @@ class _FrameReceiver:
         self._placed: list[np.ndarray] = []  # without out: the values, in index order
         self._pos = 0  # values placed
         self._values = 0  # accepted so far, in arrival order
+        self._shape = _ShapeTracker()  # gradient_shape: the first arrival's, checked
 
     @property
     def want(self) -> int:
@@ -898,7 +1036,9 @@ class _FrameReceiver:
             raise FrameError(_duplicate(index), index, offset)
         # Rule 8: each frame is verified and decoded as it arrives.
         _verify_checksum(index, frame.checksum, payload)
-        parts = _payload_parts(payload, index, _room(limit, self._values))
+        raw_shape, parts = _payload_parts(payload, index, _room(limit, self._values))
+        # The shape metadata: after the decode, before the values are counted.
+        self._shape.check(raw_shape, index, offset)
         count = self._values + sum(len(part) for part in parts)
         if count > limit:
             raise FrameError(
@@ -912,6 +1052,7 @@ class _FrameReceiver:
             raise GradientSizeError(out.size, count, index)
         self._values = count
         self._first = first
+        self._shape.accept(raw_shape, index)
         self._pending = None
         self._offset = offset + HEADER_LEN + frame.payload_len
         if index != self._next:
@@ -960,10 +1101,13 @@ class _FrameReceiver:
 
     def result(self) -> np.ndarray:
         """The gradient, once ``done`` and every other rule has passed: the values in index
-        order, or ``out`` filled with them (GradientSizeError if it has room for more)."""
+        order, reshaped to the chunks' gradient_shape when they carry one (FrameError if it
+        does not hold as many values), or ``out`` filled with them, in its own shape
+        (GradientSizeError if it has room for more)."""
         assert self._first is not None and self.done and not self._held
+        self._shape.finish(self._pos)
         if self._out is None:
-            return _concat(self._placed)
+            return self._shape.shape(_concat(self._placed))
         if self._pos != self._out.size:
             raise GradientSizeError(self._out.size, self._pos, None)
         return self._out
@@ -1303,6 +1447,7 @@ class GradientStreamSession:
     __slots__ = (
         "_chunk_size",
         "_compression",
+        "_keep_shape",
         "_layout",
         "_max_gradient_len",
         "_max_payload_len",
@@ -1320,6 +1465,7 @@ class GradientStreamSession:
         timeout: float | None = None,
         layout: str = "seed",
         compression: bool | str | None = None,
+        keep_shape: bool = False,
     ) -> None:
         self._session_id = _check_str(session_id, "session_id")
         if layout not in LAYOUTS:
@@ -1343,6 +1489,10 @@ class GradientStreamSession:
         self._max_gradient_len = _check_max_gradient_len(max_gradient_len)
         self._timeout = _check_timeout(timeout)
         self._compression = _check_compression_setting(compression)
+        if not isinstance(keep_shape, bool):
+            # A real bool, as the native side's: not 0/1, not numpy.bool_.
+            raise TypeError(f"keep_shape must be a bool, got {type(keep_shape).__name__}")
+        self._keep_shape = keep_shape
 
     @classmethod
     def with_defaults(cls, session_id: str) -> GradientStreamSession:
@@ -1360,6 +1510,7 @@ class GradientStreamSession:
             timeout=self._timeout,
             layout=self._layout,
             compression="lz4" if enabled else None,
+            keep_shape=self._keep_shape,
         )
 
     def is_compression_enabled(self) -> bool:
@@ -1394,12 +1545,19 @@ class GradientStreamSession:
     def layout(self) -> str:
         return self._layout
 
+    @property
+    def keep_shape(self) -> bool:
+        """Whether this session writes the gradient's shape into every payload's schema
+        metadata (``gradient_shape``). Receivers reshape whatever their own setting."""
+        return self._keep_shape
+
     def __repr__(self) -> str:
         return (
             f"GradientStreamSession(session_id={self._session_id!r}, "
             f"chunk_size={self._chunk_size}, max_payload_len={self._max_payload_len}, "
             f"max_gradient_len={self._max_gradient_len}, timeout={self._timeout!r}, "
-            f"layout={self._layout!r}, compression={self._compression!r})"
+            f"layout={self._layout!r}, compression={self._compression!r}, "
+            f"keep_shape={self._keep_shape!r})"
         )
 
     # ---- encoding
@@ -1413,15 +1571,16 @@ class GradientStreamSession:
             chunk_index,
         )
 
-    def _chunk_payload(self, chunk_index: int, window: np.ndarray) -> bytes:
-        """Encode one chunk, refusing it if its payload would exceed max_payload_len."""
+    def _chunk_payload(self, chunk_index: int, window: np.ndarray, shape: str | None) -> bytes:
+        """Encode one chunk, refusing it if its payload would exceed max_payload_len.
+        ``shape``: the gradient_shape metadata to write (keep_shape), or None."""
         limit = self._max_payload_len
         # Cheap lower bound first: never build a payload we already know is too big (a
         # compressed payload has no such bound: its size depends on the values).
         floor = 4 if self._layout == "compact" else _MIN_PAYLOAD_BYTES_PER_VALUE
         if self._compression is None and len(window) * floor > limit:
             raise self._refusal(chunk_index, len(window))
-        payload = encode_payload(window, self._layout, self._compression)
+        payload = encode_payload(window, self._layout, self._compression, shape)
         if len(payload) > limit:
             raise self._refusal(chunk_index, len(window))
         return payload
@@ -1445,20 +1604,30 @@ class GradientStreamSession:
             )
         return total
 
-    def _frames(self, values: np.ndarray) -> Iterator[tuple[int, int, bytes, int]]:
+    def _input(self, gradient: Any) -> tuple[np.ndarray, str | None]:
+        """The gradient as a flat float32 vector, and (keep_shape) the compact JSON of its
+        shape after conversion to a numpy array and before flattening; None otherwise."""
+        if not self._keep_shape:
+            return as_float32_vector(gradient), None
+        array = as_float32_array(gradient)  # C-contiguous: the flattening is a view
+        return array.reshape(-1), _shape_text(array.shape)
+
+    def _frames(
+        self, values: np.ndarray, shape: str | None
+    ) -> Iterator[tuple[int, int, bytes, int]]:
         """(chunk_index, total_chunks, payload, checksum) of each chunk, encoded one at a
         time as the caller asks for it."""
         size = self._chunk_size
         total = self._total_chunks(len(values))
         for k in range(total):
-            payload = self._chunk_payload(k, values[k * size : (k + 1) * size])
+            payload = self._chunk_payload(k, values[k * size : (k + 1) * size], shape)
             yield k, total, payload, zlib.crc32(payload)
 
     def encode_gradient(self, gradient: Any) -> list[GradientChunk]:
-        values = as_float32_vector(gradient)
+        values, shape = self._input(gradient)
         return [
             GradientChunk(self._session_id, k, total, payload, checksum)
-            for k, total, payload, checksum in self._frames(values)
+            for k, total, payload, checksum in self._frames(values, shape)
         ]
 
     def frames_len(self, n_values: int) -> int:
@@ -1478,6 +1647,11 @@ class GradientStreamSession:
             raise ValueError(
                 "frames_len is not known in advance for a compressed session: payload sizes "
                 "depend on the values"
+            )
+        if self._keep_shape:
+            raise ValueError(
+                "frames_len is not known in advance when keep_shape is set: the shape "
+                "metadata's size depends on the shape"
             )
         size = self._chunk_size
         total = self._total_chunks(n)
@@ -1515,7 +1689,7 @@ class GradientStreamSession:
         as_buffer = _check_bool(as_buffer, "as_buffer")
         if out is None:
             parts: list[bytes] = []
-            for k, total, payload, checksum in self._frames(as_float32_vector(gradient)):
+            for k, total, payload, checksum in self._frames(*self._input(gradient)):
                 parts.append(HEADER.pack(k, total, len(payload), checksum))
                 parts.append(payload)
             frames = b"".join(parts)
@@ -1524,17 +1698,17 @@ class GradientStreamSession:
         if as_buffer:
             raise ValueError("as_buffer=True and out= exclude each other: out= is the buffer")
         with frame_buffer(out) as view:
-            values = as_float32_vector(gradient)
+            values, shape = self._input(gradient)
             if view.nbytes and np.may_share_memory(values, np.frombuffer(view, np.uint8)):
                 raise ValueError(
                     "out= overlaps the gradient's memory: the frames would overwrite values "
                     "before they are read"
                 )
-            return self._encode_frames_into(values, view)
+            return self._encode_frames_into(values, shape, view)
 
-    def _encode_frames_into(self, values: np.ndarray, view: memoryview) -> int:
-        if self._compression is not None:
-            return self._encode_compressed_frames_into(values, view)
+    def _encode_frames_into(self, values: np.ndarray, shape: str | None, view: memoryview) -> int:
+        if self._compression is not None or shape is not None:
+            return self._encode_sized_frames_into(values, shape, view)
         # The exact size first (raising the encoder's FrameError for a refused length), so
         # that a buffer too small is refused before a byte of it is written.
         needed = self.frames_len(len(values))
@@ -1543,7 +1717,7 @@ class GradientStreamSession:
                 f"out= holds {len(view)} bytes; the frames of {len(values)} values take {needed}"
             )
         pos = 0
-        for k, total, payload, checksum in self._frames(values):
+        for k, total, payload, checksum in self._frames(values, None):
             end = pos + HEADER_LEN + len(payload)
             if end > needed:  # frames_len and the encoder disagree: a bug, never an overrun
                 raise AssertionError(f"frames_len {needed} is short of the frames' length")
@@ -1553,12 +1727,15 @@ class GradientStreamSession:
         assert pos == needed, (pos, needed)
         return pos
 
-    def _encode_compressed_frames_into(self, values: np.ndarray, view: memoryview) -> int:
-        # Payload sizes depend on the values: encode every frame first, so that a buffer
-        # too small is refused before a byte of it is written.
+    def _encode_sized_frames_into(
+        self, values: np.ndarray, shape: str | None, view: memoryview
+    ) -> int:
+        # Payload sizes depend on the values (compression) or on the shape (keep_shape):
+        # encode every frame first, so that a buffer too small is refused before a byte of
+        # it is written.
         frames = [
             (HEADER.pack(k, total, len(payload), checksum), payload)
-            for k, total, payload, checksum in self._frames(values)
+            for k, total, payload, checksum in self._frames(values, shape)
         ]
         needed = sum(HEADER_LEN + len(payload) for _, payload in frames)
         if needed > len(view):
@@ -1609,8 +1786,8 @@ class GradientStreamSession:
         """
         channel = _sending_channel(stream, self._timeout)
         progress = _check_progress(progress)
-        values = as_float32_vector(gradient)
-        frames = self._frames(values)
+        values, shape = self._input(gradient)
+        frames = self._frames(values, shape)
         total = self._total_chunks(len(values))  # FrameError before any byte is sent
         _count(progress, total_chunks=total)
         with channel:

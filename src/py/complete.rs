@@ -15,7 +15,6 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use numpy::PyArray1;
 use pyo3::prelude::*;
 use tokio::task::AbortHandle;
 
@@ -25,7 +24,8 @@ use crate::error::GradientStreamError;
 /// What a finished transfer hands back.
 pub enum Outcome {
     Chunks(usize),
-    Values(Vec<f32>),
+    /// The values, and the shape the sender kept.
+    Values(Vec<f32>, Option<Vec<usize>>),
     /// The gradient is in the caller's `out=` array, handed back.
     Filled(Py<PyAny>),
     /// The stream ended before the gradient's first byte.
@@ -124,9 +124,11 @@ impl Completions {
             .map(|(job, result)| {
                 Ok(match result {
                     Ok(Outcome::Chunks(n)) => (job, true, n.into_pyobject(py)?.into_any().unbind()),
-                    Ok(Outcome::Values(v)) => {
-                        (job, true, PyArray1::from_vec(py, v).into_any().unbind())
-                    }
+                    Ok(Outcome::Values(v, shape)) => (
+                        job,
+                        true,
+                        super::session::values_array(py, v, shape)?.unbind(),
+                    ),
                     Ok(Outcome::Filled(out)) => (job, true, out),
                     Ok(Outcome::End) => (job, true, py.None()),
                     Err(e) => (job, false, to_py_err(py, e).into_value(py).into_any()),

@@ -19,7 +19,42 @@ use super::stream::{
 use crate::codec::{Compression, Layout};
 use crate::frame::{Limits, DEFAULT_MAX_GRADIENT_LEN, DEFAULT_MAX_PAYLOAD_LEN};
 use crate::session::{ChunkRef, Ended, SessionConfig, DEFAULT_CHUNK_SIZE};
+use crate::shape::shape_text;
 use crate::stream::{receive_gradient, send_gradient};
+
+/// A keyword that must be a real `bool` (None and 1 are refused). Taken as any object so
+/// that the TypeError is ours, worded as the reference words it.
+pub enum Flag {
+    Set(bool),
+    /// Something else, by its type's name.
+    Not(String),
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Flag {
+    type Error = PyErr;
+
+    fn extract(obj: pyo3::Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        Ok(match obj.cast::<pyo3::types::PyBool>() {
+            Ok(flag) => Self::Set(flag.is_true()),
+            Err(_) => Self::Not(
+                obj.get_type()
+                    .name()
+                    .map_or_else(|_| "this object".into(), |n| n.to_string()),
+            ),
+        })
+    }
+}
+
+impl Flag {
+    fn get(self, name: &str) -> PyResult<bool> {
+        match self {
+            Self::Set(flag) => Ok(flag),
+            Self::Not(type_name) => Err(PyTypeError::new_err(format!(
+                "{name} must be a bool, got {type_name}"
+            ))),
+        }
+    }
+}
 
 /// The `compression=` argument: None or False (none), True or "lz4", "zstd".
 fn compression_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Compression>> {
@@ -85,6 +120,8 @@ impl WritableBytes {
 #[pyclass(name = "GradientStreamSession", module = "gradstream", frozen)]
 pub struct PySession {
     config: SessionConfig,
+    /// Write each gradient's shape into its payloads (`gradient_shape`).
+    keep_shape: bool,
 }
 
 /// The gradient as a C-contiguous, aligned float32 array, read in place when it already is;
@@ -100,9 +137,33 @@ pub(super) fn gradient_array<'py>(
     }
     static CONVERT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     let converted = CONVERT
-        .import(obj.py(), "gradstream._convert", "as_float32_vector")?
+        .import(obj.py(), "gradstream._convert", "as_float32_array")?
         .call1((obj,))?;
     Ok(converted.cast_into::<PyArrayDyn<f32>>()?.try_readonly()?)
+}
+
+impl PySession {
+    /// The session's settings for encoding `array`: with its shape when keep_shape is set.
+    fn config_for(&self, array: &PyReadonlyArrayDyn<'_, f32>) -> SessionConfig {
+        let mut config = self.config.clone();
+        if self.keep_shape {
+            config.shape = Some(shape_text(array.shape()).into());
+        }
+        config
+    }
+}
+
+/// Values as a numpy array, in the shape the sender kept (a view, no copy).
+pub(super) fn values_array(
+    py: Python<'_>,
+    values: Vec<f32>,
+    shape: Option<Vec<usize>>,
+) -> PyResult<Bound<'_, PyAny>> {
+    let flat = PyArray1::from_vec(py, values);
+    match shape {
+        None => Ok(flat.into_any()),
+        Some(dims) => Ok(flat.reshape(dims.as_slice())?.into_any()),
+    }
 }
 
 /// A chunk to decode, its payload kept alive while the GIL is released.
@@ -166,11 +227,14 @@ impl PySession {
             timeout = None,
             layout = "seed",
             compression = None,
+            keep_shape = Flag::Set(false),
         ),
         text_signature = "(session_id, chunk_size=65536, *, max_payload_len=268435456, \
                           max_gradient_len=1073741824, timeout=None, layout='seed', \
-                          compression=None)"
+                          compression=None, keep_shape=False)"
     )]
+    // The constructor's keywords are the session's settings, one argument each.
+    #[allow(clippy::too_many_arguments)]
     fn new(
         session_id: String,
         chunk_size: i64,
@@ -179,8 +243,10 @@ impl PySession {
         timeout: Option<f64>,
         layout: &str,
         compression: Option<&Bound<'_, PyAny>>,
+        keep_shape: Flag,
     ) -> PyResult<Self> {
         let compression = compression_arg(compression)?;
+        let keep_shape = keep_shape.get("keep_shape")?;
         let layout = Layout::from_name(layout).ok_or_else(|| {
             PyValueError::new_err(format!(
                 "layout must be 'seed' (the original's payload) or 'compact' (values only), \
@@ -226,7 +292,7 @@ impl PySession {
         config.timeout = timeout;
         config.layout = layout;
         config.compression = compression;
-        Ok(Self { config })
+        Ok(Self { config, keep_shape })
     }
 
     /// A session with the default chunk size (65,536 values).
@@ -234,6 +300,7 @@ impl PySession {
     fn with_defaults(session_id: String) -> Self {
         Self {
             config: SessionConfig::new(session_id, DEFAULT_CHUNK_SIZE),
+            keep_shape: false,
         }
     }
 
@@ -241,7 +308,16 @@ impl PySession {
     fn with_compression(&self, enabled: bool) -> Self {
         let mut config = self.config.clone();
         config.compression = enabled.then_some(Compression::Lz4);
-        Self { config }
+        Self {
+            config,
+            keep_shape: self.keep_shape,
+        }
+    }
+
+    /// Whether each gradient's shape travels with it (and comes back reshaped).
+    #[getter]
+    fn keep_shape(&self) -> bool {
+        self.keep_shape
     }
 
     fn is_compression_enabled(&self) -> bool {
@@ -295,8 +371,9 @@ impl PySession {
     ) -> PyResult<Bound<'py, PyAny>> {
         let counters = progress_counters(progress);
         if let Some(socket) = SocketStream::from_py(stream)? {
-            let gradient = HeldGradient::new(gradient_array(gradient)?)?;
-            let config = slf.get().config.clone();
+            let array = gradient_array(gradient)?;
+            let config = slf.get().config_for(&array);
+            let gradient = HeldGradient::new(array)?;
             return run_on_loop(slf.py(), async move {
                 let mut io = socket.open()?;
                 send_gradient(
@@ -364,7 +441,10 @@ impl PySession {
                 };
                 Ok(match owner {
                     Some(owner) => Outcome::Filled(owner),
-                    None => Outcome::Values(values.into_vec()),
+                    None => {
+                        let shape = values.shape.clone();
+                        Outcome::Values(values.into_vec(), shape)
+                    }
                 })
             });
         }
@@ -382,11 +462,8 @@ impl PySession {
         gradient: &Bound<'_, PyAny>,
         progress: Option<&Bound<'_, TransferProgress>>,
     ) -> PyResult<FrameEncoder> {
-        FrameEncoder::new(
-            self.config.clone(),
-            gradient_array(gradient)?,
-            progress_counters(progress),
-        )
+        let array = gradient_array(gradient)?;
+        FrameEncoder::new(self.config_for(&array), array, progress_counters(progress))
     }
 
     /// Split a gradient into Arrow IPC chunks, each with its CRC-32.
@@ -396,15 +473,16 @@ impl PySession {
         gradient: &Bound<'_, PyAny>,
     ) -> PyResult<Vec<PyChunk>> {
         let array = gradient_array(gradient)?;
+        let config = self.config_for(&array);
         let values = array.as_slice()?;
-        let plan = py.detach(|| self.config.plan_frames(values)).py_err(py)?;
+        let plan = py.detach(|| config.plan_frames(values)).py_err(py)?;
         plan.chunks()
             .map(|(index, window, len)| {
                 // Each payload is encoded straight into its `bytes`, with the GIL released.
                 let mut checksum = 0;
                 let payload = PyBytes::new_with(py, len as usize, |out| {
                     checksum = py
-                        .detach(|| self.config.write_chunk(&plan, index, window, out))
+                        .detach(|| config.write_chunk(&plan, index, window, out))
                         .py_err(py)?;
                     Ok(())
                 })?;
@@ -424,7 +502,7 @@ impl PySession {
         &self,
         py: Python<'py>,
         chunks: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyArray1<f32>>> {
+    ) -> PyResult<Bound<'py, PyAny>> {
         let held = chunks
             .try_iter()?
             .map(|item| HeldChunk::from_py(&item?))
@@ -432,10 +510,11 @@ impl PySession {
         let values = py
             .detach(|| {
                 self.config
-                    .decode_chunks(held.iter().map(HeldChunk::as_ref).collect())
+                    .decode_chunks_output(held.iter().map(HeldChunk::as_ref).collect())
             })
             .py_err(py)?;
-        Ok(PyArray1::from_vec(py, values))
+        let shape = values.shape.clone();
+        values_array(py, values.into_vec(), shape)
     }
 
     /// Bytes of the frames of a gradient of `n_values` values.
@@ -446,6 +525,12 @@ impl PySession {
             return Err(PyValueError::new_err(
                 "frames_len is not known in advance for a compressed session: payload sizes \
                  depend on the values",
+            ));
+        }
+        if self.keep_shape {
+            return Err(PyValueError::new_err(
+                "frames_len is not known in advance when keep_shape is set: the shape \
+                 metadata's size depends on the shape",
             ));
         }
         self.config.frames_len(n).py_err(py)
@@ -467,6 +552,7 @@ impl PySession {
             ));
         }
         let array = gradient_array(gradient)?;
+        let config = self.config_for(&array);
         let values = array.as_slice()?;
         if let Some(out) = out {
             let mut target = WritableBytes::new(out)?;
@@ -479,7 +565,7 @@ impl PySession {
                      before they are read",
                 ));
             }
-            let plan = py.detach(|| self.config.plan_frames(values)).py_err(py)?;
+            let plan = py.detach(|| config.plan_frames(values)).py_err(py)?;
             let room = target.as_mut_slice().len();
             let Some(frames) = target.as_mut_slice().get_mut(..plan.len()) else {
                 return Err(PyValueError::new_err(format!(
@@ -488,20 +574,19 @@ impl PySession {
                     plan.len()
                 )));
             };
-            py.detach(|| self.config.write_frames(&plan, frames))
+            py.detach(|| config.write_frames(&plan, frames))
                 .py_err(py)?;
             return Ok(plan.len().into_pyobject(py)?.into_any());
         }
         if as_buffer {
-            let wire = py.detach(|| self.config.encode_frames(values)).py_err(py)?;
+            let wire = py.detach(|| config.encode_frames(values)).py_err(py)?;
             return vec_to_pyarrow(py, wire);
         }
         // Size the `bytes` exactly, then encode straight into it with the GIL released: the
         // object is ours alone until it is returned, and no second copy of the stream exists.
-        let plan = py.detach(|| self.config.plan_frames(values)).py_err(py)?;
+        let plan = py.detach(|| config.plan_frames(values)).py_err(py)?;
         let wire = PyBytes::new_with(py, plan.len(), |out| {
-            py.detach(|| self.config.write_frames(&plan, out))
-                .py_err(py)
+            py.detach(|| config.write_frames(&plan, out)).py_err(py)
         })?;
         Ok(wire.into_any())
     }
@@ -524,16 +609,17 @@ impl PySession {
             return Ok(lent.owner.into_bound(py));
         }
         let values = py
-            .detach(|| self.config.decode_frames(bytes.as_slice()))
+            .detach(|| self.config.decode_frames_output(bytes.as_slice()))
             .py_err(py)?;
-        Ok(PyArray1::from_vec(py, values).into_any())
+        let shape = values.shape.clone();
+        values_array(py, values.into_vec(), shape)
     }
 
     fn __repr__(&self) -> String {
         let c = &self.config;
         format!(
             "GradientStreamSession(session_id={:?}, chunk_size={}, max_payload_len={}, \
-             max_gradient_len={}, timeout={}, layout={:?}, compression={})",
+             max_gradient_len={}, timeout={}, layout={:?}, compression={}, keep_shape={})",
             c.session_id,
             c.chunk_size,
             c.limits.max_payload_len,
@@ -542,7 +628,8 @@ impl PySession {
                 .map_or_else(|| "None".to_string(), |t| t.as_secs_f64().to_string()),
             c.layout.name(),
             c.compression
-                .map_or_else(|| "None".to_string(), |c| format!("'{}'", c.name()))
+                .map_or_else(|| "None".to_string(), |c| format!("'{}'", c.name())),
+            if self.keep_shape { "True" } else { "False" }
         )
     }
 }

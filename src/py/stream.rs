@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
-use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn};
+use numpy::{PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -422,10 +422,13 @@ impl PyFrameReceiver {
         }
     }
 
-    fn result<'py>(&self, py: Python<'py>, values: Output) -> Bound<'py, PyAny> {
+    fn result<'py>(&self, py: Python<'py>, values: Output) -> PyResult<Bound<'py, PyAny>> {
         match &self.out {
-            Some(out) => out.bind(py).clone(),
-            None => PyArray1::from_vec(py, values.into_vec()).into_any(),
+            Some(out) => Ok(out.bind(py).clone()),
+            None => {
+                let shape = values.shape.clone();
+                super::session::values_array(py, values.into_vec(), shape)
+            }
         }
     }
 
@@ -481,7 +484,7 @@ impl PyFrameReceiver {
     fn end<'py>(&mut self, py: Python<'py>, got: usize) -> PyResult<Option<Bound<'py, PyAny>>> {
         let receiver = self.take()?;
         match receiver.end_of_stream(got).py_err(py)? {
-            Ended::Gradient(values) => Ok(Some(self.result(py, values))),
+            Ended::Gradient(values) => Ok(Some(self.result(py, values)?)),
             Ended::BeforeFirstByte(receiver) => {
                 self.inner = Some(receiver);
                 Ok(None)
@@ -491,7 +494,7 @@ impl PyFrameReceiver {
 
     fn finish<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let values = self.take()?.finish().py_err(py)?;
-        Ok(self.result(py, values))
+        self.result(py, values)
     }
 
     /// Raise the timeout error for this receiver's state.

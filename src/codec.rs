@@ -324,7 +324,14 @@ fn decode_buffer<S: ValueSink + ?Sized>(
         ));
     }
     let schema = arrow_ipc::convert::try_fb_to_schema(fb_schema).map_err(arrow_err)?;
-    let shape = schema.metadata().get(SHAPE_KEY).cloned();
+    // The first entry of the key, as pyarrow reads it (arrow-rs's map keeps the last): a
+    // payload listing the key twice must not decode to different shapes in the two.
+    let shape = fb_schema.custom_metadata().and_then(|entries| {
+        entries
+            .iter()
+            .find(|kv| kv.key() == Some(SHAPE_KEY))
+            .map(|kv| kv.value().unwrap_or_default().to_string())
+    });
 
     let value_idx = schema
         .index_of("value")

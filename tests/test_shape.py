@@ -796,3 +796,25 @@ def test_native_and_reference_agree_on_each_others_frames(
     for chunks in (n_send.encode_gradient(grad), r_send.encode_gradient(grad)):
         for m in (native, reference):
             assert_shaped(session(m).decode_chunks(chunks[::-1]), grad)
+
+
+def test_a_key_listed_twice_counts_once_the_first():
+    """Metadata is a list of pairs on the wire: a payload may name gradient_shape twice.
+    pyarrow keeps the first; the native decoder takes the first too, so both give one shape."""
+    schema = pa.schema([pa.field("value", pa.float32(), nullable=False)]).with_metadata(
+        {"gradient_shape": "[2,3]", "gradient_shapX": "[6]"}
+    )
+    batch = pa.record_batch([pa.array(np.arange(6, dtype=np.float32))], schema=schema)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, schema) as writer:
+        writer.write_batch(batch)
+    raw = sink.getvalue().to_pybytes()
+    twice = raw.replace(b"gradient_shapX", b"gradient_shape")
+    assert twice.count(b"gradient_shape") == 2 * raw.count(b"gradient_shape")
+    shapes = set()
+    for name in ("reference", "native"):
+        for got in both_ways(module(name), [(0, 1, twice)]):
+            assert isinstance(got, np.ndarray), got
+            shapes.add(got.shape)
+    first = pa.ipc.open_file(twice).schema.metadata[b"gradient_shape"]
+    assert shapes == {tuple(int(d) for d in first.strip(b"[]").split(b","))}

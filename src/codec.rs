@@ -315,6 +315,15 @@ fn decode_buffer<S: ValueSink + ?Sized>(
         })?;
     let footer = arrow_ipc::root_as_footer(&buf[footer_start..footer_end])
         .map_err(|e| GradientStreamError::arrow(format!("unreadable IPC footer: {e}")))?;
+    // A gradient payload has no dictionary batches. The reference's reader (pyarrow)
+    // would decode, and decompress, every one before any record batch; refusing them in
+    // both keeps the two alike and bounded.
+    let dictionaries = footer.dictionaries().map_or(0, |d| d.len());
+    if dictionaries > 0 {
+        return Err(GradientStreamError::arrow(format!(
+            "IPC footer lists {dictionaries} dictionary batch(es); a gradient payload has none"
+        )));
+    }
     let fb_schema = footer
         .schema()
         .ok_or_else(|| GradientStreamError::arrow("IPC footer has no schema"))?;
@@ -340,9 +349,7 @@ fn decode_buffer<S: ValueSink + ?Sized>(
         return Err(GradientStreamError::arrow("'value' column is not Float32"));
     }
 
-    // Only the `value` column is decoded; the others (the index) are skipped unread. The
-    // value column is Float32, never dictionary-encoded, so the footer's dictionary blocks
-    // are not read at all: decoding them would let a peer build arbitrary Arrow types.
+    // Only the `value` column is decoded; the others (the index) are skipped unread.
     let decoder =
         FileDecoder::new(Arc::new(schema), footer.version()).with_projection(vec![value_idx]);
     let blocks = footer
@@ -740,7 +747,7 @@ mod tests {
     }
 
     #[test]
-    fn dictionary_columns_beside_the_values_are_skipped_unread() {
+    fn dictionary_batches_are_refused() {
         use arrow_array::{types::Int32Type, DictionaryArray};
         let dict: DictionaryArray<Int32Type> = vec!["a", "b", "a"].into_iter().collect();
         let b = RecordBatch::try_from_iter([
@@ -751,7 +758,11 @@ mod tests {
             ),
         ])
         .unwrap();
-        assert_eq!(decode(&file_of(&[b])).unwrap(), vec![1.0, 2.0, 3.0]);
+        let err = decode(&file_of(&[b])).unwrap_err().to_string();
+        assert!(
+            err.contains("IPC footer lists 1 dictionary batch(es); a gradient payload has none"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -26,6 +26,7 @@ import importlib
 import inspect
 import os
 import re
+import resource
 import socket
 import struct
 import time
@@ -1393,3 +1394,28 @@ def test_differential_mutated_compressed_payloads(case: Mutated, limit: int):
             assert np.array_equal(bits(nat), bits(refo)), context
         else:
             assert_same_error(nat, refo, context)
+
+
+def test_a_dictionary_batch_is_refused_before_anything_is_decompressed(impl: ModuleType):
+    """A dictionary column beside `value`, its one 100 MB string of zeros compressed to a
+    few KB: pyarrow would decode (and decompress) every dictionary batch before any record
+    batch, past max_gradient_len's bound. No gradient payload has dictionary batches."""
+    size = 100_000_000
+    values = pa.array(np.arange(4, dtype=np.float32))
+    tags = pa.DictionaryArray.from_arrays(
+        pa.array([0, 0, 0, 0], pa.int32()), pa.array([b"\0" * size], pa.binary())
+    )
+    schema = pa.schema([pa.field("value", pa.float32(), nullable=False), pa.field("d", tags.type)])
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression="zstd")
+    with pa.ipc.new_file(sink, schema, options=options) as writer:
+        writer.write_batch(pa.record_batch([values, tags], schema=schema))
+    payload = sink.getvalue().to_pybytes()
+    assert len(payload) < size // 1000
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for outcome in decode_both_ways(session(impl, max_gradient_len=16), payload):
+        assert_arrow_error(
+            outcome, 0, "IPC footer lists 1 dictionary batch(es); a gradient payload has none"
+        )
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grown_kib < 50 * 1024, f"peak RSS grew {grown_kib} KiB"

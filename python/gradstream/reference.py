@@ -389,7 +389,7 @@ def _value_field_index(names: list[str]) -> int | None:
 _BLOCK = struct.Struct("<qi4xq")  # Block: offset, metaDataLength, padding, bodyLength
 
 
-def _footer_blocks(payload: memoryview) -> list[tuple[int, int, int]] | None:
+def _footer_blocks(payload: memoryview, field_index: int = 3) -> list[tuple[int, int, int]] | None:
     """The footer's record-batch blocks as (offset, metadata length, body length), or None
     when the footer has no recordBatches field (field 3 of the Footer table).
 
@@ -417,7 +417,8 @@ def _footer_blocks(payload: memoryview) -> list[tuple[int, int, int]] | None:
     vtable_len = read("<H", vtable)
     if vtable_len is None or read("<H", vtable + vtable_len - 2) is None:
         return []
-    slot = 4 + 2 * 3  # after vtable_len and table_len, the fourth field's offset
+    # After vtable_len and table_len, the field's offset: 3 is recordBatches, 2 dictionaries.
+    slot = 4 + 2 * field_index
     field = read("<H", vtable + slot) if vtable_len > slot else 0
     if not field:
         return None
@@ -441,6 +442,15 @@ def _check_footer(payload: memoryview, chunk_index: int) -> list[tuple[int, int,
     # pyarrow reads a footer without a record-batch list as a file with no batches.
     if blocks is None:
         raise ArrowIpcError("IPC footer lists no record batches", chunk_index)
+    # pyarrow decodes every dictionary batch (decompressing it to whatever size it
+    # declares) before any record batch; a gradient payload has none.
+    dictionaries = _footer_blocks(payload, 2)
+    if dictionaries:
+        raise ArrowIpcError(
+            f"IPC footer lists {len(dictionaries)} dictionary batch(es); a gradient payload "
+            "has none",
+            chunk_index,
+        )
     # pyarrow would decode a block listed many times again each time: a small payload
     # could then decode to gigabytes. Writers lay blocks out in order, without overlap.
     free_from = 8

@@ -265,14 +265,12 @@ impl SessionConfig {
         if self.writes_each_payload() {
             // Sizes depend on the values (or the metadata): encode every chunk now, keep
             // the payloads.
-            let mut encoded = Vec::with_capacity(windows.len());
-            let mut payload_lens = Vec::with_capacity(windows.len());
-            for (window, index) in windows.iter().zip(0u32..) {
-                let payload = codec::encode_payload(self.encoding(), window)?;
-                payload_lens.push(self.check_payload_len(index, payload.len())?);
-                let checksum = codec::checksum(&payload);
-                encoded.push((payload, checksum));
-            }
+            let encoded = self.encode_each(&windows)?;
+            let payload_lens = encoded
+                .iter()
+                .zip(0u32..)
+                .map(|((payload, _), index)| self.check_payload_len(index, payload.len()))
+                .collect::<Result<Vec<u32>>>()?;
             let len = payload_lens.iter().map(|&n| HEADER_LEN + n as usize).sum();
             return Ok(FramePlan {
                 total,
@@ -308,6 +306,41 @@ impl SessionConfig {
             payload_lens,
             len,
             encoded: Vec::new(),
+        })
+    }
+
+    /// Each window's payload (from the Arrow writer) and CRC-32. Compression costs far
+    /// more than the copies, so the windows are split between the machine's cores.
+    fn encode_each(&self, windows: &[&[f32]]) -> Result<Vec<(Vec<u8>, u32)>> {
+        let encode = |part: &[&[f32]]| -> Result<Vec<(Vec<u8>, u32)>> {
+            part.iter()
+                .map(|window| {
+                    let payload = codec::encode_payload(self.encoding(), window)?;
+                    let checksum = codec::checksum(&payload);
+                    Ok((payload, checksum))
+                })
+                .collect()
+        };
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let values: usize = windows.iter().map(|w| w.len()).sum();
+        // Threads only pay for themselves on more than a few chunks of real work.
+        if threads < 2 || windows.len() < 4 || values < 1 << 16 {
+            return encode(windows);
+        }
+        let per_thread = windows.len().div_ceil(threads);
+        std::thread::scope(|scope| {
+            let parts: Vec<_> = windows
+                .chunks(per_thread)
+                .map(|part| scope.spawn(move || encode(part)))
+                .collect();
+            let mut encoded = Vec::with_capacity(windows.len());
+            for part in parts {
+                let done = part.join().map_err(|_| {
+                    GradientStreamError::arrow("a payload encoder thread panicked")
+                })??;
+                encoded.extend(done);
+            }
+            Ok(encoded)
         })
     }
 

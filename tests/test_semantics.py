@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import pickle
 import socket
 import struct
 import zlib
@@ -24,6 +25,7 @@ from gradstream.errors import (
     FrameError,
     GradientStreamError,
     IncompleteStreamError,
+    SettingError,
 )
 
 HEADER = struct.Struct("<IIII")
@@ -1331,3 +1333,28 @@ def test_compact_payload_limit_counts_four_bytes_a_value(impl):
     )
     with pytest.raises(FrameError):
         impl.GradientStreamSession("run", 1000, max_payload_len=5000).encode_frames(ramp(3000))
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("layout", "dense"),
+        ("compression", "gzip"),
+        ("chunk_size", -1),
+        ("max_payload_len", 0),
+        ("max_gradient_len", 0),
+        ("timeout", -1.0),
+    ],
+)
+def test_bad_settings_are_setting_errors_naming_the_keyword(impl, setting, value):
+    # Issue 5 "bad input": an unknown codec or layout name (or a limit out of range) is an
+    # error of our classes, and also the ValueError it always was; no session is made.
+    kwargs = {"chunk_size": value} if setting == "chunk_size" else {setting: value}
+    chunk_size = kwargs.pop("chunk_size", 16)
+    with pytest.raises(SettingError) as info:
+        impl.GradientStreamSession("s", chunk_size, **kwargs)
+    err = info.value
+    assert isinstance(err, GradientStreamError) and isinstance(err, ValueError)
+    assert err.setting == setting
+    assert setting in str(err) and str(err) == err.detail
+    assert pickle.loads(pickle.dumps(err)).setting == setting

@@ -23,6 +23,7 @@ from .errors import (
     GradientSizeError,
     GradientStreamError,
     IncompleteStreamError,
+    SettingError,
     StreamIOError,
     StreamTimeoutError,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "GradientStreamError",
     "GradientStreamSession",
     "IncompleteStreamError",
+    "SettingError",
     "StreamIOError",
     "StreamTimeoutError",
     "TransferProgress",

@@ -17,6 +17,7 @@ __all__ = [
     "GradientSizeError",
     "GradientStreamError",
     "IncompleteStreamError",
+    "SettingError",
     "StreamIOError",
     "StreamTimeoutError",
 ]
@@ -102,6 +103,24 @@ class FrameError(GradientStreamError):
 
     def __reduce__(self) -> tuple[type, tuple[str, int | None, int | None]]:
         return (type(self), (self.detail, self.chunk_index, self.offset))
+
+
+class SettingError(GradientStreamError, ValueError):
+    """A session setting out of range or unknown (a layout or codec name, a limit).
+
+    Also a ``ValueError``. ``setting`` names the keyword; no session is made.
+    """
+
+    setting: str
+    detail: str
+
+    def __init__(self, setting: str, detail: str) -> None:
+        self.setting = setting
+        self.detail = detail
+        super().__init__(detail)
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return (type(self), (self.setting, self.detail))
 
 
 class GradientSizeError(GradientStreamError, ValueError):

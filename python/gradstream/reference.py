@@ -63,6 +63,7 @@ from .errors import (
     FrameError,
     GradientSizeError,
     IncompleteStreamError,
+    SettingError,
     StreamIOError,
     StreamTimeoutError,
 )
@@ -138,7 +139,9 @@ def _check_compression_setting(value: Any) -> Compression | None:
         for name in COMPRESSIONS:
             if value == name:
                 return name
-        raise ValueError(f"compression must be None, True, False, 'lz4' or 'zstd', got {value!r}")
+        raise SettingError(
+            "compression", f"compression must be None, True, False, 'lz4' or 'zstd', got {value!r}"
+        )
     raise TypeError(
         f"compression must be None, a bool, 'lz4' or 'zstd', got {type(value).__name__}"
     )
@@ -149,7 +152,9 @@ def _check_max_gradient_len(value: Any) -> int:
     # A count of values, a usize in the native core. 0 is refused (as max_payload_len 0 is):
     # a limit that lets nothing but the empty gradient through is more likely a bug.
     if not 1 <= number <= USIZE_MAX:
-        raise ValueError(f"max_gradient_len must be between 1 and {USIZE_MAX}, got {number}")
+        raise SettingError(
+            "max_gradient_len", f"max_gradient_len must be between 1 and {USIZE_MAX}, got {number}"
+        )
     return number
 
 
@@ -164,7 +169,9 @@ def _check_timeout(value: Any) -> float | None:
     seconds = float(value)
     # NaN fails the comparison; infinity is None's job ("wait for ever").
     if not 0.0 < seconds < float("inf"):
-        raise ValueError(f"timeout must be None or a positive number of seconds, got {value!r}")
+        raise SettingError(
+            "timeout", f"timeout must be None or a positive number of seconds, got {value!r}"
+        )
     return seconds
 
 
@@ -1479,14 +1486,15 @@ class GradientStreamSession:
     ) -> None:
         self._session_id = _check_str(session_id, "session_id")
         if layout not in LAYOUTS:
-            raise ValueError(
+            raise SettingError(
+                "layout",
                 "layout must be 'seed' (the original's payload) or 'compact' (values only), "
-                f"got {layout!r}"
+                f"got {layout!r}",
             )
         self._layout = layout
         chunk_size = operator.index(chunk_size)
         if chunk_size < 0:
-            raise ValueError(f"chunk_size must be >= 0, got {chunk_size}")
+            raise SettingError("chunk_size", f"chunk_size must be >= 0, got {chunk_size}")
         if chunk_size > USIZE_MAX:
             raise OverflowError(f"chunk_size must be <= {USIZE_MAX}, got {chunk_size}")
         # The original raises a chunk size of 0 to 1 rather than refusing it.
@@ -1494,7 +1502,9 @@ class GradientStreamSession:
         max_payload_len = operator.index(max_payload_len)
         if not 1 <= max_payload_len <= U32_MAX:
             # payload_len is a u32 on the wire, so no larger limit could ever be reached.
-            raise ValueError(f"max_payload_len must be in 1..{U32_MAX}, got {max_payload_len}")
+            raise SettingError(
+                "max_payload_len", f"max_payload_len must be in 1..{U32_MAX}, got {max_payload_len}"
+            )
         self._max_payload_len = max_payload_len
         self._max_gradient_len = _check_max_gradient_len(max_gradient_len)
         self._timeout = _check_timeout(timeout)

@@ -72,6 +72,19 @@ fn instantiate(py: Python<'_>, err: GradientStreamError) -> PyResult<PyErr> {
     Ok(PyErr::from_value(instance))
 }
 
+static SETTING: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+
+/// `gradstream.errors.SettingError(setting, detail)`: a session keyword out of range.
+pub fn setting_error(py: Python<'_>, setting: &str, detail: String) -> PyErr {
+    match SETTING
+        .import(py, MODULE, "SettingError")
+        .and_then(|class| class.call1((setting, detail)))
+    {
+        Ok(instance) => PyErr::from_value(instance),
+        Err(e) => e,
+    }
+}
+
 /// The Python exception for a core error (or the error met while building it).
 pub fn to_py_err(py: Python<'_>, err: GradientStreamError) -> PyErr {
     instantiate(py, err).unwrap_or_else(|e| e)

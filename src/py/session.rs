@@ -11,7 +11,7 @@ use pyo3::types::PyBytes;
 use super::buffers::{immutable_bytes, vec_to_pyarrow, ReadBuffer};
 use super::chunk::PyChunk;
 use super::complete::Outcome;
-use super::errors::IntoPyResult;
+use super::errors::{setting_error, IntoPyResult};
 use super::stream::{
     aio, progress_counters, run_on_loop, FrameEncoder, HeldGradient, LentArray, PyFrameReceiver,
     SocketStream, TransferProgress,
@@ -67,12 +67,16 @@ fn compression_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Compress
     if let Ok(name) = value.cast::<pyo3::types::PyString>() {
         let name = name.to_cow()?;
         return Compression::from_name(&name).map(Some).ok_or_else(|| {
-            PyValueError::new_err(format!(
-                "compression must be None, True, False, 'lz4' or 'zstd', got {}",
-                value
-                    .repr()
-                    .map_or_else(|_| name.to_string(), |r| r.to_string())
-            ))
+            setting_error(
+                value.py(),
+                "compression",
+                format!(
+                    "compression must be None, True, False, 'lz4' or 'zstd', got {}",
+                    value
+                        .repr()
+                        .map_or_else(|_| name.to_string(), |r| r.to_string())
+                ),
+            )
         });
     }
     Err(PyTypeError::new_err(format!(
@@ -236,6 +240,7 @@ impl PySession {
     // The constructor's keywords are the session's settings, one argument each.
     #[allow(clippy::too_many_arguments)]
     fn new(
+        py: Python<'_>,
         session_id: String,
         chunk_size: i64,
         max_payload_len: i64,
@@ -247,41 +252,55 @@ impl PySession {
     ) -> PyResult<Self> {
         let compression = compression_arg(compression)?;
         let keep_shape = keep_shape.get("keep_shape")?;
+        let setting = |name: &str, detail: String| setting_error(py, name, detail);
         let layout = Layout::from_name(layout).ok_or_else(|| {
-            PyValueError::new_err(format!(
-                "layout must be 'seed' (the original's payload) or 'compact' (values only), \
-                 got {layout:?}"
-            ))
+            setting(
+                "layout",
+                format!(
+                    "layout must be 'seed' (the original's payload) or 'compact' (values only), \
+                     got {layout:?}"
+                ),
+            )
         })?;
         let chunk_size = usize::try_from(chunk_size).map_err(|_| {
-            PyValueError::new_err(format!("chunk_size must be >= 0, got {chunk_size}"))
+            setting(
+                "chunk_size",
+                format!("chunk_size must be >= 0, got {chunk_size}"),
+            )
         })?;
         let max_payload_len = u32::try_from(max_payload_len)
             .ok()
             .filter(|&n| n > 0)
             .ok_or_else(|| {
-                PyValueError::new_err(format!(
-                    "max_payload_len must be between 1 and {} (a u32 on the wire), got \
-                     {max_payload_len}",
-                    u32::MAX
-                ))
+                setting(
+                    "max_payload_len",
+                    format!(
+                        "max_payload_len must be between 1 and {} (a u32 on the wire), got \
+                         {max_payload_len}",
+                        u32::MAX
+                    ),
+                )
             })?;
         let max_gradient_len = usize::try_from(max_gradient_len)
             .ok()
             .filter(|&n| n > 0)
             .ok_or_else(|| {
-                PyValueError::new_err(format!(
-                    "max_gradient_len must be between 1 and {}, got {max_gradient_len}",
-                    usize::MAX
-                ))
+                setting(
+                    "max_gradient_len",
+                    format!(
+                        "max_gradient_len must be between 1 and {}, got {max_gradient_len}",
+                        usize::MAX
+                    ),
+                )
             })?;
         let timeout = match timeout {
             None => None,
             Some(t) if t.is_finite() && t > 0.0 => Some(std::time::Duration::from_secs_f64(t)),
             Some(t) => {
-                return Err(PyValueError::new_err(format!(
-                    "timeout must be None or a positive number of seconds, got {t}"
-                )))
+                return Err(setting(
+                    "timeout",
+                    format!("timeout must be None or a positive number of seconds, got {t}"),
+                ))
             }
         };
         let mut config = SessionConfig::new(session_id, chunk_size);

@@ -79,15 +79,6 @@ impl OutSlice {
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.capacity) }
     }
 
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-
-    /// Values offered so far, written or not.
-    pub fn offered(&self) -> usize {
-        self.offered
-    }
-
     fn room(&self, n: usize) -> Option<*mut u8> {
         let end = self.offered.checked_add(n)?;
         // SAFETY (of the add): offered < end <= capacity keeps it inside the buffer.
@@ -142,6 +133,14 @@ impl Default for Output {
 }
 
 impl Output {
+    /// Values of our own, in `shape` when the sender kept one.
+    pub fn owned(values: Vec<f32>, shape: Option<Vec<usize>>) -> Self {
+        Self {
+            values: Values::Owned(values),
+            shape,
+        }
+    }
+
     /// Values written into the caller's buffer.
     pub fn lent(out: OutSlice) -> Self {
         Self {

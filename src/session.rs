@@ -427,22 +427,18 @@ impl SessionConfig {
             shape.check(c.chunk_index, text)?;
         }
         let shape = shape.finish(values.len())?;
-        let mut output = Output::default();
-        output.put(&values);
-        output.shape = shape;
-        Ok(output)
+        Ok(Output::owned(values, shape))
     }
 
     /// Parse a byte stream of frames as the receiver does (README "Decoding rules",
     /// decode_frames): exactly one gradient, and nothing after it.
     pub fn decode_frames(&self, data: &[u8]) -> Result<Vec<f32>> {
-        // The input bounds what it can hold: a quarter of its bytes in values.
-        let receiver = FrameReceiver::new(self.limits, data.len() / 4);
-        Self::decode_frames_with(receiver, data).map(Output::into_vec)
+        self.decode_frames_output(data).map(Output::into_vec)
     }
 
     /// `decode_frames`, with the shape the sender kept.
     pub fn decode_frames_output(&self, data: &[u8]) -> Result<Output> {
+        // The input bounds what it can hold: a quarter of its bytes in values.
         let receiver = FrameReceiver::new(self.limits, data.len() / 4);
         Self::decode_frames_with(receiver, data)
     }

@@ -142,15 +142,11 @@ impl Template {
         self.bytes.is_empty()
     }
 
-    pub fn values(&self) -> usize {
-        self.values
-    }
-
     fn suffix(&self) -> &[u8] {
         &self.bytes[self.values_at + 4 * self.values..]
     }
 
-    /// The payload of `values` (exactly `self.values()` of them) into `out` (exactly
+    /// The payload of `values` (exactly as many as the template was made for) into `out` (exactly
     /// `self.len()` bytes); its CRC-32.
     pub fn write(&self, values: &[f32], out: &mut [u8]) -> u32 {
         assert_eq!(values.len(), self.values, "template of another size");

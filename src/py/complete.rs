@@ -20,12 +20,13 @@ use tokio::task::AbortHandle;
 
 use super::errors::to_py_err;
 use crate::error::GradientStreamError;
+use crate::output::Output;
 
 /// What a finished transfer hands back.
 pub enum Outcome {
     Chunks(usize),
-    /// The values, and the shape the sender kept.
-    Values(Vec<f32>, Option<Vec<usize>>),
+    /// The values, in the shape the sender kept.
+    Values(Output),
     /// The gradient is in the caller's `out=` array, handed back.
     Filled(Py<PyAny>),
     /// The stream ended before the gradient's first byte.
@@ -124,10 +125,10 @@ impl Completions {
             .map(|(job, result)| {
                 Ok(match result {
                     Ok(Outcome::Chunks(n)) => (job, true, n.into_pyobject(py)?.into_any().unbind()),
-                    Ok(Outcome::Values(v, shape)) => (
+                    Ok(Outcome::Values(values)) => (
                         job,
                         true,
-                        super::session::values_array(py, v, shape)?.unbind(),
+                        super::session::values_array(py, values)?.unbind(),
                     ),
                     Ok(Outcome::Filled(out)) => (job, true, out),
                     Ok(Outcome::End) => (job, true, py.None()),

@@ -18,6 +18,7 @@ use super::stream::{
 };
 use crate::codec::{Compression, Layout};
 use crate::frame::{Limits, DEFAULT_MAX_GRADIENT_LEN, DEFAULT_MAX_PAYLOAD_LEN};
+use crate::output::Output;
 use crate::session::{ChunkRef, Ended, SessionConfig, DEFAULT_CHUNK_SIZE};
 use crate::shape::shape_text;
 use crate::stream::{receive_gradient, send_gradient};
@@ -158,12 +159,9 @@ impl PySession {
 }
 
 /// Values as a numpy array, in the shape the sender kept (a view, no copy).
-pub(super) fn values_array(
-    py: Python<'_>,
-    values: Vec<f32>,
-    shape: Option<Vec<usize>>,
-) -> PyResult<Bound<'_, PyAny>> {
-    let flat = PyArray1::from_vec(py, values);
+pub(super) fn values_array(py: Python<'_>, values: Output) -> PyResult<Bound<'_, PyAny>> {
+    let shape = values.shape.clone();
+    let flat = PyArray1::from_vec(py, values.into_vec());
     match shape {
         None => Ok(flat.into_any()),
         Some(dims) => Ok(flat.reshape(dims.as_slice())?.into_any()),
@@ -460,10 +458,7 @@ impl PySession {
                 };
                 Ok(match owner {
                     Some(owner) => Outcome::Filled(owner),
-                    None => {
-                        let shape = values.shape.clone();
-                        Outcome::Values(values.into_vec(), shape)
-                    }
+                    None => Outcome::Values(values),
                 })
             });
         }
@@ -532,8 +527,7 @@ impl PySession {
                     .decode_chunks_output(held.iter().map(HeldChunk::as_ref).collect())
             })
             .py_err(py)?;
-        let shape = values.shape.clone();
-        values_array(py, values.into_vec(), shape)
+        values_array(py, values)
     }
 
     /// Bytes of the frames of a gradient of `n_values` values.
@@ -630,8 +624,7 @@ impl PySession {
         let values = py
             .detach(|| self.config.decode_frames_output(bytes.as_slice()))
             .py_err(py)?;
-        let shape = values.shape.clone();
-        values_array(py, values.into_vec(), shape)
+        values_array(py, values)
     }
 
     fn __repr__(&self) -> String {

@@ -425,10 +425,7 @@ impl PyFrameReceiver {
     fn result<'py>(&self, py: Python<'py>, values: Output) -> PyResult<Bound<'py, PyAny>> {
         match &self.out {
             Some(out) => Ok(out.bind(py).clone()),
-            None => {
-                let shape = values.shape.clone();
-                super::session::values_array(py, values.into_vec(), shape)
-            }
+            None => super::session::values_array(py, values),
         }
     }
 

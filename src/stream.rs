@@ -84,7 +84,7 @@ pub async fn send_gradient<W: AsyncWrite + Unpin>(
             checksum,
         };
         let head;
-        let mut parts: [&[u8]; 4] = match &template {
+        let parts: [&[u8]; 4] = match &template {
             Some(t) => {
                 let (pieces, checksum) = t.pieces(window);
                 head = header(checksum).to_bytes();
@@ -100,27 +100,40 @@ pub async fn send_gradient<W: AsyncWrite + Unpin>(
                 [&frame[..], &[], &[], &[]]
             }
         };
-        // The timeout bounds each write call, not the frame: a slow reader that keeps
-        // taking bytes is progress.
-        while parts.iter().any(|p| !p.is_empty()) {
-            let slices = parts.map(std::io::IoSlice::new);
-            let n = within(timeout, (sent, Some(total)), writer.write_vectored(&slices)).await?;
-            if n == 0 {
-                return Err(std::io::Error::from(std::io::ErrorKind::WriteZero).into());
-            }
-            progress.add(n, 0);
-            let mut left = n;
-            for part in &mut parts {
-                let take = left.min(part.len());
-                *part = &part[take..];
-                left -= take;
-            }
-        }
+        write_frame(writer, parts, timeout, (sent, Some(total)), progress).await?;
         sent += 1;
-        progress.add(0, 1);
     }
     within(timeout, (sent, Some(total)), writer.flush()).await?;
     Ok(sent)
+}
+
+/// Write one frame given in pieces (header, payload parts; empty pieces are skipped), as
+/// one vectored write where the writer takes it, and count it in `progress`. The timeout
+/// bounds each write call, not the frame: a slow reader that keeps taking bytes is
+/// progress. `at` is (chunks sent, total) for the timeout error.
+async fn write_frame<W: AsyncWrite + Unpin>(
+    writer: &mut W,
+    mut parts: [&[u8]; 4],
+    timeout: Option<Duration>,
+    at: (usize, Option<u32>),
+    progress: &Progress,
+) -> Result<()> {
+    while parts.iter().any(|p| !p.is_empty()) {
+        let slices = parts.map(std::io::IoSlice::new);
+        let n = within(timeout, at, writer.write_vectored(&slices)).await?;
+        if n == 0 {
+            return Err(std::io::Error::from(std::io::ErrorKind::WriteZero).into());
+        }
+        progress.add(n, 0);
+        let mut left = n;
+        for part in &mut parts {
+            let take = left.min(part.len());
+            *part = &part[take..];
+            left -= take;
+        }
+    }
+    progress.add(0, 1);
+    Ok(())
 }
 
 /// The sender when payloads come from the Arrow writer (compression, shape metadata):
@@ -137,16 +150,7 @@ async fn send_each<W: AsyncWrite + Unpin>(
     for index in 0..total {
         let frame = config.encode_frame(gradient, index)?;
         let at = (index as usize, Some(total));
-        let mut rest: &[u8] = &frame;
-        while !rest.is_empty() {
-            let n = within(timeout, at, writer.write(rest)).await?;
-            if n == 0 {
-                return Err(std::io::Error::from(std::io::ErrorKind::WriteZero).into());
-            }
-            rest = &rest[n..];
-            progress.add(n, 0);
-        }
-        progress.add(0, 1);
+        write_frame(writer, [&frame, &[], &[], &[]], timeout, at, progress).await?;
     }
     within(timeout, (total as usize, Some(total)), writer.flush()).await?;
     Ok(total as usize)

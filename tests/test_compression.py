@@ -44,7 +44,8 @@ from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
 import gradstream.reference as ref
-from conftest import load_impl
+from conftest import SPECIAL_BITS, special
+from conftest import load_impl as module
 from gradstream.errors import (
     ArrowIpcError,
     ChecksumMismatchError,
@@ -73,41 +74,11 @@ def examples(n: int) -> int:
     return max(1, round(n * SCALE))
 
 
-# Bit patterns that a float64 round trip or a canonicalising copy would change.
-SPECIAL_BITS = np.array(
-    [
-        0x7FC0_0001,  # quiet NaN with payload
-        0xFFFF_FFFF,  # negative NaN, all payload bits set
-        0x7F80_0001,  # signalling NaN
-        0x7FBF_FFFF,  # signalling NaN, all payload bits
-        0x8000_0000,  # -0.0
-        0x0000_0000,  # +0.0
-        0x7F80_0000,  # +inf
-        0xFF80_0000,  # -inf
-        0x0000_0001,  # smallest subnormal
-        0x807F_FFFF,  # largest negative subnormal
-        0x7F7F_FFFF,  # largest finite
-        0x3F80_0000,  # 1.0
-    ],
-    dtype=np.uint32,
-)
-
-
 # --------------------------------------------------------------------------- helpers
-
-
-def module(name: str) -> ModuleType:
-    """An implementation by name, as the conftest ``impl`` fixture loads it."""
-    return load_impl(name)
 
 
 def session(impl: ModuleType, chunk_size: int = 64, **kwargs: Any) -> Any:
     return impl.GradientStreamSession("s", chunk_size, **kwargs)
-
-
-def special(n: int) -> np.ndarray:
-    """n values cycling through SPECIAL_BITS (NaN payloads, -0.0, subnormals...)."""
-    return np.resize(SPECIAL_BITS, n).view(np.float32)
 
 
 def sparse(n: int, seed: int = 0) -> np.ndarray:

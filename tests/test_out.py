@@ -32,6 +32,7 @@ from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
 import gradstream.reference as ref
+from conftest import special
 from gradstream.errors import (
     ArrowIpcError,
     ChecksumMismatchError,
@@ -49,25 +50,6 @@ DEADLINE = 20.0
 # The impl fixture is function-scoped but stateless: hypothesis may reuse it.
 FIXTURE_OK = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 
-# Bit patterns that a float64 round trip or a canonicalising copy would change.
-SPECIAL_BITS = np.array(
-    [
-        0x7FC0_0001,  # quiet NaN with payload
-        0xFFFF_FFFF,  # negative NaN, all payload bits set
-        0x7F80_0001,  # signalling NaN
-        0x7FBF_FFFF,  # signalling NaN, all payload bits
-        0x8000_0000,  # -0.0
-        0x0000_0000,  # +0.0
-        0x7F80_0000,  # +inf
-        0xFF80_0000,  # -inf
-        0x0000_0001,  # smallest subnormal
-        0x807F_FFFF,  # largest negative subnormal
-        0x7F7F_FFFF,  # largest finite
-        0x3F80_0000,  # 1.0
-    ],
-    dtype=np.uint32,
-)
-
 
 # --------------------------------------------------------------------------- helpers
 
@@ -78,11 +60,6 @@ def session(impl: ModuleType, chunk_size: int = 4, **kwargs: Any) -> Any:
 
 def ramp(n: int) -> np.ndarray:
     return np.arange(n, dtype=np.float32) * np.float32(0.5) - np.float32(3.0)
-
-
-def special(n: int) -> np.ndarray:
-    """n values cycling through SPECIAL_BITS (NaN payloads, -0.0, subnormals...)."""
-    return np.resize(SPECIAL_BITS, n).view(np.float32)
 
 
 def bits(values: np.ndarray) -> np.ndarray:

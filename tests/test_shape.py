@@ -33,7 +33,7 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 import gradstream.reference as ref
-from conftest import load_impl
+from conftest import load_impl as module
 from gradstream.errors import (
     ArrowIpcError,
     ChecksumMismatchError,
@@ -69,11 +69,6 @@ GRAMMAR_MESSAGE = "gradient_shape metadata is not a list of at most 32 non-negat
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def module(name: str) -> ModuleType:
-    """An implementation by name, as the conftest ``impl`` fixture loads it."""
-    return load_impl(name)
 
 
 def session(impl: ModuleType, chunk_size: int = 4, **kwargs: Any) -> Any:

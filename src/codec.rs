@@ -11,15 +11,17 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
 use std::sync::{Arc, OnceLock};
 
-use arrow_array::{Array, Float32Array, Int32Array, RecordBatch};
+use arrow_array::types::{Float16Type, Float32Type, Float64Type, UInt16Type};
+use arrow_array::{Array, ArrowPrimitiveType, Int32Array, PrimitiveArray, RecordBatch};
 use arrow_buffer::Buffer;
 use arrow_ipc::reader::{read_footer_length, FileDecoder};
 use arrow_ipc::writer::{FileWriter, IpcWriteOptions};
 use arrow_ipc::{Block, CompressionType, MessageHeader};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
+use crate::dtype::{Dtype, BF16_EXTENSION, DTYPE_KEY};
 use crate::error::{GradientStreamError, Result};
-use crate::output::ValueSink;
+use crate::output::{Head, ValueSink};
 
 /// The magic an IPC file starts and ends with (padded to 8 bytes at the start).
 const MAGIC: &[u8; 6] = b"ARROW1";
@@ -105,22 +107,89 @@ impl Compression {
 /// array of integers: "[768,3072]".
 pub const SHAPE_KEY: &str = "gradient_shape";
 
-/// How a payload is written: its columns, its compression, and the gradient's shape.
+/// The schema metadata key of a tensor set's manifest (README "Tensor sets").
+pub const MANIFEST_KEY: &str = "gradstream_tensors";
+
+/// The field metadata that makes a UInt16 `value` column bfloat16.
+const EXTENSION_NAME_KEY: &str = "ARROW:extension:name";
+const EXTENSION_METADATA_KEY: &str = "ARROW:extension:metadata";
+
+/// How a payload is written: its columns, its compression, and the metadata.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Encoding {
     pub layout: Layout,
     pub compression: Option<Compression>,
+    /// The `value` column's dtype.
+    pub dtype: Dtype,
     /// `gradient_shape` metadata to write, when the sender keeps the shape.
     pub shape: Option<Arc<str>>,
+    /// `gradient_dtype` metadata: the dtype the receiver hands back, when not `dtype`.
+    pub result: Option<Dtype>,
+    /// `gradstream_tensors` metadata: a tensor set's manifest.
+    pub manifest: Option<Arc<str>>,
 }
 
 impl From<Layout> for Encoding {
     fn from(layout: Layout) -> Self {
         Self {
             layout,
-            compression: None,
-            shape: None,
+            ..Self::default()
         }
+    }
+}
+
+impl Encoding {
+    /// Whether this writes the plain float32 payload that templates reproduce.
+    pub fn is_plain(&self) -> bool {
+        self.compression.is_none()
+            && self.dtype == Dtype::F32
+            && self.shape.is_none()
+            && self.result.is_none()
+            && self.manifest.is_none()
+    }
+
+    fn schema(&self) -> SchemaRef {
+        let base = match self.layout {
+            Layout::Seed => seed_schema(),
+            Layout::Compact => compact_schema(),
+        };
+        let mut metadata = std::collections::HashMap::new();
+        if let Some(shape) = &self.shape {
+            metadata.insert(SHAPE_KEY.to_string(), shape.to_string());
+        }
+        if let Some(result) = self.result {
+            metadata.insert(DTYPE_KEY.to_string(), result.name().to_string());
+        }
+        if let Some(manifest) = &self.manifest {
+            metadata.insert(MANIFEST_KEY.to_string(), manifest.to_string());
+        }
+        if self.dtype == Dtype::F32 && metadata.is_empty() {
+            return base;
+        }
+        let value = Field::new("value", value_type(self.dtype), false);
+        let value = if self.dtype == Dtype::BF16 {
+            value.with_metadata(std::collections::HashMap::from([
+                (EXTENSION_NAME_KEY.to_string(), BF16_EXTENSION.to_string()),
+                (EXTENSION_METADATA_KEY.to_string(), String::new()),
+            ]))
+        } else {
+            value
+        };
+        let fields: Vec<Field> = match self.layout {
+            Layout::Seed => vec![Field::new("index", DataType::Int32, false), value],
+            Layout::Compact => vec![value],
+        };
+        Arc::new(Schema::new_with_metadata(fields, metadata))
+    }
+}
+
+/// The Arrow type of a `value` column of `dtype` (bfloat16: its UInt16 storage).
+fn value_type(dtype: Dtype) -> DataType {
+    match dtype {
+        Dtype::F16 => DataType::Float16,
+        Dtype::BF16 => DataType::UInt16,
+        Dtype::F32 => DataType::Float32,
+        Dtype::F64 => DataType::Float64,
     }
 }
 
@@ -150,51 +219,74 @@ fn seed_schema() -> SchemaRef {
         .clone()
 }
 
-/// Encode one chunk's values as an Arrow IPC file.
+/// Encode one chunk's float32 values as an Arrow IPC file.
 pub fn encode_payload(encoding: impl Into<Encoding>, values: &[f32]) -> Result<Vec<u8>> {
+    encode_payload_raw(encoding, f32_bytes(values))
+}
+
+/// Encode one chunk's values, given as the bytes of values of `encoding.dtype`.
+pub fn encode_payload_raw(encoding: impl Into<Encoding>, raw: &[u8]) -> Result<Vec<u8>> {
     let encoding = encoding.into();
-    // Column data is 4 or 8 bytes a value; schema, footer and padding stay under 1 KiB.
-    let mut out = Vec::with_capacity(values.len() * encoding.layout.bytes_per_value() + 1024);
-    encode_to(encoding, values, &mut out)?;
+    // Column data is a few bytes a value; schema, footer and padding stay under 1 KiB
+    // (plus the metadata).
+    let n = raw.len() / encoding.dtype.width();
+    let metadata = encoding.manifest.as_ref().map_or(0, |m| m.len());
+    let mut out = Vec::with_capacity(
+        raw.len() + n * (encoding.layout.bytes_per_value() - 4) + 1024 + metadata,
+    );
+    encode_to(encoding, raw, &mut out)?;
     Ok(out)
 }
 
 /// Append the file of `values` to `out`.
-pub fn append_payload(
-    encoding: impl Into<Encoding>,
-    values: &[f32],
-    out: &mut Vec<u8>,
-) -> Result<()> {
-    encode_to(encoding.into(), values, out)
+pub fn append_payload(encoding: impl Into<Encoding>, raw: &[u8], out: &mut Vec<u8>) -> Result<()> {
+    encode_to(encoding.into(), raw, out)
 }
 
-fn encode_to(encoding: Encoding, values: &[f32], out: impl std::io::Write) -> Result<()> {
-    let Encoding {
-        layout,
-        compression,
-        shape,
-    } = encoding;
-    // SAFETY: the buffer borrows `values`; it lives in `batch`, which is dropped before
+/// A `value` column over `raw` without a copy.
+///
+/// # Safety
+/// As for `borrowed_buffer`: the array must be dropped before `raw` is.
+unsafe fn value_column(dtype: Dtype, raw: &[u8]) -> Result<arrow_array::ArrayRef> {
+    fn typed<T: ArrowPrimitiveType>(buffer: Buffer) -> Result<arrow_array::ArrayRef> {
+        let width = std::mem::size_of::<T::Native>();
+        if !buffer.len().is_multiple_of(width) {
+            return Err(GradientStreamError::arrow(
+                "gradient bytes are not a whole number of values",
+            ));
+        }
+        Ok(Arc::new(PrimitiveArray::<T>::new(buffer.into(), None)))
+    }
+    let aligned = raw.as_ptr().align_offset(dtype.width()) == 0;
+    let buffer = if aligned && !raw.is_empty() {
+        // SAFETY: by this function's contract.
+        unsafe { borrowed_buffer(raw) }
+    } else {
+        // Arrow arrays need aligned values (an empty slice's pointer may be anything):
+        // an aligned copy, which never happens for the arrays the bindings hand us.
+        Buffer::from_slice_ref(raw)
+    };
+    match dtype {
+        Dtype::F16 => typed::<Float16Type>(buffer),
+        Dtype::BF16 => typed::<UInt16Type>(buffer),
+        Dtype::F32 => typed::<Float32Type>(buffer),
+        Dtype::F64 => typed::<Float64Type>(buffer),
+    }
+}
+
+fn encode_to(encoding: Encoding, raw: &[u8], out: impl std::io::Write) -> Result<()> {
+    // SAFETY: the column borrows `raw`; it lives in `batch`, which is dropped before
     // this function returns (the writer copies bytes out and keeps no reference).
-    let value_bytes = unsafe { borrowed_buffer(f32_bytes(values)) };
-    let value = Arc::new(Float32Array::new(value_bytes.into(), None));
-    let schema = match layout {
-        Layout::Seed => seed_schema(),
-        Layout::Compact => compact_schema(),
-    };
-    let schema = match shape {
-        None => schema,
-        Some(shape) => Arc::new(schema.as_ref().clone().with_metadata(
-            std::collections::HashMap::from([(SHAPE_KEY.to_string(), shape.to_string())]),
-        )),
-    };
-    let columns: Vec<arrow_array::ArrayRef> = match layout {
-        Layout::Seed => vec![Arc::new(index_column(values.len())?), value],
+    let value = unsafe { value_column(encoding.dtype, raw)? };
+    let n = value.len();
+    let schema = encoding.schema();
+    let columns: Vec<arrow_array::ArrayRef> = match encoding.layout {
+        Layout::Seed => vec![Arc::new(index_column(n)?), value],
         Layout::Compact => vec![value],
     };
     let batch = RecordBatch::try_new(schema, columns).map_err(arrow_err)?;
     let options = IpcWriteOptions::default()
-        .try_with_compression(compression.map(Compression::ipc))
+        .try_with_compression(encoding.compression.map(Compression::ipc))
         .map_err(arrow_err)?;
     let mut writer =
         FileWriter::try_new_with_options(out, &batch.schema(), options).map_err(arrow_err)?;
@@ -205,15 +297,15 @@ fn encode_to(encoding: Encoding, values: &[f32], out: impl std::io::Write) -> Re
 
 /// Write the file of `values` in `layout` into `out`, which must be exactly its length
 /// (as measured by an earlier `encode_payload` of as many values).
-pub fn encode_payload_exact(layout: Layout, values: &[f32], out: &mut [u8]) -> Result<()> {
+pub fn encode_payload_exact(layout: Layout, raw: &[u8], out: &mut [u8]) -> Result<()> {
     let expected = out.len();
     let mut cursor = std::io::Cursor::new(out);
-    encode_to(layout.into(), values, &mut cursor)?;
+    encode_to(layout.into(), raw, &mut cursor)?;
     let written = cursor.position() as usize;
     if written != expected {
         return Err(GradientStreamError::arrow(format!(
             "payload of {} values took {written} bytes, {expected} were planned",
-            values.len()
+            raw.len() / 4
         )));
     }
     Ok(())
@@ -267,12 +359,13 @@ unsafe fn borrowed_buffer(bytes: &[u8]) -> Buffer {
 /// before): a compressed batch declaring more rows is refused before anything is
 /// decompressed, since Arrow readers allocate whatever uncompressed size a buffer declares.
 ///
-/// Returns the payload's `gradient_shape` metadata, when it has one.
+/// Before any value, `out.begin` is told the payload's column dtype and metadata (and
+/// may refuse them). Returns the same `Head`.
 pub fn decode_payload<S: ValueSink + ?Sized>(
     payload: &[u8],
     out: &mut S,
     room: usize,
-) -> Result<Option<String>> {
+) -> Result<Head> {
     // SAFETY: `buffer` and all arrays decoded from it (batches)
     // live inside `decode_buffer` and are dropped before it returns, unwinding included;
     // only copied values leave it. Misaligned buffers are copied by arrow-rs itself.
@@ -289,11 +382,50 @@ fn arrow_err(e: arrow_schema::ArrowError) -> GradientStreamError {
     GradientStreamError::arrow(e.to_string())
 }
 
-fn decode_buffer<S: ValueSink + ?Sized>(
-    buf: &Buffer,
-    out: &mut S,
-    room: usize,
-) -> Result<Option<String>> {
+/// The error for a `value` column of a type gradstream does not read.
+const NOT_A_FLOAT: &str = "'value' column is not Float16, Float32, Float64 or gradstream.bfloat16";
+
+/// The dtype of a `value` field: its Arrow type, and for UInt16 the bfloat16 extension name.
+fn column_dtype(field: &Field) -> Result<Dtype> {
+    match field.data_type() {
+        DataType::Float16 => Ok(Dtype::F16),
+        DataType::Float32 => Ok(Dtype::F32),
+        DataType::Float64 => Ok(Dtype::F64),
+        DataType::UInt16
+            if field.metadata().get(EXTENSION_NAME_KEY).map(String::as_str)
+                == Some(BF16_EXTENSION) =>
+        {
+            Ok(Dtype::BF16)
+        }
+        _ => Err(GradientStreamError::arrow(NOT_A_FLOAT)),
+    }
+}
+
+/// The bytes of a decoded `value` column of `dtype`, and its null count.
+fn column_bytes(column: &dyn Array, dtype: Dtype) -> Result<&[u8]> {
+    fn typed<T: ArrowPrimitiveType>(column: &dyn Array) -> Option<&[u8]> {
+        let values = column
+            .as_any()
+            .downcast_ref::<PrimitiveArray<T>>()?
+            .values();
+        // SAFETY: the primitive types here have no padding; every byte is initialised.
+        Some(unsafe {
+            std::slice::from_raw_parts(
+                values.as_ptr().cast::<u8>(),
+                std::mem::size_of_val(values.as_ref()),
+            )
+        })
+    }
+    match dtype {
+        Dtype::F16 => typed::<Float16Type>(column),
+        Dtype::BF16 => typed::<UInt16Type>(column),
+        Dtype::F32 => typed::<Float32Type>(column),
+        Dtype::F64 => typed::<Float64Type>(column),
+    }
+    .ok_or_else(|| GradientStreamError::arrow(NOT_A_FLOAT))
+}
+
+fn decode_buffer<S: ValueSink + ?Sized>(buf: &Buffer, out: &mut S, room: usize) -> Result<Head> {
     let len = buf.len();
     if len < MIN_FILE_LEN || &buf[..MAGIC.len()] != MAGIC {
         return Err(GradientStreamError::arrow(
@@ -333,21 +465,36 @@ fn decode_buffer<S: ValueSink + ?Sized>(
         ));
     }
     let schema = arrow_ipc::convert::try_fb_to_schema(fb_schema).map_err(arrow_err)?;
-    // The first entry of the key, as pyarrow reads it (arrow-rs's map keeps the last): a
-    // payload listing the key twice must not decode to different shapes in the two.
-    let shape = fb_schema.custom_metadata().and_then(|entries| {
-        entries
-            .iter()
-            .find(|kv| kv.key() == Some(SHAPE_KEY))
-            .map(|kv| kv.value().unwrap_or_default().to_string())
-    });
+    // The first entry of a key, as pyarrow reads it (arrow-rs's map keeps the last): a
+    // payload listing a key twice must not decode differently in the two.
+    let first = |key: &str| {
+        fb_schema.custom_metadata().and_then(|entries| {
+            entries
+                .iter()
+                .find(|kv| kv.key() == Some(key))
+                .map(|kv| kv.value().unwrap_or_default().to_string())
+        })
+    };
 
     let value_idx = schema
         .index_of("value")
         .map_err(|_| GradientStreamError::arrow("Arrow IPC block missing 'value' column"))?;
-    if schema.field(value_idx).data_type() != &DataType::Float32 {
-        return Err(GradientStreamError::arrow("'value' column is not Float32"));
-    }
+    let column = column_dtype(schema.field(value_idx))?;
+    let dtype = match first(DTYPE_KEY) {
+        None => None,
+        Some(name) => Some(Dtype::from_name(&name).ok_or_else(|| {
+            GradientStreamError::arrow(
+                "gradient_dtype metadata is not float16, bfloat16, float32 or float64",
+            )
+        })?),
+    };
+    let head = Head {
+        column,
+        shape: first(SHAPE_KEY),
+        dtype,
+        manifest: first(MANIFEST_KEY),
+    };
+    out.begin(&head)?;
 
     // Only the `value` column is decoded; the others (the index) are skipped unread.
     let decoder =
@@ -379,27 +526,24 @@ fn decode_buffer<S: ValueSink + ?Sized>(
             .ok_or_else(|| {
                 GradientStreamError::arrow("IPC record batch block holds no record batch")
             })?;
-        let column = batch
-            .column(0)
-            .as_any()
-            .downcast_ref::<Float32Array>()
-            .ok_or_else(|| GradientStreamError::arrow("'value' column is not Float32"))?;
-        if declared_rows.is_some_and(|rows| rows != column.len() as i64) {
+        let values = batch.column(0);
+        let raw = column_bytes(values.as_ref(), column)?;
+        if declared_rows.is_some_and(|rows| rows != values.len() as i64) {
             return Err(GradientStreamError::arrow(format!(
                 "'value' column holds {} values but its record batch declares {} rows",
-                column.len(),
+                values.len(),
                 declared_rows.unwrap_or_default()
             )));
         }
-        if column.null_count() > 0 {
+        if values.null_count() > 0 {
             return Err(GradientStreamError::arrow(format!(
                 "'value' column has {} null value(s)",
-                column.null_count()
+                values.null_count()
             )));
         }
-        out.put(column.values());
+        out.put_raw(raw, column);
     }
-    Ok(shape)
+    Ok(head)
 }
 
 /// The bytes of one block (metadata + body), after checking the footer's numbers fit the
@@ -542,8 +686,9 @@ fn check_compressed(
         }
         total = total.saturating_add(declared);
     }
-    // All buffers together, too: a schema of many columns must not multiply the bound.
-    if total > rows.saturating_mul(8) {
+    // All buffers together, too: a schema of many columns must not multiply the bound
+    // (a seed float64 batch has 12 bytes a row).
+    if total > rows.saturating_mul(16) {
         return Err(GradientStreamError::arrow(format!(
             "compressed IPC buffers declare {total} bytes uncompressed in all, more than their \
              {rows}-row batch can hold"
@@ -555,7 +700,7 @@ fn check_compressed(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow_array::Float64Array;
+    use arrow_array::{Float32Array, Float64Array};
     use arrow_ipc::writer::StreamWriter;
 
     fn decode(payload: &[u8]) -> Result<Vec<f32>> {
@@ -650,9 +795,22 @@ mod tests {
             false,
         )]));
         let b =
-            RecordBatch::try_new(schema, vec![Arc::new(Float64Array::from(vec![1.0]))]).unwrap();
+            RecordBatch::try_new(schema, vec![Arc::new(Float64Array::from(vec![1.5]))]).unwrap();
+        // float64 is a dtype gradstream moves (here cast to the float32 `decode` makes).
+        assert_eq!(decode(&file_of(&[b])).unwrap(), [1.5]);
+
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "value",
+            DataType::Int32,
+            false,
+        )]));
+        let b = RecordBatch::try_new(schema, vec![Arc::new(Int32Array::from(vec![1]))]).unwrap();
         let err = decode(&file_of(&[b])).unwrap_err();
-        assert!(err.to_string().contains("not Float32"), "{err}");
+        assert_eq!(
+            err.to_string(),
+            "Arrow IPC error: 'value' column is not Float16, Float32, Float64 or \
+             gradstream.bfloat16"
+        );
     }
 
     #[test]
@@ -811,7 +969,7 @@ mod tests {
                 let encoding = Encoding {
                     layout,
                     compression: Some(compression),
-                    shape: None,
+                    ..Encoding::default()
                 };
                 let payload = encode_payload(encoding.clone(), &values).unwrap();
                 // Zeros compress; the seed layout's index column 0..n-1 hardly does.
@@ -833,7 +991,7 @@ mod tests {
         let encoding = Encoding {
             layout: Layout::Compact,
             compression: Some(Compression::Lz4),
-            shape: None,
+            ..Encoding::default()
         };
         let payload = encode_payload(encoding, &values).unwrap();
         let (at, rows) = value_prefix(&payload);

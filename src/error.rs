@@ -44,6 +44,14 @@ pub enum GradientStreamError {
         chunk_index: Option<u32>,
     },
 
+    /// The gradient's dtype is not that of the caller's output buffer (`out=`).
+    #[error("the gradient is {received}; out= is {expected}")]
+    GradientDtype {
+        expected: &'static str,
+        received: &'static str,
+        chunk_index: Option<u32>,
+    },
+
     /// The connection failed; `errno` is the OS error code when there is one.
     #[error("I/O error: {message}")]
     Io { errno: Option<i32>, message: String },

@@ -6,6 +6,7 @@
 //! (chunking, reassembly) and `stream` (tokio I/O) are plain Rust; `py` is the thin PyO3 layer that the Python package `gradstream` wraps.
 
 pub mod codec;
+pub mod dtype;
 pub mod error;
 pub mod frame;
 pub mod output;

@@ -4,59 +4,106 @@
 
 use std::ptr::NonNull;
 
+use crate::dtype::{convert, Dtype};
+use crate::error::Result;
+
+/// What a payload's schema says, read before any of its values: the `value` column's
+/// dtype and the metadata gradstream reads (each the first entry of its key).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Head {
+    pub column: Dtype,
+    /// `gradient_shape`, unchecked text.
+    pub shape: Option<String>,
+    /// `gradient_dtype`, checked to name a dtype.
+    pub dtype: Option<Dtype>,
+    /// `gradstream_tensors`: a tensor set's manifest.
+    pub manifest: Option<String>,
+}
+
+impl Head {
+    /// The dtype the values are handed back in.
+    pub fn result(&self) -> Dtype {
+        self.dtype.unwrap_or(self.column)
+    }
+}
+
 /// Takes decoded values in order. The decoders write through this instead of into a
 /// `Vec`, so that the same code fills either kind of output.
 pub trait ValueSink {
-    fn put(&mut self, values: &[f32]);
-    /// Values given as their bytes in memory order, at any alignment.
-    fn put_raw(&mut self, raw: &[u8]);
+    /// A payload's schema has been read; its values follow. A sink may refuse it (a
+    /// dtype its output cannot take): the payload is then not decoded.
+    fn begin(&mut self, _head: &Head) -> Result<()> {
+        Ok(())
+    }
+    /// Values of dtype `from` given as their bytes in memory order, at any alignment.
+    fn put_raw(&mut self, raw: &[u8], from: Dtype);
+
+    fn put(&mut self, values: &[f32]) {
+        self.put_raw(crate::codec::f32_bytes(values), Dtype::F32);
+    }
 }
 
-impl ValueSink for Vec<f32> {
-    fn put(&mut self, values: &[f32]) {
-        self.extend_from_slice(values);
-    }
-
-    fn put_raw(&mut self, raw: &[u8]) {
-        let n = raw.len() / 4;
-        self.reserve(n);
-        let len = self.len();
+/// Append `raw` (values of `from`) to `v` as values of `to`, whose width is T's.
+fn append<T: Copy + Default>(v: &mut Vec<T>, raw: &[u8], from: Dtype, to: Dtype) {
+    debug_assert_eq!(std::mem::size_of::<T>(), to.width());
+    let n = raw.len() / from.width();
+    let len = v.len();
+    if from == to {
+        v.reserve(n);
         // SAFETY: `reserve` made room for `n` more values; the copy fills exactly them
-        // (4 * n bytes, any bit pattern is an f32) before the length covers them.
+        // (n values of T's width; any bit pattern is a float or u16) before the length
+        // covers them.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 raw.as_ptr(),
-                self.as_mut_ptr().add(len).cast::<u8>(),
-                4 * n,
+                v.as_mut_ptr().add(len).cast::<u8>(),
+                n * to.width(),
             );
-            self.set_len(len + n);
+            v.set_len(len + n);
         }
+        return;
+    }
+    v.resize(len + n, T::default());
+    // SAFETY: the n values just added are initialised T (plain data without padding).
+    let dst = unsafe {
+        std::slice::from_raw_parts_mut(v.as_mut_ptr().add(len).cast::<u8>(), n * to.width())
+    };
+    convert(&raw[..n * from.width()], from, dst, to);
+}
+
+impl ValueSink for Vec<f32> {
+    fn put_raw(&mut self, raw: &[u8], from: Dtype) {
+        append(self, raw, from, Dtype::F32);
     }
 }
 
-/// A caller's `[f32]` being filled. It counts every value offered, also past its end
-/// (those are dropped), so that an overrun is reported with the real count.
+/// A caller's array being filled (`out=`), values of `dtype`. It counts every value
+/// offered, also past its end (those are dropped), so that an overrun is reported with
+/// the real count.
 #[derive(Debug)]
 pub struct OutSlice {
-    ptr: NonNull<f32>,
+    ptr: NonNull<u8>,
     capacity: usize,
+    dtype: Dtype,
     offered: usize,
 }
 
 // SAFETY: the creator of an OutSlice promises exclusive access to the memory for its
 // lifetime (see `new`); moving that access to another thread is then sound.
 unsafe impl Send for OutSlice {}
-// SAFETY: a shared reference only reads the two counts; writes need `&mut`.
+// SAFETY: a shared reference only reads the counts; writes need `&mut`.
 unsafe impl Sync for OutSlice {}
 
 impl OutSlice {
     /// # Safety
-    /// `ptr` must point to `capacity` writable, aligned f32 values that nothing else reads
-    /// or writes, and that stay allocated, until this OutSlice is dropped.
-    pub unsafe fn new(ptr: NonNull<f32>, capacity: usize) -> Self {
+    /// `ptr` must point to `capacity` writable values of `dtype` (`capacity * width`
+    /// bytes) that nothing else reads or writes, and that stay allocated, until this
+    /// OutSlice is dropped.
+    pub unsafe fn new(ptr: NonNull<u8>, capacity: usize, dtype: Dtype) -> Self {
         Self {
             ptr,
             capacity,
+            dtype,
             offered: 0,
         }
     }
@@ -65,87 +112,176 @@ impl OutSlice {
     /// The OutSlice (and any `Output` holding it) must be dropped before `out`'s borrow
     /// ends: it writes through a pointer the borrow checker does not follow.
     pub unsafe fn of(out: &mut [f32]) -> Self {
-        let ptr = NonNull::new(out.as_mut_ptr()).unwrap_or(NonNull::dangling());
+        let ptr = NonNull::new(out.as_mut_ptr().cast::<u8>()).unwrap_or(NonNull::dangling());
         // SAFETY: `out` is an exclusive borrow, outliving us by the caller's promise.
-        unsafe { Self::new(ptr, out.len()) }
+        unsafe { Self::new(ptr, out.len(), Dtype::F32) }
     }
 
-    /// The whole buffer as a slice.
+    /// The whole buffer as bytes.
     ///
     /// # Safety
     /// As for `new`: the memory is this OutSlice's alone while the slice is used.
-    pub unsafe fn as_mut_slice(&mut self) -> &mut [f32] {
+    pub unsafe fn as_mut_bytes(&mut self) -> &mut [u8] {
         // SAFETY: by the contract of `new` and of this function.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.capacity) }
+        unsafe {
+            std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.capacity * self.dtype.width())
+        }
     }
 
-    fn room(&self, n: usize) -> Option<*mut u8> {
-        let end = self.offered.checked_add(n)?;
-        // SAFETY (of the add): offered < end <= capacity keeps it inside the buffer.
-        (end <= self.capacity).then(|| unsafe { self.ptr.as_ptr().add(self.offered).cast() })
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
     }
 }
 
 impl ValueSink for OutSlice {
-    fn put(&mut self, values: &[f32]) {
-        if let Some(at) = self.room(values.len()) {
-            // SAFETY: `room` checked that the values fit; the memory is ours (see `new`).
-            unsafe {
-                std::ptr::copy_nonoverlapping(values.as_ptr().cast::<u8>(), at, 4 * values.len())
+    fn put_raw(&mut self, raw: &[u8], from: Dtype) {
+        let n = raw.len() / from.width();
+        let fits = self
+            .offered
+            .checked_add(n)
+            .is_some_and(|end| end <= self.capacity);
+        if fits {
+            let width = self.dtype.width();
+            // SAFETY: offered + n <= capacity keeps the range inside the buffer, which is
+            // ours alone (see `new`).
+            let dst = unsafe {
+                std::slice::from_raw_parts_mut(
+                    self.ptr.as_ptr().add(self.offered * width),
+                    n * width,
+                )
             };
-        }
-        self.offered += values.len();
-    }
-
-    fn put_raw(&mut self, raw: &[u8]) {
-        let n = raw.len() / 4;
-        if let Some(at) = self.room(n) {
-            // SAFETY: as in `put`.
-            unsafe { std::ptr::copy_nonoverlapping(raw.as_ptr(), at, 4 * n) };
+            convert(&raw[..n * from.width()], from, dst, self.dtype);
         }
         self.offered += n;
     }
 }
 
-/// Where the values go: a vector of ours, or the caller's memory.
+/// Values of our own, typed by their width (bfloat16 and float16 as u16 bits).
 #[derive(Debug)]
-enum Values {
-    Owned(Vec<f32>),
-    Lent(OutSlice),
+pub enum Store {
+    U16(Vec<u16>),
+    F32(Vec<f32>),
+    F64(Vec<f64>),
 }
 
-/// The values of one gradient (ours, or in the caller's memory), and the shape the sender
-/// kept, once the gradient is complete.
-#[derive(Debug)]
-pub struct Output {
-    values: Values,
-    /// Set by the reassembly when the payloads carried `gradient_shape`.
-    pub shape: Option<Vec<usize>>,
-}
+impl Store {
+    fn new(dtype: Dtype) -> Self {
+        Self::with_capacity(dtype, 0)
+    }
 
-impl Default for Output {
-    fn default() -> Self {
-        Self {
-            values: Values::Owned(Vec::new()),
-            shape: None,
+    fn with_capacity(dtype: Dtype, n: usize) -> Self {
+        match dtype {
+            Dtype::F16 | Dtype::BF16 => Self::U16(Vec::with_capacity(n)),
+            Dtype::F32 => Self::F32(Vec::with_capacity(n)),
+            Dtype::F64 => Self::F64(Vec::with_capacity(n)),
+        }
+    }
+
+    fn capacity(&self) -> usize {
+        match self {
+            Self::U16(v) => v.capacity(),
+            Self::F32(v) => v.capacity(),
+            Self::F64(v) => v.capacity(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Self::U16(v) => v.len(),
+            Self::F32(v) => v.len(),
+            Self::F64(v) => v.len(),
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Self::U16(v) => as_bytes(v),
+            Self::F32(v) => as_bytes(v),
+            Self::F64(v) => as_bytes(v),
         }
     }
 }
 
+fn as_bytes<T: Copy>(v: &[T]) -> &[u8] {
+    // SAFETY: u16, f32 and f64 have no padding; every byte is initialised.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+}
+
+/// Where the values go: a vector of ours, or the caller's memory.
+#[derive(Debug)]
+enum Values {
+    Owned(Store),
+    Lent(OutSlice),
+}
+
+/// The values of one gradient (ours, or in the caller's memory), their dtype, and the
+/// shape the sender kept, once the gradient is complete.
+#[derive(Debug)]
+pub struct Output {
+    values: Values,
+    dtype: Dtype,
+    /// Set by the reassembly when the payloads carried `gradient_shape`.
+    pub shape: Option<Vec<usize>>,
+    /// Set by the reassembly when the payloads carried `gradstream_tensors`.
+    pub manifest: Option<String>,
+}
+
+impl Default for Output {
+    fn default() -> Self {
+        Self::of(Dtype::F32)
+    }
+}
+
 impl Output {
-    /// Values of our own, in `shape` when the sender kept one.
+    /// An empty output of our own for values of `dtype`.
+    pub fn of(dtype: Dtype) -> Self {
+        Self {
+            values: Values::Owned(Store::new(dtype)),
+            dtype,
+            shape: None,
+            manifest: None,
+        }
+    }
+
+    /// float32 values of our own, in `shape` when the sender kept one.
     pub fn owned(values: Vec<f32>, shape: Option<Vec<usize>>) -> Self {
         Self {
-            values: Values::Owned(values),
+            values: Values::Owned(Store::F32(values)),
+            dtype: Dtype::F32,
             shape,
+            manifest: None,
         }
     }
 
     /// Values written into the caller's buffer.
     pub fn lent(out: OutSlice) -> Self {
         Self {
+            dtype: out.dtype,
             values: Values::Lent(out),
             shape: None,
+            manifest: None,
+        }
+    }
+
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    /// Take values of `dtype` from now on. An output of our own that holds no values yet
+    /// changes type; a lent buffer cannot (Err: its dtype).
+    pub fn set_dtype(&mut self, dtype: Dtype) -> std::result::Result<(), Dtype> {
+        if dtype == self.dtype {
+            return Ok(());
+        }
+        match &mut self.values {
+            Values::Owned(store) if store.len() == 0 => {
+                // Keep the room reserved for the gradient (counted in values).
+                *store = Store::with_capacity(dtype, store.capacity());
+                self.dtype = dtype;
+                Ok(())
+            }
+            Values::Owned(_) => Err(self.dtype),
+            Values::Lent(out) => Err(out.dtype),
         }
     }
 
@@ -172,38 +308,62 @@ impl Output {
     /// Forget the values put after the first `len` (a frame that failed).
     pub fn truncate(&mut self, len: usize) {
         match &mut self.values {
-            Values::Owned(v) => v.truncate(len),
+            Values::Owned(Store::U16(v)) => v.truncate(len),
+            Values::Owned(Store::F32(v)) => v.truncate(len),
+            Values::Owned(Store::F64(v)) => v.truncate(len),
             Values::Lent(o) => o.offered = o.offered.min(len),
         }
     }
 
     pub fn reserve(&mut self, n: usize) {
-        if let Values::Owned(v) = &mut self.values {
-            v.reserve(n);
+        match &mut self.values {
+            Values::Owned(Store::U16(v)) => v.reserve(n),
+            Values::Owned(Store::F32(v)) => v.reserve(n),
+            Values::Owned(Store::F64(v)) => v.reserve(n),
+            Values::Lent(_) => {}
         }
     }
 
-    /// The owned values (empty for a lent buffer, whose values are where the caller lent).
-    pub fn into_vec(self) -> Vec<f32> {
+    /// The bytes of values of our own (empty for a lent buffer).
+    pub fn owned_bytes(&self) -> &[u8] {
+        match &self.values {
+            Values::Owned(store) => store.bytes(),
+            Values::Lent(_) => &[],
+        }
+    }
+
+    /// The values of our own (None for a lent buffer, whose values are where the caller
+    /// lent).
+    pub fn into_store(self) -> Option<Store> {
         match self.values {
-            Values::Owned(v) => v,
+            Values::Owned(store) => Some(store),
+            Values::Lent(_) => None,
+        }
+    }
+
+    /// The owned values as float32 (empty for a lent buffer; other dtypes are cast).
+    pub fn into_vec(self) -> Vec<f32> {
+        let dtype = self.dtype;
+        match self.values {
+            Values::Owned(Store::F32(v)) => v,
+            Values::Owned(store) => {
+                let mut v = Vec::new();
+                v.put_raw(store.bytes(), dtype);
+                v
+            }
             Values::Lent(_) => Vec::new(),
         }
     }
 }
 
 impl ValueSink for Output {
-    fn put(&mut self, values: &[f32]) {
+    fn put_raw(&mut self, raw: &[u8], from: Dtype) {
+        let to = self.dtype;
         match &mut self.values {
-            Values::Owned(v) => v.put(values),
-            Values::Lent(o) => o.put(values),
-        }
-    }
-
-    fn put_raw(&mut self, raw: &[u8]) {
-        match &mut self.values {
-            Values::Owned(v) => v.put_raw(raw),
-            Values::Lent(o) => o.put_raw(raw),
+            Values::Owned(Store::U16(v)) => append(v, raw, from, to),
+            Values::Owned(Store::F32(v)) => append(v, raw, from, to),
+            Values::Owned(Store::F64(v)) => append(v, raw, from, to),
+            Values::Lent(o) => o.put_raw(raw, from),
         }
     }
 }
@@ -219,7 +379,7 @@ mod tests {
             // SAFETY: `out` is dropped at the end of this block, before `buf` is read.
             let mut out = Output::lent(unsafe { OutSlice::of(&mut buf) });
             out.put(&[1.0, 2.0]);
-            out.put_raw(&[3.0f32, 4.0].map(f32::to_ne_bytes).concat());
+            out.put_raw(&[3.0f32, 4.0].map(f32::to_ne_bytes).concat(), Dtype::F32);
             assert_eq!(out.len(), 4);
             out.put(&[5.0, 6.0]); // runs over: dropped, counted
             assert_eq!(out.len(), 6);
@@ -236,7 +396,7 @@ mod tests {
         let mut bytes = vec![0u8];
         bytes.extend(values.iter().flat_map(|v| v.to_ne_bytes()));
         let mut v: Vec<f32> = vec![9.0];
-        v.put_raw(&bytes[1..]);
+        v.put_raw(&bytes[1..], Dtype::F32);
         let bits: Vec<u32> = v.iter().map(|x| x.to_bits()).collect();
         assert_eq!(bits, [9.0f32, 1.5, -0.0, values[2]].map(f32::to_bits));
     }

@@ -6,9 +6,10 @@
 use std::collections::BTreeMap;
 
 use crate::codec::{self, Compression, Encoding, Layout};
+use crate::dtype::Dtype;
 use crate::error::{GradientStreamError, Result};
 use crate::frame::{FrameHeader, Limits, HEADER_LEN};
-use crate::output::{OutSlice, Output, ValueSink};
+use crate::output::{Head, OutSlice, Output, ValueSink};
 use crate::shape::ShapeCheck;
 use crate::template::Template;
 
@@ -31,6 +32,64 @@ pub struct SessionConfig {
     /// The `gradient_shape` text to write into every payload, for the gradient being
     /// encoded: set per call by the bindings when the Python session keeps shapes.
     pub shape: Option<std::sync::Arc<str>>,
+    /// The `gradient_dtype` to write into every payload (the dtype the receiver hands
+    /// back, when not the wire's): set per call by the bindings.
+    pub result: Option<Dtype>,
+    /// A tensor set's manifest, written into the payload of the set's first gradient.
+    pub manifest: Option<std::sync::Arc<str>>,
+}
+
+/// A gradient to send: its values as bytes in memory order, and their dtype.
+#[derive(Clone, Copy, Debug)]
+pub struct Gradient<'g> {
+    raw: &'g [u8],
+    dtype: Dtype,
+}
+
+impl<'g> Gradient<'g> {
+    /// `raw` holds values of `dtype` (a whole number of them).
+    pub fn new(raw: &'g [u8], dtype: Dtype) -> Self {
+        let whole = raw.len() - raw.len() % dtype.width();
+        Self {
+            raw: &raw[..whole],
+            dtype,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.raw.len() / self.dtype.width()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.raw.is_empty()
+    }
+
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    pub fn raw(&self) -> &'g [u8] {
+        self.raw
+    }
+}
+
+impl<'g> From<&'g [f32]> for Gradient<'g> {
+    fn from(values: &'g [f32]) -> Self {
+        Self::new(codec::f32_bytes(values), Dtype::F32)
+    }
+}
+
+impl<'g> From<&'g Vec<f32>> for Gradient<'g> {
+    fn from(values: &'g Vec<f32>) -> Self {
+        Self::from(values.as_slice())
+    }
+}
+
+/// `raw` as float32 values, when it is aligned for them (the template paths need f32).
+pub fn as_f32(raw: &[u8]) -> Option<&[f32]> {
+    // SAFETY: every bit pattern is an f32; align_to only hands out the aligned middle.
+    let (head, values, tail) = unsafe { raw.align_to::<f32>() };
+    (head.is_empty() && tail.is_empty()).then_some(values)
 }
 
 /// One encoded chunk, owning its payload.
@@ -46,7 +105,9 @@ pub struct EncodedChunk {
 #[derive(Debug)]
 pub struct FramePlan<'g> {
     total: u32,
-    windows: Vec<&'g [f32]>,
+    /// Each chunk's values, as bytes of the plan's dtype.
+    windows: Vec<&'g [u8]>,
+    dtype: Dtype,
     payload_lens: Vec<u32>,
     len: usize,
     /// Compressed sessions: each chunk's payload and CRC, encoded while planning (their
@@ -68,8 +129,12 @@ impl<'g> FramePlan<'g> {
         self.total
     }
 
-    /// Each chunk's index, values and exact payload length.
-    pub fn chunks(&self) -> impl Iterator<Item = (u32, &'g [f32], u32)> + '_ {
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    /// Each chunk's index, values (bytes) and exact payload length.
+    pub fn chunks(&self) -> impl Iterator<Item = (u32, &'g [u8], u32)> + '_ {
         (0u32..)
             .zip(self.windows.iter().copied())
             .zip(self.payload_lens.iter().copied())
@@ -77,12 +142,14 @@ impl<'g> FramePlan<'g> {
     }
 }
 
-/// Encode one chunk's payload into `out` (exactly its planned length); its CRC-32.
-pub fn write_payload(layout: Layout, values: &[f32], out: &mut [u8]) -> Result<u32> {
-    match Template::get(layout, values.len()) {
-        Some(template) if template.len() == out.len() => Ok(template.write(values, out)),
+/// Encode one chunk's plain float32 payload into `out` (exactly its planned length);
+/// its CRC-32.
+pub fn write_payload(layout: Layout, raw: &[u8], out: &mut [u8]) -> Result<u32> {
+    let values = as_f32(raw);
+    match values.zip(Template::get(layout, raw.len() / 4)) {
+        Some((values, template)) if template.len() == out.len() => Ok(template.write(values, out)),
         _ => {
-            codec::encode_payload_exact(layout, values, out)?;
+            codec::encode_payload_exact(layout, raw, out)?;
             Ok(codec::checksum(out))
         }
     }
@@ -116,24 +183,34 @@ impl SessionConfig {
             timeout: None,
             layout: Layout::Seed,
             shape: None,
+            result: None,
+            manifest: None,
         }
     }
 
     /// Number of chunks for a gradient of `len` values: ceiling division, and 1 for an
     /// empty gradient so that a stream always has a frame.
     /// How this session writes payloads.
-    pub fn encoding(&self) -> Encoding {
+    pub fn encoding(&self, dtype: Dtype) -> Encoding {
         Encoding {
             layout: self.layout,
             compression: self.compression,
+            dtype,
             shape: self.shape.clone(),
+            result: self.result,
+            manifest: self.manifest.clone(),
         }
     }
 
-    /// Whether payloads come from the Arrow writer chunk by chunk (their bytes depend on
-    /// more than the value count: compression, shape metadata) rather than templates.
-    pub fn writes_each_payload(&self) -> bool {
-        self.compression.is_some() || self.shape.is_some()
+    /// Whether payloads of `dtype` come from the Arrow writer chunk by chunk (their bytes
+    /// depend on more than the value count: compression, metadata, a dtype without
+    /// templates) rather than templates.
+    pub fn writes_each_payload(&self, dtype: Dtype) -> bool {
+        self.compression.is_some()
+            || dtype != Dtype::F32
+            || self.shape.is_some()
+            || self.result.is_some()
+            || self.manifest.is_some()
     }
 
     pub fn chunk_count(&self, len: usize) -> Result<u32> {
@@ -152,14 +229,24 @@ impl SessionConfig {
 
     /// Chunk `index` of `gradient` as one frame (header + payload): the asyncio-streams
     /// sender asks for frames one at a time.
-    pub fn encode_frame(&self, gradient: &[f32], index: u32) -> Result<Vec<u8>> {
+    pub fn encode_frame<'g>(
+        &self,
+        gradient: impl Into<Gradient<'g>>,
+        index: u32,
+    ) -> Result<Vec<u8>> {
+        let gradient = gradient.into();
         let total = self.chunk_count(gradient.len())?;
+        let width = gradient.dtype.width();
         let start = (index as usize)
             .saturating_mul(self.chunk_size)
             .min(gradient.len());
         let end = start.saturating_add(self.chunk_size).min(gradient.len());
         let mut frame = vec![0u8; HEADER_LEN];
-        codec::append_payload(self.encoding(), &gradient[start..end], &mut frame)?;
+        codec::append_payload(
+            self.encoding(gradient.dtype),
+            &gradient.raw[start * width..end * width],
+            &mut frame,
+        )?;
         let payload_len = self.check_payload_len(index, frame.len() - HEADER_LEN)?;
         let header = FrameHeader {
             chunk_index: index,
@@ -172,12 +259,14 @@ impl SessionConfig {
     }
 
     /// The gradient's windows, one per chunk (one empty window for an empty gradient).
-    fn windows<'g>(&self, gradient: &'g [f32]) -> Result<(u32, Vec<&'g [f32]>)> {
+    fn windows<'g>(&self, gradient: Gradient<'g>) -> Result<(u32, Vec<&'g [u8]>)> {
         let total = self.chunk_count(gradient.len())?;
         let windows = if gradient.is_empty() {
-            vec![gradient]
+            vec![gradient.raw]
         } else {
-            gradient.chunks(self.chunk_size).collect()
+            // chunk_count bounds chunk_size * width by the gradient's bytes.
+            let bytes = self.chunk_size.saturating_mul(gradient.dtype.width());
+            gradient.raw.chunks(bytes).collect()
         };
         Ok((total, windows))
     }
@@ -201,7 +290,10 @@ impl SessionConfig {
     }
 
     /// Split a gradient into chunks, each an Arrow IPC payload with its CRC-32.
-    pub fn encode_gradient(&self, gradient: &[f32]) -> Result<Vec<EncodedChunk>> {
+    pub fn encode_gradient<'g>(
+        &self,
+        gradient: impl Into<Gradient<'g>>,
+    ) -> Result<Vec<EncodedChunk>> {
         let plan = self.plan_frames(gradient)?;
         plan.chunks()
             .map(|(index, window, len)| {
@@ -217,7 +309,7 @@ impl SessionConfig {
     }
 
     /// The bytes `stream_to` writes: each chunk's header then its payload.
-    pub fn encode_frames(&self, gradient: &[f32]) -> Result<Vec<u8>> {
+    pub fn encode_frames<'g>(&self, gradient: impl Into<Gradient<'g>>) -> Result<Vec<u8>> {
         let plan = self.plan_frames(gradient)?;
         let mut out = vec![0u8; plan.len];
         self.write_frames(&plan, &mut out)?;
@@ -260,12 +352,14 @@ impl SessionConfig {
 
     /// Work out the chunks of `gradient` and the exact length of its frame stream, so that
     /// the stream can be written into memory allocated once (a Python `bytes`, say).
-    pub fn plan_frames<'g>(&self, gradient: &'g [f32]) -> Result<FramePlan<'g>> {
+    pub fn plan_frames<'g>(&self, gradient: impl Into<Gradient<'g>>) -> Result<FramePlan<'g>> {
+        let gradient = gradient.into();
+        let dtype = gradient.dtype;
         let (total, windows) = self.windows(gradient)?;
-        if self.writes_each_payload() {
+        if self.writes_each_payload(dtype) {
             // Sizes depend on the values (or the metadata): encode every chunk now, keep
             // the payloads.
-            let encoded = self.encode_each(&windows)?;
+            let encoded = self.encode_each(&windows, dtype)?;
             let payload_lens = encoded
                 .iter()
                 .zip(0u32..)
@@ -275,6 +369,7 @@ impl SessionConfig {
             return Ok(FramePlan {
                 total,
                 windows,
+                dtype,
                 payload_lens,
                 len,
                 encoded,
@@ -285,15 +380,16 @@ impl SessionConfig {
         let mut sizes: Vec<(usize, u32)> = Vec::with_capacity(2);
         let mut payload_lens = Vec::with_capacity(windows.len());
         for (window, index) in windows.iter().zip(0u32..) {
-            let len = match sizes.iter().find(|(n, _)| *n == window.len()) {
+            let n = window.len() / 4; // float32: the only dtype planned without encoding
+            let len = match sizes.iter().find(|(count, _)| *count == n) {
                 Some(&(_, len)) => len,
                 None => {
                     // 8 bytes a value is a floor: refuse a hopeless chunk before encoding it.
-                    let floor = window.len().saturating_mul(self.layout.bytes_per_value());
+                    let floor = n.saturating_mul(self.layout.bytes_per_value());
                     self.check_payload_len(index, floor)?;
-                    let len = payload_len_of(self.layout, window.len())?;
+                    let len = payload_len_of(self.layout, n)?;
                     let len = self.check_payload_len(index, len)?;
-                    sizes.push((window.len(), len));
+                    sizes.push((n, len));
                     len
                 }
             };
@@ -303,6 +399,7 @@ impl SessionConfig {
         Ok(FramePlan {
             total,
             windows,
+            dtype,
             payload_lens,
             len,
             encoded: Vec::new(),
@@ -311,20 +408,20 @@ impl SessionConfig {
 
     /// Each window's payload (from the Arrow writer) and CRC-32. Compression costs far
     /// more than the copies, so the windows are split between the machine's cores.
-    fn encode_each(&self, windows: &[&[f32]]) -> Result<Vec<(Vec<u8>, u32)>> {
-        let encode = |part: &[&[f32]]| -> Result<Vec<(Vec<u8>, u32)>> {
+    fn encode_each(&self, windows: &[&[u8]], dtype: Dtype) -> Result<Vec<(Vec<u8>, u32)>> {
+        let encode = |part: &[&[u8]]| -> Result<Vec<(Vec<u8>, u32)>> {
             part.iter()
                 .map(|window| {
-                    let payload = codec::encode_payload(self.encoding(), window)?;
+                    let payload = codec::encode_payload_raw(self.encoding(dtype), window)?;
                     let checksum = codec::checksum(&payload);
                     Ok((payload, checksum))
                 })
                 .collect()
         };
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let values: usize = windows.iter().map(|w| w.len()).sum();
+        let bytes: usize = windows.iter().map(|w| w.len()).sum();
         // Threads only pay for themselves on more than a few chunks of real work.
-        if threads < 2 || windows.len() < 4 || values < 1 << 16 {
+        if threads < 2 || windows.len() < 4 || bytes < 1 << 18 {
             return encode(windows);
         }
         let per_thread = windows.len().div_ceil(threads);
@@ -349,7 +446,7 @@ impl SessionConfig {
         &self,
         plan: &FramePlan<'_>,
         index: u32,
-        window: &[f32],
+        window: &[u8],
         out: &mut [u8],
     ) -> Result<u32> {
         match plan.encoded.get(index as usize) {
@@ -417,17 +514,32 @@ impl SessionConfig {
                 total: total as usize,
             });
         }
+        let mut values = Output::default();
         // The seed layout spends 8 payload bytes a value: a good first guess of the size.
-        let mut values: Vec<f32> =
-            Vec::with_capacity(chunks.iter().map(|c| c.payload.len() / 8).sum());
+        values.reserve(chunks.iter().map(|c| c.payload.len() / 8).sum());
         let mut shape = ShapeCheck::default();
+        let mut dtypes = DtypeCheck::default();
+        let mut manifest = None;
         for c in &chunks {
             let room = self.limits.max_gradient_len.saturating_sub(values.len());
-            let text = verify_and_decode(c.chunk_index, c.checksum, c.payload, &mut values, room)?;
-            shape.check(c.chunk_index, text)?;
+            let head = take_chunk(
+                c.chunk_index,
+                c.checksum,
+                c.payload,
+                &mut values,
+                &mut dtypes,
+                None,
+                self.limits.bf16_as_f32,
+                room,
+            )?;
+            shape.check(c.chunk_index, head.shape)?;
+            if c.chunk_index == 0 {
+                manifest = head.manifest;
+            }
         }
-        let shape = shape.finish(values.len())?;
-        Ok(Output::owned(values, shape))
+        values.shape = shape.finish(values.len())?;
+        values.manifest = manifest;
+        Ok(values)
     }
 
     /// Parse a byte stream of frames as the receiver does (README "Decoding rules",
@@ -438,8 +550,8 @@ impl SessionConfig {
 
     /// `decode_frames`, with the shape the sender kept.
     pub fn decode_frames_output(&self, data: &[u8]) -> Result<Output> {
-        // The input bounds what it can hold: a quarter of its bytes in values.
-        let receiver = FrameReceiver::new(self.limits, data.len() / 4);
+        // The input bounds what it can hold: half its bytes in values (float16).
+        let receiver = FrameReceiver::new(self.limits, data.len() / 2);
         Self::decode_frames_with(receiver, data)
     }
 
@@ -448,7 +560,12 @@ impl SessionConfig {
     pub fn decode_frames_into(&self, data: &[u8], out: &mut [f32]) -> Result<()> {
         // SAFETY: the OutSlice lives in `receiver` and in the Output returned to us, both
         // dropped before this function returns.
-        let receiver = FrameReceiver::with_output(self.limits, unsafe { OutSlice::of(out) });
+        self.decode_frames_lent(data, unsafe { OutSlice::of(out) })
+    }
+
+    /// `decode_frames_into` a lent buffer of any dtype.
+    pub fn decode_frames_lent(&self, data: &[u8], out: OutSlice) -> Result<()> {
+        let receiver = FrameReceiver::with_output(self.limits, out);
         Self::decode_frames_with(receiver, data).map(drop)
     }
 
@@ -544,7 +661,7 @@ fn verify_and_decode<S: ValueSink + ?Sized>(
     payload: &[u8],
     out: &mut S,
     room: usize,
-) -> Result<Option<String>> {
+) -> Result<Head> {
     // Our own payloads (any sender of ours) match a template: the CRC of the constant
     // bytes is known, and the values are copied out without going through Arrow.
     let templates = Template::for_payload(payload.len());
@@ -557,8 +674,11 @@ fn verify_and_decode<S: ValueSink + ?Sized>(
                     actual,
                 });
             }
-            out.put_raw(raw);
-            return Ok(None); // templates are made for payloads without metadata
+            // Templates are made for plain float32 payloads without metadata.
+            let head = Head::default();
+            out.begin(&head)?;
+            out.put_raw(raw, Dtype::F32);
+            return Ok(head);
         }
     }
     let actual = codec::checksum(payload);
@@ -570,14 +690,13 @@ fn verify_and_decode<S: ValueSink + ?Sized>(
         });
     }
     let mut counted = Counted { inner: out, n: 0 };
-    let shape =
-        codec::decode_payload(payload, &mut counted, room).map_err(|e| e.in_chunk(index))?;
-    if templates.is_empty() && shape.is_none() {
+    let head = codec::decode_payload(payload, &mut counted, room).map_err(|e| e.in_chunk(index))?;
+    if templates.is_empty() && head == Head::default() {
         // A payload size with no template yet: make this count's templates, so that
         // the next payload of this size (a gradient's next full chunk) takes the fast path.
         Template::learn(counted.n, payload.len());
     }
-    Ok(shape)
+    Ok(head)
 }
 
 /// Counts the values going into a sink.
@@ -587,15 +706,118 @@ struct Counted<'s, S: ?Sized> {
 }
 
 impl<S: ValueSink + ?Sized> ValueSink for Counted<'_, S> {
-    fn put(&mut self, values: &[f32]) {
-        self.n += values.len();
-        self.inner.put(values);
+    fn begin(&mut self, head: &Head) -> Result<()> {
+        self.inner.begin(head)
     }
 
-    fn put_raw(&mut self, raw: &[u8]) {
-        self.n += raw.len() / 4;
-        self.inner.put_raw(raw);
+    fn put_raw(&mut self, raw: &[u8], from: Dtype) {
+        self.n += raw.len() / from.width();
+        self.inner.put_raw(raw, from);
     }
+}
+
+/// The dtype rules of the README's decoding rules: every chunk's column dtype and
+/// `gradient_dtype` are those of the first chunk taken.
+#[derive(Debug, Default)]
+struct DtypeCheck {
+    /// The first chunk taken: its index, column dtype and gradient_dtype.
+    first: Option<(u32, Dtype, Option<Dtype>)>,
+}
+
+impl DtypeCheck {
+    fn check(&mut self, index: u32, head: &Head) -> Result<()> {
+        let Some((first, column, dtype)) = self.first else {
+            self.first = Some((index, head.column, head.dtype));
+            return Ok(());
+        };
+        if head.column != column {
+            return Err(GradientStreamError::frame(
+                format!(
+                    "chunks disagree on the value dtype: chunk {first} holds {}, chunk {index} \
+                     holds {}",
+                    column.name(),
+                    head.column.name()
+                ),
+                Some(index),
+            ));
+        }
+        if head.dtype != dtype {
+            let says = |d: Option<Dtype>| d.map_or("none", Dtype::name);
+            return Err(GradientStreamError::frame(
+                format!(
+                    "chunks disagree on gradient_dtype: chunk {first} says {}, chunk {index} says \
+                     {}",
+                    says(dtype),
+                    says(head.dtype)
+                ),
+                Some(index),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Forget the chunk just checked (it failed a later rule, so it was not taken).
+    fn undo(&mut self, index: u32) {
+        if matches!(self.first, Some((first, ..)) if first == index) {
+            self.first = None;
+        }
+    }
+}
+
+/// The sink one chunk is decoded through: the dtype rules, then the output's own type.
+struct Taking<'a> {
+    out: &'a mut Output,
+    dtypes: &'a mut DtypeCheck,
+    index: u32,
+    /// The caller's `out=` dtype, which every chunk's values must come back in.
+    lent: Option<Dtype>,
+    /// bfloat16 comes back as float32 (Python without ml_dtypes).
+    bf16_as_f32: bool,
+}
+
+impl ValueSink for Taking<'_> {
+    fn begin(&mut self, head: &Head) -> Result<()> {
+        self.dtypes.check(self.index, head)?;
+        let result = match head.result() {
+            Dtype::BF16 if self.bf16_as_f32 => Dtype::F32,
+            other => other,
+        };
+        let refused = |expected: Dtype| GradientStreamError::GradientDtype {
+            expected: expected.name(),
+            received: result.name(),
+            chunk_index: Some(self.index),
+        };
+        if let Some(lent) = self.lent.filter(|&lent| lent != result) {
+            return Err(refused(lent));
+        }
+        self.out.set_dtype(result).map_err(refused)
+    }
+
+    fn put_raw(&mut self, raw: &[u8], from: Dtype) {
+        self.out.put_raw(raw, from);
+    }
+}
+
+/// Verify and decode chunk `index` into `out` under the dtype rules.
+#[allow(clippy::too_many_arguments)]
+fn take_chunk(
+    index: u32,
+    checksum: u32,
+    payload: &[u8],
+    out: &mut Output,
+    dtypes: &mut DtypeCheck,
+    lent: Option<Dtype>,
+    bf16_as_f32: bool,
+    room: usize,
+) -> Result<Head> {
+    let mut sink = Taking {
+        out,
+        dtypes,
+        index,
+        lent,
+        bf16_as_f32,
+    };
+    verify_and_decode(index, checksum, payload, &mut sink, room)
 }
 
 /// Puts a gradient together from frames as they arrive, checking each on arrival.
@@ -613,24 +835,32 @@ pub struct Reassembler {
     /// The index whose values go at the end of `values` next.
     next: u32,
     values: Output,
-    early: BTreeMap<u32, Vec<f32>>,
+    early: BTreeMap<u32, Output>,
     /// Upper bound for the initial reservation (values the input could hold at most).
     reserve_cap: usize,
     shape: ShapeCheck,
+    dtypes: DtypeCheck,
+    /// bfloat16 comes back as float32.
+    bf16_as_f32: bool,
+    /// Chunk 0's `gradstream_tensors`, a tensor set's manifest.
+    manifest: Option<String>,
 }
 
 impl Reassembler {
-    pub fn new(max_gradient_len: usize, reserve_cap: usize) -> Self {
+    pub fn new(limits: Limits, reserve_cap: usize) -> Self {
         Self {
-            max_gradient_len,
+            max_gradient_len: limits.max_gradient_len,
             first: None,
             received: 0,
             count: 0,
             next: 0,
             values: Output::default(),
             early: BTreeMap::new(),
-            reserve_cap: reserve_cap.min(max_gradient_len),
+            reserve_cap: reserve_cap.min(limits.max_gradient_len),
             shape: ShapeCheck::default(),
+            dtypes: DtypeCheck::default(),
+            bf16_as_f32: limits.bf16_as_f32,
+            manifest: None,
         }
     }
 
@@ -656,7 +886,7 @@ impl Reassembler {
         let (first_index, total) = self.first.unwrap_or((index, header.total_chunks));
         self.check_frame(first_index, total, header)
             .map_err(|e| e.at_offset(offset))?;
-        let mut fresh = Vec::new();
+        let mut fresh = Output::default();
         let in_order = index == self.next;
         if in_order && self.received == 0 {
             // Guess the gradient's size from the first chunk, within what can come.
@@ -665,17 +895,34 @@ impl Reassembler {
         }
         let before = self.values.len();
         let room = self.max_gradient_len.saturating_sub(self.count);
-        let decoded = if in_order {
-            verify_and_decode(index, header.checksum, payload, &mut self.values, room)
-                .map(|text| (text, self.values.len() - before))
+        let lent = self.values.limit().map(|_| self.values.dtype());
+        let (out, n_before) = if in_order {
+            (&mut self.values, before)
         } else {
-            verify_and_decode(index, header.checksum, payload, &mut fresh, room)
-                .map(|text| (text, fresh.len()))
+            (&mut fresh, 0)
         };
-        let decoded = decoded.and_then(|(text, n)| {
+        let decoded = take_chunk(
+            index,
+            header.checksum,
+            payload,
+            &mut *out,
+            &mut self.dtypes,
+            lent,
+            self.bf16_as_f32,
+            room,
+        )
+        .map(|head| {
+            let n = out.len() - n_before;
+            (head, n)
+        })
+        .map_err(|e| e.at_offset(offset));
+        let decoded = decoded.and_then(|(head, n)| {
             self.shape
-                .check(index, text)
+                .check(index, head.shape)
                 .map_err(|e| e.at_offset(offset))?;
+            if index == 0 {
+                self.manifest = head.manifest;
+            }
             let count = self.count + n;
             if count > self.max_gradient_len {
                 return Err(GradientStreamError::frame(
@@ -700,16 +947,24 @@ impl Reassembler {
             Ok(count) => count,
             Err(e) => {
                 self.values.truncate(before);
-                // The first chunk's shape is only kept if the chunk is taken.
+                // The first chunk's shape and dtype are only kept if the chunk is taken.
                 self.shape.undo(index);
+                self.dtypes.undo(index);
+                if index == 0 {
+                    self.manifest = None;
+                }
                 return Err(e);
             }
         };
         self.count = count;
         if index == self.next {
             self.next += 1;
-            while let Some(values) = self.early.remove(&self.next) {
-                self.values.put(&values);
+            while let Some(early) = self.early.remove(&self.next) {
+                if self.values.is_empty() {
+                    // Takes the chunks' dtype (all agree), if no chunk set it yet.
+                    let _ = self.values.set_dtype(early.dtype());
+                }
+                self.values.put_raw(early.owned_bytes(), early.dtype());
                 self.next += 1;
             }
         } else {
@@ -762,6 +1017,7 @@ impl Reassembler {
         }
         let mut values = self.values;
         values.shape = shape;
+        values.manifest = self.manifest;
         Ok(values)
     }
 }
@@ -783,7 +1039,7 @@ impl FrameReceiver {
     pub fn new(limits: Limits, reserve_cap: usize) -> Self {
         Self {
             limits,
-            assembly: Reassembler::new(limits.max_gradient_len, reserve_cap),
+            assembly: Reassembler::new(limits, reserve_cap),
             pending: None,
             offset: 0,
         }
@@ -886,6 +1142,13 @@ pub enum Ended {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn unlimited() -> Limits {
+        Limits {
+            max_gradient_len: usize::MAX,
+            ..Limits::default()
+        }
+    }
 
     fn gradient(n: usize) -> Vec<f32> {
         (0..n).map(|i| i as f32 * 0.5 - 3.0).collect()
@@ -1056,13 +1319,13 @@ mod tests {
         let chunks = s.encode_gradient(&gradient(6)).unwrap();
         let mut bad = chunks[1].clone();
         bad.checksum ^= 1;
-        let mut assembly = Reassembler::new(usize::MAX, 1 << 20);
+        let mut assembly = Reassembler::new(unlimited(), 1 << 20);
         assert!(!assembly
             .accept(&chunks[0].header(), &chunks[0].payload, 0)
             .unwrap());
         assert!(assembly.accept(&bad.header(), &bad.payload, 0).is_err());
         // An out-of-range first frame must not fix the total for the frames after it.
-        let mut fresh = Reassembler::new(usize::MAX, 1 << 20);
+        let mut fresh = Reassembler::new(unlimited(), 1 << 20);
         let mut far = chunks[0].clone();
         far.total_chunks = 0;
         assert!(fresh.accept(&far.header(), &far.payload, 0).is_err());
@@ -1166,5 +1429,106 @@ mod tests {
         );
         assert_eq!(index, Some(1));
         assert!(offset.is_some());
+    }
+
+    fn bytes_of(dtype: Dtype, n: usize) -> Vec<u8> {
+        // Every bit pattern, NaNs included: values travel as raw bits.
+        (0..n * dtype.width())
+            .map(|i| (i as u8).wrapping_mul(151).wrapping_add(7))
+            .collect()
+    }
+
+    #[test]
+    fn every_dtype_travels_bit_for_bit_through_frames_and_chunks() {
+        for dtype in Dtype::ALL {
+            for layout in [Layout::Seed, Layout::Compact] {
+                let mut s = SessionConfig::new("d", 7);
+                s.layout = layout;
+                let raw = bytes_of(dtype, 30);
+                let wire = s.encode_frames(Gradient::new(&raw, dtype)).unwrap();
+                let back = s.decode_frames_output(&wire).unwrap();
+                assert_eq!((back.dtype(), back.owned_bytes()), (dtype, &raw[..]));
+                let chunks = s.encode_gradient(Gradient::new(&raw, dtype)).unwrap();
+                let refs = chunks.iter().rev().map(|c| c.as_ref()).collect();
+                let back = s.decode_chunks_output(refs).unwrap();
+                assert_eq!((back.dtype(), back.owned_bytes()), (dtype, &raw[..]));
+            }
+        }
+    }
+
+    #[test]
+    fn gradient_dtype_casts_on_receipt_and_a_lent_buffer_must_match_it() {
+        let values = [1.5f32, -0.0, 3.0e38, f32::from_bits(0xffc0_1234)];
+        let raw = codec::f32_bytes(&values).to_vec();
+        let mut s = SessionConfig::new("d", 3);
+        s.result = Some(Dtype::F64);
+        let wire = s.encode_frames(&values.to_vec()).unwrap();
+        let back = s.decode_frames_output(&wire).unwrap();
+        assert_eq!(back.dtype(), Dtype::F64);
+        let mut expected = vec![0u8; 32];
+        crate::dtype::convert(&raw, Dtype::F32, &mut expected, Dtype::F64);
+        assert_eq!(back.owned_bytes(), &expected[..]);
+        // A float32 out= for a gradient that comes back as float64: refused at chunk 0,
+        // nothing written.
+        let mut out = [7.0f32; 4];
+        let err = s.decode_frames_into(&wire, &mut out).unwrap_err();
+        assert_eq!(
+            err,
+            GradientStreamError::GradientDtype {
+                expected: "float32",
+                received: "float64",
+                chunk_index: Some(0),
+            }
+        );
+        assert_eq!(out, [7.0; 4]);
+        // bfloat16 handed back as float32 (no bfloat16 dtype in Python): an exact widening.
+        s.result = None;
+        s.limits.bf16_as_f32 = true;
+        let bf = [0x3f81u16, 0xc000];
+        let raw: Vec<u8> = bf.iter().flat_map(|b| b.to_ne_bytes()).collect();
+        let wire = s.encode_frames(Gradient::new(&raw, Dtype::BF16)).unwrap();
+        assert_eq!(
+            s.decode_frames_output(&wire).unwrap().into_vec(),
+            [f32::from_bits(0x3f81_0000), -2.0]
+        );
+    }
+
+    #[test]
+    fn chunks_must_agree_on_their_dtypes() {
+        let s = SessionConfig::new("d", 2);
+        let half = bytes_of(Dtype::F16, 4);
+        let a = s.encode_gradient(Gradient::new(&half, Dtype::F16)).unwrap();
+        let b = s.encode_gradient(&vec![1.0f32; 4]).unwrap();
+        let mixed = vec![a[0].as_ref(), b[1].as_ref()];
+        let err = s.decode_chunks_output(mixed).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "chunks disagree on the value dtype: chunk 0 holds float16, chunk 1 holds float32"
+        );
+        let mut t = s.clone();
+        t.result = Some(Dtype::F64);
+        let c = t.encode_gradient(Gradient::new(&half, Dtype::F16)).unwrap();
+        let mut wire = Vec::new();
+        for chunk in [&a[0], &c[1]] {
+            wire.extend(chunk.header().to_bytes());
+            wire.extend(&chunk.payload);
+        }
+        match s.decode_frames_output(&wire).unwrap_err() {
+            GradientStreamError::Frame {
+                detail,
+                chunk_index,
+                offset,
+            } => {
+                assert_eq!(
+                    detail,
+                    "chunks disagree on gradient_dtype: chunk 0 says none, chunk 1 says float64"
+                );
+                assert_eq!(
+                    (chunk_index, offset),
+                    (Some(1), Some(a[0].payload.len() as u64 + 16))
+                );
+            }
+            e => panic!("wrong error {e:?}"),
+        }
     }
 }

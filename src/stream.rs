@@ -10,7 +10,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::error::{GradientStreamError, Result};
 use crate::frame::{FrameHeader, HEADER_LEN};
-use crate::session::{write_payload, Ended, FrameReceiver, SessionConfig};
+use crate::session::{as_f32, write_payload, Ended, FrameReceiver, Gradient, SessionConfig};
 use crate::template::Template;
 
 /// Counters a transfer updates as it goes, readable from any thread.
@@ -59,14 +59,15 @@ async fn within<T>(
 /// A chunk of ours goes out as one vectored write of the header, the template's constant
 /// bytes and the values straight from the caller's memory: no copy of the gradient is made
 /// (see `template.rs`). Chunks without a template are encoded into a reused frame buffer.
-pub async fn send_gradient<W: AsyncWrite + Unpin>(
+pub async fn send_gradient<'g, W: AsyncWrite + Unpin>(
     config: &SessionConfig,
-    gradient: &[f32],
+    gradient: impl Into<Gradient<'g>>,
     writer: &mut W,
     timeout: Option<Duration>,
     progress: &Progress,
 ) -> Result<usize> {
-    if config.writes_each_payload() {
+    let gradient = gradient.into();
+    if config.writes_each_payload(gradient.dtype()) {
         return send_each(config, gradient, writer, timeout, progress).await;
     }
     let plan = config.plan_frames(gradient)?;
@@ -75,8 +76,12 @@ pub async fn send_gradient<W: AsyncWrite + Unpin>(
     let mut frame: Vec<u8> = Vec::new();
     let mut sent = 0usize;
     for (index, window, payload_len) in plan.chunks() {
-        let template = Template::get(config.layout, window.len())
-            .filter(|t| writer.is_write_vectored() && t.len() == payload_len as usize);
+        // Planned without encoding, so float32 (aligned: it is the caller's f32 array).
+        let values = as_f32(window);
+        let template = values
+            .and_then(|v| Template::get(config.layout, v.len()))
+            .filter(|t| writer.is_write_vectored() && t.len() == payload_len as usize)
+            .zip(values);
         let header = |checksum| FrameHeader {
             chunk_index: index,
             total_chunks: total,
@@ -85,8 +90,8 @@ pub async fn send_gradient<W: AsyncWrite + Unpin>(
         };
         let head;
         let parts: [&[u8]; 4] = match &template {
-            Some(t) => {
-                let (pieces, checksum) = t.pieces(window);
+            Some((t, values)) => {
+                let (pieces, checksum) = t.pieces(values);
                 head = header(checksum).to_bytes();
                 [&head[..], pieces[0], pieces[1], pieces[2]]
             }
@@ -140,7 +145,7 @@ async fn write_frame<W: AsyncWrite + Unpin>(
 /// each frame is encoded as it is sent, and the whole stream is never held.
 async fn send_each<W: AsyncWrite + Unpin>(
     config: &SessionConfig,
-    gradient: &[f32],
+    gradient: Gradient<'_>,
     writer: &mut W,
     timeout: Option<Duration>,
     progress: &Progress,

@@ -619,7 +619,7 @@ def test_compression_values(impl: ModuleType, value: Any, stored: str | None):
     # At the flag's old place, after the layout; the value as Python's repr shows it.
     # (How session_id and layout are quoted is not this feature's business.)
     tail = r"""layout=["']seed["'], compression=""" + re.escape(repr(stored))
-    tail += r", keep_shape=False\)$"
+    tail += r", keep_shape=False, keep_dtype=False, wire_dtype=None\)$"
     assert re.search(tail, repr(s)), repr(s)
 
 
@@ -631,10 +631,12 @@ def test_compression_defaults_to_none(impl: ModuleType):
     param = inspect.signature(impl.GradientStreamSession).parameters["compression"]
     assert param.kind is inspect.Parameter.KEYWORD_ONLY
     assert param.default is None
-    # Followed only by keep_shape (tests/test_shape.py).
-    assert list(inspect.signature(impl.GradientStreamSession).parameters)[-2:] == [
+    # Followed only by keep_shape, keep_dtype and wire_dtype (test_shape, test_dtypes).
+    assert list(inspect.signature(impl.GradientStreamSession).parameters)[-4:] == [
         "compression",
         "keep_shape",
+        "keep_dtype",
+        "wire_dtype",
     ]
 
 
@@ -958,9 +960,12 @@ def test_declared_length_bound_is_eight_bytes_a_row(impl: ModuleType, codec: str
 
 
 @pytest.mark.parametrize("codec", ["lz4", "zstd"])
-def test_declared_lengths_together_are_bounded_by_eight_bytes_a_row(impl: ModuleType, codec: str):
-    """Each buffer within 8 bytes a row is not enough: a schema of many columns (here the
-    seed layout's two) must not multiply what a batch can make a reader allocate."""
+def test_declared_lengths_together_are_bounded_by_sixteen_bytes_a_row(impl: ModuleType, codec: str):
+    """Each buffer within 8 bytes a row is not enough: a schema of many columns must not
+    multiply what a batch can make a reader allocate. All buffers together may declare 16
+    bytes a row (a seed float64 batch needs 12): here the seed layout's two data buffers at
+    8 bytes a row each pass, and 8 more bytes (in the value column's validity buffer) do
+    not."""
     payload = compressed_payload(codec, "seed", 1000, "sparse")
     batch = the_batch(payload)
     i = value_buffer(batch)
@@ -969,12 +974,16 @@ def test_declared_lengths_together_are_bounded_by_eight_bytes_a_row(impl: Module
     big = (8000).to_bytes(8, "little") + pa.compress(padded, codec=codec, asbytes=True)
     index = np.concatenate([np.arange(1000, dtype=np.int32), np.zeros(1000, np.int32)])
     big_index = (8000).to_bytes(8, "little") + pa.compress(index, codec=codec, asbytes=True)
-    hostile = with_buffer(with_buffer(batch, i, big), j, big_index)
+    at_bound = with_buffer(with_buffer(batch, i, big), j, big_index)
+    for outcome in decode_both_ways(session(impl), rebuild(payload, at_bound)):
+        assert_bit_equal(outcome, sparse(1000))
+    validity = (8).to_bytes(8, "little") + pa.compress(b"\xff" * 8, codec=codec, asbytes=True)
+    hostile = with_buffer(at_bound, i - 1, validity)
     for outcome in decode_both_ways(session(impl), rebuild(payload, hostile)):
         assert_arrow_error(
             outcome,
             0,
-            "compressed IPC buffers declare 16000 bytes uncompressed in all, more than their "
+            "compressed IPC buffers declare 16008 bytes uncompressed in all, more than their "
             "1000-row batch can hold",
         )
 

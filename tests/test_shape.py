@@ -247,10 +247,11 @@ def test_keep_shape_setting(impl):
     assert s.keep_shape is False
     t = session(impl, keep_shape=True)
     assert t.keep_shape is True
-    assert repr(s).endswith(", compression=None, keep_shape=False)"), repr(s)
-    assert repr(t).endswith(", compression=None, keep_shape=True)"), repr(t)
+    rest = ", keep_dtype=False, wire_dtype=None)"
+    assert repr(s).endswith(", compression=None, keep_shape=False" + rest), repr(s)
+    assert repr(t).endswith(", compression=None, keep_shape=True" + rest), repr(t)
     z = session(impl, compression="zstd", keep_shape=True)
-    assert repr(z).endswith(", compression='zstd', keep_shape=True)"), repr(z)
+    assert repr(z).endswith(", compression='zstd', keep_shape=True" + rest), repr(z)
     # with_compression keeps it, both ways.
     assert t.with_compression(True).keep_shape is True
     assert t.with_compression(True).compression == "lz4"
@@ -258,11 +259,11 @@ def test_keep_shape_setting(impl):
     assert s.with_compression(True).keep_shape is False
 
 
-def test_keep_shape_is_the_last_keyword_only_parameter(impl):
+def test_keep_shape_follows_compression_as_a_keyword_only_parameter(impl):
     params = list(inspect.signature(impl.GradientStreamSession).parameters.values())
-    last = params[-1]
+    last = params[-3]  # then keep_dtype and wire_dtype (tests/test_dtypes.py)
     assert last.name == "keep_shape"
-    assert params[-2].name == "compression"
+    assert params[-4].name == "compression"
     assert last.kind is inspect.Parameter.KEYWORD_ONLY
     assert last.default is False
 

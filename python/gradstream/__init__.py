@@ -7,6 +7,7 @@ CRC-32 per chunk, in the wire format of ipfrs-transport 0.2.0.
 
 from __future__ import annotations
 
+from ._dtypes import BFloat16Type
 from ._native import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_MAX_GRADIENT_LEN,
@@ -20,12 +21,14 @@ from .errors import (
     ArrowIpcError,
     ChecksumMismatchError,
     FrameError,
+    GradientDtypeError,
     GradientSizeError,
     GradientStreamError,
     IncompleteStreamError,
     SettingError,
     StreamIOError,
     StreamTimeoutError,
+    TensorSetError,
 )
 
 __version__ = "0.1.0"
@@ -36,9 +39,11 @@ __all__ = [
     "DEFAULT_MAX_PAYLOAD_LEN",
     "HEADER_LEN",
     "ArrowIpcError",
+    "BFloat16Type",
     "ChecksumMismatchError",
     "FrameError",
     "GradientChunk",
+    "GradientDtypeError",
     "GradientSizeError",
     "GradientStreamError",
     "GradientStreamSession",
@@ -46,6 +51,7 @@ __all__ = [
     "SettingError",
     "StreamIOError",
     "StreamTimeoutError",
+    "TensorSetError",
     "TransferProgress",
     "__version__",
 ]

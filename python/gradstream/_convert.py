@@ -13,12 +13,19 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["as_float32_array", "as_float32_vector", "frame_buffer", "value_buffer"]
+__all__ = [
+    "as_float32_array",
+    "as_float32_vector",
+    "frame_buffer",
+    "to_ndarray",
+    "value_buffer",
+]
 
 _HOW = (
-    "gradstream sends float32 values only, as the ipfrs-transport wire format does; "
-    "convert explicitly if the rounding is acceptable, e.g. numpy.asarray(g, dtype=numpy.float32)"
-    " or tensor.float()"
+    "a default session sends float32 values only, as the ipfrs-transport wire format does; "
+    "send float16, bfloat16 or float64 as they are with GradientStreamSession(..., "
+    "keep_dtype=True), cast them with wire_dtype=..., or convert explicitly if the rounding "
+    "is acceptable, e.g. numpy.asarray(g, dtype=numpy.float32) or tensor.float()"
 )
 
 
@@ -51,7 +58,10 @@ def _is_arrow(obj: Any) -> bool:
     return isinstance(obj, (pa.Array, pa.ChunkedArray))
 
 
-def _to_ndarray(obj: Any) -> np.ndarray:
+def to_ndarray(obj: Any, *, any_float: bool = False) -> np.ndarray:
+    """``obj`` as a numpy array, without a copy where the memory allows. The dtype is
+    checked by the caller; buffers other than format 'f' are refused here unless
+    ``any_float`` (then 'e' and 'd' are taken too)."""
     if isinstance(obj, np.ndarray):
         return obj
     if _is_arrow(obj):
@@ -68,7 +78,8 @@ def _to_ndarray(obj: Any) -> np.ndarray:
     except TypeError:
         view = None
     if view is not None:
-        if view.format.lstrip("@=<") != "f" or view.itemsize != 4:
+        formats = {"e": 2, "f": 4, "d": 8} if any_float else {"f": 4}
+        if formats.get(view.format.lstrip("@=<")) != view.itemsize:
             raise _reject(f"buffer format {view.format!r} (float32 is 'f')")
         return np.asarray(view)
     if hasattr(obj, "__dlpack__"):
@@ -100,7 +111,7 @@ def as_float32_vector(obj: Any) -> np.ndarray:
 def as_float32_array(obj: Any) -> np.ndarray:
     """``as_float32_vector`` before flattening: C-contiguous, in ``obj``'s own shape (the
     shape ``keep_shape`` sends)."""
-    arr = _to_ndarray(obj)
+    arr = to_ndarray(obj)
     dtype = arr.dtype
     if dtype.kind != "f" or dtype.itemsize != 4:
         raise _reject(f"dtype {dtype}")
@@ -113,26 +124,33 @@ def as_float32_array(obj: Any) -> np.ndarray:
 
 # out= buffers, checked alike by the native session and the reference.
 
-_DECODE_OUT = "out= must be a writeable C-contiguous float32 numpy array"
+_DECODE_OUT = (
+    "out= must be a writeable C-contiguous numpy array of float16, bfloat16, float32 or float64"
+)
 
 
 def value_buffer(out: Any) -> np.ndarray:
     """Check a decode call's ``out=`` before any data is read: a writeable, C-contiguous,
-    aligned, native-endian float32 numpy array of any shape. Returns ``out`` itself;
-    TypeError naming the problem otherwise."""
+    aligned, native-endian numpy array of float16, float32, float64 or ml_dtypes'
+    bfloat16, of any shape. Returns ``out`` itself; TypeError naming the problem
+    otherwise. Its dtype must also be the one the gradient comes back in, which only the
+    data can tell (GradientDtypeError then)."""
+    from ._dtypes import dtype_name
+
+    name = dtype_name(out.dtype) if isinstance(out, np.ndarray) else None
     if not isinstance(out, np.ndarray):
         problem = type(out).__name__
-    elif out.dtype.type is not np.float32:
+    elif name is None:
         problem = f"{out.dtype} array"
     elif not out.dtype.isnative:
-        problem = f"float32 array in non-native byte order ({out.dtype.str})"
+        problem = f"{name} array in non-native byte order ({out.dtype.str})"
     elif not out.flags.c_contiguous:
-        problem = "non-contiguous float32 array"
+        problem = f"non-contiguous {name} array"
     elif not out.flags.aligned:
-        # README: aligned, as the native side writes f32 values in place.
-        problem = "misaligned float32 array"
+        # README: aligned, as the native side writes the values in place.
+        problem = f"misaligned {name} array"
     elif not out.flags.writeable:
-        problem = "read-only float32 array"
+        problem = f"read-only {name} array"
     else:
         return out
     raise TypeError(f"{_DECODE_OUT}, got {problem}")

@@ -10,16 +10,21 @@ error, and carries the fields a caller needs as attributes.
 
 from __future__ import annotations
 
+import errno as _errno
+import os as _os
+
 __all__ = [
     "ArrowIpcError",
     "ChecksumMismatchError",
     "FrameError",
+    "GradientDtypeError",
     "GradientSizeError",
     "GradientStreamError",
     "IncompleteStreamError",
     "SettingError",
     "StreamIOError",
     "StreamTimeoutError",
+    "TensorSetError",
 ]
 
 
@@ -152,6 +157,47 @@ class GradientSizeError(GradientStreamError, ValueError):
         return (type(self), (self.expected, self.received, self.chunk_index))
 
 
+class GradientDtypeError(GradientStreamError, TypeError):
+    """The gradient that arrived is not of the dtype of the caller's ``out=`` array.
+
+    Also a ``TypeError``. ``expected`` is ``out``'s dtype name, ``received`` the dtype
+    the gradient is handed back in (``float16``, ``bfloat16``, ``float32``, ``float64``),
+    ``chunk_index`` the chunk that told it. Nothing of that chunk is written to ``out``.
+    """
+
+    expected: str
+    received: str
+    chunk_index: int | None
+
+    def __init__(self, expected: str, received: str, chunk_index: int | None = None) -> None:
+        self.expected = expected
+        self.received = received
+        self.chunk_index = chunk_index
+        super().__init__(f"the gradient is {received}; out= is {expected}")
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, int | None]]:
+        return (type(self), (self.expected, self.received, self.chunk_index))
+
+
+class TensorSetError(GradientStreamError, ValueError):
+    """A tensor set that is not valid: a repeated or bad name, a manifest that cannot be
+    read, a tensor that arrives other than its manifest entry says.
+
+    Also a ``ValueError``. ``name`` is the tensor concerned, when there is one.
+    """
+
+    detail: str
+    name: str | None
+
+    def __init__(self, detail: str, name: str | None = None) -> None:
+        self.detail = detail
+        self.name = name
+        super().__init__(detail)
+
+    def __reduce__(self) -> tuple[type, tuple[str, str | None]]:
+        return (type(self), (self.detail, self.name))
+
+
 class StreamIOError(GradientStreamError, OSError):
     """The connection failed (reset, refused, closed under a write...).
 
@@ -161,6 +207,29 @@ class StreamIOError(GradientStreamError, OSError):
 
     def __reduce__(self) -> tuple[type, tuple[object, ...]]:
         return (type(self), tuple(self.args))
+
+    @classmethod
+    def from_os_error(cls, exc: OSError) -> StreamIOError:
+        """StreamIOError(errno, strerror) for a failed system call or stream operation
+        (used by the Python-side I/O: the reference and the tensor-set layer)."""
+        if isinstance(exc, StreamIOError):
+            return exc
+        code = exc.errno
+        if code is None:
+            # asyncio raises e.g. ConnectionResetError("Connection lost") without an
+            # errno; the class says which one it stands for.
+            code = next((c for kind, c in _ERRNO_OF if isinstance(exc, kind)), None)
+        if code is None:
+            return cls(str(exc) or type(exc).__name__)
+        return cls(code, exc.strerror or _os.strerror(code))
+
+
+_ERRNO_OF: tuple[tuple[type[OSError], int], ...] = (
+    (BrokenPipeError, _errno.EPIPE),
+    (ConnectionResetError, _errno.ECONNRESET),
+    (ConnectionAbortedError, _errno.ECONNABORTED),
+    (ConnectionRefusedError, _errno.ECONNREFUSED),
+)
 
 
 class StreamTimeoutError(StreamIOError, TimeoutError):

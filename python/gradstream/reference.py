@@ -6,11 +6,13 @@ same fields. It is the executable form of the spec: keep it obvious rather than 
 
 Two things hold throughout:
 
-* float32 values are moved as raw 4-byte words (numpy float32 views, Arrow buffers,
-  memcpy-style concatenation) and never pass through float64, so NaN payloads, -0.0 and
-  subnormals survive bit for bit;
-* this module imports only ``.errors`` and ``._convert`` from the package, never the native
-  extension, so it works (and can judge the extension) when the extension is absent.
+* values are moved as raw words (numpy views, Arrow buffers, memcpy-style
+  concatenation) and never pass through another dtype unless the dtypes rules cast them
+  (``_dtypes.cast``, README "The cast rule"), so NaN payloads, -0.0 and subnormals survive
+  bit for bit;
+* this module imports only ``.errors``, ``._convert``, ``._dtypes`` and (for tensor sets,
+  when called) ``._tensors`` from the package, never the native extension, so it works (and
+  can judge the extension) when the extension is absent.
 
 The decoding rules for frames live in one place, ``_FrameReceiver``, a sans-I/O state
 machine that is fed one header or one payload at a time. ``decode_frames`` drives it over
@@ -18,11 +20,12 @@ bytes in memory; ``receive_from`` / ``receive_iter`` drive it over a socket or a
 stream (README "Streaming"), with plain asyncio and no threads.
 
 Caller-provided buffers (``out=``): ``decode_frames`` and ``receive_from`` can write the
-gradient into a float32 array the caller owns, chunk by chunk as the chunks come into
-index order (a chunk that arrives early is held until its turn), and refuse a gradient of
-another size with ``GradientSizeError``; ``encode_frames`` can write the frames into any
-writeable buffer, whose size ``frames_len`` tells without encoding anything (but for a
-compressed session, whose payload sizes depend on the values).
+gradient into an array the caller owns, chunk by chunk as the chunks come into index order
+(a chunk that arrives early is held until its turn), and refuse a gradient of another size
+with ``GradientSizeError`` (of another dtype: ``GradientDtypeError``); ``encode_frames``
+can write the frames into any writeable buffer, whose size ``frames_len`` tells without
+encoding anything (but for a compressed, keep_shape or keep_dtype session, or a wire_dtype
+other than float32, whose payload sizes depend on the values, the shape or the dtype).
 
 Compression (``compression="lz4"`` or ``"zstd"``): the payload is the same Arrow IPC file
 with the IPC BodyCompression on its record batch. Every session decodes compressed
@@ -34,15 +37,21 @@ Shapes (``keep_shape=True``): the sender writes the gradient's shape into every 
 schema metadata (``gradient_shape``, a compact JSON array such as ``[768,3072]``); every
 receiver checks it chunk by chunk (``_check_shape_text``, ``_ShapeTracker``) and reshapes
 the result once the gradient is complete.
+
+Dtypes (``keep_dtype=True``, ``wire_dtype=``): the ``value`` column is Float32, Float16,
+Float64 or UInt16 tagged ``gradstream.bfloat16``; the schema metadata ``gradient_dtype``
+names the dtype to hand back when it is not the column's. The sender casts with
+``_dtypes.prepare``; the receiver checks every chunk's column dtype and gradient_dtype
+against the first chunk taken (``_DtypeTracker``), before its record batches are read,
+keeps the values in the column's dtype until the gradient is complete (or until they go
+into ``out=``) and then casts them with ``_dtypes.cast``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
 import functools
 import operator
-import os
 import re
 import socket
 import ssl
@@ -56,11 +65,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc
 
-from ._convert import as_float32_array, as_float32_vector, frame_buffer, value_buffer
+from . import _dtypes
+from ._convert import frame_buffer, value_buffer
+from ._dtypes import DTYPE_KEY, DTYPES, is_bfloat16_type
 from .errors import (
     ArrowIpcError,
     ChecksumMismatchError,
     FrameError,
+    GradientDtypeError,
     GradientSizeError,
     IncompleteStreamError,
     SettingError,
@@ -80,7 +92,7 @@ USIZE_MAX = 2**64 - 1  # chunk_size is a usize in the native core
 HEADER = struct.Struct("<IIII")
 HEADER_LEN = HEADER.size  # 16
 
-# The "seed layout" of a payload, as ipfrs-tensorlogic writes it.
+# The "seed layout" of a payload, as ipfrs-tensorlogic writes it (float32 values).
 PAYLOAD_SCHEMA = pa.schema(
     [
         pa.field("index", pa.int32(), nullable=False),
@@ -94,9 +106,10 @@ PAYLOAD_SCHEMA = pa.schema(
 # refuses those too).
 _ARROW_FAILURES = (pa.ArrowException, OSError, UnicodeDecodeError)
 
-# An encoded payload holds an int32 index and a float32 value per element, so a chunk of
-# n values can never take fewer than 8 * n bytes; used to refuse oversized chunks early.
-_MIN_PAYLOAD_BYTES_PER_VALUE = 8
+# An encoded payload holds an int32 index (seed layout) and a value per element, so a
+# chunk of n values can never take fewer than (4 + width) * n bytes, or width * n in the
+# compact layout; used to refuse oversized chunks early.
+_INDEX_BYTES_PER_VALUE = 4
 
 
 # --------------------------------------------------------------------------- argument checks
@@ -175,6 +188,22 @@ def _check_timeout(value: Any) -> float | None:
     return seconds
 
 
+def _check_wire_dtype(value: Any) -> str | None:
+    """The constructor's ``wire_dtype``: None, or one of the four dtype names."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        for name in DTYPES:
+            if value == name:
+                return name
+        raise SettingError(
+            "wire_dtype",
+            "wire_dtype must be None, 'float16', 'bfloat16', 'float32' or 'float64', "
+            f"got {value!r}",
+        )
+    raise TypeError(f"wire_dtype must be None or a dtype name (str), not {type(value).__name__}")
+
+
 def _byte_view(data: Any) -> memoryview:
     """Return a flat unsigned-byte view of any buffer-protocol object, copying only if needed.
 
@@ -209,12 +238,13 @@ def _empty_vector() -> np.ndarray:
     return np.empty(0, dtype=np.float32)
 
 
-def _concat(parts: Iterable[np.ndarray]) -> np.ndarray:
+def _concat(parts: Iterable[np.ndarray], dtype: np.dtype) -> np.ndarray:
+    """``parts`` (1-D arrays of ``dtype``) end to end in a new array of ``dtype``."""
     # np.concatenate always allocates, so the result owns its memory and never aliases a
     # payload buffer (which may be the caller's bytes). It copies bytes, not float values.
     parts = list(parts)
     if not parts:
-        return _empty_vector()
+        return np.empty(0, dtype=dtype)
     return np.concatenate(parts)
 
 
@@ -333,6 +363,78 @@ class _ShapeTracker:
         return shaped
 
 
+# --------------------------------------------------------------------------- dtypes
+# keep_dtype / wire_dtype: the value column's dtype and the gradient_dtype metadata.
+
+
+def _dtype_text(raw: str | None) -> str:
+    return "none" if raw is None else raw
+
+
+class _DtypeTracker:
+    """The dtype rules of one gradient: every chunk's value column dtype and its
+    ``gradient_dtype`` metadata (or its absence) must be the first accepted chunk's, and
+    the dtype handed back must be that of ``out=``; checked before a chunk's record batches
+    are read. Once complete, the values are cast from the column's dtype to the one handed
+    back."""
+
+    __slots__ = ("_dtype", "_first_index", "_result")
+
+    def __init__(self) -> None:
+        self._first_index: int | None = None
+        self._dtype = "float32"  # the empty input's
+        self._result: str | None = None
+
+    def check(
+        self, head: _Head, chunk_index: int, offset: int | None, out: np.ndarray | None
+    ) -> None:
+        """For one chunk whose schema has been read; the chunk is accepted by the caller
+        only if every later check passes too (``accept``)."""
+        first = self._first_index
+        if first is not None:
+            if head.dtype != self._dtype:
+                raise FrameError(
+                    f"chunks disagree on the value dtype: chunk {first} holds {self._dtype}, "
+                    f"chunk {chunk_index} holds {head.dtype}",
+                    chunk_index,
+                    offset,
+                )
+            if head.result != self._result:
+                raise FrameError(
+                    f"chunks disagree on gradient_dtype: chunk {first} says "
+                    f"{_dtype_text(self._result)}, chunk {chunk_index} says "
+                    f"{_dtype_text(head.result)}",
+                    chunk_index,
+                    offset,
+                )
+        if out is not None:
+            received = _dtypes.hand_back(head.name)
+            expected = _dtypes.dtype_name(out.dtype)
+            assert expected is not None  # value_buffer checked it
+            if expected != received:
+                raise GradientDtypeError(expected, received, chunk_index)
+
+    def accept(self, head: _Head, chunk_index: int) -> None:
+        """Record the first accepted chunk's dtypes (a no-op for later ones)."""
+        if self._first_index is None:
+            self._first_index = chunk_index
+            self._dtype = head.dtype
+            self._result = head.result
+
+    @property
+    def storage(self) -> np.dtype:
+        """The numpy dtype the column's values are held in (bfloat16 as uint16)."""
+        return _STORAGE[self._dtype]
+
+    def hand_back(self, values: np.ndarray) -> np.ndarray:
+        """Values of the column's dtype (a 1-D array of ``storage``), cast by the cast rule
+        to the dtype handed back, in its numpy form (bfloat16 as ml_dtypes.bfloat16, or
+        widened to float32 without ml_dtypes). A new array, or ``values`` itself when no
+        cast is needed."""
+        name = self._dtype if self._result is None else self._result
+        return _dtypes.as_hand_back(_dtypes.cast(values, self._dtype, name), name)
+
+
 # --------------------------------------------------------------------------- payload codec
 
 
@@ -341,31 +443,89 @@ class _ShapeTracker:
 COMPACT_SCHEMA = pa.schema([pa.field("value", pa.float32(), nullable=False)])
 LAYOUTS = ("seed", "compact")
 
+# Schema metadata keys gradstream reads and writes, in the order it writes them.
+MANIFEST_KEY = "gradstream_tensors"
+
+# The value column's Arrow type by dtype. bfloat16 is its storage type, UInt16, with the
+# field metadata of the extension type gradstream.bfloat16 (what arrow-rs writes; pyarrow
+# reads it back as _dtypes.BFloat16Type, registered when _dtypes is imported).
+_ARROW_TYPES = {
+    "float16": pa.float16(),
+    "bfloat16": pa.uint16(),
+    "float32": pa.float32(),
+    "float64": pa.float64(),
+}
+_BF16_FIELD_METADATA = {
+    b"ARROW:extension:name": _dtypes.BF16_EXTENSION.encode(),
+    b"ARROW:extension:metadata": b"",
+}
+# The numpy dtype of a value column's values as they are moved (bfloat16 as its bits).
+_STORAGE: dict[str, np.dtype] = {
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(np.uint16),
+    "float32": np.dtype(np.float32),
+    "float64": np.dtype(np.float64),
+}
+# Unsigned integers of each width, to move values of any dtype as raw bits.
+_WORDS: dict[int, np.dtype] = {
+    2: np.dtype(np.uint16),
+    4: np.dtype(np.uint32),
+    8: np.dtype(np.uint64),
+}
+
+NOT_A_FLOAT = "'value' column is not Float16, Float32, Float64 or gradstream.bfloat16"
+BAD_DTYPE = "gradient_dtype metadata is not float16, bfloat16, float32 or float64"
+
+
+@functools.cache
+def _schema(layout: str, dtype: str) -> pa.Schema:
+    """The schema of a payload in ``layout`` whose values are of ``dtype``."""
+    if dtype == "float32":
+        return COMPACT_SCHEMA if layout == "compact" else PAYLOAD_SCHEMA
+    metadata = _BF16_FIELD_METADATA if dtype == "bfloat16" else None
+    value = pa.field("value", _ARROW_TYPES[dtype], nullable=False, metadata=metadata)
+    if layout == "compact":
+        return pa.schema([value])
+    return pa.schema([pa.field("index", pa.int32(), nullable=False), value])
+
 
 def encode_payload(
     values: np.ndarray,
     layout: str = "seed",
     compression: str | None = None,
     shape: str | None = None,
+    *,
+    dtype: str = "float32",
+    result: str | None = None,
+    manifest: str | None = None,
 ) -> bytes:
-    """Encode a 1-D float32 vector as an Arrow IPC file in the seed or compact layout.
+    """Encode a 1-D vector of ``dtype`` values (bfloat16 as uint16 bits) as an Arrow IPC
+    file in the seed or compact layout.
 
     With ``compression`` ("lz4" or "zstd") the record batch carries the IPC BodyCompression
     (codec LZ4_FRAME or ZSTD, method BUFFER): every buffer is stored as its uncompressed
-    length (int64) followed by the compressed bytes. With ``shape`` (``_shape_text`` of the
-    gradient's shape) the schema carries the custom metadata ``gradient_shape`` = shape.
-    The file is otherwise the same.
+    length (int64) followed by the compressed bytes. The schema carries, in this order and
+    only those given, the custom metadata ``gradient_shape`` = ``shape`` (``_shape_text`` of
+    the gradient's shape), ``gradient_dtype`` = ``result`` (the dtype the receiver hands
+    back, when it is not ``dtype``) and ``gradstream_tensors`` = ``manifest``. The file is
+    otherwise the same.
     """
     n = len(values)
-    # from_buffers wraps the float32 words as they are: no conversion, no NaN canonicalising.
-    value_array = pa.Array.from_buffers(pa.float32(), n, [None, pa.py_buffer(values)])
+    # from_buffers wraps the words as they are: no conversion, no NaN canonicalising.
+    value_array = pa.Array.from_buffers(_ARROW_TYPES[dtype], n, [None, pa.py_buffer(values)])
+    schema = _schema(layout, dtype)
     if layout == "compact":
-        schema, columns = COMPACT_SCHEMA, [value_array]
+        columns = [value_array]
     else:
         index_array = pa.array(np.arange(n, dtype=np.int32), type=pa.int32())
-        schema, columns = PAYLOAD_SCHEMA, [index_array, value_array]
-    if shape is not None:
-        schema = schema.with_metadata({SHAPE_KEY: shape})
+        columns = [index_array, value_array]
+    metadata = {
+        key: text
+        for key, text in ((SHAPE_KEY, shape), (DTYPE_KEY, result), (MANIFEST_KEY, manifest))
+        if text is not None
+    }
+    if metadata:
+        schema = schema.with_metadata(metadata)
     batch = pa.RecordBatch.from_arrays(columns, schema=schema)
     sink = pa.BufferOutputStream()
     options = None if compression is None else pa.ipc.IpcWriteOptions(compression=compression)
@@ -479,6 +639,12 @@ _BUFFER = struct.Struct("<qq")  # Buffer: offset (from the body's start), length
 _CODECS = (0, 1)  # CompressionType: LZ4_FRAME, ZSTD
 _METHODS = (0,)  # BodyCompressionMethod: BUFFER
 _NO_COMPRESSION_PREFIX = -1  # a buffer's length prefix when it is stored uncompressed
+
+
+# What a compressed batch may declare uncompressed, in bytes a row: each buffer alone (a
+# float64 value is the widest), and all of a batch's buffers together.
+_BUFFER_BYTES_PER_ROW = 8
+_ALL_BUFFERS_BYTES_PER_ROW = 16
 
 
 class _CompressedBatch(NamedTuple):
@@ -622,7 +788,7 @@ def _check_compressed_batches(
             declared = flat.read("<q", body + buf_offset)
             if declared is None or declared == _NO_COMPRESSION_PREFIX:
                 continue
-            if not 0 <= declared <= 8 * rows:
+            if not 0 <= declared <= _BUFFER_BYTES_PER_ROW * rows:
                 raise ArrowIpcError(
                     f"compressed IPC buffer declares {declared} bytes uncompressed, more than "
                     f"its {rows}-row batch can hold",
@@ -630,7 +796,8 @@ def _check_compressed_batches(
                 )
             total += declared
         # All buffers together, too: a schema of many columns must not multiply the bound.
-        if total > 8 * rows:
+        # 16 bytes a row: a seed float64 batch needs 12 (a 4-byte index and an 8-byte value).
+        if total > _ALL_BUFFERS_BYTES_PER_ROW * rows:
             raise ArrowIpcError(
                 f"compressed IPC buffers declare {total} bytes uncompressed in all, more than "
                 f"their {rows}-row batch can hold",
@@ -640,22 +807,54 @@ def _check_compressed_batches(
         room -= rows
 
 
-def _schema_shape(schema: pa.Schema) -> str | None:
-    """The schema's ``gradient_shape`` metadata as a str (unchecked), None when absent.
+def _schema_metadata(schema: pa.Schema) -> dict[str, str]:
+    """The schema's custom metadata as str, the first entry of each key (as pyarrow keeps
+    it; the native decoder takes the first too).
 
     Every key and value must be UTF-8 (arrow-rs's flatbuffer verifier refuses the schema
     otherwise): UnicodeDecodeError, which the caller turns into ArrowIpcError.
     """
     metadata = schema.metadata or {}
-    decoded = {key.decode("utf-8"): value.decode("utf-8") for key, value in metadata.items()}
-    return decoded.get(SHAPE_KEY)
+    return {key.decode("utf-8"): value.decode("utf-8") for key, value in metadata.items()}
 
 
-def _value_columns(
+def _column_dtype(data_type: pa.DataType) -> str | None:
+    """The dtype of a 'value' column of this Arrow type, None when it holds none of them.
+
+    bfloat16 is UInt16 with the extension name gradstream.bfloat16 (read by pyarrow as
+    BFloat16Type); a UInt16 without it is not a dtype. A Float16/32/64 column is its dtype
+    whatever extension name its field carries (arrow-rs keeps extension types as field
+    metadata over their storage type).
+    """
+    if is_bfloat16_type(data_type):
+        return "bfloat16"
+    storage = _storage_type(data_type)
+    for name in ("float16", "float32", "float64"):
+        if storage == _ARROW_TYPES[name]:
+            return name
+    return None
+
+
+class _Head(NamedTuple):
+    """What a payload's schema says, checked before any of its record batches is read."""
+
+    column: int  # of the 'value' field
+    dtype: str  # of the value column
+    result: str | None  # gradient_dtype metadata (one of DTYPES), None when absent
+    shape: str | None  # gradient_shape metadata, raw (checked after the batches)
+    manifest: str | None  # gradstream_tensors metadata, raw
+
+    @property
+    def name(self) -> str:
+        """The dtype the gradient is handed back in (before the bfloat16 fallback)."""
+        return self.result if self.result is not None else self.dtype
+
+
+def _open_payload(
     payload: memoryview, chunk_index: int, room: int
-) -> tuple[str | None, list[pa.Array]]:
-    """The schema's ``gradient_shape`` metadata (raw, unchecked; None when absent) and the
-    'value' column of each validated record batch, after checking the schema.
+) -> tuple[pa.ipc.RecordBatchFileReader, _Head]:
+    """Open a payload and check its schema, before any record batch is read: the 'value'
+    column and its dtype, then the gradient_dtype metadata.
 
     Any failure of pyarrow itself becomes ArrowIpcError with pyarrow's message. ``room``:
     the values max_gradient_len still allows for this chunk (for compressed batches).
@@ -666,7 +865,7 @@ def _value_columns(
         reader = pa.ipc.open_file(pa.py_buffer(payload))
         schema = reader.schema
         names = schema.names  # decodes the names, which may fail
-        shape = _schema_shape(schema)
+        metadata = _schema_metadata(schema)
     except _ARROW_FAILURES as exc:
         raise ArrowIpcError(str(exc), chunk_index) from exc
 
@@ -675,13 +874,26 @@ def _value_columns(
     column = _value_field_index(names)
     if column is None:
         raise ArrowIpcError("Arrow IPC block missing 'value' column", chunk_index)
-    if not pa.types.is_float32(_storage_type(schema.field(column).type)):
-        raise ArrowIpcError("'value' column is not Float32", chunk_index)
+    dtype = _column_dtype(schema.field(column).type)
+    if dtype is None:
+        raise ArrowIpcError(NOT_A_FLOAT, chunk_index)
+    result = metadata.get(DTYPE_KEY)
+    if result is not None and result not in DTYPES:
+        raise ArrowIpcError(BAD_DTYPE, chunk_index)
+    head = _Head(column, dtype, result, metadata.get(SHAPE_KEY), metadata.get(MANIFEST_KEY))
+    return reader, head
 
+
+def _read_values(
+    reader: pa.ipc.RecordBatchFileReader, head: _Head, chunk_index: int
+) -> list[np.ndarray]:
+    """The 'value' column of every record batch, validated, as numpy views (in the column's
+    dtype, bfloat16 as uint16 bits) over the payload bytes, or over the decompressed
+    buffers (no copy): the caller copies them where they belong."""
     columns = []
     for i in range(reader.num_record_batches):
         try:
-            values = reader.get_batch(i).column(column)
+            values = reader.get_batch(i).column(head.column)
             # Full validation of the one column we read, before touching its buffers: a
             # hostile file must fail here, never read out of bounds later. Other columns
             # (the index) are ignored as the original ignores them, damaged or not.
@@ -689,27 +901,6 @@ def _value_columns(
         except _ARROW_FAILURES as exc:
             raise ArrowIpcError(str(exc), chunk_index) from exc
         columns.append(values)
-    return shape, columns
-
-
-def decode_payload(payload: memoryview, chunk_index: int, room: int = USIZE_MAX) -> np.ndarray:
-    """Decode one payload: the Float32 'value' column of every batch, concatenated.
-
-    ``room``: the values max_gradient_len still allows for the gradient; a compressed
-    record batch declaring more rows is refused before it is decompressed. The payload's
-    ``gradient_shape`` metadata is not looked at here (see ``_payload_parts``).
-    """
-    return _concat(_payload_parts(payload, chunk_index, room)[1])
-
-
-def _payload_parts(
-    payload: memoryview, chunk_index: int, room: int
-) -> tuple[str | None, list[np.ndarray]]:
-    """The payload's raw ``gradient_shape`` metadata (None when absent; checked by the
-    caller, after the decode) and the 'value' column of every batch, as float32 views over
-    the payload bytes, or over the decompressed buffers (no copy): the caller copies them
-    where they belong."""
-    shape, columns = _value_columns(payload, chunk_index, room)
     parts = []
     for column in columns:
         if isinstance(column, pa.ExtensionArray):
@@ -719,9 +910,24 @@ def _payload_parts(
             raise ArrowIpcError(
                 f"'value' column has {column.null_count} null value(s)", chunk_index
             )
-        # Without nulls a Float32 array converts to numpy zero-copy, bits untouched.
-        parts.append(column.to_numpy(zero_copy_only=True))
-    return shape, parts
+        # Without nulls a primitive array converts to numpy zero-copy, bits untouched.
+        part: np.ndarray = column.to_numpy(zero_copy_only=True)
+        assert part.dtype == _STORAGE[head.dtype], (part.dtype, head.dtype)
+        parts.append(part)
+    return parts
+
+
+def decode_payload(payload: memoryview, chunk_index: int, room: int = USIZE_MAX) -> np.ndarray:
+    """Decode one payload: the 'value' column of every batch, concatenated, in the column's
+    dtype (bfloat16 as uint16 bits), not cast.
+
+    ``room``: the values max_gradient_len still allows for the gradient; a compressed
+    record batch declaring more rows is refused before it is decompressed. The payload's
+    metadata (gradient_shape, gradient_dtype) is not looked at here, but for
+    gradient_dtype's grammar.
+    """
+    reader, head = _open_payload(payload, chunk_index, room)
+    return _concat(_read_values(reader, head, chunk_index), _STORAGE[head.dtype])
 
 
 def _verify_checksum(chunk_index: int, checksum: int, payload: memoryview) -> None:
@@ -729,13 +935,6 @@ def _verify_checksum(chunk_index: int, checksum: int, payload: memoryview) -> No
     actual = zlib.crc32(payload)
     if actual != checksum:
         raise ChecksumMismatchError(chunk_index, checksum, actual)
-
-
-def _verify_and_decode(
-    chunk_index: int, checksum: int, payload: memoryview, room: int
-) -> tuple[str | None, list[np.ndarray]]:
-    _verify_checksum(chunk_index, checksum, payload)
-    return _payload_parts(payload, chunk_index, room)
 
 
 def _room(max_gradient_len: int, accepted: int) -> int:
@@ -759,7 +958,8 @@ def _payload_len_constants(layout: str) -> tuple[int, int]:
 
 
 def payload_len(n_values: int, layout: str = "seed") -> int:
-    """The exact length of ``encode_payload`` of ``n_values`` values, without encoding them.
+    """The exact length of ``encode_payload`` of ``n_values`` float32 values (no metadata,
+    no compression), without encoding them.
 
     The IPC file's metadata (schema, record batch message, footer) has one size for every
     non-empty batch, because all its numbers are fixed-width fields; an empty batch is
@@ -909,19 +1109,26 @@ def _decode_chunk_list(chunks: list[_ChunkFields], max_gradient_len: int) -> np.
         raise IncompleteStreamError(len(chunks), total)
     # Rule 5: CRC then decode, chunk after chunk, in index order. A compressed chunk's
     # declared rows are held to what max_gradient_len leaves after the chunks before it.
-    # Then the chunk's gradient_shape: well formed, and the same as the lowest index's.
+    # Before its record batches are read, the chunk's value dtype and gradient_dtype: the
+    # same as the lowest index's. After them, its gradient_shape: well formed, and the
+    # same as the lowest index's.
     parts: list[np.ndarray] = []
     accepted = 0
+    dtype = _DtypeTracker()
     shape = _ShapeTracker()
     for c in chunks:
-        room = _room(max_gradient_len, accepted)
-        raw, chunk_parts = _verify_and_decode(c.chunk_index, c.checksum, c.payload, room)
-        shape.check(raw, c.chunk_index, None)
-        shape.accept(raw, c.chunk_index)
+        index = c.chunk_index
+        _verify_checksum(index, c.checksum, c.payload)
+        reader, head = _open_payload(c.payload, index, _room(max_gradient_len, accepted))
+        dtype.check(head, index, None, None)
+        chunk_parts = _read_values(reader, head, index)
+        shape.check(head.shape, index, None)
+        dtype.accept(head, index)
+        shape.accept(head.shape, index)
         accepted += sum(len(part) for part in chunk_parts)
         parts.extend(chunk_parts)
     shape.finish(accepted)
-    return shape.shape(_concat(parts))
+    return shape.shape(dtype.hand_back(_concat(parts, dtype.storage)))
 
 
 class _PendingFrame(NamedTuple):
@@ -945,17 +1152,21 @@ class _FrameReceiver:
     a receiver is not fed again after one.
 
     The values are placed in index order as soon as they can be: chunk k goes in once
-    chunks 0..k-1 have, and a chunk that arrives before its turn is held until then. With
-    ``out`` (a checked float32 array of the caller's) they are copied straight into it,
-    so the receiver holds nothing but early chunks; the gradient must then have exactly
-    ``out.size`` values (``GradientSizeError``).
+    chunks 0..k-1 have, and a chunk that arrives before its turn is held until then, in
+    the value column's dtype. With ``out`` (a checked array of the caller's) they are cast
+    to the dtype handed back and copied straight into it, so the receiver holds nothing but
+    early chunks; the gradient must then have exactly ``out.size`` values
+    (``GradientSizeError``) and come back in ``out``'s dtype (``GradientDtypeError``).
+    Without ``out`` the values are kept in the column's dtype and cast once complete.
     """
 
     __slots__ = (
         "_copy_values",
+        "_dtype",
         "_first",
         "_flat_out",
         "_held",
+        "_manifest",
         "_max_gradient_len",
         "_max_payload_len",
         "_next",
@@ -982,7 +1193,8 @@ class _FrameReceiver:
         # copied out, so that only one payload is held at a time, never all of them.
         self._copy_values = copy_values
         self._out = out
-        self._flat_out = None if out is None else _flat(out)
+        # out= as raw words of its width: values go in as bits, never through a float.
+        self._flat_out = None if out is None else _flat(out).view(_WORDS[out.dtype.itemsize])
         self._offset = 0  # of the next header, from the gradient's first byte
         self._pending: _PendingFrame | None = None
         self._first: tuple[int, int] | None = None  # (chunk_index, total_chunks)
@@ -992,6 +1204,8 @@ class _FrameReceiver:
         self._pos = 0  # values placed
         self._values = 0  # accepted so far, in arrival order
         self._shape = _ShapeTracker()  # gradient_shape: the first arrival's, checked
+        self._dtype = _DtypeTracker()  # value dtype, gradient_dtype: likewise
+        self._manifest: str | None = None  # the first arrival's gradstream_tensors
 
     @property
     def want(self) -> int:
@@ -1053,9 +1267,12 @@ class _FrameReceiver:
             raise FrameError(_duplicate(index), index, offset)
         # Rule 8: each frame is verified and decoded as it arrives.
         _verify_checksum(index, frame.checksum, payload)
-        raw_shape, parts = _payload_parts(payload, index, _room(limit, self._values))
+        reader, head = _open_payload(payload, index, _room(limit, self._values))
+        # The dtypes: after the schema, before the record batches are read.
+        self._dtype.check(head, index, offset, self._out)
+        parts = _read_values(reader, head, index)
         # The shape metadata: after the decode, before the values are counted.
-        self._shape.check(raw_shape, index, offset)
+        self._shape.check(head.shape, index, offset)
         count = self._values + sum(len(part) for part in parts)
         if count > limit:
             raise FrameError(
@@ -1068,14 +1285,19 @@ class _FrameReceiver:
         if out is not None and count > out.size:
             raise GradientSizeError(out.size, count, index)
         self._values = count
+        if self._first is None:
+            self._manifest = head.manifest
         self._first = first
-        self._shape.accept(raw_shape, index)
+        self._dtype.accept(head, index)
+        self._shape.accept(head.shape, index)
         self._pending = None
         self._offset = offset + HEADER_LEN + frame.payload_len
         if index != self._next:
             # Early: held until its turn. The parts are views over the payload; a
-            # transient payload is not kept, only a copy of its values (4 bytes a value).
-            self._held[index] = [_concat(parts)] if self._copy_values else parts
+            # transient payload is not kept, only a copy of its values (in the column's
+            # dtype, as they came).
+            held = [_concat(parts, self._dtype.storage)] if self._copy_values else parts
+            self._held[index] = held
             return
         self._place(parts)
         while self._next in self._held:
@@ -1088,12 +1310,19 @@ class _FrameReceiver:
             n = len(part)
             if out is None:
                 # np.concatenate copies: the result never aliases a payload buffer.
-                self._placed.append(_concat([part]))
+                self._placed.append(_concat([part], part.dtype))
             else:
-                # Same dtype: a byte copy, so NaN payloads and -0.0 survive.
-                np.copyto(out[self._pos : self._pos + n], part)
+                # Cast to the dtype handed back (out='s, checked), then copied as raw
+                # words, so NaN payloads and -0.0 survive.
+                values = self._dtype.hand_back(part)
+                out[self._pos : self._pos + n] = values.view(out.dtype)
             self._pos += n
         self._next += 1
+
+    @property
+    def manifest(self) -> str | None:
+        """The first accepted chunk's ``gradstream_tensors`` metadata (None if absent)."""
+        return self._manifest
 
     def end_of_stream(self, got: int) -> None:
         """The input ended with ``got`` of the ``want`` bytes in. Returns only for the end
@@ -1124,7 +1353,8 @@ class _FrameReceiver:
         assert self._first is not None and self.done and not self._held
         self._shape.finish(self._pos)
         if self._out is None:
-            return self._shape.shape(_concat(self._placed))
+            values = _concat(self._placed, self._dtype.storage)
+            return self._shape.shape(self._dtype.hand_back(values))
         if self._pos != self._out.size:
             raise GradientSizeError(self._out.size, self._pos, None)
         return self._out
@@ -1145,6 +1375,14 @@ def _decode_frame_stream(
 ) -> np.ndarray:
     """decode_frames: drive the receiver over bytes in memory, then rule 9's left-over, then
     the size of ``out``."""
+    return _run_frames(data, max_payload_len, max_gradient_len, out)[0]
+
+
+def _run_frames(
+    data: memoryview, max_payload_len: int, max_gradient_len: int, out: np.ndarray | None
+) -> tuple[np.ndarray, _FrameReceiver | None]:
+    """_decode_frame_stream's gradient, and the receiver that read it (None for the empty
+    input)."""
     receiver = _FrameReceiver(max_payload_len, max_gradient_len, copy_values=False, out=out)
     end = len(data)
     pos = 0
@@ -1152,12 +1390,12 @@ def _decode_frame_stream(
         want = receiver.want
         if end - pos < want:
             receiver.end_of_stream(end - pos)  # raises, but for the empty input
-            return _zero_values(out)
+            return _zero_values(out), None
         receiver.feed(data[pos : pos + want])
         pos += want
     if pos < end:  # rule 9
         raise FrameError(f"{end - pos} bytes left over after the last chunk", None, pos)
-    return receiver.result()
+    return receiver.result(), receiver
 
 
 # --------------------------------------------------------------------------- progress
@@ -1259,28 +1497,6 @@ else:  # pragma: no cover - Python 3.10
             raise _Stalled from None
 
 
-_ERRNO_OF = (
-    (BrokenPipeError, errno.EPIPE),
-    (ConnectionResetError, errno.ECONNRESET),
-    (ConnectionAbortedError, errno.ECONNABORTED),
-    (ConnectionRefusedError, errno.ECONNREFUSED),
-)
-
-
-def _stream_io_error(exc: OSError) -> StreamIOError:
-    """StreamIOError(errno, strerror) for a failed system call or stream operation."""
-    if isinstance(exc, StreamIOError):
-        return exc
-    code = exc.errno
-    if code is None:
-        # asyncio raises e.g. ConnectionResetError("Connection lost") without an errno;
-        # the class says which one it stands for.
-        code = next((c for cls, c in _ERRNO_OF if isinstance(exc, cls)), None)
-    if code is None:
-        return StreamIOError(str(exc) or type(exc).__name__)
-    return StreamIOError(code, exc.strerror or os.strerror(code))
-
-
 class _Channel:
     """Moves bytes for one transfer; every wait is bounded by the timeout."""
 
@@ -1325,7 +1541,7 @@ class _SocketChannel(_Channel):
         try:
             sock.setblocking(False)
         except OSError as exc:  # e.g. a closed socket
-            raise _stream_io_error(exc) from exc
+            raise StreamIOError.from_os_error(exc) from exc
         _ACTIVE_SOCKETS[sock] = [1, previous]
 
     def __exit__(self, *exc_info: object) -> None:
@@ -1341,7 +1557,7 @@ class _SocketChannel(_Channel):
         try:
             return await _within(self.loop.sock_recv_into(self.sock, view), self.timeout)
         except OSError as exc:
-            raise _stream_io_error(exc) from exc
+            raise StreamIOError.from_os_error(exc) from exc
 
     async def send(self, view: memoryview) -> int:
         try:
@@ -1358,7 +1574,7 @@ class _SocketChannel(_Channel):
                     await _within(self.loop.sock_sendall(self.sock, view), self.timeout)
                     return len(view)
         except OSError as exc:
-            raise _stream_io_error(exc) from exc
+            raise StreamIOError.from_os_error(exc) from exc
 
     async def _writable(self) -> None:
         waiter = self.loop.create_future()
@@ -1393,7 +1609,7 @@ class _StreamsChannel(_Channel):
             # never more than asked, so never past the gradient's last frame.
             data = await _within(self.reader.read(len(view)), self.timeout)
         except OSError as exc:
-            raise _stream_io_error(exc) from exc
+            raise StreamIOError.from_os_error(exc) from exc
         view[: len(data)] = data
         return len(data)
 
@@ -1404,7 +1620,7 @@ class _StreamsChannel(_Channel):
             self.writer.write(piece)
             await self._drain()
         except OSError as exc:
-            raise _stream_io_error(exc) from exc
+            raise StreamIOError.from_os_error(exc) from exc
         return len(piece)
 
     async def _drain(self) -> None:
@@ -1458,18 +1674,29 @@ def _receiving_channel(stream: Any, timeout: float | None) -> _Channel:
 # --------------------------------------------------------------------------- session
 
 
+class _Gradient(NamedTuple):
+    """A gradient as the encoder takes it, with the schema metadata it travels with."""
+
+    values: np.ndarray  # 1-D, C-contiguous, in the wire dtype (bfloat16 as uint16 bits)
+    dtype: str  # the wire dtype: the value column's
+    shape: str | None  # gradient_shape metadata (keep_shape), or None
+    result: str | None  # gradient_dtype metadata (the dtype handed back), or None
+
+
 class GradientStreamSession:
     """Splits gradients into Arrow IPC chunks / frames and reassembles them."""
 
     __slots__ = (
         "_chunk_size",
         "_compression",
+        "_keep_dtype",
         "_keep_shape",
         "_layout",
         "_max_gradient_len",
         "_max_payload_len",
         "_session_id",
         "_timeout",
+        "_wire_dtype",
     )
 
     def __init__(
@@ -1483,6 +1710,8 @@ class GradientStreamSession:
         layout: str = "seed",
         compression: bool | str | None = None,
         keep_shape: bool = False,
+        keep_dtype: bool = False,
+        wire_dtype: str | None = None,
     ) -> None:
         self._session_id = _check_str(session_id, "session_id")
         if layout not in LAYOUTS:
@@ -1513,6 +1742,11 @@ class GradientStreamSession:
             # A real bool, as the native side's: not 0/1, not numpy.bool_.
             raise TypeError(f"keep_shape must be a bool, got {type(keep_shape).__name__}")
         self._keep_shape = keep_shape
+        if not isinstance(keep_dtype, bool):
+            # A real bool, as keep_shape.
+            raise TypeError(f"keep_dtype must be a bool, got {type(keep_dtype).__name__}")
+        self._keep_dtype = keep_dtype
+        self._wire_dtype = _check_wire_dtype(wire_dtype)
 
     @classmethod
     def with_defaults(cls, session_id: str) -> GradientStreamSession:
@@ -1531,6 +1765,8 @@ class GradientStreamSession:
             layout=self._layout,
             compression="lz4" if enabled else None,
             keep_shape=self._keep_shape,
+            keep_dtype=self._keep_dtype,
+            wire_dtype=self._wire_dtype,
         )
 
     def is_compression_enabled(self) -> bool:
@@ -1571,13 +1807,26 @@ class GradientStreamSession:
         metadata (``gradient_shape``). Receivers reshape whatever their own setting."""
         return self._keep_shape
 
+    @property
+    def keep_dtype(self) -> bool:
+        """Whether this session sends float16, bfloat16 and float64 gradients in their own
+        dtype (and has them handed back in it); without it (or wire_dtype) only float32 is
+        taken."""
+        return self._keep_dtype
+
+    @property
+    def wire_dtype(self) -> str | None:
+        """The dtype every gradient is cast to for transfer, or None (its own dtype)."""
+        return self._wire_dtype
+
     def __repr__(self) -> str:
         return (
             f"GradientStreamSession(session_id={self._session_id!r}, "
             f"chunk_size={self._chunk_size}, max_payload_len={self._max_payload_len}, "
             f"max_gradient_len={self._max_gradient_len}, timeout={self._timeout!r}, "
             f"layout={self._layout!r}, compression={self._compression!r}, "
-            f"keep_shape={self._keep_shape!r})"
+            f"keep_shape={self._keep_shape!r}, keep_dtype={self._keep_dtype!r}, "
+            f"wire_dtype={self._wire_dtype!r})"
         )
 
     # ---- encoding
@@ -1591,16 +1840,25 @@ class GradientStreamSession:
             chunk_index,
         )
 
-    def _chunk_payload(self, chunk_index: int, window: np.ndarray, shape: str | None) -> bytes:
-        """Encode one chunk, refusing it if its payload would exceed max_payload_len.
-        ``shape``: the gradient_shape metadata to write (keep_shape), or None."""
+    def _chunk_payload(self, chunk_index: int, window: np.ndarray, gradient: _Gradient) -> bytes:
+        """Encode one chunk (``window``, values of ``gradient``), refusing it if its payload
+        would exceed max_payload_len."""
         limit = self._max_payload_len
         # Cheap lower bound first: never build a payload we already know is too big (a
         # compressed payload has no such bound: its size depends on the values).
-        floor = 4 if self._layout == "compact" else _MIN_PAYLOAD_BYTES_PER_VALUE
+        floor = _STORAGE[gradient.dtype].itemsize
+        if self._layout != "compact":
+            floor += _INDEX_BYTES_PER_VALUE
         if self._compression is None and len(window) * floor > limit:
             raise self._refusal(chunk_index, len(window))
-        payload = encode_payload(window, self._layout, self._compression, shape)
+        payload = encode_payload(
+            window,
+            self._layout,
+            self._compression,
+            gradient.shape,
+            dtype=gradient.dtype,
+            result=gradient.result,
+        )
         if len(payload) > limit:
             raise self._refusal(chunk_index, len(window))
         return payload
@@ -1624,30 +1882,33 @@ class GradientStreamSession:
             )
         return total
 
-    def _input(self, gradient: Any) -> tuple[np.ndarray, str | None]:
-        """The gradient as a flat float32 vector, and (keep_shape) the compact JSON of its
-        shape after conversion to a numpy array and before flattening; None otherwise."""
-        if not self._keep_shape:
-            return as_float32_vector(gradient), None
-        array = as_float32_array(gradient)  # C-contiguous: the flattening is a view
-        return array.reshape(-1), _shape_text(array.shape)
+    def _input(self, gradient: Any) -> _Gradient:
+        """The gradient as the codec takes it (``_dtypes.prepare``: float32 unless
+        keep_dtype or wire_dtype say otherwise), with the metadata to write: the compact
+        JSON of its shape (keep_shape; after conversion to a numpy array and before
+        flattening) and the dtype to hand back when it is not the wire's."""
+        prepared = _dtypes.prepare(
+            gradient, keep_dtype=self._keep_dtype, wire_dtype=self._wire_dtype
+        )
+        values = prepared.values  # C-contiguous: the flattening is a view
+        shape = _shape_text(values.shape) if self._keep_shape else None
+        result = None if prepared.result == prepared.wire else prepared.result
+        return _Gradient(values.reshape(-1), prepared.wire, shape, result)
 
-    def _frames(
-        self, values: np.ndarray, shape: str | None
-    ) -> Iterator[tuple[int, int, bytes, int]]:
+    def _frames(self, gradient: _Gradient) -> Iterator[tuple[int, int, bytes, int]]:
         """(chunk_index, total_chunks, payload, checksum) of each chunk, encoded one at a
         time as the caller asks for it."""
+        values = gradient.values
         size = self._chunk_size
         total = self._total_chunks(len(values))
         for k in range(total):
-            payload = self._chunk_payload(k, values[k * size : (k + 1) * size], shape)
+            payload = self._chunk_payload(k, values[k * size : (k + 1) * size], gradient)
             yield k, total, payload, zlib.crc32(payload)
 
     def encode_gradient(self, gradient: Any) -> list[GradientChunk]:
-        values, shape = self._input(gradient)
         return [
             GradientChunk(self._session_id, k, total, payload, checksum)
-            for k, total, payload, checksum in self._frames(values, shape)
+            for k, total, payload, checksum in self._frames(self._input(gradient))
         ]
 
     def frames_len(self, n_values: int) -> int:
@@ -1656,9 +1917,11 @@ class GradientStreamSession:
         any values.
 
         TypeError for a non-integer, ValueError for a negative count, then ValueError for
-        a compressed session (its payload sizes depend on the values); for a length that
-        encode_frames would refuse (a chunk whose payload exceeds max_payload_len, more
-        chunks than a u32 counts) the FrameError encode_frames would raise.
+        a compressed session (its payload sizes depend on the values), a keep_shape one (the
+        metadata's size depends on the shape), a keep_dtype one (on the gradient's dtype)
+        and a wire_dtype other than float32; for a length that encode_frames would refuse
+        (a chunk whose payload exceeds max_payload_len, more chunks than a u32 counts) the
+        FrameError encode_frames would raise.
         """
         n = operator.index(n_values)
         if n < 0:
@@ -1672,6 +1935,16 @@ class GradientStreamSession:
             raise ValueError(
                 "frames_len is not known in advance when keep_shape is set: the shape "
                 "metadata's size depends on the shape"
+            )
+        if self._keep_dtype:
+            raise ValueError(
+                "frames_len is not known in advance when keep_dtype is set: payload sizes "
+                "depend on the gradient's dtype"
+            )
+        if self._wire_dtype not in (None, "float32"):
+            raise ValueError(
+                f"frames_len is not known in advance when wire_dtype is {self._wire_dtype!r}: "
+                "only float32 payload sizes are computed"
             )
         size = self._chunk_size
         total = self._total_chunks(n)
@@ -1709,7 +1982,7 @@ class GradientStreamSession:
         as_buffer = _check_bool(as_buffer, "as_buffer")
         if out is None:
             parts: list[bytes] = []
-            for k, total, payload, checksum in self._frames(*self._input(gradient)):
+            for k, total, payload, checksum in self._frames(self._input(gradient)):
                 parts.append(HEADER.pack(k, total, len(payload), checksum))
                 parts.append(payload)
             frames = b"".join(parts)
@@ -1718,26 +1991,38 @@ class GradientStreamSession:
         if as_buffer:
             raise ValueError("as_buffer=True and out= exclude each other: out= is the buffer")
         with frame_buffer(out) as view:
-            values, shape = self._input(gradient)
+            grad = self._input(gradient)
+            values = grad.values
             if view.nbytes and np.may_share_memory(values, np.frombuffer(view, np.uint8)):
                 raise ValueError(
                     "out= overlaps the gradient's memory: the frames would overwrite values "
                     "before they are read"
                 )
-            return self._encode_frames_into(values, shape, view)
+            return self._encode_frames_into(grad, view)
 
-    def _encode_frames_into(self, values: np.ndarray, shape: str | None, view: memoryview) -> int:
-        if self._compression is not None or shape is not None:
-            return self._encode_sized_frames_into(values, shape, view)
+    def _sizes_known(self) -> bool:
+        """Whether frames_len computes the frames' length (else it raises ValueError)."""
+        return (
+            self._compression is None
+            and not self._keep_shape
+            and not self._keep_dtype
+            and self._wire_dtype in (None, "float32")
+        )
+
+    def _encode_frames_into(self, gradient: _Gradient, view: memoryview) -> int:
+        if not self._sizes_known():
+            return self._encode_sized_frames_into(gradient, view)
         # The exact size first (raising the encoder's FrameError for a refused length), so
         # that a buffer too small is refused before a byte of it is written.
+        values = gradient.values
+        assert gradient.dtype == "float32" and gradient.result is None and gradient.shape is None
         needed = self.frames_len(len(values))
         if needed > len(view):
             raise ValueError(
                 f"out= holds {len(view)} bytes; the frames of {len(values)} values take {needed}"
             )
         pos = 0
-        for k, total, payload, checksum in self._frames(values, None):
+        for k, total, payload, checksum in self._frames(gradient):
             end = pos + HEADER_LEN + len(payload)
             if end > needed:  # frames_len and the encoder disagree: a bug, never an overrun
                 raise AssertionError(f"frames_len {needed} is short of the frames' length")
@@ -1747,20 +2032,19 @@ class GradientStreamSession:
         assert pos == needed, (pos, needed)
         return pos
 
-    def _encode_sized_frames_into(
-        self, values: np.ndarray, shape: str | None, view: memoryview
-    ) -> int:
-        # Payload sizes depend on the values (compression) or on the shape (keep_shape):
-        # encode every frame first, so that a buffer too small is refused before a byte of
-        # it is written.
+    def _encode_sized_frames_into(self, gradient: _Gradient, view: memoryview) -> int:
+        # Payload sizes depend on the values (compression), on the shape (keep_shape) or on
+        # the dtype (keep_dtype, wire_dtype): encode every frame first, so that a buffer too
+        # small is refused before a byte of it is written.
         frames = [
             (HEADER.pack(k, total, len(payload), checksum), payload)
-            for k, total, payload, checksum in self._frames(values, shape)
+            for k, total, payload, checksum in self._frames(gradient)
         ]
         needed = sum(HEADER_LEN + len(payload) for _, payload in frames)
         if needed > len(view):
+            n = len(gradient.values)
             raise ValueError(
-                f"out= holds {len(view)} bytes; the frames of {len(values)} values take {needed}"
+                f"out= holds {len(view)} bytes; the frames of {n} values take {needed}"
             )
         pos = 0
         for header, payload in frames:
@@ -1776,12 +2060,16 @@ class GradientStreamSession:
 
     def decode_frames(self, data: Any, *, out: np.ndarray | None = None) -> np.ndarray:
         """The gradient held by the frames in ``data`` (any bytes-like object): a new 1-D
-        float32 array, or, with ``out``, ``out`` itself filled with the values.
+        array (float32 unless the payloads say otherwise; in the sender's shape when it
+        sent one), or, with ``out``, ``out`` itself filled with the values.
 
-        ``out`` must be a writeable, C-contiguous, aligned float32 numpy array in native
-        byte order, of any shape (TypeError otherwise, before the data is read); it is
-        filled in C order and keeps its shape. The gradient must hold exactly ``out.size``
-        values, else GradientSizeError: as soon as the chunk that runs over is decoded
+        ``out`` must be a writeable, C-contiguous, aligned numpy array of float16,
+        bfloat16 (ml_dtypes), float32 or float64 in native byte order, of any shape
+        (TypeError otherwise, before the data is read); it is filled in C order and keeps
+        its shape. The gradient must come back in ``out``'s dtype, else GradientDtypeError
+        at the first chunk, before any of its values is written. It must hold exactly
+        ``out.size`` values, else GradientSizeError: as soon as the chunk that runs over is
+        decoded
         (values counted in arrival order; a gradient over max_gradient_len is the
         FrameError first), or, for a gradient short of it, once every other rule has
         passed (truncation, IncompleteStreamError, bytes left over). The empty input is a
@@ -1806,9 +2094,9 @@ class GradientStreamSession:
         """
         channel = _sending_channel(stream, self._timeout)
         progress = _check_progress(progress)
-        values, shape = self._input(gradient)
-        frames = self._frames(values, shape)
-        total = self._total_chunks(len(values))  # FrameError before any byte is sent
+        grad = self._input(gradient)
+        frames = self._frames(grad)
+        total = self._total_chunks(len(grad.values))  # FrameError before any byte is sent
         _count(progress, total_chunks=total)
         with channel:
             for k, _, payload, checksum in frames:
@@ -1900,3 +2188,56 @@ class GradientStreamSession:
                     if not had_total:
                         _count(progress, total_chunks=receiver.total or 0)
         return receiver.result()
+
+    # ---- tensor sets (README "Tensor sets"; the logic is gradstream._tensors')
+
+    def encode_tensors(self, tensors: Any, as_buffer: bool = False) -> bytes | pa.Buffer:
+        from . import _tensors
+
+        encoded: bytes | pa.Buffer = _tensors.encode_tensors(self, tensors, as_buffer)
+        return encoded
+
+    def decode_tensors(self, data: Any) -> dict[str, np.ndarray]:
+        from . import _tensors
+
+        decoded: dict[str, np.ndarray] = _tensors.decode_tensors(self, data)
+        return decoded
+
+    async def stream_tensors(
+        self, tensors: Any, stream: Any, *, progress: TransferProgress | None = None
+    ) -> int:
+        from . import _tensors
+
+        sent: int = await _tensors.stream_tensors(self, tensors, stream, progress=progress)
+        return sent
+
+    async def receive_tensors(
+        self, stream: Any, *, progress: TransferProgress | None = None
+    ) -> dict[str, np.ndarray]:
+        from . import _tensors
+
+        received: dict[str, np.ndarray] = await _tensors.receive_tensors(
+            self, stream, progress=progress
+        )
+        return received
+
+    def _encode_manifest(self, text: str) -> bytes:
+        """The frames of an empty gradient (one frame, chunk 0 of 1: a float32 value column
+        of no rows, in this session's layout and compression) whose schema metadata holds
+        ``gradstream_tensors`` = ``text`` and nothing else."""
+        text = _check_str(text, "text")
+        payload = encode_payload(
+            np.empty(0, dtype=np.float32), self._layout, self._compression, manifest=text
+        )
+        if len(payload) > self._max_payload_len:
+            raise self._refusal(0, 0)
+        return HEADER.pack(0, 1, len(payload), zlib.crc32(payload)) + payload
+
+    def _decode_manifest(self, data: Any) -> tuple[str | None, int]:
+        """Decode ``data`` exactly as decode_frames does; the first chunk's (the first to
+        arrive) ``gradstream_tensors`` metadata (None when absent, or for the empty input)
+        and the gradient's number of values."""
+        values, receiver = _run_frames(
+            _byte_view(data), self._max_payload_len, self._max_gradient_len, None
+        )
+        return (None if receiver is None else receiver.manifest), values.size

@@ -14,6 +14,7 @@ static CHECKSUM: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static INCOMPLETE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static FRAME: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static SIZE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static DTYPE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static STREAM_IO: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static TIMEOUT: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
@@ -49,6 +50,15 @@ fn instantiate(py: Python<'_>, err: GradientStreamError) -> PyResult<PyErr> {
             received,
             chunk_index,
         } => SIZE.import(py, MODULE, "GradientSizeError")?.call1((
+            expected,
+            received,
+            chunk_index,
+        ))?,
+        GradientStreamError::GradientDtype {
+            expected,
+            received,
+            chunk_index,
+        } => DTYPE.import(py, MODULE, "GradientDtypeError")?.call1((
             expected,
             received,
             chunk_index,

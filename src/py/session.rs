@@ -1,7 +1,10 @@
 //! `gradstream.GradientStreamSession`: argument conversion around `SessionConfig`, with the
 //! GIL released for every pass over gradient data.
 
-use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods};
+use numpy::{
+    PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArray1, PyReadonlyArrayDyn,
+    PyUntypedArrayMethods,
+};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
@@ -17,8 +20,9 @@ use super::stream::{
     SocketStream, TransferProgress,
 };
 use crate::codec::{Compression, Layout};
+use crate::dtype::Dtype;
 use crate::frame::{Limits, DEFAULT_MAX_GRADIENT_LEN, DEFAULT_MAX_PAYLOAD_LEN};
-use crate::output::Output;
+use crate::output::{Output, Store};
 use crate::session::{ChunkRef, Ended, SessionConfig, DEFAULT_CHUNK_SIZE};
 use crate::shape::shape_text;
 use crate::stream::{receive_gradient, send_gradient};
@@ -122,11 +126,80 @@ impl WritableBytes {
     }
 }
 
+/// The `wire_dtype=` argument: None or a dtype name.
+fn wire_dtype_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Dtype>> {
+    let Some(value) = value.filter(|v| !v.is_none()) else {
+        return Ok(None);
+    };
+    let Ok(name) = value.cast::<pyo3::types::PyString>() else {
+        return Err(PyTypeError::new_err(format!(
+            "wire_dtype must be None or a dtype name (str), not {}",
+            value
+                .get_type()
+                .name()
+                .map_or_else(|_| "this object".into(), |n| n.to_string())
+        )));
+    };
+    let name = name.to_cow()?;
+    Dtype::from_name(&name).map(Some).ok_or_else(|| {
+        setting_error(
+            value.py(),
+            "wire_dtype",
+            format!(
+                "wire_dtype must be None, 'float16', 'bfloat16', 'float32' or 'float64', got {}",
+                value
+                    .repr()
+                    .map_or_else(|_| name.to_string(), |r| r.to_string())
+            ),
+        )
+    })
+}
+
+/// `gradstream._tensors.<name>`: the tensor-set layer, shared with the reference.
+fn tensors_fn<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+    py.import("gradstream._tensors")?.getattr(name)
+}
+
+/// `gradstream._dtypes.<name>` (shared with the reference).
+fn dtypes_attr<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+    py.import("gradstream._dtypes")?.getattr(name)
+}
+
+/// The dtype of a numpy array, by `gradstream._dtypes.dtype_name`.
+pub(super) fn dtype_of_array(array: &Bound<'_, PyAny>) -> PyResult<Dtype> {
+    let name = dtypes_attr(array.py(), "dtype_name")?.call1((array.getattr("dtype")?,))?;
+    let name: Option<String> = name.extract()?;
+    name.as_deref()
+        .and_then(Dtype::from_name)
+        .ok_or_else(|| PyTypeError::new_err("not an array of a dtype gradstream moves"))
+}
+
 #[pyclass(name = "GradientStreamSession", module = "gradstream", frozen)]
 pub struct PySession {
     config: SessionConfig,
     /// Write each gradient's shape into its payloads (`gradient_shape`).
     keep_shape: bool,
+    /// Take float16/bfloat16/float64 gradients and send them as they are.
+    keep_dtype: bool,
+    /// Cast every gradient to this dtype for transfer.
+    wire_dtype: Option<Dtype>,
+}
+
+/// A gradient taken for encoding: its values as raw bytes (a view of the caller's array
+/// where the memory allows), their dtype, and the settings to encode it with.
+pub struct Input<'py> {
+    pub bytes: PyReadonlyArray1<'py, u8>,
+    pub dtype: Dtype,
+    pub config: SessionConfig,
+}
+
+impl Input<'_> {
+    pub fn gradient(&self) -> PyResult<crate::session::Gradient<'_>> {
+        Ok(crate::session::Gradient::new(
+            self.bytes.as_slice()?,
+            self.dtype,
+        ))
+    }
 }
 
 /// The gradient as a C-contiguous, aligned float32 array, read in place when it already is;
@@ -148,23 +221,70 @@ pub(super) fn gradient_array<'py>(
 }
 
 impl PySession {
-    /// The session's settings for encoding `array`: with its shape when keep_shape is set.
-    fn config_for(&self, array: &PyReadonlyArrayDyn<'_, f32>) -> SessionConfig {
+    /// Take a gradient as this session's settings say (README "Dtypes"): float32 alone by
+    /// default (read in place when it can be), else through gradstream._dtypes.prepare,
+    /// shared with the reference, which also makes the wire cast.
+    fn input<'py>(&self, obj: &Bound<'py, PyAny>) -> PyResult<Input<'py>> {
+        let py = obj.py();
         let mut config = self.config.clone();
+        let (values, dtype) = if !self.keep_dtype && self.wire_dtype.is_none() {
+            (gradient_array(obj)?.as_any().clone(), Dtype::F32)
+        } else {
+            let kwargs = pyo3::types::PyDict::new(py);
+            kwargs.set_item("keep_dtype", self.keep_dtype)?;
+            kwargs.set_item("wire_dtype", self.wire_dtype.map(Dtype::name))?;
+            let prepared = dtypes_attr(py, "prepare")?.call((obj,), Some(&kwargs))?;
+            let (values, wire, result): (Bound<'py, PyAny>, String, String) = prepared.extract()?;
+            let dtype = Dtype::from_name(&wire)
+                .ok_or_else(|| PyTypeError::new_err(format!("unknown wire dtype {wire:?}")))?;
+            config.result = Dtype::from_name(&result).filter(|&r| r != dtype);
+            (values, dtype)
+        };
         if self.keep_shape {
-            config.shape = Some(shape_text(array.shape()).into());
+            let shape: Vec<usize> = values.getattr("shape")?.extract()?;
+            config.shape = Some(shape_text(&shape).into());
         }
-        config
+        // The values' memory as bytes: a view (the array is C-contiguous).
+        let bytes = values
+            .call_method1("reshape", (-1,))?
+            .call_method1("view", ("uint8",))?
+            .cast_into::<PyArray1<u8>>()?
+            .try_readonly()?;
+        Ok(Input {
+            bytes,
+            dtype,
+            config,
+        })
+    }
+
+    /// The settings a receive runs with: bfloat16 comes back as float32 when Python has no
+    /// bfloat16 dtype (ml_dtypes not installed), read at each call.
+    pub(super) fn receive_config(&self, py: Python<'_>) -> PyResult<SessionConfig> {
+        let mut config = self.config.clone();
+        config.limits.bf16_as_f32 = dtypes_attr(py, "BFLOAT16")?.is_none();
+        Ok(config)
     }
 }
 
-/// Values as a numpy array, in the shape the sender kept (a view, no copy).
+/// Values as a numpy array of the dtype they come back in, in the shape the sender kept
+/// (views, no copy).
 pub(super) fn values_array(py: Python<'_>, values: Output) -> PyResult<Bound<'_, PyAny>> {
     let shape = values.shape.clone();
-    let flat = PyArray1::from_vec(py, values.into_vec());
+    let dtype = values.dtype();
+    let flat = match values.into_store() {
+        Some(Store::F32(v)) => PyArray1::from_vec(py, v).into_any(),
+        Some(Store::F64(v)) => PyArray1::from_vec(py, v).into_any(),
+        Some(Store::U16(v)) => {
+            let numpy_dtype = dtypes_attr(py, "numpy_dtype")?.call1((dtype.name(),))?;
+            PyArray1::from_vec(py, v)
+                .into_any()
+                .call_method1("view", (numpy_dtype,))?
+        }
+        None => PyArray1::<f32>::zeros(py, 0, false).into_any(),
+    };
     match shape {
-        None => Ok(flat.into_any()),
-        Some(dims) => Ok(flat.reshape(dims.as_slice())?.into_any()),
+        None => Ok(flat),
+        Some(dims) => flat.call_method1("reshape", (dims,)),
     }
 }
 
@@ -230,10 +350,13 @@ impl PySession {
             layout = "seed",
             compression = None,
             keep_shape = Flag::Set(false),
+            keep_dtype = Flag::Set(false),
+            wire_dtype = None,
         ),
         text_signature = "(session_id, chunk_size=65536, *, max_payload_len=268435456, \
                           max_gradient_len=1073741824, timeout=None, layout='seed', \
-                          compression=None, keep_shape=False)"
+                          compression=None, keep_shape=False, keep_dtype=False, \
+                          wire_dtype=None)"
     )]
     // The constructor's keywords are the session's settings, one argument each.
     #[allow(clippy::too_many_arguments)]
@@ -247,9 +370,13 @@ impl PySession {
         layout: &str,
         compression: Option<&Bound<'_, PyAny>>,
         keep_shape: Flag,
+        keep_dtype: Flag,
+        wire_dtype: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let compression = compression_arg(compression)?;
         let keep_shape = keep_shape.get("keep_shape")?;
+        let keep_dtype = keep_dtype.get("keep_dtype")?;
+        let wire_dtype = wire_dtype_arg(wire_dtype)?;
         let setting = |name: &str, detail: String| setting_error(py, name, detail);
         let layout = Layout::from_name(layout).ok_or_else(|| {
             setting(
@@ -305,11 +432,17 @@ impl PySession {
         config.limits = Limits {
             max_payload_len,
             max_gradient_len,
+            bf16_as_f32: false,
         };
         config.timeout = timeout;
         config.layout = layout;
         config.compression = compression;
-        Ok(Self { config, keep_shape })
+        Ok(Self {
+            config,
+            keep_shape,
+            keep_dtype,
+            wire_dtype,
+        })
     }
 
     /// A session with the default chunk size (65,536 values).
@@ -318,6 +451,8 @@ impl PySession {
         Self {
             config: SessionConfig::new(session_id, DEFAULT_CHUNK_SIZE),
             keep_shape: false,
+            keep_dtype: false,
+            wire_dtype: None,
         }
     }
 
@@ -328,7 +463,21 @@ impl PySession {
         Self {
             config,
             keep_shape: self.keep_shape,
+            keep_dtype: self.keep_dtype,
+            wire_dtype: self.wire_dtype,
         }
+    }
+
+    /// Whether float16, bfloat16 and float64 gradients travel (and come back) as they are.
+    #[getter]
+    fn keep_dtype(&self) -> bool {
+        self.keep_dtype
+    }
+
+    /// The dtype every gradient is cast to for transfer, or None.
+    #[getter]
+    fn wire_dtype(&self) -> Option<&'static str> {
+        self.wire_dtype.map(Dtype::name)
     }
 
     /// Whether each gradient's shape travels with it (and comes back reshaped).
@@ -388,14 +537,14 @@ impl PySession {
     ) -> PyResult<Bound<'py, PyAny>> {
         let counters = progress_counters(progress);
         if let Some(socket) = SocketStream::from_py(stream)? {
-            let array = gradient_array(gradient)?;
-            let config = slf.get().config_for(&array);
-            let gradient = HeldGradient::new(array)?;
+            let input = slf.get().input(gradient)?;
+            let gradient = HeldGradient::new(&input)?;
+            let config = input.config;
             return run_on_loop(slf.py(), async move {
                 let mut io = socket.open()?;
                 send_gradient(
                     &config,
-                    gradient.as_slice(),
+                    gradient.gradient(),
                     &mut io,
                     config.timeout,
                     &counters,
@@ -441,8 +590,8 @@ impl PySession {
     ) -> PyResult<Bound<'py, PyAny>> {
         let counters = progress_counters(progress);
         let lent = out.map(LentArray::new).transpose()?;
+        let config = slf.get().receive_config(slf.py())?;
         if let Some(socket) = SocketStream::from_py(stream)? {
-            let config = slf.get().config.clone();
             return run_on_loop(slf.py(), async move {
                 let (receiver, owner) = match lent {
                     Some(lent) => (config.receiver_into(lent.slice), Some(lent.owner)),
@@ -462,10 +611,7 @@ impl PySession {
                 })
             });
         }
-        let receiver = Bound::new(
-            slf.py(),
-            PyFrameReceiver::new(&slf.get().config, counters, lent),
-        )?;
+        let receiver = Bound::new(slf.py(), PyFrameReceiver::new(&config, counters, lent))?;
         aio(slf.py(), "receive")?.call1((slf, stream, receiver, none_at_end))
     }
 
@@ -476,8 +622,7 @@ impl PySession {
         gradient: &Bound<'_, PyAny>,
         progress: Option<&Bound<'_, TransferProgress>>,
     ) -> PyResult<FrameEncoder> {
-        let array = gradient_array(gradient)?;
-        FrameEncoder::new(self.config_for(&array), array, progress_counters(progress))
+        FrameEncoder::new(self.input(gradient)?, progress_counters(progress))
     }
 
     /// Split a gradient into Arrow IPC chunks, each with its CRC-32.
@@ -486,9 +631,9 @@ impl PySession {
         py: Python<'_>,
         gradient: &Bound<'_, PyAny>,
     ) -> PyResult<Vec<PyChunk>> {
-        let array = gradient_array(gradient)?;
-        let config = self.config_for(&array);
-        let values = array.as_slice()?;
+        let input = self.input(gradient)?;
+        let config = &input.config;
+        let values = input.gradient()?;
         let plan = py.detach(|| config.plan_frames(values)).py_err(py)?;
         plan.chunks()
             .map(|(index, window, len)| {
@@ -521,11 +666,9 @@ impl PySession {
             .try_iter()?
             .map(|item| HeldChunk::from_py(&item?))
             .collect::<PyResult<Vec<_>>>()?;
+        let config = self.receive_config(py)?;
         let values = py
-            .detach(|| {
-                self.config
-                    .decode_chunks_output(held.iter().map(HeldChunk::as_ref).collect())
-            })
+            .detach(|| config.decode_chunks_output(held.iter().map(HeldChunk::as_ref).collect()))
             .py_err(py)?;
         values_array(py, values)
     }
@@ -546,6 +689,19 @@ impl PySession {
                  metadata's size depends on the shape",
             ));
         }
+        if self.keep_dtype {
+            return Err(PyValueError::new_err(
+                "frames_len is not known in advance when keep_dtype is set: payload sizes \
+                 depend on the gradient's dtype",
+            ));
+        }
+        if let Some(wire) = self.wire_dtype.filter(|&d| d != Dtype::F32) {
+            return Err(PyValueError::new_err(format!(
+                "frames_len is not known in advance when wire_dtype is '{}': only float32 \
+                 payload sizes are computed",
+                wire.name()
+            )));
+        }
         self.config.frames_len(n).py_err(py)
     }
 
@@ -564,14 +720,14 @@ impl PySession {
                 "as_buffer=True and out= exclude each other: out= is the buffer",
             ));
         }
-        let array = gradient_array(gradient)?;
-        let config = self.config_for(&array);
-        let values = array.as_slice()?;
+        let input = self.input(gradient)?;
+        let config = &input.config;
+        let values = input.gradient()?;
         if let Some(out) = out {
             let mut target = WritableBytes::new(out)?;
             let frames = target.as_mut_slice().as_ptr_range();
-            let read = values.as_ptr_range();
-            let (read_start, read_end) = (read.start.cast::<u8>(), read.end.cast::<u8>());
+            let read = values.raw().as_ptr_range();
+            let (read_start, read_end) = (read.start, read.end);
             if read_start < frames.end && frames.start < read_end {
                 return Err(PyValueError::new_err(
                     "out= overlaps the gradient's memory: the frames would overwrite values \
@@ -614,24 +770,93 @@ impl PySession {
     ) -> PyResult<Bound<'py, PyAny>> {
         let lent = out.map(LentArray::new).transpose()?;
         let bytes = ReadBuffer::get(data)?;
-        if let Some(mut lent) = lent {
-            // SAFETY: the checked array is alive (`lent.owner`) and stays ours for the call.
-            let target = unsafe { lent.slice.as_mut_slice() };
-            py.detach(|| self.config.decode_frames_into(bytes.as_slice(), target))
+        let config = self.receive_config(py)?;
+        if let Some(lent) = lent {
+            // The OutSlice points into the array `lent.owner` keeps alive for the call.
+            py.detach(|| config.decode_frames_lent(bytes.as_slice(), lent.slice))
                 .py_err(py)?;
             return Ok(lent.owner.into_bound(py));
         }
         let values = py
-            .detach(|| self.config.decode_frames_output(bytes.as_slice()))
+            .detach(|| config.decode_frames_output(bytes.as_slice()))
             .py_err(py)?;
         values_array(py, values)
+    }
+
+    /// The frames of a tensor set's manifest: an empty gradient whose payload carries
+    /// `text` as its `gradstream_tensors` metadata (used by gradstream._tensors).
+    fn _encode_manifest<'py>(&self, py: Python<'py>, text: &str) -> PyResult<Bound<'py, PyBytes>> {
+        let mut config = self.config.clone();
+        config.manifest = Some(text.into());
+        let wire = config.encode_frames(&Vec::<f32>::new()).py_err(py)?;
+        Ok(PyBytes::new(py, &wire))
+    }
+
+    /// Decode frames as `decode_frames` does; the first chunk's `gradstream_tensors`
+    /// metadata (None without one) and the number of values.
+    fn _decode_manifest(
+        &self,
+        py: Python<'_>,
+        data: &Bound<'_, PyAny>,
+    ) -> PyResult<(Option<String>, usize)> {
+        let bytes = ReadBuffer::get(data)?;
+        let config = self.receive_config(py)?;
+        let values = py
+            .detach(|| config.decode_frames_output(bytes.as_slice()))
+            .py_err(py)?;
+        let n = values.len();
+        Ok((values.manifest, n))
+    }
+
+    /// A named set of tensors as frames (README "Tensor sets").
+    #[pyo3(signature = (tensors, as_buffer = false))]
+    fn encode_tensors<'py>(
+        slf: &Bound<'py, Self>,
+        tensors: &Bound<'py, PyAny>,
+        as_buffer: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        tensors_fn(slf.py(), "encode_tensors")?.call1((slf, tensors, as_buffer))
+    }
+
+    /// The named tensors of a set's frames, in the sender's order.
+    fn decode_tensors<'py>(
+        slf: &Bound<'py, Self>,
+        data: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        tensors_fn(slf.py(), "decode_tensors")?.call1((slf, data))
+    }
+
+    /// Send a named set of tensors; awaits the number of frames written.
+    #[pyo3(signature = (tensors, stream, *, progress = None))]
+    fn stream_tensors<'py>(
+        slf: &Bound<'py, Self>,
+        tensors: &Bound<'py, PyAny>,
+        stream: &Bound<'py, PyAny>,
+        progress: Option<&Bound<'py, TransferProgress>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let kwargs = pyo3::types::PyDict::new(slf.py());
+        kwargs.set_item("progress", progress)?;
+        tensors_fn(slf.py(), "stream_tensors")?.call((slf, tensors, stream), Some(&kwargs))
+    }
+
+    /// Receive a named set of tensors; awaits a dict in the sender's order.
+    #[pyo3(signature = (stream, *, progress = None))]
+    fn receive_tensors<'py>(
+        slf: &Bound<'py, Self>,
+        stream: &Bound<'py, PyAny>,
+        progress: Option<&Bound<'py, TransferProgress>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let kwargs = pyo3::types::PyDict::new(slf.py());
+        kwargs.set_item("progress", progress)?;
+        tensors_fn(slf.py(), "receive_tensors")?.call((slf, stream), Some(&kwargs))
     }
 
     fn __repr__(&self) -> String {
         let c = &self.config;
         format!(
             "GradientStreamSession(session_id={:?}, chunk_size={}, max_payload_len={}, \
-             max_gradient_len={}, timeout={}, layout={:?}, compression={}, keep_shape={})",
+             max_gradient_len={}, timeout={}, layout={:?}, compression={}, keep_shape={}, \
+             keep_dtype={}, wire_dtype={})",
             c.session_id,
             c.chunk_size,
             c.limits.max_payload_len,
@@ -641,7 +866,10 @@ impl PySession {
             c.layout.name(),
             c.compression
                 .map_or_else(|| "None".to_string(), |c| format!("'{}'", c.name())),
-            if self.keep_shape { "True" } else { "False" }
+            if self.keep_shape { "True" } else { "False" },
+            if self.keep_dtype { "True" } else { "False" },
+            self.wire_dtype
+                .map_or_else(|| "None".to_string(), |d| format!("'{}'", d.name()))
         )
     }
 }

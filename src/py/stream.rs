@@ -9,7 +9,9 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
-use numpy::{PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn};
+use std::ptr::NonNull;
+
+use numpy::{PyArray1, PyArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -19,9 +21,11 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use super::buffers::ReadBuffer;
 use super::complete::{Completions, Outcome};
 use super::errors::IntoPyResult;
+use super::session::Input;
+use crate::dtype::Dtype;
 use crate::error::{GradientStreamError, Result};
 use crate::output::{OutSlice, Output};
-use crate::session::{Ended, FrameReceiver, SessionConfig};
+use crate::session::{Ended, FrameReceiver, Gradient, SessionConfig};
 use crate::stream::Progress;
 
 /// `gradstream._aio.<name>`: the asyncio-streams half of a method.
@@ -103,14 +107,21 @@ impl LentArray {
         let checked = CHECK
             .import(out.py(), "gradstream._convert", "value_buffer")?
             .call1((out,))?;
-        let array = checked.cast::<PyArrayDyn<f32>>()?;
+        let dtype = super::session::dtype_of_array(&checked)?;
+        // The same memory as raw bytes (checked C-contiguous: a view, not a copy).
+        let bytes = checked
+            .call_method1("reshape", (-1,))?
+            .call_method1("view", ("uint8",))?;
+        let array = bytes.cast::<PyArray1<u8>>()?;
         let mut writable = array.try_readwrite()?;
-        let values = writable.as_slice_mut()?;
+        let raw = writable.as_slice_mut()?;
+        let ptr = NonNull::new(raw.as_mut_ptr()).unwrap_or(NonNull::dangling());
         // SAFETY: `owner` keeps the array (and so its memory, which numpy never moves)
         // alive for as long as the OutSlice. The checked array is C-contiguous, aligned
-        // and writeable. Exclusive access is the caller's part of the out= contract, as
-        // for any buffer handed to recv_into: the docs say not to touch `out` meanwhile.
-        let slice = unsafe { OutSlice::of(values) };
+        // and writeable, `raw.len()` bytes of values of `dtype`. Exclusive access is the
+        // caller's part of the out= contract, as for any buffer handed to recv_into: the
+        // docs say not to touch `out` meanwhile.
+        let slice = unsafe { OutSlice::new(ptr, raw.len() / dtype.width(), dtype) };
         drop(writable);
         Ok(Self {
             owner: checked.unbind(),
@@ -122,8 +133,9 @@ impl LentArray {
 /// A gradient array kept alive while a transfer runs without the GIL.
 pub struct HeldGradient {
     _owner: Py<PyAny>,
-    ptr: *const f32,
+    ptr: *const u8,
     len: usize,
+    dtype: Dtype,
 }
 
 // SAFETY: the pointer is into the array `_owner` keeps alive; it is only read. A Python
@@ -133,18 +145,22 @@ unsafe impl Send for HeldGradient {}
 unsafe impl Sync for HeldGradient {}
 
 impl HeldGradient {
-    pub fn new(array: PyReadonlyArrayDyn<'_, f32>) -> PyResult<Self> {
-        let slice = array.as_slice()?;
+    pub fn new(input: &Input<'_>) -> PyResult<Self> {
+        let slice = input.bytes.as_slice()?;
         Ok(Self {
             ptr: slice.as_ptr(),
             len: slice.len(),
-            _owner: array.as_any().clone().unbind(),
+            dtype: input.dtype,
+            _owner: input.bytes.as_any().clone().unbind(),
         })
     }
 
-    pub fn as_slice(&self) -> &[f32] {
-        // SAFETY: see the Send impl; `ptr`/`len` came from a live, aligned slice.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    pub fn gradient(&self) -> Gradient<'_> {
+        // SAFETY: see the Send impl; `ptr`/`len` came from a live slice.
+        Gradient::new(
+            unsafe { std::slice::from_raw_parts(self.ptr, self.len) },
+            self.dtype,
+        )
     }
 }
 
@@ -352,14 +368,11 @@ pub struct FrameEncoder {
 }
 
 impl FrameEncoder {
-    pub fn new(
-        config: SessionConfig,
-        array: PyReadonlyArrayDyn<'_, f32>,
-        progress: Arc<Progress>,
-    ) -> PyResult<Self> {
-        let py = array.py();
-        let gradient = HeldGradient::new(array)?;
-        let total = config.chunk_count(gradient.as_slice().len()).py_err(py)?;
+    pub fn new(input: Input<'_>, progress: Arc<Progress>) -> PyResult<Self> {
+        let py = input.bytes.py();
+        let gradient = HeldGradient::new(&input)?;
+        let config = input.config;
+        let total = config.chunk_count(gradient.gradient().len()).py_err(py)?;
         progress.add_total(total);
         Ok(Self {
             config,
@@ -388,7 +401,7 @@ impl FrameEncoder {
         }
         let (config, gradient, index) = (&self.config, &self.gradient, self.next);
         let frame = py
-            .detach(|| config.encode_frame(gradient.as_slice(), index))
+            .detach(|| config.encode_frame(gradient.gradient(), index))
             .py_err(py)?;
         self.next += 1;
         Ok(Some(PyBytes::new(py, &frame)))

@@ -1,0 +1,286 @@
+"""The four value dtypes, their numpy and Arrow forms, and the cast rule (README "Dtypes").
+
+Shared by the native session and the reference: input conversion (``prepare``), the
+sender's cast to the wire dtype, the ``out=`` dtype names, and handing bfloat16 back.
+The receiver's casts are each implementation's own (numpy here for the reference, Rust
+``src/dtype.rs`` for the native core), and the differential tests compare them.
+
+bfloat16 has no numpy or Arrow type of its own. Arrays of it are handled here as uint16
+arrays of the raw bits; on the wire it is the Arrow extension type ``gradstream.bfloat16``
+over uint16 (``BFloat16Type``, registered with pyarrow when this module is imported);
+``ml_dtypes.bfloat16`` arrays are taken, and handed back when ml_dtypes is installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+
+__all__ = [
+    "BF16_EXTENSION",
+    "DTYPES",
+    "DTYPE_KEY",
+    "BFloat16Type",
+    "Prepared",
+    "bfloat16_dtype",
+    "cast",
+    "dtype_name",
+    "hand_back",
+    "is_bfloat16_type",
+    "numpy_dtype",
+    "prepare",
+]
+
+DTYPES = ("float16", "bfloat16", "float32", "float64")
+DTYPE_KEY = "gradient_dtype"
+BF16_EXTENSION = "gradstream.bfloat16"
+
+_BITS = {"float16": np.uint16, "bfloat16": np.uint16, "float32": np.uint32, "float64": np.uint64}
+# Canonical quiet NaN of each dtype (sign bit clear); README "The cast rule".
+_CANONICAL_NAN = {
+    "float16": 0x7E00,
+    "bfloat16": 0x7FC0,
+    "float32": 0x7FC0_0000,
+    "float64": 0x7FF8 << 48,
+}
+
+
+class BFloat16Type(pa.ExtensionType):  # type: ignore[misc]
+    """Arrow extension type ``gradstream.bfloat16``: bfloat16 values stored as the uint16
+    of their bits (the top half of the float32 bits). Its serialized metadata is empty.
+
+    ``BFloat16Type()`` is over uint16. A file may put the name on a field of another type;
+    pyarrow then reads that field as this type over its own storage type (rather than
+    failing to open the file), and gradstream goes by the storage type, as arrow-rs does:
+    only a uint16 field with the name holds bfloat16 values."""
+
+    def __init__(self, storage_type: pa.DataType | None = None) -> None:
+        super().__init__(pa.uint16() if storage_type is None else storage_type, BF16_EXTENSION)
+
+    def __arrow_ext_serialize__(self) -> bytes:
+        return b""
+
+    @classmethod
+    def __arrow_ext_deserialize__(
+        cls, storage_type: pa.DataType, serialized: bytes
+    ) -> BFloat16Type:
+        return cls(storage_type)
+
+
+def is_bfloat16_type(data_type: pa.DataType) -> bool:
+    """Whether an Arrow type is bfloat16: ``gradstream.bfloat16`` over uint16."""
+    return isinstance(data_type, BFloat16Type) and data_type.storage_type == pa.uint16()
+
+
+try:
+    pa.register_extension_type(BFloat16Type())
+except pa.ArrowKeyError:  # registered already (module reloaded)
+    pass
+
+
+def _load_bfloat16() -> np.dtype | None:
+    try:
+        import ml_dtypes
+    except ImportError:
+        return None
+    dtype: np.dtype = np.dtype(ml_dtypes.bfloat16)
+    return dtype
+
+
+# ml_dtypes' bfloat16, or None when it is not installed (tests set this to None to see
+# the fallback). Read through bfloat16_dtype() on every call.
+BFLOAT16: np.dtype | None = _load_bfloat16()
+
+
+def bfloat16_dtype() -> np.dtype | None:
+    """numpy's dtype for bfloat16 (ml_dtypes), or None: then bfloat16 is handed back as
+    float32."""
+    return BFLOAT16
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype a gradient of dtype ``name`` is handed back in."""
+    if name == "bfloat16":
+        return BFLOAT16 if BFLOAT16 is not None else np.dtype(np.float32)
+    return np.dtype(name)
+
+
+def hand_back(name: str) -> str:
+    """The dtype name a gradient of dtype ``name`` comes back in (bfloat16 without
+    ml_dtypes comes back as float32)."""
+    return "float32" if name == "bfloat16" and BFLOAT16 is None else name
+
+
+def dtype_name(dtype: np.dtype) -> str | None:
+    """The gradstream name of a numpy dtype (any byte order), or None."""
+    if dtype.kind == "f" and dtype.itemsize in (2, 4, 8):
+        return f"float{dtype.itemsize * 8}"
+    if dtype.kind == "V" and dtype.itemsize == 2 and dtype.name == "bfloat16":
+        return "bfloat16"  # ml_dtypes.bfloat16 (kind 'V')
+    return None
+
+
+def _bits(values: np.ndarray, name: str) -> np.ndarray:
+    return values.view(_BITS[name])
+
+
+def _nan_mask(values: np.ndarray, name: str) -> np.ndarray:
+    """NaN positions of an array of ``name`` (bfloat16 as its uint16 bits)."""
+    if name == "bfloat16":
+        mask: np.ndarray = (values.view(np.uint16) & np.uint16(0x7FFF)) > np.uint16(0x7F80)
+        return mask
+    return np.asarray(np.isnan(values))
+
+
+def _sign_bits(values: np.ndarray, name: str) -> np.ndarray:
+    """The sign bit (0 or 1, as uint64) of each value of ``name``."""
+    bits = _bits(values, name)
+    sign: np.ndarray = (bits >> bits.dtype.type(8 * bits.dtype.itemsize - 1)).astype(np.uint64)
+    return sign
+
+
+def _to_float32(values: np.ndarray, name: str) -> np.ndarray:
+    if name == "bfloat16":
+        return (values.view(np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return values.astype(np.float32)
+
+
+def _float32_to_bfloat16(values: np.ndarray) -> np.ndarray:
+    """Round float32 to bfloat16 bits, to nearest, ties to even (NaNs fixed by the caller).
+
+    In uint32: the sum only wraps for NaN bit patterns (above 0xffff8000), and the caller
+    replaces every NaN anyway."""
+    bits = values.view(np.uint32)
+    rounded = bits + np.uint32(0x7FFF)
+    rounded += (bits >> np.uint32(16)) & np.uint32(1)
+    rounded >>= np.uint32(16)
+    return rounded.astype(np.uint16)
+
+
+def cast(values: np.ndarray, source: str, target: str) -> np.ndarray:
+    """``values`` (C-contiguous, of dtype ``source``; bfloat16 as uint16 bits) cast to
+    ``target`` by the cast rule, in the same shape (bfloat16 as uint16 bits). The same
+    dtype is returned as it is."""
+    if source == target:
+        return values
+    if target == "float64":
+        wide = _to_float32(values, source) if source == "bfloat16" else values
+        # A signalling NaN raises numpy's "invalid value" warning; its bits are fixed below.
+        with np.errstate(invalid="ignore"):
+            out = wide.astype(np.float64)
+    else:
+        narrow = _to_float32(values, source)
+        if target == "float32":
+            out = narrow.copy() if narrow is values else narrow
+        elif target == "float16":
+            with np.errstate(over="ignore", invalid="ignore"):
+                out = narrow.astype(np.float16)
+        else:
+            out = _float32_to_bfloat16(narrow)
+    # numpy hands a 0-d array's arithmetic back as a scalar: make it an array again.
+    out = np.asarray(out)
+    nan = _nan_mask(values, source)
+    if nan.any():
+        width = 8 * np.dtype(_BITS[target]).itemsize
+        sign = _sign_bits(values[nan], source)
+        canonical = np.uint64(_CANONICAL_NAN[target]) | (sign << np.uint64(width - 1))
+        _bits(out, target)[nan] = canonical.astype(_BITS[target])
+    # np.require, not np.ascontiguousarray: the latter makes a 0-d array 1-d.
+    return np.require(out, requirements=["C"])
+
+
+class Prepared(NamedTuple):
+    """A gradient ready for the codec: C-contiguous, aligned, native-endian, in its own
+    shape, in the wire dtype (bfloat16 as uint16 bits)."""
+
+    values: np.ndarray
+    wire: str
+    # The dtype the receiver hands back: written as gradient_dtype when it is not `wire`.
+    result: str
+
+
+_HOW = (
+    "gradstream sends float32 by default, as the ipfrs-transport wire format does; pass "
+    "keep_dtype=True to send float16, bfloat16 or float64 as they are, or wire_dtype= to cast"
+)
+
+
+def _typed(obj: Any) -> tuple[np.ndarray, str] | None:
+    """torch bfloat16 tensors and Arrow bfloat16/float16/float64 arrays, which the float32
+    conversion does not read; None for anything else."""
+    mod = type(obj).__module__ or ""
+    if mod.startswith("torch"):
+        # torch is not a dependency (nor typed here): reached only for a torch object.
+        torch = importlib.import_module("torch")
+
+        if obj.dtype == torch.bfloat16:
+            if obj.device.type != "cpu":
+                raise TypeError(f"gradient tensor is on {obj.device}; move it to the CPU first")
+            bits = obj.detach().contiguous().view(torch.int16).numpy().view(np.uint16)
+            return bits, "bfloat16"
+        return None
+    if mod.startswith("pyarrow") and isinstance(obj, (pa.Array, pa.ChunkedArray)):
+        if isinstance(obj, pa.ChunkedArray):
+            obj = obj.combine_chunks()
+        if obj.null_count:
+            raise ValueError(
+                f"gradient Arrow array has {obj.null_count} null value(s); "
+                "a gradient must be dense (fill them first, e.g. pyarrow.compute.fill_null)"
+            )
+        if isinstance(obj.type, BFloat16Type):
+            if is_bfloat16_type(obj.type):
+                return obj.storage.to_numpy(zero_copy_only=True), "bfloat16"
+            obj = obj.storage  # the name on another type: that type's values
+        floats = (("float16", pa.float16()), ("float32", pa.float32()), ("float64", pa.float64()))
+        for name, arrow_type in floats:
+            if obj.type == arrow_type:
+                return obj.to_numpy(zero_copy_only=True), name
+    return None
+
+
+def _any_dtype_array(obj: Any) -> tuple[np.ndarray, str]:
+    from ._convert import to_ndarray
+
+    typed = _typed(obj)
+    if typed is not None:
+        arr, name = typed
+    else:
+        arr = to_ndarray(obj, any_float=True)
+        found = dtype_name(arr.dtype)
+        if found is None:
+            raise TypeError(
+                f"gradient has dtype {arr.dtype}; gradstream sends float16, bfloat16, "
+                "float32 and float64 values"
+            )
+        name = found
+        if name == "bfloat16":
+            arr = arr.view(np.uint16)
+        elif not arr.dtype.isnative:
+            arr = arr.astype(arr.dtype.newbyteorder("="))
+    return np.require(arr, requirements=["C", "A"]), name
+
+
+def prepare(obj: Any, *, keep_dtype: bool, wire_dtype: str | None) -> Prepared:
+    """Take a gradient as a session with these settings does (README "Dtypes")."""
+    if not keep_dtype and wire_dtype is None:
+        from ._convert import as_float32_array
+
+        return Prepared(as_float32_array(obj), "float32", "float32")
+    values, source = _any_dtype_array(obj)
+    result = source if keep_dtype else "float32"
+    wire = wire_dtype or source
+    return Prepared(cast(values, source, wire), wire, result)
+
+
+def as_hand_back(values: np.ndarray, name: str) -> np.ndarray:
+    """Received values of dtype ``name`` (bfloat16 as uint16 bits) as the array handed
+    back: bfloat16 viewed as ml_dtypes.bfloat16, or widened to float32 without it."""
+    if name != "bfloat16":
+        return values
+    if BFLOAT16 is not None:
+        return values.view(BFLOAT16)
+    return cast(values, "bfloat16", "float32")

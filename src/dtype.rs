@@ -1,0 +1,229 @@
+//! The value dtypes a gradient can travel in, and the one cast rule both implementations
+//! follow (README "Dtypes"): same dtype keeps every bit; to float64 is exact; to anything
+//! else goes through float32, rounding to nearest-even each time; a NaN becomes the
+//! target's canonical quiet NaN with its sign kept (so the two implementations agree bit
+//! for bit, where hardware and libraries differ on NaN payloads).
+
+use half::{bf16, f16};
+
+/// A value dtype. bfloat16 travels as the bits of an Arrow UInt16 column tagged with the
+/// extension name `gradstream.bfloat16`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Dtype {
+    F16,
+    BF16,
+    #[default]
+    F32,
+    F64,
+}
+
+/// The schema metadata key naming the dtype a receiver hands back, when it is not the
+/// column's (after a `wire_dtype` cast).
+pub const DTYPE_KEY: &str = "gradient_dtype";
+/// The Arrow extension name of the bfloat16 column (over UInt16 storage).
+pub const BF16_EXTENSION: &str = "gradstream.bfloat16";
+
+impl Dtype {
+    pub const ALL: [Dtype; 4] = [Dtype::F16, Dtype::BF16, Dtype::F32, Dtype::F64];
+
+    /// The numpy name, used on the wire (`gradient_dtype`) and in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F16 => "float16",
+            Self::BF16 => "bfloat16",
+            Self::F32 => "float32",
+            Self::F64 => "float64",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|d| d.name() == name)
+    }
+
+    /// Bytes a value.
+    pub fn width(self) -> usize {
+        match self {
+            Self::F16 | Self::BF16 => 2,
+            Self::F32 => 4,
+            Self::F64 => 8,
+        }
+    }
+}
+
+const F16_NAN: u16 = 0x7e00;
+const BF16_NAN: u16 = 0x7fc0;
+const F32_NAN: u32 = 0x7fc0_0000;
+const F64_NAN: u64 = 0x7ff8_0000_0000_0000;
+
+/// One value of `dtype` read from its native-endian bytes; every such value (NaN sign
+/// included) is exact in f64.
+fn read(dtype: Dtype, b: &[u8]) -> f64 {
+    match dtype {
+        Dtype::F16 => f16::from_bits(u16::from_ne_bytes([b[0], b[1]])).to_f64(),
+        Dtype::BF16 => bf16::from_bits(u16::from_ne_bytes([b[0], b[1]])).to_f64(),
+        Dtype::F32 => f64::from(f32::from_ne_bytes([b[0], b[1], b[2], b[3]])),
+        Dtype::F64 => f64::from_ne_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
+    }
+}
+
+/// `x` (exact in f64) cast to `to` by the rule, written as native-endian bytes to `out`.
+fn write(to: Dtype, x: f64, out: &mut [u8]) {
+    let nan = x.is_nan();
+    let negative = x.is_sign_negative();
+    match to {
+        Dtype::F64 => {
+            let bits = if nan {
+                F64_NAN | (u64::from(negative) << 63)
+            } else {
+                x.to_bits()
+            };
+            out.copy_from_slice(&bits.to_ne_bytes());
+        }
+        _ => {
+            // Through float32: one rounding (exact for float16/bfloat16 sources).
+            let f = x as f32;
+            let sign16 = u16::from(negative) << 15;
+            match to {
+                Dtype::F32 => {
+                    let bits = if nan {
+                        F32_NAN | (u32::from(negative) << 31)
+                    } else {
+                        f.to_bits()
+                    };
+                    out.copy_from_slice(&bits.to_ne_bytes());
+                }
+                Dtype::F16 => {
+                    let bits = if nan {
+                        F16_NAN | sign16
+                    } else {
+                        f16::from_f32(f).to_bits()
+                    };
+                    out.copy_from_slice(&bits.to_ne_bytes());
+                }
+                Dtype::BF16 => {
+                    let bits = if nan {
+                        BF16_NAN | sign16
+                    } else {
+                        bf16::from_f32(f).to_bits()
+                    };
+                    out.copy_from_slice(&bits.to_ne_bytes());
+                }
+                Dtype::F64 => unreachable!("handled above"),
+            }
+        }
+    }
+}
+
+/// Cast the values in `src` (native-endian bytes of `from`) into `dst` (bytes of `to`,
+/// exactly as many values). Same dtype: a copy, every bit kept.
+pub fn convert(src: &[u8], from: Dtype, dst: &mut [u8], to: Dtype) {
+    if from == to {
+        dst.copy_from_slice(src);
+        return;
+    }
+    if matches!((from, to), (Dtype::F16 | Dtype::BF16, Dtype::F32)) {
+        widen_to_f32(src, from, dst);
+        return;
+    }
+    for (s, d) in src
+        .chunks_exact(from.width())
+        .zip(dst.chunks_exact_mut(to.width()))
+    {
+        write(to, read(from, s), d);
+    }
+}
+
+/// float16/bfloat16 to float32, the common receive cast (`wire_dtype` back to float32):
+/// exact, so it is the value's bits moved, with NaNs made canonical. Blocks of plain
+/// arrays so that the compiler vectorises the loops.
+fn widen_to_f32(src: &[u8], from: Dtype, dst: &mut [u8]) {
+    const BLOCK: usize = 1024;
+    let mut halves = [0u16; BLOCK];
+    let mut wide = [0f32; BLOCK];
+    for (s, d) in src.chunks(2 * BLOCK).zip(dst.chunks_mut(4 * BLOCK)) {
+        let n = s.len() / 2;
+        for (h, b) in halves.iter_mut().zip(s.chunks_exact(2)) {
+            *h = u16::from_ne_bytes([b[0], b[1]]);
+        }
+        let (halves, wide) = (&halves[..n], &mut wide[..n]);
+        match from {
+            Dtype::BF16 => {
+                for (w, &h) in wide.iter_mut().zip(halves) {
+                    let bits = u32::from(h) << 16;
+                    let nan = (bits & 0x7fff_ffff) > 0x7f80_0000;
+                    *w = f32::from_bits(if nan {
+                        F32_NAN | (bits & 0x8000_0000)
+                    } else {
+                        bits
+                    });
+                }
+            }
+            _ => {
+                use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+                let as_f16: &[f16] = halves.reinterpret_cast();
+                as_f16.convert_to_f32_slice(wide);
+                for w in wide.iter_mut() {
+                    if w.is_nan() {
+                        *w = f32::from_bits(F32_NAN | (w.to_bits() & 0x8000_0000));
+                    }
+                }
+            }
+        }
+        for (b, w) in d.chunks_exact_mut(4).zip(wide.iter()) {
+            b.copy_from_slice(&w.to_ne_bytes());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cast1(bits: u64, from: Dtype, to: Dtype) -> u64 {
+        let src = &bits.to_ne_bytes()[..from.width()];
+        let mut dst = [0u8; 8];
+        convert(src, from, &mut dst[..to.width()], to);
+        u64::from_ne_bytes(dst)
+    }
+
+    #[test]
+    fn casts_round_to_nearest_even_and_canonicalise_nans() {
+        use Dtype::*;
+        // 1 + 2^-8 is a tie between bfloat16 1.0 and 1 + 2^-7: even wins (1.0).
+        assert_eq!(cast1(0x3f80_8000, F32, BF16), 0x3f80);
+        // Just above the tie rounds up.
+        assert_eq!(cast1(0x3f80_8001, F32, BF16), 0x3f81);
+        // 1 + 3*2^-8 ties to 1 + 2^-6 (even mantissa 2).
+        assert_eq!(cast1(0x3f81_8000, F32, BF16), 0x3f82);
+        // float16: 65520 rounds to inf, 65504 is the largest finite.
+        assert_eq!(cast1(65520f32.to_bits() as u64, F32, F16), 0x7c00);
+        assert_eq!(cast1(65504f32.to_bits() as u64, F32, F16), 0x7bff);
+        // NaNs of any payload: canonical, sign kept.
+        assert_eq!(cast1(0xffc0_1234, F32, BF16), 0xffc0);
+        assert_eq!(cast1(0x7f80_0001, F32, F16), 0x7e00);
+        assert_eq!(cast1(0x7e01, F16, F32), 0x7fc0_0000);
+        assert_eq!(cast1(0xfe01, F16, F64), 0xfff8_0000_0000_0000);
+        // Same dtype keeps NaN payloads.
+        assert_eq!(cast1(0x7f80_0001, F32, F32), 0x7f80_0001);
+        // Widening is exact; float64 to float16 rounds twice (through float32).
+        assert_eq!(cast1(0x3f81, BF16, F32), 0x3f81_0000);
+        let x = 1.0f64 + 2f64.powi(-11) + 2f64.powi(-30);
+        // Direct rounding would go up; via float32 (1 + 2^-11 exactly, a tie) it stays 1.
+        assert_eq!(cast1(x.to_bits(), F64, F16), 0x3c00);
+        assert_eq!(cast1((-0.0f64).to_bits(), F64, BF16), 0x8000);
+    }
+
+    #[test]
+    fn the_fast_widening_agrees_with_the_general_rule_on_every_bit_pattern() {
+        for from in [Dtype::F16, Dtype::BF16] {
+            let src: Vec<u8> = (0..=u16::MAX).flat_map(u16::to_ne_bytes).collect();
+            let mut fast = vec![0u8; src.len() * 2];
+            convert(&src, from, &mut fast, Dtype::F32);
+            for (s, f) in src.chunks_exact(2).zip(fast.chunks_exact(4)) {
+                let mut general = [0u8; 4];
+                write(Dtype::F32, read(from, s), &mut general);
+                assert_eq!(f, general, "{from:?} {s:?}");
+            }
+        }
+    }
+}

@@ -447,6 +447,12 @@ fn decode_buffer<S: ValueSink + ?Sized>(buf: &Buffer, out: &mut S, room: usize) 
         })?;
     let footer = arrow_ipc::root_as_footer(&buf[footer_start..footer_end])
         .map_err(|e| GradientStreamError::arrow(format!("unreadable IPC footer: {e}")))?;
+    // The structure first, in the reference's order (README "Decoding rules"): the
+    // record-batch list, no dictionary batches, blocks in order without overlap, each
+    // batch message checked (compressed ones bounded) before anything is decoded.
+    let blocks = footer
+        .recordBatches()
+        .ok_or_else(|| GradientStreamError::arrow("IPC footer lists no record batches"))?;
     // A gradient payload has no dictionary batches. The reference's reader (pyarrow)
     // would decode, and decompress, every one before any record batch; refusing them in
     // both keeps the two alike and bounded.
@@ -456,6 +462,26 @@ fn decode_buffer<S: ValueSink + ?Sized>(buf: &Buffer, out: &mut S, room: usize) 
             "IPC footer lists {dictionaries} dictionary batch(es); a gradient payload has none"
         )));
     }
+    // Blocks must come in file order without overlapping, as every writer lays them out:
+    // a footer naming one block many times would otherwise multiply its values, making a
+    // small payload decode to gigabytes.
+    let mut free_from = 8usize;
+    // The compressed batches of one payload share the room.
+    let mut room = room;
+    let mut checked = Vec::with_capacity(blocks.len());
+    for block in blocks {
+        let data = block_data(buf, block, footer_start)?;
+        let start = block.offset() as usize; // checked by block_data
+        if start < free_from {
+            return Err(GradientStreamError::arrow(format!(
+                "IPC record batch block at offset {start} overlaps the one before it"
+            )));
+        }
+        free_from = start + data.len();
+        let declared_rows = check_batch_message(&data, block, &mut room)?;
+        checked.push((block, data, declared_rows));
+    }
+
     let fb_schema = footer
         .schema()
         .ok_or_else(|| GradientStreamError::arrow("IPC footer has no schema"))?;
@@ -499,25 +525,7 @@ fn decode_buffer<S: ValueSink + ?Sized>(buf: &Buffer, out: &mut S, room: usize) 
     // Only the `value` column is decoded; the others (the index) are skipped unread.
     let decoder =
         FileDecoder::new(Arc::new(schema), footer.version()).with_projection(vec![value_idx]);
-    let blocks = footer
-        .recordBatches()
-        .ok_or_else(|| GradientStreamError::arrow("IPC footer lists no record batches"))?;
-    // Blocks must come in file order without overlapping, as every writer lays them out:
-    // a footer naming one block many times would otherwise multiply its values, making a
-    // small payload decode to gigabytes.
-    let mut free_from = 8usize;
-    // The compressed batches of one payload share the room.
-    let mut room = room;
-    for block in blocks {
-        let data = block_data(buf, block, footer_start)?;
-        let start = block.offset() as usize; // checked by block_data
-        if start < free_from {
-            return Err(GradientStreamError::arrow(format!(
-                "IPC record batch block at offset {start} overlaps the one before it"
-            )));
-        }
-        free_from = start + data.len();
-        let declared_rows = check_batch_message(&data, block, &mut room)?;
+    for (block, data, declared_rows) in checked {
         // A block whose message is of type NONE decodes to "no batch" in arrow-rs; the
         // original would skip it silently, losing whatever the block was meant to hold.
         let batch = decoder

@@ -45,7 +45,12 @@ pub trait ValueSink {
 
 /// Append `raw` (values of `from`) to `v` as values of `to`, whose width is T's.
 fn append<T: Copy + Default>(v: &mut Vec<T>, raw: &[u8], from: Dtype, to: Dtype) {
-    debug_assert_eq!(std::mem::size_of::<T>(), to.width());
+    // The copies below size their bytes by `to`: a store of another width would overrun.
+    assert_eq!(
+        std::mem::size_of::<T>(),
+        to.width(),
+        "store and dtype disagree"
+    );
     let n = raw.len() / from.width();
     let len = v.len();
     if from == to {
@@ -275,9 +280,11 @@ impl Output {
         }
         match &mut self.values {
             Values::Owned(store) if store.len() == 0 => {
-                // Keep the room reserved for the gradient (counted in values).
-                *store = Store::with_capacity(dtype, store.capacity());
+                // Keep the room reserved for the gradient, in bytes.
+                let room = store.capacity() * self.dtype.width() / dtype.width();
+                *store = Store::with_capacity(dtype, 0);
                 self.dtype = dtype;
+                self.reserve(room);
                 Ok(())
             }
             Values::Owned(_) => Err(self.dtype),
@@ -315,11 +322,13 @@ impl Output {
         }
     }
 
+    /// Make room for `n` more values, if the allocator gives it: a guess, so a refusal
+    /// (a peer's header promising gigabytes) is ignored rather than aborting.
     pub fn reserve(&mut self, n: usize) {
         match &mut self.values {
-            Values::Owned(Store::U16(v)) => v.reserve(n),
-            Values::Owned(Store::F32(v)) => v.reserve(n),
-            Values::Owned(Store::F64(v)) => v.reserve(n),
+            Values::Owned(Store::U16(v)) => drop(v.try_reserve(n)),
+            Values::Owned(Store::F32(v)) => drop(v.try_reserve(n)),
+            Values::Owned(Store::F64(v)) => drop(v.try_reserve(n)),
             Values::Lent(_) => {}
         }
     }

@@ -522,7 +522,7 @@ impl SessionConfig {
         let mut manifest = None;
         for c in &chunks {
             let room = self.limits.max_gradient_len.saturating_sub(values.len());
-            let head = take_chunk(
+            let (head, _) = take_chunk(
                 c.chunk_index,
                 c.checksum,
                 c.payload,
@@ -531,6 +531,7 @@ impl SessionConfig {
                 None,
                 self.limits.bf16_as_f32,
                 room,
+                None,
             )?;
             shape.check(c.chunk_index, head.shape)?;
             if c.chunk_index == 0 {
@@ -773,6 +774,12 @@ struct Taking<'a> {
     lent: Option<Dtype>,
     /// bfloat16 comes back as float32 (Python without ml_dtypes).
     bf16_as_f32: bool,
+    /// Values offered by this chunk (stored or not).
+    offered: usize,
+    /// Store no more than this many of the chunk's values: past it the gradient is over
+    /// max_gradient_len, an error once the chunk is counted, so the values are only
+    /// counted (a float16 payload cast to float64 would otherwise hold 4x its bytes).
+    room: Option<usize>,
 }
 
 impl ValueSink for Taking<'_> {
@@ -794,11 +801,16 @@ impl ValueSink for Taking<'_> {
     }
 
     fn put_raw(&mut self, raw: &[u8], from: Dtype) {
-        self.out.put_raw(raw, from);
+        self.offered += raw.len() / from.width();
+        if self.room.is_none_or(|room| self.offered <= room) {
+            self.out.put_raw(raw, from);
+        }
     }
 }
 
-/// Verify and decode chunk `index` into `out` under the dtype rules.
+/// Verify and decode chunk `index` into `out` under the dtype rules; the chunk's head and
+/// its value count. With `room`, values past it are counted, not stored (the caller
+/// refuses such a chunk).
 #[allow(clippy::too_many_arguments)]
 fn take_chunk(
     index: u32,
@@ -809,15 +821,19 @@ fn take_chunk(
     lent: Option<Dtype>,
     bf16_as_f32: bool,
     room: usize,
-) -> Result<Head> {
+    store_room: Option<usize>,
+) -> Result<(Head, usize)> {
     let mut sink = Taking {
         out,
         dtypes,
         index,
         lent,
         bf16_as_f32,
+        offered: 0,
+        room: store_room,
     };
-    verify_and_decode(index, checksum, payload, &mut sink, room)
+    let head = verify_and_decode(index, checksum, payload, &mut sink, room)?;
+    Ok((head, sink.offered))
 }
 
 /// Puts a gradient together from frames as they arrive, checking each on arrival.
@@ -889,32 +905,30 @@ impl Reassembler {
         let mut fresh = Output::default();
         let in_order = index == self.next;
         if in_order && self.received == 0 {
-            // Guess the gradient's size from the first chunk, within what can come.
+            // Guess the gradient's size from the first chunk, within what can come (a
+            // guess in float32 values; a dtype change keeps the bytes).
             let guess = (total as usize).saturating_mul(payload.len() / 8);
             self.values.reserve(guess.min(self.reserve_cap));
         }
         let before = self.values.len();
         let room = self.max_gradient_len.saturating_sub(self.count);
         let lent = self.values.limit().map(|_| self.values.dtype());
-        let (out, n_before) = if in_order {
-            (&mut self.values, before)
+        let out = if in_order {
+            &mut self.values
         } else {
-            (&mut fresh, 0)
+            &mut fresh
         };
         let decoded = take_chunk(
             index,
             header.checksum,
             payload,
-            &mut *out,
+            out,
             &mut self.dtypes,
             lent,
             self.bf16_as_f32,
             room,
+            Some(room),
         )
-        .map(|head| {
-            let n = out.len() - n_before;
-            (head, n)
-        })
         .map_err(|e| e.at_offset(offset));
         let decoded = decoded.and_then(|(head, n)| {
             self.shape

@@ -40,6 +40,19 @@ pub fn parse(raw: &str) -> Option<Vec<u64>> {
 
 /// The product of `dims` in decimal, exactly (32 dimensions of 18 digits overflow any
 /// machine integer, and the error message states the true product).
+/// Whether numpy can make an array of these dimensions (of any dtype gradstream hands
+/// back, at most 8 bytes a value): it refuses when the non-zero dimensions multiply past
+/// 2^63 bytes, even for an empty array (a zero dimension elsewhere). Only an empty
+/// gradient can meet this, as a shape must otherwise hold exactly the values received.
+pub fn numpy_can_make(dims: &[u64]) -> bool {
+    dims.iter()
+        .filter(|&&d| d != 0)
+        .try_fold(1u64, |product, &d| {
+            product.checked_mul(d).filter(|&p| p <= 1 << 60)
+        })
+        .is_some()
+}
+
 fn product_text(dims: &[u64]) -> String {
     // Little-endian base-10^9 limbs.
     let mut limbs: Vec<u64> = vec![1];
@@ -95,12 +108,21 @@ impl ShapeCheck {
     /// Rule 1 for chunk `index`: a well-formed text, the same as the first chunk's.
     pub fn check(&mut self, index: u32, raw: Option<String>) -> Result<()> {
         if let Some(text) = &raw {
-            if parse(text).is_none() {
-                let shown: String = text.chars().take(100).collect();
+            let shown: String = text.chars().take(100).collect();
+            let Some(dims) = parse(text) else {
                 return Err(GradientStreamError::ArrowIpc {
                     detail: format!(
                         "gradient_shape metadata is not a list of at most 32 non-negative \
                          integers: {shown}"
+                    ),
+                    chunk_index: Some(index),
+                });
+            };
+            if !numpy_can_make(&dims) {
+                return Err(GradientStreamError::ArrowIpc {
+                    detail: format!(
+                        "gradient_shape metadata {shown} is beyond what numpy can make: its \
+                         non-zero dimensions multiply past 2^60"
                     ),
                     chunk_index: Some(index),
                 });
@@ -185,6 +207,13 @@ mod tests {
         let dims32 = format!("[{}]", vec!["1"; 32].join(","));
         let dims33 = format!("[{}]", vec!["1"; 33].join(","));
         assert!(parse(&dims32).is_some() && parse(&dims33).is_none());
+        assert!(numpy_can_make(&[0, 1 << 30, 1 << 30]));
+        assert!(!numpy_can_make(&[0, 1 << 31, 1 << 30]));
+        assert!(!numpy_can_make(&[
+            999_999_999_999_999_999,
+            0,
+            999_999_999_999_999_999
+        ]));
         assert_eq!(shape_text(&[768, 3072]), "[768,3072]");
         assert_eq!(shape_text(&[]), "[]");
     }

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 pytest.importorskip("gradstream._native", reason="native extension not built")
 
 import gradstream as gs
+import gradstream._dtypes as _dtypes
 import gradstream.reference as ref
 from gradstream.errors import (
     ArrowIpcError,
@@ -175,13 +176,16 @@ def run(decode: Callable[[Any], Any], arg: Any, who: str) -> Outcome:
             ) from exc
         return exc
     assert isinstance(out, np.ndarray), f"{who} returned {type(out).__name__}"
-    assert out.dtype == np.float32 and out.ndim == 1, f"{who} returned {out.dtype} {out.shape}"
+    # A mutated field type can make a float16/bfloat16/float64 column: still a gradient.
+    assert _dtypes.dtype_name(out.dtype) is not None and out.ndim == 1, (
+        f"{who} returned {out.dtype} {out.shape}"
+    )
     return out
 
 
 def describe(outcome: Outcome) -> str:
     if isinstance(outcome, np.ndarray):
-        return f"array of {len(outcome)} float32"
+        return f"array of {len(outcome)} {outcome.dtype}"
     return f"{type(outcome).__name__}({vars(outcome)})"
 
 
@@ -190,7 +194,8 @@ def assert_same_outcome(native: Outcome, reference: Outcome, what: str) -> None:
     if isinstance(native, np.ndarray) or isinstance(reference, np.ndarray):
         assert isinstance(native, np.ndarray) and isinstance(reference, np.ndarray), context
         assert native.shape == reference.shape, context
-        assert np.array_equal(native.view(np.uint32), reference.view(np.uint32)), context
+        assert native.dtype == reference.dtype, context
+        assert native.tobytes() == reference.tobytes(), context
         return
     assert type(native) is type(reference), context
     if isinstance(native, IncompleteStreamError):
@@ -570,6 +575,13 @@ def patched_payload(draw: Draw, base: Base) -> tuple[list[Frame], int, str]:
     return frames, k, f"chunk {k}: {what}, CRC patched"
 
 
+def is_dtype_disagreement(outcome: Outcome) -> bool:
+    """A FrameError of the dtype rules (README "Decoding rules", step 8)."""
+    return isinstance(outcome, FrameError) and outcome.detail.startswith(
+        ("chunks disagree on the value dtype", "chunks disagree on gradient_dtype")
+    )
+
+
 def assert_agree_or_arrow_error(
     native: Outcome, reference: Outcome, k: int, payload: bytes, original: np.ndarray, what: str
 ) -> None:
@@ -579,6 +591,15 @@ def assert_agree_or_arrow_error(
         event("patched payload: both accept")
         return
     if not isinstance(native, np.ndarray) and not isinstance(reference, np.ndarray):
+        if is_dtype_disagreement(native) or is_dtype_disagreement(reference):
+            # The flip made a valid column of another dtype (float16, float64...) in one
+            # reader's eyes, or in both: the chunks then disagree on their dtype.
+            for out in (native, reference):
+                assert is_dtype_disagreement(out) or isinstance(out, ArrowIpcError), what
+            if type(native) is not type(reference):
+                DISAGREEMENTS["one reader sees another dtype, the other refuses"] += 1
+            event("patched payload: a dtype disagreement")
+            return
         assert_same_outcome(native, reference, what)
         assert isinstance(native, ArrowIpcError), what
         assert native.chunk_index == k, what
@@ -586,23 +607,29 @@ def assert_agree_or_arrow_error(
         return
     accepted = "native" if isinstance(native, np.ndarray) else "reference"
     refused = reference if accepted == "native" else native
-    if len(native if accepted == "native" else reference) == 0 and (
-        ref._footer_blocks(memoryview(payload)) == []
-    ):
+    if ref._footer_blocks(memoryview(payload)) == []:
         # The flip emptied the footer's record-batch list: a valid Arrow file of no
-        # batches, i.e. no values, for arrow-rs (as for the original); pyarrow may read
-        # the damaged footer differently and refuse. Both readings are allowed.
+        # batches, i.e. no values for this chunk, for arrow-rs (as for the original);
+        # pyarrow may read the damaged footer differently and refuse. Both readings are
+        # allowed.
         DISAGREEMENTS[f"only {accepted} accepts a footer listing no batches (0 values)"] += 1
         event(f"patched payload: only {accepted} accepts an empty footer")
         return
     for who, out in (("native", native), ("reference", reference)):
         if isinstance(out, np.ndarray):
-            assert len(out) == expected_len, f"{what}: {who} accepted {len(out)} values"
+            # The same bytes, though a flip in the schema may have made them another
+            # dtype's (8 bytes of float32 read as one float64, say).
+            assert out.nbytes == 4 * expected_len, (
+                f"{what}: {who} accepted {len(out)} values of {out.dtype}"
+            )
         else:
-            assert isinstance(out, ArrowIpcError), f"{what}: {who} gave {describe(out)}"
+            assert isinstance(out, ArrowIpcError) or is_dtype_disagreement(out), (
+                f"{what}: {who} gave {describe(out)}"
+            )
             assert out.chunk_index == k, f"{what}: {who} gave {describe(out)}"
     out = native if accepted == "native" else reference
-    intact = "values intact" if np.array_equal(out.view(np.uint32), original) else "values changed"
+    same = out.dtype == np.float32 and np.array_equal(out.view(np.uint32), original)
+    intact = "values intact" if same else "values changed"
     detail = re.sub(r"\b\d+\b", "N", refused.detail)  # group by wording, not by numbers
     DISAGREEMENTS[f"only {accepted} accepts ({intact}); other says: {detail}"] += 1
     event(f"patched payload: only {accepted} accepts")

@@ -1530,3 +1530,81 @@ def test_stream_with_dtypes(impl: ModuleType, path: str):
     want = expected(words, "float64", "float16", "float64")
     assert_values(first, "float64", want, (5, 10))
     assert_values(second, "float64", want[:20], (2, 10))
+
+
+# --------------------------------------------------------------------------- review findings
+
+
+def _one_frame(payload: bytes, index: int = 0, total: int = 1) -> bytes:
+    return HEADER.pack(index, total, len(payload), zlib.crc32(payload)) + payload
+
+
+@pytest.mark.parametrize("name", IMPL_NAMES)
+def test_values_past_max_gradient_len_are_counted_not_held(name: str):
+    """A float16 column handed back as float64 holds 4x its wire bytes: a receiver must
+    refuse it at max_gradient_len without storing it first (peak RSS, in a subprocess)."""
+    script = f"""
+import resource, sys, numpy as np
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+from conftest import load_impl
+mod = load_impl({name!r})
+n = 32 << 20
+tx = mod.GradientStreamSession("x", n, keep_dtype=True, wire_dtype="float16", layout="compact")
+wire = tx.encode_frames(np.ones(n, np.float64))
+del tx
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+try:
+    mod.GradientStreamSession("x", max_gradient_len=1).decode_frames(wire)
+except Exception as e:
+    print(type(e).__name__, e)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) >> 10)
+"""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    error, growth = done.stdout.strip().splitlines()
+    assert error == "FrameError gradient exceeds max_gradient_len 1: 33554432 values by chunk 0"
+    # Storing would take 256 MiB (float64) or more; the wire itself is 64 MiB.
+    assert int(growth) < 48, done.stdout
+
+
+def test_structure_is_checked_before_the_dtypes_in_both():
+    """A compressed batch over the room is an ArrowIpcError even where the dtype rules
+    would also fail (out= of another dtype, chunks of another dtype)."""
+    tx = session(ref, 7, keep_dtype=True, compression="lz4")
+    wire = tx.encode_frames(np.arange(10, dtype=np.float16))
+    for name in IMPL_NAMES:
+        rx = session(module(name), 7, max_gradient_len=5)
+        with pytest.raises(ArrowIpcError) as info:
+            rx.decode_frames(wire, out=np.empty(10, np.float32))
+        assert info.value.chunk_index == 0
+        assert info.value.detail == (
+            "compressed record batch declares 7 rows, more than the 5 values max_gradient_len "
+            "still allows"
+        )
+
+
+@pytest.mark.parametrize("name", IMPL_NAMES)
+def test_an_empty_gradients_shape_numpy_cannot_make_is_refused(name: str):
+    """[0, 2**31, 2**30] holds no values, but numpy cannot make it (non-zero dimensions
+    past 2**60 values): our ArrowIpcError, not numpy's ValueError."""
+    for text, ok in (("[0,1073741824,1073741824]", True), ("[0,2147483648,1073741824]", False)):
+        schema = pa.schema([pa.field("value", pa.float32(), nullable=False)])
+        schema = schema.with_metadata({"gradient_shape": text})
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, schema) as writer:
+            writer.write_batch(pa.record_batch([pa.array([], pa.float32())], schema=schema))
+        wire = _one_frame(sink.getvalue().to_pybytes())
+        s = session(module(name), 7)
+        if ok:
+            assert s.decode_frames(wire).shape == (0, 1 << 30, 1 << 30)
+            continue
+        with pytest.raises(ArrowIpcError) as info:
+            s.decode_frames(wire)
+        assert info.value.detail == (
+            f"gradient_shape metadata {text} is beyond what numpy can make: its non-zero "
+            "dimensions multiply past 2^60"
+        )

@@ -730,19 +730,19 @@ def test_parse_manifest_accepts_the_documented_form():
         [
             Entry("fc.weight", "float32", (768, 3072)),
             Entry("s", "bfloat16", ()),
-            Entry("e", "float64", (0, 2**63 - 1)),
+            Entry("e", "float64", (0, 10**18 - 1)),
         ]
     )
     assert text == (
         '{"format":"gradstream.tensors","version":1,"tensors":['
         '{"name":"fc.weight","dtype":"float32","shape":[768,3072]},'
         '{"name":"s","dtype":"bfloat16","shape":[]},'
-        '{"name":"e","dtype":"float64","shape":[0,9223372036854775807]}]}'
+        '{"name":"e","dtype":"float64","shape":[0,999999999999999999]}]}'
     )
     assert parse_manifest(text) == [
         Entry("fc.weight", "float32", (768, 3072)),
         Entry("s", "bfloat16", ()),
-        Entry("e", "float64", (0, 2**63 - 1)),
+        Entry("e", "float64", (0, 10**18 - 1)),
     ]
     # Key order and whitespace are free; 32 dimensions are allowed; names are UTF-8.
     loose = (
@@ -885,22 +885,22 @@ HOSTILE_MANIFESTS = [
     ),
     (
         _doc(_entry(shape=(-1,))),
-        "tensor 'w': shape dimension -1 is not an integer in 0..2**63-1",
+        "tensor 'w': shape dimension -1 is not an integer of at most 18 digits",
         "w",
     ),
     (
         _doc(_entry(shape=(2.0,))),
-        "tensor 'w': shape dimension 2.0 is not an integer in 0..2**63-1",
+        "tensor 'w': shape dimension 2.0 is not an integer of at most 18 digits",
         "w",
     ),
     (
         _doc(_entry(shape=(True,))),
-        "tensor 'w': shape dimension True is not an integer in 0..2**63-1",
+        "tensor 'w': shape dimension True is not an integer of at most 18 digits",
         "w",
     ),
     (
-        _doc(_entry(shape=(2**63,))),
-        "tensor 'w': shape dimension 9223372036854775808 is not an integer in 0..2**63-1",
+        _doc(_entry(shape=(10**18,))),
+        "tensor 'w': shape dimension 1000000000000000000 is not an integer of at most 18 digits",
         "w",
     ),
     (_doc(_entry(shape=(1,) * 33)), "tensor 'w': its shape has 33 dimensions, more than 32", "w"),
@@ -937,8 +937,8 @@ def test_manifest_values_above_max_gradient_len(impl):
             "tensor set holds 110 values, above max_gradient_len 100",
         ),
         (
-            [Entry("a", "float16", (50,)), Entry("b", "float64", (2**62, 4))],
-            f"tensor set holds {50 + 2**64} values, above max_gradient_len 100",
+            [Entry("a", "float16", (50,)), Entry("b", "float64", (1 << 30, 1 << 30))],
+            f"tensor set holds {50 + (1 << 60)} values, above max_gradient_len 100",
         ),
     ]
     for entries, text in cases:
@@ -1457,3 +1457,18 @@ def test_done_when_lossy_bfloat16_wire_within_the_documented_error():
         if src == "float16":
             normal &= np.abs(x) >= np.finfo(np.float16).tiny
         assert np.all(np.abs(y[normal] - x[normal]) <= 2.0**-8 * np.abs(x[normal])), name
+
+
+def test_a_manifest_shape_numpy_cannot_make_is_refused():
+    """An empty tensor whose non-zero dimensions multiply past 2**60: numpy refuses to
+    make it, so the manifest is refused (TensorSetError, not numpy's ValueError)."""
+    ok = manifest_text([Entry("e", "float32", (0, 1 << 30, 1 << 30))])
+    assert parse_manifest(ok) == [Entry("e", "float32", (0, 1 << 30, 1 << 30))]
+    bad = manifest_text([Entry("e", "float32", (0, 1 << 31, 1 << 30))])
+    with pytest.raises(TensorSetError) as info:
+        parse_manifest(bad)
+    assert info.value.name == "e"
+    assert str(info.value) == (
+        "tensor 'e': its shape [0, 2147483648, 1073741824] is beyond what numpy can make "
+        "(its non-zero dimensions multiply past 2**60)"
+    )

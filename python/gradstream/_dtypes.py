@@ -30,6 +30,7 @@ __all__ = [
     "dtype_name",
     "hand_back",
     "is_bfloat16_type",
+    "numpy_can_make",
     "numpy_dtype",
     "prepare",
 ]
@@ -121,6 +122,19 @@ def dtype_name(dtype: np.dtype) -> str | None:
     if dtype.kind == "V" and dtype.itemsize == 2 and dtype.name == "bfloat16":
         return "bfloat16"  # ml_dtypes.bfloat16 (kind 'V')
     return None
+
+
+def numpy_can_make(dims: tuple[int, ...]) -> bool:
+    """Whether numpy can make an array of these dimensions in any of the four dtypes: it
+    refuses when the non-zero dimensions multiply past 2**63 bytes, even for an empty
+    array. README "Decoding rules": such a shape is refused, at most 2**60 values."""
+    product = 1
+    for dim in dims:
+        if dim:
+            product *= dim
+            if product > 1 << 60:
+                return False
+    return True
 
 
 def _bits(values: np.ndarray, name: str) -> np.ndarray:

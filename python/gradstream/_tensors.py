@@ -60,7 +60,9 @@ FORMAT = "gradstream.tensors"
 VERSION = 1
 MAX_NAME_BYTES = 1024
 MAX_DIMS = 32
-DIM_LIMIT = 1 << 63  # dimensions are integers in 0 .. 2**63 - 1
+# Dimensions have at most 18 digits, as in the gradient_shape each tensor's payloads carry
+# (a larger one could never arrive).
+DIM_LIMIT = 10**18
 # A receiver reads the manifest frame with max_payload_len capped at this.
 MANIFEST_MAX_PAYLOAD_LEN = 16 << 20
 
@@ -208,9 +210,16 @@ def _parse_shape(value: Any, name: str) -> tuple[int, ...]:
         # type(...) is int: JSON true/false parse to bool, which is an int subclass.
         if type(dim) is not int or not 0 <= dim < DIM_LIMIT:
             raise TensorSetError(
-                f"tensor {name!r}: shape dimension {_short(dim)} is not an integer in 0..2**63-1",
+                f"tensor {name!r}: shape dimension {_short(dim)} is not an integer of at most "
+                "18 digits",
                 name=name,
             )
+    if not _dtypes.numpy_can_make(tuple(value)):
+        raise TensorSetError(
+            f"tensor {name!r}: its shape {_short(value)} is beyond what numpy can make (its "
+            "non-zero dimensions multiply past 2**60)",
+            name=name,
+        )
     return tuple(value)
 
 

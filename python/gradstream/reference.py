@@ -67,7 +67,7 @@ import pyarrow.ipc
 
 from . import _dtypes
 from ._convert import frame_buffer, value_buffer
-from ._dtypes import DTYPE_KEY, DTYPES, is_bfloat16_type
+from ._dtypes import DTYPE_KEY, DTYPES, is_bfloat16_type, numpy_can_make
 from .errors import (
     ArrowIpcError,
     ChecksumMismatchError,
@@ -298,7 +298,14 @@ def _check_shape_text(raw: str | None, chunk_index: int) -> tuple[int, ...] | No
             chunk_index,
         )
     inner = raw[1:-1].strip(" ")
-    return tuple(int(d.strip(" ")) for d in inner.split(",")) if inner else ()
+    dims = tuple(int(d.strip(" ")) for d in inner.split(",")) if inner else ()
+    if not numpy_can_make(dims):
+        raise ArrowIpcError(
+            f"gradient_shape metadata {raw[:100]} is beyond what numpy can make: its "
+            "non-zero dimensions multiply past 2^60",
+            chunk_index,
+        )
+    return dims
 
 
 def _shape_name(raw: str | None) -> str:

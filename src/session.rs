@@ -39,21 +39,34 @@ pub struct SessionConfig {
     pub manifest: Option<std::sync::Arc<str>>,
 }
 
-/// A gradient to send: its values as bytes in memory order, and their dtype.
+/// A gradient to send: its values as bytes in memory order, their dtype, and the dtype
+/// they travel in (`wire_dtype`: each chunk is cast as it is encoded, by the cast rule).
 #[derive(Clone, Copy, Debug)]
 pub struct Gradient<'g> {
     raw: &'g [u8],
     dtype: Dtype,
+    wire: Dtype,
 }
 
 impl<'g> Gradient<'g> {
-    /// `raw` holds values of `dtype` (a whole number of them).
+    /// `raw` holds values of `dtype` (a whole number of them), sent as they are.
     pub fn new(raw: &'g [u8], dtype: Dtype) -> Self {
         let whole = raw.len() - raw.len() % dtype.width();
         Self {
             raw: &raw[..whole],
             dtype,
+            wire: dtype,
         }
+    }
+
+    /// The same values, cast to `wire` for transfer.
+    pub fn cast_to(self, wire: Dtype) -> Self {
+        Self { wire, ..self }
+    }
+
+    /// The dtype the values travel in.
+    pub fn wire(&self) -> Dtype {
+        self.wire
     }
 
     pub fn len(&self) -> usize {
@@ -83,6 +96,18 @@ impl<'g> From<&'g Vec<f32>> for Gradient<'g> {
     fn from(values: &'g Vec<f32>) -> Self {
         Self::from(values.as_slice())
     }
+}
+
+/// One chunk's values in the dtype they travel in: borrowed when no cast is asked for,
+/// else cast (a chunk at a time, so the sender never holds a cast copy of the gradient).
+fn cast_window<'w>(gradient: &Gradient<'_>, window: &'w [u8]) -> std::borrow::Cow<'w, [u8]> {
+    if gradient.wire == gradient.dtype {
+        return std::borrow::Cow::Borrowed(window);
+    }
+    let n = window.len() / gradient.dtype.width();
+    let mut cast = vec![0u8; n * gradient.wire.width()];
+    crate::dtype::convert(window, gradient.dtype, &mut cast, gradient.wire);
+    std::borrow::Cow::Owned(cast)
 }
 
 /// `raw` as float32 values, when it is aligned for them (the template paths need f32).
@@ -205,9 +230,10 @@ impl SessionConfig {
     /// Whether payloads of `dtype` come from the Arrow writer chunk by chunk (their bytes
     /// depend on more than the value count: compression, metadata, a dtype without
     /// templates) rather than templates.
-    pub fn writes_each_payload(&self, dtype: Dtype) -> bool {
+    pub fn writes_each_payload(&self, gradient: &Gradient<'_>) -> bool {
         self.compression.is_some()
-            || dtype != Dtype::F32
+            || gradient.dtype != Dtype::F32
+            || gradient.wire != Dtype::F32
             || self.shape.is_some()
             || self.result.is_some()
             || self.manifest.is_some()
@@ -242,11 +268,8 @@ impl SessionConfig {
             .min(gradient.len());
         let end = start.saturating_add(self.chunk_size).min(gradient.len());
         let mut frame = vec![0u8; HEADER_LEN];
-        codec::append_payload(
-            self.encoding(gradient.dtype),
-            &gradient.raw[start * width..end * width],
-            &mut frame,
-        )?;
+        let window = cast_window(&gradient, &gradient.raw[start * width..end * width]);
+        codec::append_payload(self.encoding(gradient.wire), &window, &mut frame)?;
         let payload_len = self.check_payload_len(index, frame.len() - HEADER_LEN)?;
         let header = FrameHeader {
             chunk_index: index,
@@ -354,12 +377,12 @@ impl SessionConfig {
     /// the stream can be written into memory allocated once (a Python `bytes`, say).
     pub fn plan_frames<'g>(&self, gradient: impl Into<Gradient<'g>>) -> Result<FramePlan<'g>> {
         let gradient = gradient.into();
-        let dtype = gradient.dtype;
+        let dtype = gradient.wire;
         let (total, windows) = self.windows(gradient)?;
-        if self.writes_each_payload(dtype) {
+        if self.writes_each_payload(&gradient) {
             // Sizes depend on the values (or the metadata): encode every chunk now, keep
             // the payloads.
-            let encoded = self.encode_each(&windows, dtype)?;
+            let encoded = self.encode_each(&windows, &gradient)?;
             let payload_lens = encoded
                 .iter()
                 .zip(0u32..)
@@ -408,11 +431,16 @@ impl SessionConfig {
 
     /// Each window's payload (from the Arrow writer) and CRC-32. Compression costs far
     /// more than the copies, so the windows are split between the machine's cores.
-    fn encode_each(&self, windows: &[&[u8]], dtype: Dtype) -> Result<Vec<(Vec<u8>, u32)>> {
+    fn encode_each(
+        &self,
+        windows: &[&[u8]],
+        gradient: &Gradient<'_>,
+    ) -> Result<Vec<(Vec<u8>, u32)>> {
         let encode = |part: &[&[u8]]| -> Result<Vec<(Vec<u8>, u32)>> {
             part.iter()
                 .map(|window| {
-                    let payload = codec::encode_payload_raw(self.encoding(dtype), window)?;
+                    let window = cast_window(gradient, window);
+                    let payload = codec::encode_payload_raw(self.encoding(gradient.wire), &window)?;
                     let checksum = codec::checksum(&payload);
                     Ok((payload, checksum))
                 })

@@ -67,7 +67,7 @@ pub async fn send_gradient<'g, W: AsyncWrite + Unpin>(
     progress: &Progress,
 ) -> Result<usize> {
     let gradient = gradient.into();
-    if config.writes_each_payload(gradient.dtype()) {
+    if config.writes_each_payload(&gradient) {
         return send_each(config, gradient, writer, timeout, progress).await;
     }
     let plan = config.plan_frames(gradient)?;

@@ -1,9 +1,10 @@
 """The four value dtypes, their numpy and Arrow forms, and the cast rule (README "Dtypes").
 
 Shared by the native session and the reference: input conversion (``prepare``), the
-sender's cast to the wire dtype, the ``out=`` dtype names, and handing bfloat16 back.
-The receiver's casts are each implementation's own (numpy here for the reference, Rust
-``src/dtype.rs`` for the native core), and the differential tests compare them.
+``out=`` dtype names, and handing bfloat16 back. The casts are each implementation's own:
+``cast`` here (numpy) for the reference, on both the sending and the receiving side;
+Rust ``src/dtype.rs`` for the native core, chunk by chunk. The differential tests
+compare them.
 
 bfloat16 has no numpy or Arrow type of its own. Arrays of it are handled here as uint16
 arrays of the raw bits; on the wire it is the Arrow extension type ``gradstream.bfloat16``
@@ -209,12 +210,16 @@ def cast(values: np.ndarray, source: str, target: str) -> np.ndarray:
 
 class Prepared(NamedTuple):
     """A gradient ready for the codec: C-contiguous, aligned, native-endian, in its own
-    shape, in the wire dtype (bfloat16 as uint16 bits)."""
+    shape, in dtype ``source`` (bfloat16 as uint16 bits): the wire dtype, unless the
+    caller asked ``prepare`` to leave the cast to it (the native core casts chunk by
+    chunk)."""
 
     values: np.ndarray
     wire: str
     # The dtype the receiver hands back: written as gradient_dtype when it is not `wire`.
     result: str
+    # The dtype of `values`.
+    source: str
 
 
 _HOW = (
@@ -278,16 +283,22 @@ def _any_dtype_array(obj: Any) -> tuple[np.ndarray, str]:
     return np.require(arr, requirements=["C", "A"]), name
 
 
-def prepare(obj: Any, *, keep_dtype: bool, wire_dtype: str | None) -> Prepared:
-    """Take a gradient as a session with these settings does (README "Dtypes")."""
+def prepare(
+    obj: Any, *, keep_dtype: bool, wire_dtype: str | None, cast_here: bool = True
+) -> Prepared:
+    """Take a gradient as a session with these settings does (README "Dtypes"). The
+    values come back cast to the wire dtype, or, with ``cast_here=False``, in their own
+    dtype for the caller to cast."""
     if not keep_dtype and wire_dtype is None:
         from ._convert import as_float32_array
 
-        return Prepared(as_float32_array(obj), "float32", "float32")
+        return Prepared(as_float32_array(obj), "float32", "float32", "float32")
     values, source = _any_dtype_array(obj)
     result = source if keep_dtype else "float32"
     wire = wire_dtype or source
-    return Prepared(cast(values, source, wire), wire, result)
+    if not cast_here:
+        return Prepared(values, wire, result, source)
+    return Prepared(cast(values, source, wire), wire, result, wire)
 
 
 def as_hand_back(values: np.ndarray, name: str) -> np.ndarray:

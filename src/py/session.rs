@@ -189,16 +189,15 @@ pub struct PySession {
 /// where the memory allows), their dtype, and the settings to encode it with.
 pub struct Input<'py> {
     pub bytes: PyReadonlyArray1<'py, u8>,
+    /// The values' dtype, and the one they travel in.
     pub dtype: Dtype,
+    pub wire: Dtype,
     pub config: SessionConfig,
 }
 
 impl Input<'_> {
     pub fn gradient(&self) -> PyResult<crate::session::Gradient<'_>> {
-        Ok(crate::session::Gradient::new(
-            self.bytes.as_slice()?,
-            self.dtype,
-        ))
+        Ok(crate::session::Gradient::new(self.bytes.as_slice()?, self.dtype).cast_to(self.wire))
     }
 }
 
@@ -227,18 +226,26 @@ impl PySession {
     fn input<'py>(&self, obj: &Bound<'py, PyAny>) -> PyResult<Input<'py>> {
         let py = obj.py();
         let mut config = self.config.clone();
+        let mut wire_cast = None;
         let (values, dtype) = if !self.keep_dtype && self.wire_dtype.is_none() {
             (gradient_array(obj)?.as_any().clone(), Dtype::F32)
         } else {
             let kwargs = pyo3::types::PyDict::new(py);
             kwargs.set_item("keep_dtype", self.keep_dtype)?;
             kwargs.set_item("wire_dtype", self.wire_dtype.map(Dtype::name))?;
+            // The cast is ours, chunk by chunk as the frames are encoded (src/dtype.rs).
+            kwargs.set_item("cast_here", false)?;
             let prepared = dtypes_attr(py, "prepare")?.call((obj,), Some(&kwargs))?;
-            let (values, wire, result): (Bound<'py, PyAny>, String, String) = prepared.extract()?;
-            let dtype = Dtype::from_name(&wire)
-                .ok_or_else(|| PyTypeError::new_err(format!("unknown wire dtype {wire:?}")))?;
-            config.result = Dtype::from_name(&result).filter(|&r| r != dtype);
-            (values, dtype)
+            let (values, wire, result, source): (Bound<'py, PyAny>, String, String, String) =
+                prepared.extract()?;
+            let dtype_named = |name: &str| {
+                Dtype::from_name(name)
+                    .ok_or_else(|| PyTypeError::new_err(format!("unknown dtype {name:?}")))
+            };
+            let (wire, source) = (dtype_named(&wire)?, dtype_named(&source)?);
+            config.result = Dtype::from_name(&result).filter(|&r| r != wire);
+            wire_cast = Some(wire);
+            (values, source)
         };
         if self.keep_shape {
             let shape: Vec<usize> = values.getattr("shape")?.extract()?;
@@ -253,6 +260,7 @@ impl PySession {
         Ok(Input {
             bytes,
             dtype,
+            wire: wire_cast.unwrap_or(dtype),
             config,
         })
     }

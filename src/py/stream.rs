@@ -136,6 +136,7 @@ pub struct HeldGradient {
     ptr: *const u8,
     len: usize,
     dtype: Dtype,
+    wire: Dtype,
 }
 
 // SAFETY: the pointer is into the array `_owner` keeps alive; it is only read. A Python
@@ -151,6 +152,7 @@ impl HeldGradient {
             ptr: slice.as_ptr(),
             len: slice.len(),
             dtype: input.dtype,
+            wire: input.wire,
             _owner: input.bytes.as_any().clone().unbind(),
         })
     }
@@ -161,6 +163,7 @@ impl HeldGradient {
             unsafe { std::slice::from_raw_parts(self.ptr, self.len) },
             self.dtype,
         )
+        .cast_to(self.wire)
     }
 }
 

@@ -1608,3 +1608,116 @@ def test_an_empty_gradients_shape_numpy_cannot_make_is_refused(name: str):
             f"gradient_shape metadata {text} is beyond what numpy can make: its non-zero "
             "dimensions multiply past 2^60"
         )
+
+
+# --------------------------------------------------------------------------- torch tensors
+# torch is not installed on the CI machines (PyPI's wheel needs the CUDA libraries), so
+# these tests stand a minimal stand-in module in for it: it has the attributes and methods
+# gradstream uses (dtype, device, detach, contiguous, view(torch.int16), numpy, and
+# __dlpack__ for the float dtypes, as a CPU torch.Tensor has). They test gradstream's side
+# of the contract, not torch's.
+
+
+class _FakeTorchDtype:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"torch.{self.name}"
+
+
+def _fake_torch() -> Any:
+    import types
+
+    torch = types.ModuleType("torch")
+    torch.bfloat16 = _FakeTorchDtype("bfloat16")  # type: ignore[attr-defined]
+    torch.int16 = _FakeTorchDtype("int16")  # type: ignore[attr-defined]
+    torch.float16 = _FakeTorchDtype("float16")  # type: ignore[attr-defined]
+
+    class Tensor:
+        def __init__(self, values: np.ndarray, dtype: Any, device: str = "cpu") -> None:
+            self._values = values
+            self.dtype = dtype
+            self.device = types.SimpleNamespace(type=device)
+            self.shape = values.shape
+
+        def detach(self) -> Tensor:
+            return self
+
+        def contiguous(self) -> Tensor:
+            return Tensor(np.ascontiguousarray(self._values), self.dtype, self.device.type)
+
+        def view(self, dtype: Any) -> Tensor:
+            assert dtype is torch.int16  # type: ignore[attr-defined]
+            return Tensor(self._values.view(np.int16), dtype, self.device.type)
+
+        def numpy(self) -> np.ndarray:
+            return self._values
+
+        def __dlpack__(self, **kwargs: Any) -> Any:
+            return self._values.__dlpack__(**kwargs)
+
+        def __dlpack_device__(self) -> Any:
+            return self._values.__dlpack_device__()
+
+    Tensor.__module__ = "torch"
+    torch.Tensor = Tensor  # type: ignore[attr-defined]
+    return torch
+
+
+@pytest.fixture
+def torch(monkeypatch: pytest.MonkeyPatch) -> Any:
+    fake = _fake_torch()
+    monkeypatch.setitem(__import__("sys").modules, "torch", fake)
+    return fake
+
+
+@pytest.mark.parametrize(("enc", "dec"), PAIRS, ids=PAIR_IDS)
+def test_torch_tensors_of_each_dtype_travel_as_they_are(torch: Any, enc: str, dec: str):
+    bits16 = np.array(sample("bfloat16", 12), np.uint16).reshape(3, 4)
+    half = from_bits(sample("float16", 12), "float16", (3, 4))
+    cases = [
+        (torch.Tensor(bits16, torch.bfloat16), "bfloat16", bits16.view(ml_dtypes.bfloat16)),
+        (torch.Tensor(half, torch.float16), "float16", half),
+        # Non-contiguous: the view of every other column.
+        (
+            torch.Tensor(bits16[:, ::2], torch.bfloat16),
+            "bfloat16",
+            bits16[:, ::2].view(ml_dtypes.bfloat16),
+        ),
+    ]
+    tx = session(module(enc), 5, keep_dtype=True, keep_shape=True)
+    rx = session(module(dec), 5)
+    for tensor, name, want in cases:
+        got = rx.decode_frames(tx.encode_frames(tensor))
+        assert _dtypes.dtype_name(got.dtype) == name and got.shape == want.shape
+        assert got.tobytes() == np.ascontiguousarray(want).tobytes()
+
+
+def test_torch_bfloat16_on_another_device_is_refused(torch: Any):
+    t = torch.Tensor(np.zeros(3, np.uint16), torch.bfloat16, device="cuda")
+    for name in IMPL_NAMES:
+        with pytest.raises(TypeError, match=r"gradient tensor is on .*; move it to the CPU"):
+            session(module(name), keep_dtype=True).encode_frames(t)
+    # Without keep_dtype or wire_dtype a torch bfloat16 tensor is the usual TypeError.
+    for name in IMPL_NAMES:
+        with pytest.raises(TypeError):
+            session(module(name)).encode_frames(
+                torch.Tensor(np.zeros(3, np.uint16), torch.bfloat16)
+            )
+
+
+def test_a_tensor_set_of_torch_tensors(torch: Any):
+    grads = {
+        "w": torch.Tensor(np.arange(6, dtype=np.uint16).reshape(2, 3) + 0x3F80, torch.bfloat16),
+        "b": np.arange(3, dtype=np.float64),
+    }
+    for enc in IMPL_NAMES:
+        for dec in IMPL_NAMES:
+            got = session(module(dec)).decode_tensors(session(module(enc)).encode_tensors(grads))
+            assert list(got) == ["w", "b"]
+            assert got["w"].dtype == ml_dtypes.bfloat16 and got["w"].shape == (2, 3)
+            assert (
+                got["w"].view(np.uint16).tolist() == (np.arange(6).reshape(2, 3) + 0x3F80).tolist()
+            )
+            assert got["b"].tolist() == [0.0, 1.0, 2.0]

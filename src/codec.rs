@@ -750,6 +750,29 @@ mod tests {
     }
 
     #[test]
+    fn misaligned_values_encode_as_their_aligned_copy() {
+        // value_column copies values that are not aligned to their dtype (Arrow arrays need
+        // alignment); the payload must be the one the aligned values make.
+        let values: Vec<f64> = vec![1.5, -0.0, f64::from_bits(0x7ff8_0000_0000_0001)];
+        let raw: Vec<u8> = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
+        let mut shifted = vec![0u8; raw.len() + 8];
+        // An offset that leaves the f64 values misaligned, whatever the allocation's own.
+        let at = (1..8)
+            .find(|&k| shifted[k..].as_ptr().align_offset(8) != 0)
+            .unwrap();
+        shifted[at..at + raw.len()].copy_from_slice(&raw);
+        let encoding = Encoding {
+            dtype: Dtype::F64,
+            ..Encoding::default()
+        };
+        let payload = encode_payload_raw(encoding.clone(), &shifted[at..at + raw.len()]).unwrap();
+        assert_eq!(payload, encode_payload_raw(encoding, &raw).unwrap());
+        let mut back: Vec<f32> = Vec::new();
+        decode_payload(&payload, &mut back, usize::MAX).unwrap();
+        assert_eq!(back.len(), 3);
+    }
+
+    #[test]
     fn payload_is_the_seed_layout() {
         let payload = encode_payload(Layout::Seed, &[1.0, 2.0, 3.0]).unwrap();
         assert_eq!(&payload[..6], MAGIC);

@@ -121,21 +121,6 @@ impl OutSlice {
         // SAFETY: `out` is an exclusive borrow, outliving us by the caller's promise.
         unsafe { Self::new(ptr, out.len(), Dtype::F32) }
     }
-
-    /// The whole buffer as bytes.
-    ///
-    /// # Safety
-    /// As for `new`: the memory is this OutSlice's alone while the slice is used.
-    pub unsafe fn as_mut_bytes(&mut self) -> &mut [u8] {
-        // SAFETY: by the contract of `new` and of this function.
-        unsafe {
-            std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.capacity * self.dtype.width())
-        }
-    }
-
-    pub fn dtype(&self) -> Dtype {
-        self.dtype
-    }
 }
 
 impl ValueSink for OutSlice {
@@ -244,16 +229,6 @@ impl Output {
             values: Values::Owned(Store::new(dtype)),
             dtype,
             shape: None,
-            manifest: None,
-        }
-    }
-
-    /// float32 values of our own, in `shape` when the sender kept one.
-    pub fn owned(values: Vec<f32>, shape: Option<Vec<usize>>) -> Self {
-        Self {
-            values: Values::Owned(Store::F32(values)),
-            dtype: Dtype::F32,
-            shape,
             manifest: None,
         }
     }

@@ -64,21 +64,12 @@ impl<'g> Gradient<'g> {
         Self { wire, ..self }
     }
 
-    /// The dtype the values travel in.
-    pub fn wire(&self) -> Dtype {
-        self.wire
-    }
-
     pub fn len(&self) -> usize {
         self.raw.len() / self.dtype.width()
     }
 
     pub fn is_empty(&self) -> bool {
         self.raw.is_empty()
-    }
-
-    pub fn dtype(&self) -> Dtype {
-        self.dtype
     }
 
     pub fn raw(&self) -> &'g [u8] {
@@ -130,9 +121,8 @@ pub struct EncodedChunk {
 #[derive(Debug)]
 pub struct FramePlan<'g> {
     total: u32,
-    /// Each chunk's values, as bytes of the plan's dtype.
+    /// Each chunk's values, as bytes of the gradient's dtype.
     windows: Vec<&'g [u8]>,
-    dtype: Dtype,
     payload_lens: Vec<u32>,
     len: usize,
     /// Compressed sessions: each chunk's payload and CRC, encoded while planning (their
@@ -152,10 +142,6 @@ impl<'g> FramePlan<'g> {
 
     pub fn total_chunks(&self) -> u32 {
         self.total
-    }
-
-    pub fn dtype(&self) -> Dtype {
-        self.dtype
     }
 
     /// Each chunk's index, values (bytes) and exact payload length.
@@ -227,16 +213,11 @@ impl SessionConfig {
         }
     }
 
-    /// Whether payloads of `dtype` come from the Arrow writer chunk by chunk (their bytes
-    /// depend on more than the value count: compression, metadata, a dtype without
-    /// templates) rather than templates.
+    /// Whether `gradient`'s payloads come from the Arrow writer chunk by chunk (their
+    /// bytes depend on more than the value count: a cast, compression, metadata, a dtype
+    /// without templates) rather than templates.
     pub fn writes_each_payload(&self, gradient: &Gradient<'_>) -> bool {
-        self.compression.is_some()
-            || gradient.dtype != Dtype::F32
-            || gradient.wire != Dtype::F32
-            || self.shape.is_some()
-            || self.result.is_some()
-            || self.manifest.is_some()
+        gradient.dtype != gradient.wire || !self.encoding(gradient.wire).is_plain()
     }
 
     pub fn chunk_count(&self, len: usize) -> Result<u32> {
@@ -377,7 +358,6 @@ impl SessionConfig {
     /// the stream can be written into memory allocated once (a Python `bytes`, say).
     pub fn plan_frames<'g>(&self, gradient: impl Into<Gradient<'g>>) -> Result<FramePlan<'g>> {
         let gradient = gradient.into();
-        let dtype = gradient.wire;
         let (total, windows) = self.windows(gradient)?;
         if self.writes_each_payload(&gradient) {
             // Sizes depend on the values (or the metadata): encode every chunk now, keep
@@ -392,7 +372,6 @@ impl SessionConfig {
             return Ok(FramePlan {
                 total,
                 windows,
-                dtype,
                 payload_lens,
                 len,
                 encoded,
@@ -422,7 +401,6 @@ impl SessionConfig {
         Ok(FramePlan {
             total,
             windows,
-            dtype,
             payload_lens,
             len,
             encoded: Vec::new(),
@@ -684,11 +662,11 @@ fn duplicate(index: u32) -> GradientStreamError {
 }
 
 /// CRC first (a corrupt payload is never parsed), then decode into `out`.
-fn verify_and_decode<S: ValueSink + ?Sized>(
+fn verify_and_decode(
     index: u32,
     expected: u32,
     payload: &[u8],
-    out: &mut S,
+    out: &mut Taking<'_>,
     room: usize,
 ) -> Result<Head> {
     // Our own payloads (any sender of ours) match a template: the CRC of the constant
@@ -718,31 +696,13 @@ fn verify_and_decode<S: ValueSink + ?Sized>(
             actual,
         });
     }
-    let mut counted = Counted { inner: out, n: 0 };
-    let head = codec::decode_payload(payload, &mut counted, room).map_err(|e| e.in_chunk(index))?;
+    let head = codec::decode_payload(payload, out, room).map_err(|e| e.in_chunk(index))?;
     if templates.is_empty() && head == Head::default() {
         // A payload size with no template yet: make this count's templates, so that
         // the next payload of this size (a gradient's next full chunk) takes the fast path.
-        Template::learn(counted.n, payload.len());
+        Template::learn(out.offered, payload.len());
     }
     Ok(head)
-}
-
-/// Counts the values going into a sink.
-struct Counted<'s, S: ?Sized> {
-    inner: &'s mut S,
-    n: usize,
-}
-
-impl<S: ValueSink + ?Sized> ValueSink for Counted<'_, S> {
-    fn begin(&mut self, head: &Head) -> Result<()> {
-        self.inner.begin(head)
-    }
-
-    fn put_raw(&mut self, raw: &[u8], from: Dtype) {
-        self.n += raw.len() / from.width();
-        self.inner.put_raw(raw, from);
-    }
 }
 
 /// The dtype rules of the README's decoding rules: every chunk's column dtype and

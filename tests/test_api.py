@@ -79,7 +79,7 @@ def test_reference_never_imports_the_extension() -> None:
             imported.update(f"{base}.{alias.name}" for alias in node.names)
     assert not any("_native" in name for name in imported), imported
     # Within the package: the modules both implementations share, and nothing else.
-    shared = ("._convert", "._dtypes", "._tensors", ".errors")
+    shared = ("._convert", "._dtypes", "._io", "._tensors", ".errors")
     relative = {name for name in imported if name.startswith(".")}
     assert all(
         name in (".", ".._dtypes", ".._tensors")

@@ -16,7 +16,9 @@ import numpy as np
 __all__ = [
     "as_float32_array",
     "as_float32_vector",
+    "byte_view",
     "frame_buffer",
+    "shape_text",
     "to_ndarray",
     "value_buffer",
 ]
@@ -182,3 +184,24 @@ def frame_buffer(out: Any) -> memoryview:
             # memoryview.cast refuses shapes containing 0; nothing fits in it anyway.
             return memoryview(bytearray())
         return view.cast("B")
+
+
+def byte_view(data: Any) -> memoryview:
+    """A flat unsigned-byte view of any buffer-protocol object (bytes, bytearray,
+    memoryview, pyarrow.Buffer, numpy arrays of any dtype and shape), copying only when
+    the memory is not contiguous. TypeError for str, int and other non-buffers."""
+    view = memoryview(data)
+    if view.nbytes == 0:
+        # memoryview.cast refuses shapes containing 0; an empty view is all we need.
+        return memoryview(b"")
+    if not view.c_contiguous:
+        view = memoryview(view.tobytes())  # the one unavoidable copy
+    if view.ndim != 1 or view.format != "B":
+        view = view.cast("B")
+    return view
+
+
+def shape_text(shape: Any) -> str:
+    """A shape as compact JSON: ``[768,3072]``, ``[]`` for a 0-d array (the text of
+    ``gradient_shape`` and of the messages about shapes)."""
+    return "[" + ",".join(str(d) for d in shape) + "]"

@@ -32,13 +32,16 @@ import socket
 import ssl
 import struct
 import sys
-from collections.abc import Awaitable, Iterator, Mapping
-from typing import Any, NamedTuple, NoReturn, TypeVar
+from collections.abc import Iterator, Mapping
+from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
 import pyarrow as pa
 
 from . import _dtypes
+from ._convert import byte_view as _byte_view
+from ._convert import shape_text as _shape_text
+from ._io import Stalled, within
 from .errors import FrameError, StreamIOError, StreamTimeoutError, TensorSetError
 
 __all__ = [
@@ -72,7 +75,6 @@ _KEYS = ("format", "version", "tensors")
 _ENTRY_KEYS = ("name", "dtype", "shape")
 _DTYPE_LIST = "float16, bfloat16, float32 or float64"
 _PIECE = 64 * 1024
-_T = TypeVar("_T")
 
 
 class Entry(NamedTuple):
@@ -134,10 +136,6 @@ def _noting(doing: str, name: str, k: int, n: int) -> Iterator[None]:
     except Exception as exc:
         _note(exc, f"while {doing} tensor {name!r} ({k} of {n}) of a tensor set")
         raise
-
-
-def _shape_text(shape: tuple[int, ...]) -> str:
-    return "[" + ",".join(str(d) for d in shape) + "]"
 
 
 # --------------------------------------------------------------------------- the manifest
@@ -488,15 +486,6 @@ async def stream_tensors(session: Any, tensors: Any, stream: Any, *, progress: A
 # --------------------------------------------------------------------------- the receiver side
 
 
-def _byte_view(data: Any) -> memoryview:
-    view = memoryview(data)
-    if not view.c_contiguous:
-        view = memoryview(view.tobytes())
-    if view.ndim != 1 or view.format != "B":
-        view = view.cast("B") if view.nbytes else memoryview(b"")
-    return view
-
-
 def _run_end(view: memoryview, start: int, frames_allowed: int) -> int:
     """Where a gradient starting at ``start`` ends: after its first header's total_chunks
     frames (payload lengths walked from the headers), or at the end of the data, whichever
@@ -588,34 +577,6 @@ async def receive_tensors(
 # --------------------------------------------------------------------------- manifest I/O
 
 
-class _Stalled(Exception):
-    """No byte moved within the session's timeout."""
-
-
-if sys.version_info >= (3, 11):
-
-    async def _within(step: Awaitable[_T], timeout: float | None) -> _T:
-        if timeout is None:
-            return await step
-        try:
-            async with asyncio.timeout(timeout) as deadline:
-                return await step
-        except TimeoutError:
-            if deadline.expired():
-                raise _Stalled from None
-            raise  # a socket's own ETIMEDOUT: an I/O error
-
-else:  # pragma: no cover - Python 3.10
-
-    async def _within(step: Awaitable[_T], timeout: float | None) -> _T:
-        if timeout is None:
-            return await step
-        try:
-            return await asyncio.wait_for(step, timeout)
-        except asyncio.TimeoutError:
-            raise _Stalled from None
-
-
 # 0 where the platform has no MSG_DONTWAIT: then the socket is switched to non-blocking.
 _DONTWAIT: int = getattr(socket, "MSG_DONTWAIT", 0)
 
@@ -701,18 +662,18 @@ class _Connection:
     async def _recv_into(self, view: memoryview) -> int:
         """1..len(view) bytes into view; 0 at the end of the stream."""
         if self.reader is not None:
-            data = await _within(self.reader.read(len(view)), self.timeout)
+            data = await within(self.reader.read(len(view)), self.timeout)
             view[: len(data)] = data
             return len(data)
         sock = self.sock
         assert sock is not None
         if not _DONTWAIT:
             loop = asyncio.get_running_loop()
-            return await _within(loop.sock_recv_into(sock, view), self.timeout)
+            return await within(loop.sock_recv_into(sock, view), self.timeout)
         while True:
             # Readiness first: a socket with a timeout of its own would otherwise wait in
             # the call (CPython polls before recv), blocking the event loop.
-            await _within(self._ready(False), self.timeout)
+            await within(self._ready(False), self.timeout)
             try:
                 return sock.recv_into(view, len(view), _DONTWAIT)
             except (BlockingIOError, InterruptedError):
@@ -722,16 +683,16 @@ class _Connection:
         if self.writer is not None:
             piece = view[:_PIECE]
             self.writer.write(piece)
-            await _within(self.writer.drain(), self.timeout)
+            await within(self.writer.drain(), self.timeout)
             return len(piece)
         sock = self.sock
         assert sock is not None
         if not _DONTWAIT:
             piece = view[:_PIECE]
-            await _within(asyncio.get_running_loop().sock_sendall(sock, piece), self.timeout)
+            await within(asyncio.get_running_loop().sock_sendall(sock, piece), self.timeout)
             return len(piece)
         while True:
-            await _within(self._ready(True), self.timeout)
+            await within(self._ready(True), self.timeout)
             try:
                 return sock.send(view, _DONTWAIT)
             except (BlockingIOError, InterruptedError):
@@ -743,7 +704,7 @@ class _Connection:
             try:
                 while view:
                     view = view[await self._send(view) :]
-            except _Stalled:
+            except Stalled:
                 raise StreamTimeoutError(self.timeout or 0.0, 0, 1) from None
             except OSError as exc:
                 raise StreamIOError.from_os_error(exc) from exc
@@ -758,7 +719,7 @@ class _Connection:
                 if n == 0:
                     break
                 got += n
-        except _Stalled:
+        except Stalled:
             raise StreamTimeoutError(self.timeout or 0.0, 0, total) from None
         except OSError as exc:
             raise StreamIOError.from_os_error(exc) from exc

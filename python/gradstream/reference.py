@@ -56,18 +56,20 @@ import re
 import socket
 import ssl
 import struct
-import sys
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator
-from typing import Any, Literal, NamedTuple, TypeVar, overload
+from collections.abc import AsyncIterator, Iterable, Iterator
+from typing import Any, Literal, NamedTuple, overload
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc
 
 from . import _dtypes
+from ._convert import byte_view as _byte_view
 from ._convert import frame_buffer, value_buffer
+from ._convert import shape_text as _shape_text
 from ._dtypes import DTYPE_KEY, DTYPES, is_bfloat16_type, numpy_can_make
+from ._io import Stalled, within
 from .errors import (
     ArrowIpcError,
     ChecksumMismatchError,
@@ -204,22 +206,6 @@ def _check_wire_dtype(value: Any) -> str | None:
     raise TypeError(f"wire_dtype must be None or a dtype name (str), not {type(value).__name__}")
 
 
-def _byte_view(data: Any) -> memoryview:
-    """Return a flat unsigned-byte view of any buffer-protocol object, copying only if needed.
-
-    Accepts bytes, bytearray, memoryview, pyarrow.Buffer, numpy arrays of any dtype/shape.
-    """
-    view = memoryview(data)  # TypeError for str, int and other non-buffers
-    if view.nbytes == 0:
-        # memoryview.cast refuses shapes containing 0; an empty view is all we need.
-        return memoryview(b"")
-    if not view.c_contiguous:
-        view = memoryview(view.tobytes())  # the one unavoidable copy
-    if view.ndim != 1 or view.format != "B":
-        view = view.cast("B")
-    return view
-
-
 def _flat(out: np.ndarray) -> np.ndarray:
     """The 1-D view of a checked decode ``out=`` (C-contiguous, so never a copy)."""
     flat: np.ndarray = out.reshape(-1)
@@ -279,11 +265,6 @@ MAX_SHAPE_DIMS = 32
 # JSON (no 1.5, true, 1e3).
 _DIM = r"(?:0|[1-9][0-9]{0,17})"
 _SHAPE_RE = re.compile(rf"\[ *(?:{_DIM} *(?:, *{_DIM} *){{0,{MAX_SHAPE_DIMS - 1}}})?\]")
-
-
-def _shape_text(shape: Iterable[int]) -> str:
-    """A shape as compact JSON: ``[768,3072]``, ``[]`` for a 0-d array."""
-    return "[" + ",".join(str(d) for d in shape) + "]"
 
 
 def _check_shape_text(raw: str | None, chunk_index: int) -> tuple[int, ...] | None:
@@ -1468,40 +1449,9 @@ def _count(
 # that the session's timeout bounds the time without a byte moving (not the time a whole
 # payload takes), and the receiver can tell how many bytes of a unit arrived before the end.
 
-_T = TypeVar("_T")
 
 # Largest piece handed to a StreamWriter before waiting for it to drain.
 _WRITE_SLICE = 65_536
-
-
-class _Stalled(Exception):
-    """No byte moved within the session's timeout (turned into StreamTimeoutError by the
-    caller, which knows the chunk counts)."""
-
-
-if sys.version_info >= (3, 11):
-
-    async def _within(awaitable: Awaitable[_T], timeout: float | None) -> _T:
-        if timeout is None:
-            return await awaitable
-        try:
-            async with asyncio.timeout(timeout) as deadline:
-                return await awaitable
-        except TimeoutError:
-            # A socket can raise TimeoutError itself (ETIMEDOUT): that one is an I/O error.
-            if deadline.expired():
-                raise _Stalled from None
-            raise
-
-else:  # pragma: no cover - Python 3.10
-
-    async def _within(awaitable: Awaitable[_T], timeout: float | None) -> _T:
-        if timeout is None:
-            return await awaitable
-        try:
-            return await asyncio.wait_for(awaitable, timeout)
-        except asyncio.TimeoutError:  # distinct from the builtin TimeoutError in 3.10
-            raise _Stalled from None
 
 
 class _Channel:
@@ -1562,7 +1512,7 @@ class _SocketChannel(_Channel):
 
     async def recv_into(self, view: memoryview) -> int:
         try:
-            return await _within(self.loop.sock_recv_into(self.sock, view), self.timeout)
+            return await within(self.loop.sock_recv_into(self.sock, view), self.timeout)
         except OSError as exc:
             raise StreamIOError.from_os_error(exc) from exc
 
@@ -1574,11 +1524,11 @@ class _SocketChannel(_Channel):
                 except (BlockingIOError, InterruptedError):
                     pass
                 try:
-                    await _within(self._writable(), self.timeout)
+                    await within(self._writable(), self.timeout)
                 except NotImplementedError:
                     # A loop without readiness callbacks (Windows' proactor): sendall, so
                     # the timeout bounds the whole piece rather than each byte.
-                    await _within(self.loop.sock_sendall(self.sock, view), self.timeout)
+                    await within(self.loop.sock_sendall(self.sock, view), self.timeout)
                     return len(view)
         except OSError as exc:
             raise StreamIOError.from_os_error(exc) from exc
@@ -1614,7 +1564,7 @@ class _StreamsChannel(_Channel):
         try:
             # read(n) returns what is buffered, up to n, as soon as there is something:
             # never more than asked, so never past the gradient's last frame.
-            data = await _within(self.reader.read(len(view)), self.timeout)
+            data = await within(self.reader.read(len(view)), self.timeout)
         except OSError as exc:
             raise StreamIOError.from_os_error(exc) from exc
         view[: len(data)] = data
@@ -1638,9 +1588,9 @@ class _StreamsChannel(_Channel):
         while True:
             before = transport.get_write_buffer_size()
             try:
-                await _within(self.writer.drain(), self.timeout)
+                await within(self.writer.drain(), self.timeout)
                 return
-            except _Stalled:
+            except Stalled:
                 if transport.get_write_buffer_size() >= before:
                     raise
 
@@ -2114,7 +2064,7 @@ class GradientStreamSession:
                 while sent < len(frame):
                     try:
                         n = await channel.send(frame[sent:])
-                    except _Stalled:
+                    except Stalled:
                         raise StreamTimeoutError(self._timeout or 0.0, k, total) from None
                     sent += n
                     _count(progress, nbytes=n)
@@ -2175,7 +2125,7 @@ class GradientStreamSession:
                 while got < len(unit):
                     try:
                         n = await channel.recv_into(unit[got:])
-                    except _Stalled:
+                    except Stalled:
                         raise StreamTimeoutError(
                             self._timeout or 0.0, receiver.received, receiver.total
                         ) from None

@@ -1,0 +1,45 @@
+"""Bounding Python-side waits by the session's timeout, shared by the reference's stream
+I/O and the tensor-set layer's manifest I/O (the native core bounds its own in tokio)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Awaitable
+from typing import TypeVar
+
+__all__ = ["Stalled", "within"]
+
+_T = TypeVar("_T")
+
+
+class Stalled(Exception):
+    """No byte moved within the session's timeout (turned into StreamTimeoutError by the
+    caller, which knows the chunk counts)."""
+
+
+if sys.version_info >= (3, 11):
+
+    async def within(awaitable: Awaitable[_T], timeout: float | None) -> _T:
+        """``await awaitable``, raising Stalled when it takes more than ``timeout`` s."""
+        if timeout is None:
+            return await awaitable
+        try:
+            async with asyncio.timeout(timeout) as deadline:
+                return await awaitable
+        except TimeoutError:
+            # A socket can raise TimeoutError itself (ETIMEDOUT): that one is an I/O error.
+            if deadline.expired():
+                raise Stalled from None
+            raise
+
+else:  # pragma: no cover - Python 3.10
+
+    async def within(awaitable: Awaitable[_T], timeout: float | None) -> _T:
+        """``await awaitable``, raising Stalled when it takes more than ``timeout`` s."""
+        if timeout is None:
+            return await awaitable
+        try:
+            return await asyncio.wait_for(awaitable, timeout)
+        except asyncio.TimeoutError:  # distinct from the builtin TimeoutError in 3.10
+            raise Stalled from None

@@ -17,6 +17,7 @@ __all__ = [
     "as_float32_array",
     "as_float32_vector",
     "byte_view",
+    "check_bool",
     "frame_buffer",
     "shape_text",
     "to_ndarray",
@@ -205,3 +206,11 @@ def shape_text(shape: Any) -> str:
     """A shape as compact JSON: ``[768,3072]``, ``[]`` for a 0-d array (the text of
     ``gradient_shape`` and of the messages about shapes)."""
     return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def check_bool(value: Any, name: str) -> bool:
+    """A bool argument, strictly, like a native ``bool`` one: 0/1 or None are more likely
+    bugs than intent (TypeError)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be bool, not {type(value).__name__}")
+    return bool(value)

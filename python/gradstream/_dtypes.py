@@ -103,17 +103,16 @@ def bfloat16_dtype() -> np.dtype | None:
     return BFLOAT16
 
 
-def numpy_dtype(name: str) -> np.dtype:
-    """The numpy dtype a gradient of dtype ``name`` is handed back in."""
-    if name == "bfloat16":
-        return BFLOAT16 if BFLOAT16 is not None else np.dtype(np.float32)
-    return np.dtype(name)
-
-
 def hand_back(name: str) -> str:
     """The dtype name a gradient of dtype ``name`` comes back in (bfloat16 without
     ml_dtypes comes back as float32)."""
     return "float32" if name == "bfloat16" and BFLOAT16 is None else name
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype a gradient of dtype ``name`` is handed back in."""
+    back = hand_back(name)
+    return BFLOAT16 if back == "bfloat16" and BFLOAT16 is not None else np.dtype(back)
 
 
 def dtype_name(dtype: np.dtype) -> str | None:

@@ -40,6 +40,7 @@ import pyarrow as pa
 
 from . import _dtypes
 from ._convert import byte_view as _byte_view
+from ._convert import check_bool as _check_bool
 from ._convert import shape_text as _shape_text
 from ._io import Stalled, within
 from .errors import FrameError, StreamIOError, StreamTimeoutError, TensorSetError
@@ -435,12 +436,6 @@ def _encoded_manifest(session: Any, outgoing: list[_Outgoing]) -> bytes:
     if len(frame) - _HEADER_LEN > limit:
         raise too_big(f"{len(frame) - _HEADER_LEN} bytes")
     return frame
-
-
-def _check_bool(value: Any, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be bool, not {type(value).__name__}")
-    return bool(value)
 
 
 def encode_tensors(session: Any, tensors: Any, as_buffer: bool = False) -> bytes | pa.Buffer:

@@ -66,6 +66,7 @@ import pyarrow.ipc
 
 from . import _dtypes
 from ._convert import byte_view as _byte_view
+from ._convert import check_bool as _check_bool
 from ._convert import frame_buffer, value_buffer
 from ._convert import shape_text as _shape_text
 from ._dtypes import DTYPE_KEY, DTYPES, is_bfloat16_type, numpy_can_make
@@ -130,13 +131,6 @@ def _check_u32(value: Any, name: str) -> int:
     if not 0 <= number <= U32_MAX:
         raise OverflowError(f"{name} must be in 0..{U32_MAX}, got {number}")
     return number
-
-
-def _check_bool(value: Any, name: str) -> bool:
-    # Strict, like a native `bool` argument: 0/1 or None are more likely bugs than intent.
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be bool, not {type(value).__name__}")
-    return bool(value)
 
 
 Compression = Literal["lz4", "zstd"]

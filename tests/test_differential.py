@@ -9,9 +9,7 @@ fields. Hand-picked cases of single rules live in test_semantics.py.
 
 from __future__ import annotations
 
-import os
 import re
-import struct
 import warnings
 import zlib
 from collections import Counter
@@ -30,6 +28,7 @@ pytest.importorskip("gradstream._native", reason="native extension not built")
 import gradstream as gs
 import gradstream._dtypes as _dtypes
 import gradstream.reference as ref
+from conftest import ERROR_CLASSES, HEADER, HEADER_LEN, examples
 from gradstream.errors import (
     ArrowIpcError,
     ChecksumMismatchError,
@@ -37,22 +36,12 @@ from gradstream.errors import (
     IncompleteStreamError,
 )
 
-HEADER = struct.Struct("<IIII")
-HEADER_LEN = HEADER.size
 U32_MAX = 0xFFFF_FFFF
 IMPLS: dict[str, ModuleType] = {"native": gs, "reference": ref}
-ERROR_CLASSES = (ArrowIpcError, ChecksumMismatchError, FrameError, IncompleteStreamError)
-
-# GRADSTREAM_DIFF_SCALE=20 multiplies every max_examples, for a longer soak run.
-SCALE = float(os.environ.get("GRADSTREAM_DIFF_SCALE", "1"))
 
 
 # What the helpers below take to draw values: a composite's draw or st.data().draw.
 Draw = Callable[..., Any]
-
-
-def examples(n: int) -> int:
-    return max(1, round(n * SCALE))
 
 
 # Round trips: at most this many values and this many chunks per gradient, so that the

@@ -24,9 +24,8 @@ import pickle
 import socket
 import struct
 import zlib
-from collections.abc import Awaitable, Callable
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -38,7 +37,24 @@ from hypothesis import strategies as st
 import gradstream._convert as _convert
 import gradstream._dtypes as _dtypes
 import gradstream.reference as ref
-from conftest import SPECIAL_BITS
+from _payloads import rebuild, the_batch, with_buffer, write_ipc_file
+from conftest import (
+    CODECS,
+    HEADER,
+    IMPL_NAMES,
+    LAYOUTS,
+    PAIR_IDS,
+    PAIRS,
+    SPECIAL_BITS,
+    assert_error,
+    both_ways,
+    examples,
+    join_frames,
+    run,
+    session,
+    split_frames,
+)
+from conftest import frame_offsets as offsets_of
 from conftest import load_impl as module
 from gradstream.errors import (
     ArrowIpcError,
@@ -48,27 +64,8 @@ from gradstream.errors import (
     GradientStreamError,
     SettingError,
 )
-from test_compression import rebuild, the_batch, with_buffer
 
-T = TypeVar("T")
-HEADER = struct.Struct("<IIII")
-HEADER_LEN = HEADER.size
-IMPL_NAMES = ["reference", "native"]
-PAIRS = [(a, b) for a in IMPL_NAMES for b in IMPL_NAMES]  # (encoder, decoder)
-PAIR_IDS = [f"{a}-to-{b}" for a, b in PAIRS]
 DTYPES = ["float16", "bfloat16", "float32", "float64"]
-LAYOUTS = ["seed", "compact"]
-CODECS = ["lz4", "zstd"]
-DEADLINE = 20.0
-# GRADSTREAM_DIFF_SCALE=20 multiplies the differential test's examples, for a longer soak
-# run (as in test_differential.py and test_compression.py).
-SCALE = float(os.environ.get("GRADSTREAM_DIFF_SCALE", "1"))
-
-
-def examples(n: int) -> int:
-    return max(1, round(n * SCALE))
-
-
 NOT_A_FLOAT = "'value' column is not Float16, Float32, Float64 or gradstream.bfloat16"
 BAD_DTYPE = "gradient_dtype metadata is not float16, bfloat16, float32 or float64"
 BF16_FIELD = {b"ARROW:extension:name": b"gradstream.bfloat16", b"ARROW:extension:metadata": b""}
@@ -147,10 +144,6 @@ SPECIALS: dict[str, list[int]] = {
 # --------------------------------------------------------------------------- helpers
 
 
-def session(impl: ModuleType, chunk_size: int = 4, **kwargs: Any) -> Any:
-    return impl.GradientStreamSession("s", chunk_size, **kwargs)
-
-
 def numpy_dtype(name: str) -> np.dtype:
     """The numpy dtype of ``name`` as a caller holds it (bfloat16: ml_dtypes')."""
     return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
@@ -192,33 +185,6 @@ def expected(words: np.ndarray, source: str, wire: str, result: str) -> np.ndarr
     on_wire = _dtypes.cast(values, source, wire)
     back = _dtypes.cast(on_wire, wire, result)
     return np.asarray(back).reshape(-1).view(WORD[result])
-
-
-def frame(index: int, total: int, payload: bytes, checksum: int | None = None) -> bytes:
-    crc = zlib.crc32(payload) if checksum is None else checksum
-    return HEADER.pack(index, total, len(payload), crc) + payload
-
-
-def split_frames(wire: bytes) -> list[tuple[int, int, bytes]]:
-    """(chunk_index, total_chunks, payload) of each frame of a valid stream."""
-    frames, pos = [], 0
-    while pos < len(wire):
-        index, total, length, _ = HEADER.unpack_from(wire, pos)
-        frames.append((index, total, wire[pos + HEADER_LEN : pos + HEADER_LEN + length]))
-        pos += HEADER_LEN + length
-    return frames
-
-
-def join_frames(parts: list[tuple[int, int, bytes]]) -> bytes:
-    return b"".join(frame(i, t, p) for i, t, p in parts)
-
-
-def offsets_of(parts: list[tuple[int, int, bytes]]) -> list[int]:
-    offsets, pos = [], 0
-    for _, _, p in parts:
-        offsets.append(pos)
-        pos += HEADER_LEN + len(p)
-    return offsets
 
 
 def schema_of(payload: bytes) -> pa.Schema:
@@ -267,45 +233,7 @@ def payload(
         columns.insert(0, pa.array(np.arange(n, dtype=np.int32)))
     schema = pa.schema(fields, metadata=metadata)
     batch = pa.RecordBatch.from_arrays(columns, schema=schema)
-    sink = pa.BufferOutputStream()
-    options = None if compression is None else pa.ipc.IpcWriteOptions(compression=compression)
-    with pa.ipc.new_file(sink, schema, options=options) as writer:
-        writer.write_batch(batch)
-    data: bytes = sink.getvalue().to_pybytes()
-    return data
-
-
-def both_ways(
-    impl: ModuleType,
-    parts: list[tuple[int, int, bytes]],
-    out: Callable[[], np.ndarray] | None = None,
-    **kwargs: Any,
-) -> tuple[Any, Any]:
-    """(decode_chunks outcome, decode_frames outcome) of chunks (index, total, payload)
-    with correct CRCs, the frames in the order given (decode_chunks gets that order too).
-    An outcome is the array or the GradientStreamError raised. With ``out`` (a factory),
-    decode_frames writes into a fresh array from it."""
-    s = session(impl, **kwargs)
-    chunks = [impl.GradientChunk("s", i, t, p, zlib.crc32(p)) for i, t, p in parts]
-    wire = join_frames(parts)
-    kw = {} if out is None else {"out": out()}
-    outcomes = []
-    for call in (lambda: s.decode_chunks(chunks), lambda: s.decode_frames(wire, **kw)):
-        try:
-            outcomes.append(call())
-        except GradientStreamError as exc:
-            outcomes.append(exc)
-    return outcomes[0], outcomes[1]
-
-
-def assert_error(
-    got: Any, cls: type, detail: str, chunk_index: int | None, offset: Any = "skip"
-) -> None:
-    assert type(got) is cls, f"expected {cls.__name__}, got {got!r}"
-    assert got.detail == detail, got.detail
-    assert got.chunk_index == chunk_index, got
-    if offset != "skip":
-        assert got.offset == offset, got
+    return write_ipc_file(schema, batch, compression)
 
 
 def assert_values(got: Any, name: str, want_bits: Any, shape: tuple[int, ...] | None = None):
@@ -318,14 +246,6 @@ def assert_values(got: Any, name: str, want_bits: Any, shape: tuple[int, ...] | 
     else:
         assert got.ndim == 1 and got.size == want.size, got.shape
     assert np.array_equal(bits(got), want), (bits(got), want)
-
-
-def run(main: Callable[[], Awaitable[T]]) -> T:
-    async def bounded() -> T:
-        async with asyncio.timeout(DEADLINE):
-            return await main()
-
-    return asyncio.run(bounded())
 
 
 # --------------------------------------------------------------------------- round trips

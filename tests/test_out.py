@@ -17,14 +17,11 @@ import contextlib
 import pickle
 import re
 import socket
-import struct
 import subprocess
 import sys
 import textwrap
-import zlib
-from collections.abc import Awaitable, Callable
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pytest
@@ -32,7 +29,17 @@ from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
 import gradstream.reference as ref
-from conftest import special
+from conftest import (
+    ERROR_FIELDS,
+    FIXTURE_OK,
+    LAYOUTS,
+    PATHS,
+    frame,
+    run,
+    session,
+    special,
+)
+from conftest import float32_bits as bits
 from gradstream.errors import (
     ArrowIpcError,
     ChecksumMismatchError,
@@ -42,33 +49,11 @@ from gradstream.errors import (
     IncompleteStreamError,
 )
 
-T = TypeVar("T")
-HEADER = struct.Struct("<IIII")
-LAYOUTS = ["seed", "compact"]
-PATHS = ["socket", "streams"]
-DEADLINE = 20.0
-# The impl fixture is function-scoped but stateless: hypothesis may reuse it.
-FIXTURE_OK = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
-
-
 # --------------------------------------------------------------------------- helpers
-
-
-def session(impl: ModuleType, chunk_size: int = 4, **kwargs: Any) -> Any:
-    return impl.GradientStreamSession("s", chunk_size, **kwargs)
 
 
 def ramp(n: int) -> np.ndarray:
     return np.arange(n, dtype=np.float32) * np.float32(0.5) - np.float32(3.0)
-
-
-def bits(values: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(values, dtype=np.float32).reshape(-1).view(np.uint32)
-
-
-def frame(index: int, total: int, payload: bytes, checksum: int | None = None) -> bytes:
-    crc = zlib.crc32(payload) if checksum is None else checksum
-    return HEADER.pack(index, total, len(payload), crc) + payload
 
 
 def frames_of(s: Any, grad: np.ndarray) -> list[bytes]:
@@ -106,14 +91,6 @@ def assert_size_error(
 def raw_bytes(buf: Any) -> bytes:
     view = memoryview(buf)
     return view.tobytes() if view.nbytes else b""
-
-
-def run(main: Callable[[], Awaitable[T]]) -> T:
-    async def bounded() -> T:
-        async with asyncio.timeout(DEADLINE):
-            return await main()
-
-    return asyncio.run(bounded())
 
 
 def _send_all(sock: socket.socket, data: bytes, close: bool) -> None:
@@ -867,8 +844,6 @@ def test_raised_gradient_size_errors_pickle(impl):
 
 
 # --------------------------------------------------------------------------- differential
-
-ERROR_FIELDS = ("chunk_index", "offset", "expected", "actual", "received", "total", "detail")
 
 
 def _outcome(session_: Any, wire: bytes, out: np.ndarray) -> tuple[Any, ...]:

@@ -16,44 +16,47 @@ reach the shape rules.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import math
 import socket
-import struct
 import zlib
-from collections.abc import Awaitable, Callable
-from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, note, settings
+from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 import gradstream.reference as ref
+from _payloads import write_ipc_file
+from conftest import (
+    FIXTURE_OK,
+    LAYOUTS,
+    PAIR_IDS,
+    PAIRS,
+    PATHS,
+    assert_error,
+    both_ways,
+    frame,
+    frame_offsets,
+    receive_bytes,
+    run,
+    session,
+    split_frames,
+    transfer,
+)
+from conftest import float32_bits as bits
 from conftest import load_impl as module
 from gradstream.errors import (
     ArrowIpcError,
     ChecksumMismatchError,
     FrameError,
     GradientSizeError,
-    GradientStreamError,
     IncompleteStreamError,
 )
 
-T = TypeVar("T")
-HEADER = struct.Struct("<IIII")
-HEADER_LEN = HEADER.size
-IMPL_NAMES = ["reference", "native"]
-PAIRS = [(a, b) for a in IMPL_NAMES for b in IMPL_NAMES]  # (encoder, decoder)
-PAIR_IDS = [f"{a}-to-{b}" for a, b in PAIRS]
-LAYOUTS = ["seed", "compact"]
-PATHS = ["socket", "streams"]
-DEADLINE = 20.0
 KEY = b"gradient_shape"
-FIXTURE_OK = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 
 # Shapes of the round trips, with the compact JSON each must travel as.
 SHAPES = [
@@ -71,19 +74,11 @@ GRAMMAR_MESSAGE = "gradient_shape metadata is not a list of at most 32 non-negat
 # --------------------------------------------------------------------------- helpers
 
 
-def session(impl: ModuleType, chunk_size: int = 4, **kwargs: Any) -> Any:
-    return impl.GradientStreamSession("s", chunk_size, **kwargs)
-
-
 def values_of(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
     """A float32 array of ``shape`` holding raw bit patterns (NaN payloads included)."""
     n = math.prod(shape)
     words = np.random.default_rng(seed).integers(0, 2**32, n, dtype=np.uint32)
     return words.view(np.float32).reshape(shape)
-
-
-def bits(values: Any) -> np.ndarray:
-    return np.ascontiguousarray(values, dtype=np.float32).reshape(-1).view(np.uint32)
 
 
 def assert_shaped(got: Any, want: np.ndarray) -> None:
@@ -94,18 +89,8 @@ def assert_shaped(got: Any, want: np.ndarray) -> None:
     assert np.array_equal(bits(got), bits(want))
 
 
-def frame(index: int, total: int, payload: bytes, checksum: int | None = None) -> bytes:
-    crc = zlib.crc32(payload) if checksum is None else checksum
-    return HEADER.pack(index, total, len(payload), crc) + payload
-
-
 def split_payloads(wire: bytes) -> list[bytes]:
-    payloads, pos = [], 0
-    while pos < len(wire):
-        _, _, length, _ = HEADER.unpack_from(wire, pos)
-        payloads.append(wire[pos + HEADER_LEN : pos + HEADER_LEN + length])
-        pos += HEADER_LEN + length
-    return payloads
+    return [p for _, _, p in split_frames(wire)]
 
 
 def metadata_of(payload: Any) -> dict[bytes, bytes] | None:
@@ -137,106 +122,7 @@ def payload(
     if shape is not None:
         schema = schema.with_metadata({"gradient_shape": shape})
     batch = pa.record_batch(columns, schema=schema)
-    sink = pa.BufferOutputStream()
-    options = None if compression is None else pa.ipc.IpcWriteOptions(compression=compression)
-    with pa.ipc.new_file(sink, schema, options=options) as writer:
-        writer.write_batch(batch)
-    data: bytes = sink.getvalue().to_pybytes()
-    return data
-
-
-def both_ways(
-    impl: ModuleType, parts: list[tuple[int, int, bytes]], **kwargs: Any
-) -> tuple[Any, Any]:
-    """(decode_chunks outcome, decode_frames outcome) of chunks (index, total, payload),
-    each with its correct CRC; frames in the order given, decode_chunks gets them in that
-    order too. An outcome is the array or the GradientStreamError raised."""
-    s = session(impl, **kwargs)
-    chunks = [impl.GradientChunk("s", i, t, p, zlib.crc32(p)) for i, t, p in parts]
-    wire = b"".join(frame(i, t, p) for i, t, p in parts)
-    outcomes = []
-    for call in (lambda: s.decode_chunks(chunks), lambda: s.decode_frames(wire)):
-        try:
-            outcomes.append(call())
-        except GradientStreamError as exc:
-            outcomes.append(exc)
-    return outcomes[0], outcomes[1]
-
-
-def frame_offsets(parts: list[tuple[int, int, bytes]]) -> list[int]:
-    offsets, pos = [], 0
-    for _, _, p in parts:
-        offsets.append(pos)
-        pos += HEADER_LEN + len(p)
-    return offsets
-
-
-def assert_error(
-    got: Any, cls: type, detail: str, chunk_index: int | None, offset: Any = "skip"
-) -> None:
-    assert type(got) is cls, f"expected {cls.__name__}, got {got!r}"
-    assert got.detail == detail, got.detail
-    assert got.chunk_index == chunk_index, got
-    if offset != "skip":
-        assert got.offset == offset, got
-
-
-def run(main: Callable[[], Awaitable[T]]) -> T:
-    async def bounded() -> T:
-        async with asyncio.timeout(DEADLINE):
-            return await main()
-
-    return asyncio.run(bounded())
-
-
-async def transfer(sender: Any, receiver: Any, grad: Any, path: str, **kwargs: Any) -> Any:
-    """stream_to on one end of a socketpair, receive_from on the other, concurrently, over
-    sockets or asyncio streams."""
-    a, b = socket.socketpair()
-    writers: list[asyncio.StreamWriter] = []
-    try:
-        tx: Any = a
-        rx: Any = b
-        if path == "streams":
-            _, wa = await asyncio.open_connection(sock=a)
-            rb, wb = await asyncio.open_connection(sock=b)
-            writers += [wa, wb]
-            tx, rx = wa, rb
-        _, got = await asyncio.gather(
-            sender.stream_to(grad, tx), receiver.receive_from(rx, **kwargs)
-        )
-        return got
-    finally:
-        for w in writers:
-            w.close()
-            with contextlib.suppress(Exception):
-                await w.wait_closed()
-        a.close()
-        b.close()
-
-
-async def receive_bytes(s: Any, data: bytes, path: str, **kwargs: Any) -> Any:
-    """receive_from over a socketpair whose peer wrote ``data`` and closed; the result or
-    the GradientStreamError raised."""
-    a, b = socket.socketpair()
-    writer = None
-    try:
-        a.sendall(data)
-        a.shutdown(socket.SHUT_WR)
-        rx: Any = b
-        if path == "streams":
-            rx, writer = await asyncio.open_connection(sock=b)
-        try:
-            return await s.receive_from(rx, **kwargs)
-        except GradientStreamError as exc:
-            return exc
-    finally:
-        if writer is not None:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
-        a.close()
-        b.close()
+    return write_ipc_file(schema, batch, compression)
 
 
 # --------------------------------------------------------------------------- the setting
@@ -378,7 +264,7 @@ def test_round_trip_streaming(enc, dec, shape, text, path):
     sender = session(module(enc), 4, layout="compact", compression="lz4", keep_shape=True)
     receiver = session(module(dec), 3)
     grad = values_of(shape, 4)
-    got = run(lambda: transfer(sender, receiver, grad, path))
+    _, got = run(lambda: transfer(sender, receiver, grad, path))
     assert_shaped(got, grad)
     # The bytes on the wire are encode_frames's.
     a, b = socket.socketpair()
@@ -444,7 +330,7 @@ def test_out_keeps_its_own_shape(impl):
         assert got is out and out.shape == out_shape
         assert np.array_equal(bits(out), bits(grad))
     out = np.zeros((6, 2), dtype=np.float32)
-    got = run(lambda: transfer(sender, session(impl), grad, "socket", out=out))
+    _, got = run(lambda: transfer(sender, session(impl), grad, "socket", out=out))
     assert got is out and out.shape == (6, 2)
     assert np.array_equal(bits(out), bits(grad))
 

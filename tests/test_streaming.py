@@ -44,6 +44,15 @@ pytest.importorskip("gradstream._native", reason="native extension not built")
 
 import gradstream as gs
 import gradstream.reference as ref
+from conftest import (
+    ERROR_FIELDS,
+    HEADER,
+    HEADER_LEN,
+    PATHS,
+    proc_status,
+    read_until_eof,
+    tcp_socket_pair,
+)
 from gradstream.errors import (
     ArrowIpcError,
     ChecksumMismatchError,
@@ -57,15 +66,11 @@ from gradstream.errors import (
 if sys.version_info < (3, 11):  # pragma: no cover
     pytest.skip("asyncio.timeout needs Python 3.11", allow_module_level=True)
 
-HEADER = struct.Struct("<IIII")
-HEADER_LEN = HEADER.size
 U32_MAX = 0xFFFF_FFFF
 IMPLS: dict[str, ModuleType] = {"native": gs, "reference": ref}
 IMPL_NAMES = list(IMPLS)
 TRANSPORTS = ["socketpair", "tcp", "unix"]
-PATHS = ["socket", "streams"]
 DATA_ERRORS = (ArrowIpcError, ChecksumMismatchError, FrameError, IncompleteStreamError)
-ERROR_FIELDS = ("chunk_index", "offset", "expected", "actual", "received", "total", "detail")
 
 # Both native paths bound the time without a byte moving, not a whole frame (the streams
 # path once bounded a whole readexactly()/drain(); these tests caught it).
@@ -114,14 +119,6 @@ def nfd() -> int:
     # first, so that a count is not lowered later by an earlier test's garbage.
     gc.collect()
     return len(os.listdir("/proc/self/fd"))
-
-
-def proc_status(key: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no {key} in /proc/self/status")
 
 
 def start_peak_rss() -> int:
@@ -206,15 +203,6 @@ async def fds_back_to(start: int, grace: float = 1.0) -> None:
     assert nfd() == start, f"{nfd() - start} descriptor(s) left open"
 
 
-async def read_until_eof(sock: socket.socket) -> bytes:
-    loop = asyncio.get_running_loop()
-    sock.setblocking(False)
-    buf = bytearray()
-    while data := await loop.sock_recv(sock, 1 << 20):
-        buf += data
-    return bytes(buf)
-
-
 def unix_path(tmp_path: Path) -> str:
     path = str(tmp_path / "g.sock")
     if len(path) > 100:  # sun_path holds 108 bytes
@@ -226,13 +214,6 @@ def reset(sock: socket.socket) -> None:
     """Close with SO_LINGER 0: the peer gets a RST rather than a FIN."""
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     sock.close()
-
-
-def tcp_socket_pair() -> tuple[socket.socket, socket.socket]:
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        client = socket.create_connection(listener.getsockname())
-        server, _ = listener.accept()
-    return client, server
 
 
 @dataclass

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import math
 import socket
 import struct
 import tracemalloc
-import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -32,7 +32,18 @@ from hypothesis import strategies as st
 
 import gradstream._dtypes as dt
 import gradstream._tensors as tensors_mod
+from conftest import (
+    HEADER,
+    HEADER_LEN,
+    IMPL_NAMES,
+    PAIR_IDS,
+    PAIRS,
+    T,
+    close_all,
+    tcp_socket_pair,
+)
 from conftest import load_impl as module
+from conftest import run as run_under_deadline
 from gradstream._tensors import Entry, manifest_text, parse_manifest
 from gradstream.errors import (
     ChecksumMismatchError,
@@ -53,12 +64,6 @@ except ImportError:  # pragma: no cover - ml_dtypes is in requirements-dev.txt
 
 needs_bf16 = pytest.mark.skipif(BF16 is None, reason="ml_dtypes not installed")
 
-T = TypeVar("T")
-HEADER = struct.Struct("<IIII")
-HEADER_LEN = HEADER.size
-IMPL_NAMES = ["reference", "native"]
-PAIRS = [(a, b) for a in IMPL_NAMES for b in IMPL_NAMES]  # (encoder, decoder)
-PAIR_IDS = [f"{a}-to-{b}" for a, b in PAIRS]
 WIRE_DTYPES = [None, "float16", "bfloat16", "float32", "float64"]
 DTYPES = [name for name in dt.DTYPES if name != "bfloat16" or BF16 is not None]
 DEADLINE = 30.0
@@ -73,6 +78,7 @@ NO_MANIFEST = "not a tensor set: the first gradient has no gradstream_tensors ma
 # --------------------------------------------------------------------------- helpers
 
 
+# Not conftest.session: the chunks of a tensor set here carry the session id "set".
 def session(impl: ModuleType, chunk_size: int = 4, **kwargs: Any) -> Any:
     return impl.GradientStreamSession("set", chunk_size, **kwargs)
 
@@ -147,10 +153,6 @@ def frames_of(data: bytes) -> list[tuple[int, tuple[int, int, int, int]]]:
     return out
 
 
-def frame(index: int, total: int, payload: bytes) -> bytes:
-    return HEADER.pack(index, total, len(payload), zlib.crc32(payload)) + payload
-
-
 def manifest_for(impl: ModuleType, entries: list[Entry], **kwargs: Any) -> bytes:
     return bytes(session(impl, **kwargs)._encode_manifest(manifest_text(entries)))
 
@@ -176,21 +178,8 @@ def described(result: Any) -> Any:
     return [(k, str(v.dtype), v.shape, bits(v).tobytes()) for k, v in result.items()]
 
 
-def run(main: Callable[[], Awaitable[T]]) -> T:
-    async def bounded() -> T:
-        async with asyncio.timeout(DEADLINE):
-            return await main()
-
-    return asyncio.run(bounded())
-
-
-async def _close(writers: list[asyncio.StreamWriter], socks: list[socket.socket]) -> None:
-    for w in writers:
-        w.close()
-        with contextlib.suppress(Exception):
-            await w.wait_closed()
-    for s in socks:
-        s.close()
+# conftest.run, under this file's own deadline (DEADLINE: 30 s, not 20).
+run = functools.partial(run_under_deadline, deadline=DEADLINE)
 
 
 @contextlib.asynccontextmanager
@@ -234,7 +223,7 @@ async def connection(path: str) -> AsyncIterator[tuple[Any, Any]]:
     finally:
         if server is not None:
             server.close()
-        await _close(writers, socks)
+        await close_all(writers, socks)
 
 
 async def transfer(sender: Any, receiver: Any, tensors: Any, path: str, **kwargs: Any) -> Any:
@@ -270,12 +259,7 @@ async def receive_bytes(s: Any, data: bytes, path: str, close: bool = True) -> A
             with contextlib.suppress(BaseException):
                 await sending
     finally:
-        if writer is not None:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
-        a.close()
-        b.close()
+        await close_all([writer] if writer is not None else [], [a, b])
 
 
 def everywhere(impl: ModuleType, data: bytes, **kwargs: Any) -> list[Any]:
@@ -1379,13 +1363,6 @@ def fake_model(target_bytes: int, seed: int) -> dict[str, Any]:
     return model
 
 
-def _tcp_pair() -> tuple[socket.socket, socket.socket]:
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        client = socket.create_connection(listener.getsockname())
-        server, _ = listener.accept()
-    return client, server
-
-
 @needs_bf16
 def test_done_when_1gib_model_streams_bit_equal_over_loopback_tcp():
     gs = module("native")
@@ -1401,7 +1378,7 @@ def test_done_when_1gib_model_streams_bit_equal_over_loopback_tcp():
     }
 
     async def main() -> tuple[int, dict[str, np.ndarray]]:
-        client, server = _tcp_pair()
+        client, server = tcp_socket_pair()
         with client, server:
             tx = gs.GradientStreamSession("model", timeout=60)
             rx = gs.GradientStreamSession("model", timeout=60)
@@ -1433,7 +1410,7 @@ def test_done_when_lossy_bfloat16_wire_within_the_documented_error():
     assert 40 * MiB <= total <= 80 * MiB, total
 
     async def main() -> tuple[int, dict[str, np.ndarray]]:
-        client, server = _tcp_pair()
+        client, server = tcp_socket_pair()
         with client, server:
             tx = gs.GradientStreamSession(
                 "model", layout="compact", wire_dtype="bfloat16", timeout=60

@@ -12,24 +12,15 @@ error of what comes back against the float32 values. Median of the repeats, one 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 import gradstream
+
+# The sibling script (benches/ is the script directory, so on sys.path).
+from compression import _median_seconds
 from gradstream import _dtypes, reference
-
-
-def _median_seconds(fn: Callable[[], Any], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def _as_input(g: np.ndarray, name: str) -> np.ndarray:

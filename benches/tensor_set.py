@@ -20,8 +20,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import gradstream
+from conftest import tcp_socket_pair as _tcp_pair
 from gradstream import reference
-from test_tensors import _tcp_pair, fake_model
+from test_tensors import fake_model
 
 SETTINGS: list[tuple[str, Any, dict[str, Any]]] = [
     ("native, seed layout", gradstream, {}),

@@ -25,8 +25,11 @@ build: $(STAMP)
 demo: build
 	$(PY) -m gradstream demo
 
+# The core alone, without Python (no libpython linked): its unit tests, the original's API
+# tests (crates/gradstream-core/tests/), and a build without the tokio feature.
 cargo-test:
-	cargo test --release
+	cargo test --release -p gradstream-core
+	cargo check -p gradstream-core --no-default-features --quiet
 
 pytest: build
 	$(PY) -m pytest -q
@@ -36,7 +39,7 @@ test: build cargo-test pytest lint
 
 lint: $(STAMP)
 	cargo fmt --check
-	cargo clippy --all-targets -- -D warnings
+	cargo clippy --workspace --all-targets -- -D warnings
 	$(VENV)/bin/ruff check $(PY_SOURCES)
 	$(VENV)/bin/ruff format --check $(PY_SOURCES)
 

@@ -6,8 +6,8 @@
 //! (8 bytes a value of 2^20 values for a compressed buffer's declared size).
 #![no_main]
 
-use gradstream::codec::decode_payload;
-use gradstream::SessionConfig;
+use gradstream_core::codec::decode_payload;
+use gradstream_core::SessionConfig;
 use libfuzzer_sys::fuzz_target;
 
 const LIMIT: usize = 1 << 20;

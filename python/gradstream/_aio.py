@@ -125,7 +125,7 @@ class Hub:
 
     A finished transfer queues its result in Rust and writes to an eventfd; the loop
     watches that eventfd and resolves the awaiting futures on its own thread, so tokio
-    threads never call into Python (see src/py/complete.rs for why).
+    threads never call into Python (see crates/gradstream-py/src/complete.rs for why).
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:

@@ -3,8 +3,8 @@
 Shared by the native session and the reference: input conversion (``prepare``), the
 ``out=`` dtype names, and handing bfloat16 back. The casts are each implementation's own:
 ``cast`` here (numpy) for the reference, on both the sending and the receiving side;
-Rust ``src/dtype.rs`` for the native core, chunk by chunk. The differential tests
-compare them.
+Rust ``crates/gradstream-core/src/dtype.rs`` for the native core, chunk by chunk. The
+differential tests compare them.
 
 bfloat16 has no numpy or Arrow type of its own. Arrays of it are handled here as uint16
 arrays of the raw bits; on the wire it is the Arrow extension type ``gradstream.bfloat16``

@@ -1,11 +1,13 @@
-# Type stubs of the Rust extension module (src/py/). tests/test_stubs.py runs mypy's
-# stubtest against the built module, so these signatures cannot drift from the code.
+# Type stubs of the Rust extension module (crates/gradstream-py). mypy's stubtest checks
+# them against the built module (the Makefile's lint), so they cannot drift from the code.
 from collections.abc import AsyncIterator, Awaitable, Iterable
 from typing import Any, Final, Literal, final, overload
 
 import numpy.typing as npt
 import pyarrow as pa
 from typing_extensions import Buffer
+
+from .errors import GradientStreamError
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
@@ -16,6 +18,7 @@ __all__ = [
     "GradientStreamSession",
     "TransferProgress",
     "_Completions",
+    "_error_samples",
 ]
 
 _DtypeName = Literal["float16", "bfloat16", "float32", "float64"]
@@ -171,3 +174,6 @@ class _Completions:
     def drain(self) -> list[tuple[int, bool, Any]]: ...
     def abort(self, job: int) -> bool: ...
     def __len__(self) -> int: ...
+
+def _error_samples() -> list[tuple[GradientStreamError, str]]:
+    """One core error of every variant: (its Python exception, the Rust Display text)."""

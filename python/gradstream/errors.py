@@ -2,7 +2,7 @@
 
 They live in plain Python so that ``gradstream.reference`` can raise the very same
 classes without importing the native extension; the Rust side imports this module
-and raises instances of these classes (see ``src/py/errors.rs``).
+and raises instances of these classes (see ``crates/gradstream-py/src/errors.rs``).
 
 Every class keeps the wording of ipfrs-transport 0.2.0 where the original has the
 error, and carries the fields a caller needs as attributes.

@@ -19,13 +19,13 @@ use super::stream::{
     aio, progress_counters, run_on_loop, FrameEncoder, HeldGradient, LentArray, PyFrameReceiver,
     SocketStream, TransferProgress,
 };
-use crate::codec::{Compression, Layout};
-use crate::dtype::Dtype;
-use crate::frame::{Limits, DEFAULT_MAX_GRADIENT_LEN, DEFAULT_MAX_PAYLOAD_LEN};
-use crate::output::{Output, Store};
-use crate::session::{ChunkRef, Ended, SessionConfig, DEFAULT_CHUNK_SIZE};
-use crate::shape::shape_text;
-use crate::stream::{receive_gradient, send_gradient};
+use gradstream_core::codec::{Compression, Layout};
+use gradstream_core::dtype::Dtype;
+use gradstream_core::frame::{Limits, DEFAULT_MAX_GRADIENT_LEN, DEFAULT_MAX_PAYLOAD_LEN};
+use gradstream_core::output::{Output, Store};
+use gradstream_core::session::{ChunkRef, Ended, SessionConfig, DEFAULT_CHUNK_SIZE};
+use gradstream_core::shape::shape_text;
+use gradstream_core::stream::{receive_gradient, send_gradient};
 
 /// A keyword that must be a real `bool` (None and 1 are refused). Taken as any object so
 /// that the TypeError is ours, worded as the reference words it.
@@ -155,6 +155,45 @@ fn wire_dtype_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Dtype>> {
     })
 }
 
+/// The `timeout=` argument: None, or a positive finite number of seconds (named by its
+/// repr when refused, as the reference names it).
+fn timeout_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<std::time::Duration>> {
+    let Some(value) = value.filter(|v| !v.is_none()) else {
+        return Ok(None);
+    };
+    if value.is_instance_of::<pyo3::types::PyString>() {
+        return Err(PyTypeError::new_err(format!(
+            "timeout must be None or a number, not {}",
+            type_name(value)
+        )));
+    }
+    let seconds: f64 = value.extract().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "timeout must be None or a number, not {}",
+            type_name(value)
+        ))
+    })?;
+    if seconds.is_finite() && seconds > 0.0 {
+        return Ok(Some(std::time::Duration::from_secs_f64(seconds)));
+    }
+    Err(setting_error(
+        value.py(),
+        "timeout",
+        format!(
+            "timeout must be None or a positive number of seconds, got {}",
+            value.repr()?
+        ),
+    ))
+}
+
+/// The name of `value`'s type, for messages.
+fn type_name(value: &Bound<'_, PyAny>) -> String {
+    value
+        .get_type()
+        .name()
+        .map_or_else(|_| "this object".into(), |n| n.to_string())
+}
+
 /// `gradstream._tensors.<name>`: the tensor-set layer, shared with the reference.
 fn tensors_fn<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
     py.import("gradstream._tensors")?.getattr(name)
@@ -196,8 +235,11 @@ pub struct Input<'py> {
 }
 
 impl Input<'_> {
-    pub fn gradient(&self) -> PyResult<crate::session::Gradient<'_>> {
-        Ok(crate::session::Gradient::new(self.bytes.as_slice()?, self.dtype).cast_to(self.wire))
+    pub fn gradient(&self) -> PyResult<gradstream_core::session::Gradient<'_>> {
+        Ok(
+            gradstream_core::session::Gradient::new(self.bytes.as_slice()?, self.dtype)
+                .cast_to(self.wire),
+        )
     }
 }
 
@@ -233,7 +275,7 @@ impl PySession {
             let kwargs = pyo3::types::PyDict::new(py);
             kwargs.set_item("keep_dtype", self.keep_dtype)?;
             kwargs.set_item("wire_dtype", self.wire_dtype.map(Dtype::name))?;
-            // The cast is ours, chunk by chunk as the frames are encoded (src/dtype.rs).
+            // The cast is ours, chunk by chunk as the frames are encoded (gradstream-core's dtype.rs).
             kwargs.set_item("cast_here", false)?;
             let prepared = dtypes_attr(py, "prepare")?.call((obj,), Some(&kwargs))?;
             let (values, wire, result, source): (Bound<'py, PyAny>, String, String, String) =
@@ -374,7 +416,7 @@ impl PySession {
         chunk_size: i64,
         max_payload_len: i64,
         max_gradient_len: i128,
-        timeout: Option<f64>,
+        timeout: Option<&Bound<'_, PyAny>>,
         layout: &str,
         compression: Option<&Bound<'_, PyAny>>,
         keep_shape: Flag,
@@ -407,9 +449,9 @@ impl PySession {
             .ok_or_else(|| {
                 setting(
                     "max_payload_len",
+                    // payload_len is a u32 on the wire: no larger limit could be reached.
                     format!(
-                        "max_payload_len must be between 1 and {} (a u32 on the wire), got \
-                         {max_payload_len}",
+                        "max_payload_len must be in 1..{}, got {max_payload_len}",
                         u32::MAX
                     ),
                 )
@@ -426,16 +468,7 @@ impl PySession {
                     ),
                 )
             })?;
-        let timeout = match timeout {
-            None => None,
-            Some(t) if t.is_finite() && t > 0.0 => Some(std::time::Duration::from_secs_f64(t)),
-            Some(t) => {
-                return Err(setting(
-                    "timeout",
-                    format!("timeout must be None or a positive number of seconds, got {t}"),
-                ))
-            }
-        };
+        let timeout = timeout_arg(timeout)?;
         let mut config = SessionConfig::new(session_id, chunk_size);
         config.limits = Limits {
             max_payload_len,

@@ -38,8 +38,6 @@ pub fn parse(raw: &str) -> Option<Vec<u64>> {
     (dims.len() <= MAX_DIMS).then_some(dims)
 }
 
-/// The product of `dims` in decimal, exactly (32 dimensions of 18 digits overflow any
-/// machine integer, and the error message states the true product).
 /// Whether numpy can make an array of these dimensions (of any dtype gradstream hands
 /// back, at most 8 bytes a value): it refuses when the non-zero dimensions multiply past
 /// 2^63 bytes, even for an empty array (a zero dimension elsewhere). Only an empty
@@ -53,6 +51,8 @@ pub fn numpy_can_make(dims: &[u64]) -> bool {
         .is_some()
 }
 
+/// The product of `dims` in decimal, exactly (32 dimensions of 18 digits overflow any
+/// machine integer, and the error message states the true product).
 fn product_text(dims: &[u64]) -> String {
     // Little-endian base-10^9 limbs.
     let mut limbs: Vec<u64> = vec![1];
@@ -110,22 +110,18 @@ impl ShapeCheck {
         if let Some(text) = &raw {
             let shown: String = text.chars().take(100).collect();
             let Some(dims) = parse(text) else {
-                return Err(GradientStreamError::ArrowIpc {
-                    detail: format!(
-                        "gradient_shape metadata is not a list of at most 32 non-negative \
-                         integers: {shown}"
-                    ),
-                    chunk_index: Some(index),
-                });
+                return Err(GradientStreamError::arrow(format!(
+                    "gradient_shape metadata is not a list of at most 32 non-negative \
+                     integers: {shown}"
+                ))
+                .in_chunk(index));
             };
             if !numpy_can_make(&dims) {
-                return Err(GradientStreamError::ArrowIpc {
-                    detail: format!(
-                        "gradient_shape metadata {shown} is beyond what numpy can make: its \
-                         non-zero dimensions multiply past 2^60"
-                    ),
-                    chunk_index: Some(index),
-                });
+                return Err(GradientStreamError::arrow(format!(
+                    "gradient_shape metadata {shown} is beyond what numpy can make: its \
+                     non-zero dimensions multiply past 2^60"
+                ))
+                .in_chunk(index));
             }
         }
         match &self.first {

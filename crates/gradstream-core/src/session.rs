@@ -199,8 +199,6 @@ impl SessionConfig {
         }
     }
 
-    /// Number of chunks for a gradient of `len` values: ceiling division, and 1 for an
-    /// empty gradient so that a stream always has a frame.
     /// How this session writes payloads.
     pub fn encoding(&self, dtype: Dtype) -> Encoding {
         Encoding {
@@ -220,14 +218,17 @@ impl SessionConfig {
         gradient.dtype != gradient.wire || !self.encoding(gradient.wire).is_plain()
     }
 
+    /// Number of chunks for a gradient of `len` values: ceiling division, and 1 for an
+    /// empty gradient so that a stream always has a frame.
     pub fn chunk_count(&self, len: usize) -> Result<u32> {
         let n = len.div_ceil(self.chunk_size).max(1);
         u32::try_from(n).map_err(|_| {
             GradientStreamError::frame(
                 format!(
-                    "a gradient of {len} values needs {n} chunks of {}, more than a u32 \
-                     total_chunks holds; use a larger chunk_size",
-                    self.chunk_size
+                    "a gradient of {len} values needs {n} chunks of {}, more than \
+                     total_chunks can count ({}); use a larger chunk_size",
+                    self.chunk_size,
+                    u32::MAX
                 ),
                 None,
             )
@@ -251,7 +252,7 @@ impl SessionConfig {
         let mut frame = vec![0u8; HEADER_LEN];
         let window = cast_window(&gradient, &gradient.raw[start * width..end * width]);
         codec::append_payload(self.encoding(gradient.wire), &window, &mut frame)?;
-        let payload_len = self.check_payload_len(index, frame.len() - HEADER_LEN)?;
+        let payload_len = self.check_payload_len(index, end - start, frame.len() - HEADER_LEN)?;
         let header = FrameHeader {
             chunk_index: index,
             total_chunks: total,
@@ -275,17 +276,19 @@ impl SessionConfig {
         Ok((total, windows))
     }
 
-    /// A payload's length as the header's u32, if the session's limit allows it: a peer
-    /// with the same limit would refuse anything longer.
-    fn check_payload_len(&self, index: u32, len: usize) -> Result<u32> {
+    /// The length of chunk `index`'s payload (`values` values) as the header's u32, if the
+    /// session's limit allows it: a peer with the same limit would refuse anything longer.
+    /// The message leaves out the byte count, which differs between Arrow writers, so that
+    /// the reference words it alike.
+    fn check_payload_len(&self, index: u32, values: usize, len: usize) -> Result<u32> {
         u32::try_from(len)
             .ok()
             .filter(|&n| n <= self.limits.max_payload_len)
             .ok_or_else(|| {
                 GradientStreamError::frame(
                     format!(
-                        "chunk {index} encodes to a {len}-byte payload, above max_payload_len \
-                         {}; use a smaller chunk_size",
+                        "chunk {index} ({values} values) would encode to a payload above \
+                         max_payload_len {} bytes; use a smaller chunk_size",
                         self.limits.max_payload_len
                     ),
                     Some(index),
@@ -332,8 +335,9 @@ impl SessionConfig {
                 return Ok(());
             }
             let floor = values.saturating_mul(self.layout.bytes_per_value());
-            self.check_payload_len(index, floor)?;
-            let payload = self.check_payload_len(index, payload_len_of(self.layout, values)?)?;
+            self.check_payload_len(index, values, floor)?;
+            let len = payload_len_of(self.layout, values)?;
+            let payload = self.check_payload_len(index, values, len)?;
             bytes = (HEADER_LEN + payload as usize)
                 .checked_mul(count)
                 .and_then(|b| b.checked_add(bytes))
@@ -366,7 +370,11 @@ impl SessionConfig {
             let payload_lens = encoded
                 .iter()
                 .zip(0u32..)
-                .map(|((payload, _), index)| self.check_payload_len(index, payload.len()))
+                .zip(&windows)
+                .map(|(((payload, _), index), window)| {
+                    let values = window.len() / gradient.dtype.width();
+                    self.check_payload_len(index, values, payload.len())
+                })
                 .collect::<Result<Vec<u32>>>()?;
             let len = payload_lens.iter().map(|&n| HEADER_LEN + n as usize).sum();
             return Ok(FramePlan {
@@ -388,9 +396,9 @@ impl SessionConfig {
                 None => {
                     // 8 bytes a value is a floor: refuse a hopeless chunk before encoding it.
                     let floor = n.saturating_mul(self.layout.bytes_per_value());
-                    self.check_payload_len(index, floor)?;
+                    self.check_payload_len(index, n, floor)?;
                     let len = payload_len_of(self.layout, n)?;
-                    let len = self.check_payload_len(index, len)?;
+                    let len = self.check_payload_len(index, n, len)?;
                     sizes.push((n, len));
                     len
                 }

@@ -7,7 +7,9 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 
-use crate::error::GradientStreamError;
+use pyo3::exceptions::PyValueError;
+
+use gradstream_core::error::{ArrowIpcDetail, GradientStreamError};
 
 static ARROW_IPC: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static CHECKSUM: PyOnceLock<Py<PyType>> = PyOnceLock::new();
@@ -22,10 +24,10 @@ const MODULE: &str = "gradstream.errors";
 
 fn instantiate(py: Python<'_>, err: GradientStreamError) -> PyResult<PyErr> {
     let instance = match err {
-        GradientStreamError::ArrowIpc {
+        GradientStreamError::ArrowIpc(ArrowIpcDetail {
             detail,
             chunk_index,
-        } => ARROW_IPC
+        }) => ARROW_IPC
             .import(py, MODULE, "ArrowIpcError")?
             .call1((detail, chunk_index))?,
         GradientStreamError::ChecksumMismatch {
@@ -63,14 +65,7 @@ fn instantiate(py: Python<'_>, err: GradientStreamError) -> PyResult<PyErr> {
             received,
             chunk_index,
         ))?,
-        GradientStreamError::Io { errno, message } => {
-            let class = STREAM_IO.import(py, MODULE, "StreamIOError")?;
-            match errno {
-                // OSError(errno, strerror) fills .errno and .strerror.
-                Some(errno) => class.call1((errno, message))?,
-                None => class.call1((message,))?,
-            }
-        }
+        GradientStreamError::Io(e) => stream_io_error(py, e.raw_os_error(), e.to_string())?,
         GradientStreamError::Timeout {
             timeout,
             received,
@@ -78,8 +73,28 @@ fn instantiate(py: Python<'_>, err: GradientStreamError) -> PyResult<PyErr> {
         } => TIMEOUT
             .import(py, MODULE, "StreamTimeoutError")?
             .call1((timeout, received, total))?,
+        // The core adds variants; each needs its class here (the samples test sees one
+        // that has none).
+        other => PyValueError::new_err(other.to_string())
+            .into_value(py)
+            .into_bound(py)
+            .into_any(),
     };
     Ok(PyErr::from_value(instance))
+}
+
+/// `StreamIOError(errno, strerror)` (which fills `.errno` and `.strerror`), or
+/// `StreamIOError(message)` without an OS error code.
+pub fn stream_io_error(
+    py: Python<'_>,
+    errno: Option<i32>,
+    message: String,
+) -> PyResult<Bound<'_, PyAny>> {
+    let class = STREAM_IO.import(py, MODULE, "StreamIOError")?;
+    match errno {
+        Some(errno) => class.call1((errno, message)),
+        None => class.call1((message,)),
+    }
 }
 
 static SETTING: PyOnceLock<Py<PyType>> = PyOnceLock::new();
@@ -105,7 +120,7 @@ pub trait IntoPyResult<T> {
     fn py_err(self, py: Python<'_>) -> PyResult<T>;
 }
 
-impl<T> IntoPyResult<T> for crate::error::Result<T> {
+impl<T> IntoPyResult<T> for gradstream_core::error::Result<T> {
     fn py_err(self, py: Python<'_>) -> PyResult<T> {
         self.map_err(|e| to_py_err(py, e))
     }

@@ -401,7 +401,7 @@ fn column_dtype(field: &Field) -> Result<Dtype> {
     }
 }
 
-/// The bytes of a decoded `value` column of `dtype`, and its null count.
+/// The bytes of a decoded `value` column of `dtype` (its nulls are checked by the caller).
 fn column_bytes(column: &dyn Array, dtype: Dtype) -> Result<&[u8]> {
     fn typed<T: ArrowPrimitiveType>(column: &dyn Array) -> Option<&[u8]> {
         let values = column
@@ -878,7 +878,7 @@ mod tests {
         drop(w);
         assert!(matches!(
             decode(&out),
-            Err(GradientStreamError::ArrowIpc { .. })
+            Err(GradientStreamError::ArrowIpc(_))
         ));
     }
 

@@ -12,7 +12,7 @@ use std::task::{Context, Poll};
 use std::ptr::NonNull;
 
 use numpy::{PyArray1, PyArrayMethods};
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyType};
@@ -22,11 +22,11 @@ use super::buffers::ReadBuffer;
 use super::complete::{Completions, Outcome};
 use super::errors::IntoPyResult;
 use super::session::Input;
-use crate::dtype::Dtype;
-use crate::error::{GradientStreamError, Result};
-use crate::output::{OutSlice, Output};
-use crate::session::{Ended, FrameReceiver, Gradient, SessionConfig};
-use crate::stream::Progress;
+use gradstream_core::dtype::Dtype;
+use gradstream_core::error::{GradientStreamError, Result};
+use gradstream_core::output::{OutSlice, Output};
+use gradstream_core::session::{Ended, FrameReceiver, Gradient, SessionConfig};
+use gradstream_core::stream::Progress;
 
 /// `gradstream._aio.<name>`: the asyncio-streams half of a method.
 pub fn aio<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
@@ -250,20 +250,29 @@ impl SocketStream {
         if !obj.is_instance(SOCKET.import(py, "socket", "socket")?)? {
             return Ok(None);
         }
+        // An SSLSocket is a socket.socket too, but its descriptor carries TLS records:
+        // frames written beneath the TLS session would be plaintext, and what we read
+        // would be ciphertext.
+        static SSL_SOCKET: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+        if obj.is_instance(SSL_SOCKET.import(py, "ssl", "SSLSocket")?)? {
+            return Err(PyTypeError::new_err(
+                "an ssl.SSLSocket cannot carry frames; use asyncio streams over TLS",
+            ));
+        }
         let socket = py.import("socket")?;
         let raw: i32 = obj.call_method0("fileno")?.extract()?;
         if raw < 0 {
             // As the reference (and the OS) would say it.
-            let ebadf = GradientStreamError::Io {
-                errno: Some(libc::EBADF),
-                message: "the socket is closed".into(),
-            };
-            return Err(super::errors::to_py_err(py, ebadf));
+            let closed = "the socket is closed".to_string();
+            let ebadf = super::errors::stream_io_error(py, Some(libc::EBADF), closed)?;
+            return Err(PyErr::from_value(ebadf));
         }
-        if !obj.getattr("type")?.eq(socket.getattr("SOCK_STREAM")?)? {
-            return Err(PyValueError::new_err(
-                "gradstream streams over SOCK_STREAM sockets only (TCP or Unix stream)",
-            ));
+        let kind = obj.getattr("type")?;
+        if !kind.eq(socket.getattr("SOCK_STREAM")?)? {
+            return Err(PyValueError::new_err(format!(
+                "stream must be a connected stream socket, not {}",
+                kind.repr()?
+            )));
         }
         let unix = obj.getattr("family")?.eq(socket.getattr("AF_UNIX")?)?;
         // SAFETY: `raw` is the open descriptor of `obj`, which outlives this call; we only

@@ -19,8 +19,8 @@ use pyo3::prelude::*;
 use tokio::task::AbortHandle;
 
 use super::errors::to_py_err;
-use crate::error::GradientStreamError;
-use crate::output::Output;
+use gradstream_core::error::GradientStreamError;
+use gradstream_core::output::Output;
 
 /// What a finished transfer hands back.
 pub enum Outcome {

@@ -6,8 +6,8 @@ use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::PyBytes;
 
 use super::buffers::{bytes_to_pyarrow, immutable_bytes, ReadBuffer};
-use crate::codec;
-use crate::session::ChunkRef;
+use gradstream_core::codec;
+use gradstream_core::session::ChunkRef;
 
 #[pyclass(name = "GradientChunk", module = "gradstream", frozen, eq)]
 pub struct PyChunk {

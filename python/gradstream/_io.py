@@ -4,7 +4,6 @@ I/O and the tensor-set layer's manifest I/O (the native core bounds its own in t
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Awaitable
 from typing import TypeVar
 
@@ -18,28 +17,15 @@ class Stalled(Exception):
     caller, which knows the chunk counts)."""
 
 
-if sys.version_info >= (3, 11):
-
-    async def within(awaitable: Awaitable[_T], timeout: float | None) -> _T:
-        """``await awaitable``, raising Stalled when it takes more than ``timeout`` s."""
-        if timeout is None:
+async def within(awaitable: Awaitable[_T], timeout: float | None) -> _T:
+    """``await awaitable``, raising Stalled when it takes more than ``timeout`` s."""
+    if timeout is None:
+        return await awaitable
+    try:
+        async with asyncio.timeout(timeout) as deadline:
             return await awaitable
-        try:
-            async with asyncio.timeout(timeout) as deadline:
-                return await awaitable
-        except TimeoutError:
-            # A socket can raise TimeoutError itself (ETIMEDOUT): that one is an I/O error.
-            if deadline.expired():
-                raise Stalled from None
-            raise
-
-else:  # pragma: no cover - Python 3.10
-
-    async def within(awaitable: Awaitable[_T], timeout: float | None) -> _T:
-        """``await awaitable``, raising Stalled when it takes more than ``timeout`` s."""
-        if timeout is None:
-            return await awaitable
-        try:
-            return await asyncio.wait_for(awaitable, timeout)
-        except asyncio.TimeoutError:  # distinct from the builtin TimeoutError in 3.10
+    except TimeoutError:
+        # A socket can raise TimeoutError itself (ETIMEDOUT): that one is an I/O error.
+        if deadline.expired():
             raise Stalled from None
+        raise

@@ -64,14 +64,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc
 
-from . import _dtypes
-from ._convert import byte_view as _byte_view
-from ._convert import check_bool as _check_bool
-from ._convert import frame_buffer, value_buffer
-from ._convert import shape_text as _shape_text
-from ._dtypes import DTYPE_KEY, DTYPES, is_bfloat16_type, numpy_can_make
-from ._io import Stalled, within
-from .errors import (
+from .. import _dtypes
+from .._convert import byte_view as _byte_view
+from .._convert import check_bool as _check_bool
+from .._convert import frame_buffer, value_buffer
+from .._convert import shape_text as _shape_text
+from .._dtypes import DTYPE_KEY, DTYPES, is_bfloat16_type, numpy_can_make
+from .._io import Stalled, within
+from ..errors import (
     ArrowIpcError,
     ChecksumMismatchError,
     FrameError,
@@ -2143,13 +2143,13 @@ class GradientStreamSession:
     # ---- tensor sets (README "Tensor sets"; the logic is gradstream._tensors')
 
     def encode_tensors(self, tensors: Any, as_buffer: bool = False) -> bytes | pa.Buffer:
-        from . import _tensors
+        from .. import _tensors
 
         encoded: bytes | pa.Buffer = _tensors.encode_tensors(self, tensors, as_buffer)
         return encoded
 
     def decode_tensors(self, data: Any) -> dict[str, np.ndarray]:
-        from . import _tensors
+        from .. import _tensors
 
         decoded: dict[str, np.ndarray] = _tensors.decode_tensors(self, data)
         return decoded
@@ -2157,7 +2157,7 @@ class GradientStreamSession:
     async def stream_tensors(
         self, tensors: Any, stream: Any, *, progress: TransferProgress | None = None
     ) -> int:
-        from . import _tensors
+        from .. import _tensors
 
         sent: int = await _tensors.stream_tensors(self, tensors, stream, progress=progress)
         return sent
@@ -2165,7 +2165,7 @@ class GradientStreamSession:
     async def receive_tensors(
         self, stream: Any, *, progress: TransferProgress | None = None
     ) -> dict[str, np.ndarray]:
-        from . import _tensors
+        from .. import _tensors
 
         received: dict[str, np.ndarray] = await _tensors.receive_tensors(
             self, stream, progress=progress

@@ -67,25 +67,41 @@ def test_constructor_defaults_agree_with_the_constants() -> None:
     assert r["max_payload_len"].default == params["max_payload_len"].default
 
 
-def test_reference_never_imports_the_extension() -> None:
-    tree = ast.parse((PACKAGE / "reference.py").read_text())
+def _imported_names(path: Path, package: str) -> set[str]:
+    """Every module a file imports and every name it imports from one, as absolute dotted
+    names (a relative import resolved against ``package``, the file's own package)."""
     imported = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             imported.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = "." * node.level + (node.module or "")
+            parts = package.split(".")
+            base = ".".join(parts[: len(parts) - node.level + 1]) if node.level else ""
+            base = ".".join(p for p in (base, node.module or "") if p)
             imported.add(base)
             imported.update(f"{base}.{alias.name}" for alias in node.names)
+    return imported
+
+
+def test_reference_never_imports_the_extension() -> None:
+    # Every file of the subpackage that gradstream.reference is.
+    folder = PACKAGE / "reference"
+    assert Path(ref.__file__).parent == folder
+    files = sorted(folder.glob("*.py"))
+    assert folder / "__init__.py" in files
+    imported = set()
+    for path in files:
+        imported |= _imported_names(path, "gradstream.reference")
     assert not any("_native" in name for name in imported), imported
-    # Within the package: the modules both implementations share, and nothing else.
-    shared = ("._convert", "._dtypes", "._io", "._tensors", ".errors")
-    relative = {name for name in imported if name.startswith(".")}
+    # Within the package: the subpackage itself, the modules both implementations share,
+    # and nothing else.
+    shared = ("reference", "_convert", "_dtypes", "_io", "_tensors", "errors")
+    own = {name for name in imported if name.split(".")[0] == "gradstream"}
     assert all(
-        name in (".", ".._dtypes", ".._tensors")
-        or any(name == m or name.startswith(f"{m}.") for m in shared)
-        for name in relative
-    ), relative
+        name == "gradstream"
+        or any(name == f"gradstream.{m}" or name.startswith(f"gradstream.{m}.") for m in shared)
+        for name in own
+    ), own
 
 
 def test_errors_are_one_hierarchy_shared_by_both() -> None:

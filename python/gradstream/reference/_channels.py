@@ -1,0 +1,285 @@
+"""The channels: the bytes of one transfer moved over a ``socket.socket`` (the event
+loop's sock_* calls and readiness callbacks) or over asyncio streams, with plain asyncio
+and no threads; and ``TransferProgress``, the counters those bytes and frames are added
+to as they move.
+
+Apart because they are the only I/O of the reference: they know nothing of frames or
+payloads (the session hands them whole frames to send, and fills the receiver's units with
+what they read), so the wire rules can be checked without a socket and the I/O without a
+gradient.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+from typing import Any
+
+from .._io import Stalled, within
+from ..errors import StreamIOError
+
+# --------------------------------------------------------------------------- progress
+
+
+class TransferProgress:
+    """Counters that transfers add to as they run, for a progress bar.
+
+    ``bytes``: wire bytes moved; ``chunks``: frames completely sent, or received and
+    accepted; ``total_chunks``: the frames announced (the plan's count when sending, the
+    first frame's total_chunks when receiving; 0 until known). A transfer only ever adds
+    to them, so an object passed to several transfers (or to receive_iter, which receives
+    several gradients) counts all of them.
+    """
+
+    __slots__ = ("_bytes", "_chunks", "_total_chunks")
+
+    def __init__(self) -> None:
+        self._bytes = 0
+        self._chunks = 0
+        self._total_chunks = 0
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    @property
+    def chunks(self) -> int:
+        return self._chunks
+
+    @property
+    def total_chunks(self) -> int:
+        return self._total_chunks
+
+    def __repr__(self) -> str:
+        return (
+            f"TransferProgress(bytes={self._bytes}, chunks={self._chunks}, "
+            f"total_chunks={self._total_chunks})"
+        )
+
+
+def _check_progress(progress: Any) -> TransferProgress | None:
+    if progress is not None and not isinstance(progress, TransferProgress):
+        raise TypeError(
+            "progress must be a gradstream.reference.TransferProgress or None, "
+            f"not {type(progress).__name__}"
+        )
+    return progress
+
+
+def _count(
+    progress: TransferProgress | None, nbytes: int = 0, chunks: int = 0, total_chunks: int = 0
+) -> None:
+    if progress is not None:
+        progress._bytes += nbytes
+        progress._chunks += chunks
+        progress._total_chunks += total_chunks
+
+
+# --------------------------------------------------------------------------- stream I/O
+# Two channels move the bytes: one over a socket.socket (the event loop's sock_* calls and
+# readiness callbacks) and one over asyncio streams. Both do partial reads and writes, so
+# that the session's timeout bounds the time without a byte moving (not the time a whole
+# payload takes), and the receiver can tell how many bytes of a unit arrived before the end.
+
+
+# Largest piece handed to a StreamWriter before waiting for it to drain.
+_WRITE_SLICE = 65_536
+
+
+class _Channel:
+    """Moves bytes for one transfer; every wait is bounded by the timeout."""
+
+    def __init__(self, timeout: float | None) -> None:
+        self.timeout = timeout
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc_info: object) -> None:
+        pass
+
+    async def recv_into(self, view: memoryview) -> int:
+        """Read 1..len(view) bytes into view; 0 at the end of the stream."""
+        raise NotImplementedError
+
+    async def send(self, view: memoryview) -> int:
+        """Write 1..len(view) bytes of view; how many."""
+        raise NotImplementedError
+
+
+# Sockets with a transfer running: [transfers, timeout to restore]. Several transfers may
+# share one socket (a send and a receive at once, full duplex): the first makes the socket
+# non-blocking, the last puts its mode back.
+_ACTIVE_SOCKETS: dict[socket.socket, list[Any]] = {}
+
+
+class _SocketChannel(_Channel):
+    def __init__(self, sock: socket.socket, timeout: float | None) -> None:
+        super().__init__(timeout)
+        self.sock = sock
+        self.loop = asyncio.get_running_loop()
+
+    def __enter__(self) -> None:
+        # loop.sock_* need a non-blocking socket; the caller's mode is put back at the end.
+        sock = self.sock
+        entry = _ACTIVE_SOCKETS.get(sock)
+        if entry is not None:
+            entry[0] += 1
+            return
+        previous = sock.gettimeout()
+        try:
+            sock.setblocking(False)
+        except OSError as exc:  # e.g. a closed socket
+            raise StreamIOError.from_os_error(exc) from exc
+        _ACTIVE_SOCKETS[sock] = [1, previous]
+
+    def __exit__(self, *exc_info: object) -> None:
+        sock = self.sock
+        entry = _ACTIVE_SOCKETS[sock]
+        entry[0] -= 1
+        if entry[0] == 0:
+            del _ACTIVE_SOCKETS[sock]
+            if sock.fileno() != -1:  # closed under us: nothing left to restore
+                sock.settimeout(entry[1])
+
+    async def recv_into(self, view: memoryview) -> int:
+        try:
+            return await within(self.loop.sock_recv_into(self.sock, view), self.timeout)
+        except OSError as exc:
+            raise StreamIOError.from_os_error(exc) from exc
+
+    async def send(self, view: memoryview) -> int:
+        try:
+            while True:
+                try:
+                    return self.sock.send(view)
+                except (BlockingIOError, InterruptedError):
+                    pass
+                try:
+                    await within(self._writable(), self.timeout)
+                except NotImplementedError:
+                    # A loop without readiness callbacks (Windows' proactor): sendall, so
+                    # the timeout bounds the whole piece rather than each byte.
+                    await within(self.loop.sock_sendall(self.sock, view), self.timeout)
+                    return len(view)
+        except OSError as exc:
+            raise StreamIOError.from_os_error(exc) from exc
+
+    async def _writable(self) -> None:
+        waiter = self.loop.create_future()
+        fd = self.sock.fileno()
+        self.loop.add_writer(fd, _wake, waiter)
+        try:
+            await waiter
+        finally:
+            self.loop.remove_writer(fd)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+class _StreamsChannel(_Channel):
+    def __init__(
+        self,
+        reader: asyncio.StreamReader | None,
+        writer: asyncio.StreamWriter | None,
+        timeout: float | None,
+    ) -> None:
+        super().__init__(timeout)
+        self.reader = reader
+        self.writer = writer
+
+    async def recv_into(self, view: memoryview) -> int:
+        assert self.reader is not None
+        try:
+            # read(n) returns what is buffered, up to n, as soon as there is something:
+            # never more than asked, so never past the gradient's last frame.
+            data = await within(self.reader.read(len(view)), self.timeout)
+        except OSError as exc:
+            raise StreamIOError.from_os_error(exc) from exc
+        view[: len(data)] = data
+        return len(data)
+
+    async def send(self, view: memoryview) -> int:
+        assert self.writer is not None
+        piece = view[:_WRITE_SLICE]
+        try:
+            self.writer.write(piece)
+            await self._drain()
+        except OSError as exc:
+            raise StreamIOError.from_os_error(exc) from exc
+        return len(piece)
+
+    async def _drain(self) -> None:
+        # drain() waits until the transport's buffer is below its low-water mark; a
+        # timeout only counts as a stall when not one byte left the buffer meanwhile.
+        assert self.writer is not None
+        transport = self.writer.transport
+        while True:
+            before = transport.get_write_buffer_size()
+            try:
+                await within(self.writer.drain(), self.timeout)
+                return
+            except Stalled:
+                if transport.get_write_buffer_size() >= before:
+                    raise
+
+
+def _check_socket(sock: socket.socket) -> socket.socket:
+    if isinstance(sock, ssl.SSLSocket):
+        raise TypeError("an ssl.SSLSocket cannot carry frames; use asyncio streams over TLS")
+    if sock.type != socket.SOCK_STREAM:
+        raise ValueError(f"stream must be a connected stream socket, not {sock.type!r}")
+    return sock
+
+
+def _sending_channel(stream: Any, timeout: float | None) -> _Channel:
+    if isinstance(stream, socket.socket):
+        return _SocketChannel(_check_socket(stream), timeout)
+    writer = stream[1] if isinstance(stream, tuple) and len(stream) == 2 else stream
+    if isinstance(writer, asyncio.StreamWriter):
+        return _StreamsChannel(None, writer, timeout)
+    raise TypeError(
+        "stream_to expects a connected socket.socket, an asyncio.StreamWriter or a "
+        f"(StreamReader, StreamWriter) pair, not {type(stream).__name__}"
+    )
+
+
+def _receiving_channel(stream: Any, timeout: float | None) -> _Channel:
+    if isinstance(stream, socket.socket):
+        return _SocketChannel(_check_socket(stream), timeout)
+    reader = stream[0] if isinstance(stream, tuple) and len(stream) == 2 else stream
+    if isinstance(reader, asyncio.StreamReader):
+        return _StreamsChannel(reader, None, timeout)
+    raise TypeError(
+        "receive_from and receive_iter expect a connected socket.socket, an "
+        "asyncio.StreamReader or a (StreamReader, StreamWriter) pair, "
+        f"not {type(stream).__name__}"
+    )
+
+
+async def _send_all(channel: _Channel, data: memoryview, progress: TransferProgress | None) -> None:
+    """Write all of ``data`` (one frame), counting the bytes as they leave. Stalled when
+    the timeout passes without a byte moving: the caller says which frame it was."""
+    sent = 0
+    while sent < len(data):
+        n = await channel.send(data[sent:])
+        sent += n
+        _count(progress, nbytes=n)
+
+
+async def _recv_all(channel: _Channel, view: memoryview, progress: TransferProgress | None) -> int:
+    """Fill ``view`` (one header or one payload), counting the bytes as they arrive; the
+    number that arrived, short of ``len(view)`` only when the stream ended first. Stalled
+    when the timeout passes without a byte moving: the caller says where it was."""
+    got = 0
+    while got < len(view):
+        n = await channel.recv_into(view[got:])
+        if n == 0:
+            break
+        got += n
+        _count(progress, nbytes=n)
+    return got

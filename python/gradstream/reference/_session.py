@@ -1,0 +1,595 @@
+"""``GradientStreamSession``: the settings of one stream and the API on them, encoding
+(encode_gradient, encode_frames, frames_len), decoding (decode_chunks, decode_frames),
+streaming (stream_to, receive_from, receive_iter) and tensor sets.
+
+Apart because it only holds settings and wires the other modules together: the payloads
+come from the writer, every rule of decoding from the rules and the receiver, every byte of
+I/O from the channels. What stays here is what depends on the settings: how a gradient
+is cut into chunks, when a chunk's payload is refused as too big (max_payload_len), and
+how many bytes its frames take (``frames_len``, which ``encode_frames(out=)`` uses to
+refuse a buffer too small before writing to it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+import zlib
+from collections.abc import AsyncIterator, Iterable, Iterator
+from typing import Any, Literal, NamedTuple, overload
+
+import numpy as np
+import pyarrow as pa
+
+from .. import _dtypes
+from .._convert import byte_view as _byte_view
+from .._convert import check_bool as _check_bool
+from .._convert import frame_buffer, value_buffer
+from .._convert import shape_text as _shape_text
+from .._io import Stalled
+from ..errors import FrameError, StreamTimeoutError
+from ._channels import (
+    TransferProgress,
+    _Channel,
+    _check_progress,
+    _count,
+    _receiving_channel,
+    _recv_all,
+    _send_all,
+    _sending_channel,
+)
+from ._chunk import GradientChunk
+from ._receiver import _decode_frame_stream, _FrameReceiver, _run_frames, _zero_values
+from ._rules import _chunk_fields, _decode_chunk_list
+from ._settings import (
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_MAX_GRADIENT_LEN,
+    DEFAULT_MAX_PAYLOAD_LEN,
+    Compression,
+    _check_chunk_size,
+    _check_compression_setting,
+    _check_flag,
+    _check_layout,
+    _check_max_gradient_len,
+    _check_max_payload_len,
+    _check_str,
+    _check_timeout,
+    _check_wire_dtype,
+)
+from ._wire import HEADER, HEADER_LEN, U32_MAX
+from ._writer import _min_payload_len, encode_payload, payload_len
+
+
+class _Gradient(NamedTuple):
+    """A gradient as the encoder takes it, with the schema metadata it travels with."""
+
+    values: np.ndarray  # 1-D, C-contiguous, in the wire dtype (bfloat16 as uint16 bits)
+    dtype: str  # the wire dtype: the value column's
+    shape: str | None  # gradient_shape metadata (keep_shape), or None
+    result: str | None  # gradient_dtype metadata (the dtype handed back), or None
+
+
+class GradientStreamSession:
+    """Splits gradients into Arrow IPC chunks / frames and reassembles them."""
+
+    __slots__ = (
+        "_chunk_size",
+        "_compression",
+        "_keep_dtype",
+        "_keep_shape",
+        "_layout",
+        "_max_gradient_len",
+        "_max_payload_len",
+        "_session_id",
+        "_timeout",
+        "_wire_dtype",
+    )
+
+    def __init__(
+        self,
+        session_id: str,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        *,
+        max_payload_len: int = DEFAULT_MAX_PAYLOAD_LEN,
+        max_gradient_len: int = DEFAULT_MAX_GRADIENT_LEN,
+        timeout: float | None = None,
+        layout: str = "seed",
+        compression: bool | str | None = None,
+        keep_shape: bool = False,
+        keep_dtype: bool = False,
+        wire_dtype: str | None = None,
+    ) -> None:
+        # In this order: with several bad arguments, the first one raises.
+        self._session_id = _check_str(session_id, "session_id")
+        self._layout = _check_layout(layout)
+        self._chunk_size = _check_chunk_size(chunk_size)
+        self._max_payload_len = _check_max_payload_len(max_payload_len)
+        self._max_gradient_len = _check_max_gradient_len(max_gradient_len)
+        self._timeout = _check_timeout(timeout)
+        self._compression = _check_compression_setting(compression)
+        self._keep_shape = _check_flag(keep_shape, "keep_shape")
+        self._keep_dtype = _check_flag(keep_dtype, "keep_dtype")
+        self._wire_dtype = _check_wire_dtype(wire_dtype)
+
+    @classmethod
+    def with_defaults(cls, session_id: str) -> GradientStreamSession:
+        return cls(session_id, DEFAULT_CHUNK_SIZE)
+
+    def with_compression(self, enabled: bool) -> GradientStreamSession:
+        """A new session with the same settings and compression "lz4" if ``enabled``, else
+        none."""
+        enabled = _check_bool(enabled, "enabled")
+        return GradientStreamSession(
+            self._session_id,
+            self._chunk_size,
+            max_payload_len=self._max_payload_len,
+            max_gradient_len=self._max_gradient_len,
+            timeout=self._timeout,
+            layout=self._layout,
+            compression="lz4" if enabled else None,
+            keep_shape=self._keep_shape,
+            keep_dtype=self._keep_dtype,
+            wire_dtype=self._wire_dtype,
+        )
+
+    def is_compression_enabled(self) -> bool:
+        return self._compression is not None
+
+    @property
+    def compression(self) -> Compression | None:
+        """The codec of the payloads this session writes: None, "lz4" or "zstd"."""
+        return self._compression
+
+    @property
+    def session_id(self) -> str:
+        return self._session_id
+
+    @property
+    def chunk_size(self) -> int:
+        return self._chunk_size
+
+    @property
+    def max_payload_len(self) -> int:
+        return self._max_payload_len
+
+    @property
+    def max_gradient_len(self) -> int:
+        return self._max_gradient_len
+
+    @property
+    def timeout(self) -> float | None:
+        return self._timeout
+
+    @property
+    def layout(self) -> str:
+        return self._layout
+
+    @property
+    def keep_shape(self) -> bool:
+        """Whether this session writes the gradient's shape into every payload's schema
+        metadata (``gradient_shape``). Receivers reshape whatever their own setting."""
+        return self._keep_shape
+
+    @property
+    def keep_dtype(self) -> bool:
+        """Whether this session sends float16, bfloat16 and float64 gradients in their own
+        dtype (and has them handed back in it); without it (or wire_dtype) only float32 is
+        taken."""
+        return self._keep_dtype
+
+    @property
+    def wire_dtype(self) -> str | None:
+        """The dtype every gradient is cast to for transfer, or None (its own dtype)."""
+        return self._wire_dtype
+
+    def __repr__(self) -> str:
+        return (
+            f"GradientStreamSession(session_id={self._session_id!r}, "
+            f"chunk_size={self._chunk_size}, max_payload_len={self._max_payload_len}, "
+            f"max_gradient_len={self._max_gradient_len}, timeout={self._timeout!r}, "
+            f"layout={self._layout!r}, compression={self._compression!r}, "
+            f"keep_shape={self._keep_shape!r}, keep_dtype={self._keep_dtype!r}, "
+            f"wire_dtype={self._wire_dtype!r})"
+        )
+
+    # ---- encoding
+
+    def _refusal(self, chunk_index: int, n_values: int) -> FrameError:
+        # One message for both checks, so the text does not depend on the Arrow writer's
+        # exact byte count (which differs between pyarrow and arrow-rs).
+        return FrameError(
+            f"chunk {chunk_index} ({n_values} values) would encode to a payload above "
+            f"max_payload_len {self._max_payload_len} bytes; use a smaller chunk_size",
+            chunk_index,
+        )
+
+    def _chunk_payload(self, chunk_index: int, window: np.ndarray, gradient: _Gradient) -> bytes:
+        """Encode one chunk (``window``, values of ``gradient``), refusing it if its payload
+        would exceed max_payload_len."""
+        limit = self._max_payload_len
+        # Cheap lower bound first: never build a payload we already know is too big (a
+        # compressed payload has no such bound: its size depends on the values).
+        floor = _min_payload_len(len(window), self._layout, gradient.dtype)
+        if self._compression is None and floor > limit:
+            raise self._refusal(chunk_index, len(window))
+        payload = encode_payload(
+            window,
+            self._layout,
+            self._compression,
+            gradient.shape,
+            dtype=gradient.dtype,
+            result=gradient.result,
+        )
+        if len(payload) > limit:
+            raise self._refusal(chunk_index, len(window))
+        return payload
+
+    def _frame_len(self, chunk_index: int, n_values: int) -> int:
+        """Bytes of the frame of a chunk of n_values values, refused as _chunk_payload
+        would refuse it."""
+        length = payload_len(n_values, self._layout)
+        if length > self._max_payload_len:
+            raise self._refusal(chunk_index, n_values)
+        return HEADER_LEN + length
+
+    def _total_chunks(self, length: int) -> int:
+        # Ceiling division; an empty gradient still makes one (empty) chunk.
+        size = self._chunk_size
+        total = max(1, -(-length // size))
+        if total > U32_MAX:
+            raise FrameError(
+                f"a gradient of {length} values needs {total} chunks of {size}, more "
+                f"than total_chunks can count ({U32_MAX}); use a larger chunk_size"
+            )
+        return total
+
+    def _input(self, gradient: Any) -> _Gradient:
+        """The gradient as the codec takes it (``_dtypes.prepare``: float32 unless
+        keep_dtype or wire_dtype say otherwise), with the metadata to write: the compact
+        JSON of its shape (keep_shape; after conversion to a numpy array and before
+        flattening) and the dtype to hand back when it is not the wire's."""
+        prepared = _dtypes.prepare(
+            gradient, keep_dtype=self._keep_dtype, wire_dtype=self._wire_dtype
+        )
+        values = prepared.values  # C-contiguous: the flattening is a view
+        shape = _shape_text(values.shape) if self._keep_shape else None
+        result = None if prepared.result == prepared.wire else prepared.result
+        return _Gradient(values.reshape(-1), prepared.wire, shape, result)
+
+    def _frames(self, gradient: _Gradient) -> Iterator[tuple[int, int, bytes, int]]:
+        """(chunk_index, total_chunks, payload, checksum) of each chunk, encoded one at a
+        time as the caller asks for it."""
+        values = gradient.values
+        size = self._chunk_size
+        total = self._total_chunks(len(values))
+        for k in range(total):
+            payload = self._chunk_payload(k, values[k * size : (k + 1) * size], gradient)
+            yield k, total, payload, zlib.crc32(payload)
+
+    def encode_gradient(self, gradient: Any) -> list[GradientChunk]:
+        return [
+            GradientChunk(self._session_id, k, total, payload, checksum)
+            for k, total, payload, checksum in self._frames(self._input(gradient))
+        ]
+
+    def frames_len(self, n_values: int) -> int:
+        """The exact number of bytes encode_frames (and stream_to) produce for a gradient
+        of ``n_values`` values in this session's layout and chunk size, computed without
+        any values.
+
+        TypeError for a non-integer, ValueError for a negative count, then ValueError for
+        a compressed session (its payload sizes depend on the values), a keep_shape one (the
+        metadata's size depends on the shape), a keep_dtype one (on the gradient's dtype)
+        and a wire_dtype other than float32; for a length that encode_frames would refuse
+        (a chunk whose payload exceeds max_payload_len, more chunks than a u32 counts) the
+        FrameError encode_frames would raise.
+        """
+        n = operator.index(n_values)
+        if n < 0:
+            raise ValueError(f"n_values must be >= 0, got {n}")
+        unknown = self._sizes_unknown()
+        if unknown is not None:
+            raise ValueError(unknown)
+        size = self._chunk_size
+        total = self._total_chunks(n)
+        last = n - (total - 1) * size  # the empty gradient's one chunk holds 0 values
+        # Chunks are refused in index order, as encode_frames meets them: chunk 0 first.
+        if total == 1:
+            return self._frame_len(0, last)
+        full = self._frame_len(0, size)
+        return (total - 1) * full + self._frame_len(total - 1, last)
+
+    @overload
+    def encode_frames(
+        self, gradient: Any, as_buffer: Literal[False] = False, *, out: None = None
+    ) -> bytes: ...
+    @overload
+    def encode_frames(
+        self, gradient: Any, as_buffer: Literal[True], *, out: None = None
+    ) -> pa.Buffer: ...
+    @overload
+    def encode_frames(self, gradient: Any, as_buffer: bool = False, *, out: Any) -> int: ...
+    def encode_frames(
+        self, gradient: Any, as_buffer: bool = False, *, out: Any = None
+    ) -> bytes | pa.Buffer | int:
+        """The frames of ``gradient``: ``bytes``, or a ``pyarrow.Buffer`` (as_buffer=True).
+
+        With ``out`` (any object exporting a writeable C-contiguous buffer: bytearray,
+        memoryview, a numpy array of any dtype but object, viewed as raw bytes) the frames
+        are written at its start instead and their byte count is returned; the bytes after
+        them are left as they were. TypeError for a read-only or non-contiguous buffer;
+        ValueError for one smaller than the frames (``frames_len`` of the gradient; a
+        compressed session encodes every frame first to know their length), in which case
+        nothing is written, and for as_buffer=True with out. A gradient that cannot be
+        encoded raises what it raises without ``out``, before anything is written.
+        """
+        as_buffer = _check_bool(as_buffer, "as_buffer")
+        if out is None:
+            parts: list[bytes] = []
+            for k, total, payload, checksum in self._frames(self._input(gradient)):
+                parts.append(HEADER.pack(k, total, len(payload), checksum))
+                parts.append(payload)
+            frames = b"".join(parts)
+            # py_buffer wraps the bytes object without copying it.
+            return pa.py_buffer(frames) if as_buffer else frames
+        if as_buffer:
+            raise ValueError("as_buffer=True and out= exclude each other: out= is the buffer")
+        with frame_buffer(out) as view:
+            grad = self._input(gradient)
+            values = grad.values
+            if view.nbytes and np.may_share_memory(values, np.frombuffer(view, np.uint8)):
+                raise ValueError(
+                    "out= overlaps the gradient's memory: the frames would overwrite values "
+                    "before they are read"
+                )
+            return self._encode_frames_into(grad, view)
+
+    def _sizes_unknown(self) -> str | None:
+        """Why frames_len cannot compute the frames' length in advance (the message of its
+        ValueError), or None when it can."""
+        if self._compression is not None:
+            return (
+                "frames_len is not known in advance for a compressed session: payload sizes "
+                "depend on the values"
+            )
+        if self._keep_shape:
+            return (
+                "frames_len is not known in advance when keep_shape is set: the shape "
+                "metadata's size depends on the shape"
+            )
+        if self._keep_dtype:
+            return (
+                "frames_len is not known in advance when keep_dtype is set: payload sizes "
+                "depend on the gradient's dtype"
+            )
+        if self._wire_dtype not in (None, "float32"):
+            return (
+                f"frames_len is not known in advance when wire_dtype is {self._wire_dtype!r}: "
+                "only float32 payload sizes are computed"
+            )
+        return None
+
+    def _encode_frames_into(self, gradient: _Gradient, view: memoryview) -> int:
+        if self._sizes_unknown() is not None:
+            return self._encode_sized_frames_into(gradient, view)
+        # The exact size first (raising the encoder's FrameError for a refused length), so
+        # that a buffer too small is refused before a byte of it is written.
+        values = gradient.values
+        assert gradient.dtype == "float32" and gradient.result is None and gradient.shape is None
+        needed = self.frames_len(len(values))
+        if needed > len(view):
+            raise ValueError(
+                f"out= holds {len(view)} bytes; the frames of {len(values)} values take {needed}"
+            )
+        pos = 0
+        for k, total, payload, checksum in self._frames(gradient):
+            end = pos + HEADER_LEN + len(payload)
+            if end > needed:  # frames_len and the encoder disagree: a bug, never an overrun
+                raise AssertionError(f"frames_len {needed} is short of the frames' length")
+            HEADER.pack_into(view, pos, k, total, len(payload), checksum)
+            view[pos + HEADER_LEN : end] = payload
+            pos = end
+        assert pos == needed, (pos, needed)
+        return pos
+
+    def _encode_sized_frames_into(self, gradient: _Gradient, view: memoryview) -> int:
+        # Payload sizes depend on the values (compression), on the shape (keep_shape) or on
+        # the dtype (keep_dtype, wire_dtype): encode every frame first, so that a buffer too
+        # small is refused before a byte of it is written.
+        frames = [
+            (HEADER.pack(k, total, len(payload), checksum), payload)
+            for k, total, payload, checksum in self._frames(gradient)
+        ]
+        needed = sum(HEADER_LEN + len(payload) for _, payload in frames)
+        if needed > len(view):
+            n = len(gradient.values)
+            raise ValueError(
+                f"out= holds {len(view)} bytes; the frames of {n} values take {needed}"
+            )
+        pos = 0
+        for header, payload in frames:
+            view[pos : pos + HEADER_LEN] = header
+            view[pos + HEADER_LEN : pos + HEADER_LEN + len(payload)] = payload
+            pos += HEADER_LEN + len(payload)
+        return pos
+
+    # ---- decoding
+
+    def decode_chunks(self, chunks: Iterable[Any]) -> np.ndarray:
+        return _decode_chunk_list([_chunk_fields(c) for c in chunks], self._max_gradient_len)
+
+    def decode_frames(self, data: Any, *, out: np.ndarray | None = None) -> np.ndarray:
+        """The gradient held by the frames in ``data`` (any bytes-like object): a new 1-D
+        array (float32 unless the payloads say otherwise; in the sender's shape when it
+        sent one), or, with ``out``, ``out`` itself filled with the values.
+
+        ``out`` must be a writeable, C-contiguous, aligned numpy array of float16,
+        bfloat16 (ml_dtypes), float32 or float64 in native byte order, of any shape
+        (TypeError otherwise, before the data is read); it is filled in C order and keeps
+        its shape. The gradient must come back in ``out``'s dtype, else GradientDtypeError
+        at the first chunk, before any of its values is written. It must hold exactly
+        ``out.size`` values, else GradientSizeError: as soon as the chunk that runs over is
+        decoded
+        (values counted in arrival order; a gradient over max_gradient_len is the
+        FrameError first), or, for a gradient short of it, once every other rule has
+        passed (truncation, IncompleteStreamError, bytes left over). The empty input is a
+        gradient of 0 values. Nothing is written past ``out``'s end, but after any error
+        its contents are unspecified (part of the gradient, perhaps).
+        """
+        if out is not None:
+            out = value_buffer(out)
+        return _decode_frame_stream(
+            _byte_view(data), self._max_payload_len, self._max_gradient_len, out
+        )
+
+    # ---- streaming (README "Streaming")
+
+    async def stream_to(
+        self, gradient: Any, stream: Any, *, progress: TransferProgress | None = None
+    ) -> int:
+        """Send one gradient over a socket or an asyncio stream; the number of chunks.
+
+        The bytes are exactly encode_frames(gradient), encoded and written one chunk at a
+        time. The gradient is read as the chunks are encoded: do not change it meanwhile.
+        """
+        channel = _sending_channel(stream, self._timeout)
+        progress = _check_progress(progress)
+        grad = self._input(gradient)
+        frames = self._frames(grad)
+        total = self._total_chunks(len(grad.values))  # FrameError before any byte is sent
+        _count(progress, total_chunks=total)
+        with channel:
+            for k, _, payload, checksum in frames:
+                # One buffer per frame: two writes (header, payload) would meet Nagle's
+                # algorithm and delayed ACKs on TCP.
+                frame = memoryview(HEADER.pack(k, total, len(payload), checksum) + payload)
+                try:
+                    await _send_all(channel, frame, progress)
+                except Stalled:
+                    raise StreamTimeoutError(self._timeout or 0.0, k, total) from None
+                _count(progress, chunks=1)
+                await asyncio.sleep(0)  # a turn for the loop per frame, as on receipt
+        return total
+
+    async def receive_from(
+        self,
+        stream: Any,
+        *,
+        progress: TransferProgress | None = None,
+        out: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Receive one gradient from a socket or an asyncio stream.
+
+        The end of the stream before any byte gives an empty array (the original's "no
+        network"); see the README for the other ends. ``out`` is as for decode_frames: the
+        gradient is written into it as its chunks arrive, and ``out`` is returned; it is
+        checked before any byte is read, and holds unspecified values after an error.
+        """
+        channel = _receiving_channel(stream, self._timeout)
+        progress = _check_progress(progress)
+        if out is not None:
+            out = value_buffer(out)
+        values = await self._receive(channel, progress, out)
+        return _zero_values(out) if values is None else values
+
+    async def receive_iter(
+        self, stream: Any, *, progress: TransferProgress | None = None
+    ) -> AsyncIterator[np.ndarray]:
+        """Receive gradients until the peer closes the stream between two of them."""
+        channel = _receiving_channel(stream, self._timeout)
+        progress = _check_progress(progress)
+        while True:
+            values = await self._receive(channel, progress, None)
+            if values is None:
+                return
+            yield values
+
+    async def _receive(
+        self, channel: _Channel, progress: TransferProgress | None, out: np.ndarray | None
+    ) -> np.ndarray | None:
+        """One gradient (written into ``out`` when given), or None when the stream ended
+        before its first byte."""
+        receiver = _FrameReceiver(
+            self._max_payload_len, self._max_gradient_len, copy_values=True, out=out
+        )
+        # The socket is non-blocking only while a gradient is being received, so between
+        # two gradients of receive_iter it is in the caller's mode.
+        with channel:
+            while not receiver.done:
+                # A header, or a payload of at most max_payload_len bytes (checked from the
+                # header before this allocation); exactly what the frame needs, so nothing
+                # past the gradient's last frame is ever read.
+                unit = memoryview(bytearray(receiver.want))
+                try:
+                    got = await _recv_all(channel, unit, progress)
+                except Stalled:
+                    raise StreamTimeoutError(
+                        self._timeout or 0.0, receiver.received, receiver.total
+                    ) from None
+                if got < len(unit):
+                    receiver.end_of_stream(got)  # raises, but before any byte
+                    return None
+                had_total = receiver.total is not None
+                received = receiver.received
+                # sock_recv_into returns at once while data is buffered: give the loop a
+                # turn per unit, so other tasks and cancellation are not starved.
+                await asyncio.sleep(0)
+                receiver.feed(unit)
+                if receiver.received > received:
+                    _count(progress, chunks=1)
+                    if not had_total:
+                        _count(progress, total_chunks=receiver.total or 0)
+        return receiver.result()
+
+    # ---- tensor sets (README "Tensor sets"; the logic is gradstream._tensors')
+
+    def encode_tensors(self, tensors: Any, as_buffer: bool = False) -> bytes | pa.Buffer:
+        from .. import _tensors
+
+        encoded: bytes | pa.Buffer = _tensors.encode_tensors(self, tensors, as_buffer)
+        return encoded
+
+    def decode_tensors(self, data: Any) -> dict[str, np.ndarray]:
+        from .. import _tensors
+
+        decoded: dict[str, np.ndarray] = _tensors.decode_tensors(self, data)
+        return decoded
+
+    async def stream_tensors(
+        self, tensors: Any, stream: Any, *, progress: TransferProgress | None = None
+    ) -> int:
+        from .. import _tensors
+
+        sent: int = await _tensors.stream_tensors(self, tensors, stream, progress=progress)
+        return sent
+
+    async def receive_tensors(
+        self, stream: Any, *, progress: TransferProgress | None = None
+    ) -> dict[str, np.ndarray]:
+        from .. import _tensors
+
+        received: dict[str, np.ndarray] = await _tensors.receive_tensors(
+            self, stream, progress=progress
+        )
+        return received
+
+    def _encode_manifest(self, text: str) -> bytes:
+        """The frames of an empty gradient (one frame, chunk 0 of 1: a float32 value column
+        of no rows, in this session's layout and compression) whose schema metadata holds
+        ``gradstream_tensors`` = ``text`` and nothing else."""
+        text = _check_str(text, "text")
+        payload = encode_payload(
+            np.empty(0, dtype=np.float32), self._layout, self._compression, manifest=text
+        )
+        if len(payload) > self._max_payload_len:
+            raise self._refusal(0, 0)
+        return HEADER.pack(0, 1, len(payload), zlib.crc32(payload)) + payload
+
+    def _decode_manifest(self, data: Any) -> tuple[str | None, int]:
+        """Decode ``data`` exactly as decode_frames does; the first chunk's (the first to
+        arrive) ``gradstream_tensors`` metadata (None when absent, or for the empty input)
+        and the gradient's number of values."""
+        values, receiver = _run_frames(
+            _byte_view(data), self._max_payload_len, self._max_gradient_len, None
+        )
+        return (None if receiver is None else receiver.manifest), values.size

@@ -1,0 +1,134 @@
+"""The payload writer: a 1-D vector of values as one Arrow IPC file (README "Wire
+format"), in the seed or the compact layout, of any of the four dtypes, with the schema
+metadata gradstream writes (gradient_shape, gradient_dtype, gradstream_tensors) and the
+optional IPC BodyCompression (lz4 or zstd); and the size arithmetic of such payloads
+(``payload_len``, ``_min_payload_len``), which never encodes more than two empty-ish
+payloads.
+
+Apart from the reader because nothing in it judges bytes: it only produces them, from
+values the session has already checked and cast (``_dtypes.prepare``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc
+
+from .._dtypes import DTYPE_KEY
+from ._wire import (
+    _ARROW_TYPES,
+    _BF16_FIELD_METADATA,
+    _STORAGE,
+    COMPACT_SCHEMA,
+    MANIFEST_KEY,
+    PAYLOAD_SCHEMA,
+    SHAPE_KEY,
+)
+
+# An encoded payload holds an int32 index (seed layout) and a value per element, so a
+# chunk of n values can never take fewer than (4 + width) * n bytes, or width * n in the
+# compact layout; used to refuse oversized chunks early.
+_INDEX_BYTES_PER_VALUE = 4
+
+
+@functools.cache
+def _schema(layout: str, dtype: str) -> pa.Schema:
+    """The schema of a payload in ``layout`` whose values are of ``dtype``."""
+    if dtype == "float32":
+        return COMPACT_SCHEMA if layout == "compact" else PAYLOAD_SCHEMA
+    metadata = _BF16_FIELD_METADATA if dtype == "bfloat16" else None
+    value = pa.field("value", _ARROW_TYPES[dtype], nullable=False, metadata=metadata)
+    if layout == "compact":
+        return pa.schema([value])
+    return pa.schema([pa.field("index", pa.int32(), nullable=False), value])
+
+
+def encode_payload(
+    values: np.ndarray,
+    layout: str = "seed",
+    compression: str | None = None,
+    shape: str | None = None,
+    *,
+    dtype: str = "float32",
+    result: str | None = None,
+    manifest: str | None = None,
+) -> bytes:
+    """Encode a 1-D vector of ``dtype`` values (bfloat16 as uint16 bits) as an Arrow IPC
+    file in the seed or compact layout.
+
+    With ``compression`` ("lz4" or "zstd") the record batch carries the IPC BodyCompression
+    (codec LZ4_FRAME or ZSTD, method BUFFER): every buffer is stored as its uncompressed
+    length (int64) followed by the compressed bytes. The schema carries, in this order and
+    only those given, the custom metadata ``gradient_shape`` = ``shape`` (``_shape_text`` of
+    the gradient's shape), ``gradient_dtype`` = ``result`` (the dtype the receiver hands
+    back, when it is not ``dtype``) and ``gradstream_tensors`` = ``manifest``. The file is
+    otherwise the same.
+    """
+    n = len(values)
+    # from_buffers wraps the words as they are: no conversion, no NaN canonicalising.
+    value_array = pa.Array.from_buffers(_ARROW_TYPES[dtype], n, [None, pa.py_buffer(values)])
+    schema = _schema(layout, dtype)
+    if layout == "compact":
+        columns = [value_array]
+    else:
+        index_array = pa.array(np.arange(n, dtype=np.int32), type=pa.int32())
+        columns = [index_array, value_array]
+    metadata = {
+        key: text
+        for key, text in ((SHAPE_KEY, shape), (DTYPE_KEY, result), (MANIFEST_KEY, manifest))
+        if text is not None
+    }
+    if metadata:
+        schema = schema.with_metadata(metadata)
+    batch = pa.RecordBatch.from_arrays(columns, schema=schema)
+    sink = pa.BufferOutputStream()
+    options = None if compression is None else pa.ipc.IpcWriteOptions(compression=compression)
+    # Exactly one batch, even when it is empty: an empty gradient is one empty batch.
+    with pa.ipc.new_file(sink, schema, options=options) as writer:
+        writer.write_batch(batch)
+    payload: bytes = sink.getvalue().to_pybytes()
+    return payload
+
+
+def _pad8(nbytes: int) -> int:
+    return -(-nbytes // 8) * 8
+
+
+@functools.cache
+def _payload_len_constants(layout: str) -> tuple[int, int]:
+    """(length of the empty payload, length of a one-value payload) in ``layout``, measured
+    once from the writer itself."""
+    return (
+        len(encode_payload(np.empty(0, dtype=np.float32), layout)),
+        len(encode_payload(np.zeros(1, dtype=np.float32), layout)),
+    )
+
+
+def payload_len(n_values: int, layout: str = "seed") -> int:
+    """The exact length of ``encode_payload`` of ``n_values`` float32 values (no metadata,
+    no compression), without encoding them.
+
+    The IPC file's metadata (schema, record batch message, footer) has one size for every
+    non-empty batch, because all its numbers are fixed-width fields; an empty batch is
+    smaller, its zero lengths being flatbuffer defaults that are left out. The body holds
+    one 4-byte-a-value buffer per column (index and value in the seed layout, value alone
+    in the compact one), each padded to 8 bytes.
+    """
+    empty, one = _payload_len_constants(layout)
+    if n_values == 0:
+        return empty
+    columns = 1 if layout == "compact" else 2
+    return one + columns * (_pad8(4 * n_values) - _pad8(4))
+
+
+def _min_payload_len(n_values: int, layout: str, dtype: str) -> int:
+    """A lower bound on the length of an uncompressed payload of ``n_values`` values of
+    ``dtype`` in ``layout``, to refuse an oversized chunk before encoding it (a compressed
+    payload has no such bound: its size depends on the values)."""
+    floor = _STORAGE[dtype].itemsize
+    if layout != "compact":
+        floor += _INDEX_BYTES_PER_VALUE
+    return n_values * floor

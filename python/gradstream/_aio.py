@@ -9,15 +9,14 @@ GIL released), and this module only moves the bytes: ``write`` + ``drain`` out,
 from __future__ import annotations
 
 import asyncio
-import errno
-import os
 import warnings
 import weakref
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
 import numpy as np
 
+from ._io import Stalled, within
 from .errors import StreamIOError, StreamTimeoutError
 
 T = TypeVar("T")
@@ -35,29 +34,6 @@ def _half(stream: Any, index: int, kind: type[T], method: str) -> T:
     return stream
 
 
-# asyncio raises some connection errors without an errno ("Connection lost").
-_ERRNO_OF: dict[type[OSError], int] = {
-    ConnectionResetError: errno.ECONNRESET,
-    BrokenPipeError: errno.EPIPE,
-    ConnectionAbortedError: errno.ECONNABORTED,
-    ConnectionRefusedError: errno.ECONNREFUSED,
-}
-
-
-def _io_error(exc: OSError) -> StreamIOError:
-    code = exc.errno if exc.errno is not None else _ERRNO_OF.get(type(exc))
-    if code is not None:
-        return StreamIOError(code, exc.strerror or os.strerror(code))
-    return StreamIOError(str(exc) or type(exc).__name__)
-
-
-async def _bounded(step: Awaitable[T], timeout: float | None) -> T:
-    if timeout is None:
-        return await step
-    async with asyncio.timeout(timeout):
-        return await step
-
-
 # The timeout bounds each step that moves bytes, not a whole frame: a slow peer that
 # keeps reading or writing is making progress.
 _PIECE = 64 * 1024
@@ -73,12 +49,12 @@ async def stream_to(session: Any, gradient: Any, stream: Any, progress: Any) -> 
             for start in range(0, len(view), _PIECE):
                 piece = view[start : start + _PIECE]
                 writer.write(piece)
-                await _bounded(writer.drain(), session.timeout)
+                await within(writer.drain(), session.timeout)
                 frames._sent(len(piece), 0)
-        except TimeoutError:
+        except Stalled:
             raise StreamTimeoutError(session.timeout, sent, frames.total_chunks) from None
         except OSError as exc:
-            raise _io_error(exc) from exc
+            raise StreamIOError.from_os_error(exc) from exc
         sent += 1
         frames._sent(0, 1)
     return sent
@@ -95,18 +71,18 @@ async def receive(session: Any, stream: Any, receiver: Any, none_at_end: bool) -
         unit = bytearray()
         try:
             while len(unit) < want:
-                piece = await _bounded(reader.read(want - len(unit)), session.timeout)
+                piece = await within(reader.read(want - len(unit)), session.timeout)
                 if not piece:
                     got = receiver.end(len(unit))
                     if got is None and not none_at_end:
                         return receiver.finish()
                     return got
                 unit += piece
-        except TimeoutError:
+        except Stalled:
             receiver.timed_out(session.timeout)
             raise  # timed_out raised StreamTimeoutError; this line is never reached
         except OSError as exc:
-            raise _io_error(exc) from exc
+            raise StreamIOError.from_os_error(exc) from exc
         if receiver.feed(unit):
             return receiver.finish()
 

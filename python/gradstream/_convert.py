@@ -18,6 +18,7 @@ __all__ = [
     "as_float32_vector",
     "byte_view",
     "check_bool",
+    "dtype_name",
     "frame_buffer",
     "shape_text",
     "to_ndarray",
@@ -125,6 +126,15 @@ def as_float32_array(obj: Any) -> np.ndarray:
     return np.require(arr, requirements=["C", "A"])
 
 
+def dtype_name(dtype: np.dtype) -> str | None:
+    """The gradstream name of a numpy dtype (any byte order), or None."""
+    if dtype.kind == "f" and dtype.itemsize in (2, 4, 8):
+        return f"float{dtype.itemsize * 8}"
+    if dtype.kind == "V" and dtype.itemsize == 2 and dtype.name == "bfloat16":
+        return "bfloat16"  # ml_dtypes.bfloat16 (kind 'V')
+    return None
+
+
 # out= buffers, checked alike by the native session and the reference.
 
 _DECODE_OUT = (
@@ -138,8 +148,6 @@ def value_buffer(out: Any) -> np.ndarray:
     bfloat16, of any shape. Returns ``out`` itself; TypeError naming the problem
     otherwise. Its dtype must also be the one the gradient comes back in, which only the
     data can tell (GradientDtypeError then)."""
-    from ._dtypes import dtype_name
-
     name = dtype_name(out.dtype) if isinstance(out, np.ndarray) else None
     if not isinstance(out, np.ndarray):
         problem = type(out).__name__

@@ -20,6 +20,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
+from ._convert import as_float32_array, dtype_name, to_ndarray
+
 __all__ = [
     "BF16_EXTENSION",
     "DTYPES",
@@ -113,15 +115,6 @@ def numpy_dtype(name: str) -> np.dtype:
     """The numpy dtype a gradient of dtype ``name`` is handed back in."""
     back = hand_back(name)
     return BFLOAT16 if back == "bfloat16" and BFLOAT16 is not None else np.dtype(back)
-
-
-def dtype_name(dtype: np.dtype) -> str | None:
-    """The gradstream name of a numpy dtype (any byte order), or None."""
-    if dtype.kind == "f" and dtype.itemsize in (2, 4, 8):
-        return f"float{dtype.itemsize * 8}"
-    if dtype.kind == "V" and dtype.itemsize == 2 and dtype.name == "bfloat16":
-        return "bfloat16"  # ml_dtypes.bfloat16 (kind 'V')
-    return None
 
 
 def numpy_can_make(dims: tuple[int, ...]) -> bool:
@@ -261,7 +254,6 @@ def _typed(obj: Any) -> tuple[np.ndarray, str] | None:
 
 
 def _any_dtype_array(obj: Any) -> tuple[np.ndarray, str]:
-    from ._convert import to_ndarray
 
     typed = _typed(obj)
     if typed is not None:
@@ -289,8 +281,6 @@ def prepare(
     values come back cast to the wire dtype, or, with ``cast_here=False``, in their own
     dtype for the caller to cast."""
     if not keep_dtype and wire_dtype is None:
-        from ._convert import as_float32_array
-
         return Prepared(as_float32_array(obj), "float32", "float32", "float32")
     values, source = _any_dtype_array(obj)
     result = source if keep_dtype else "float32"

@@ -1,5 +1,6 @@
-"""Bounding Python-side waits by the session's timeout, shared by the reference's stream
-I/O and the tensor-set layer's manifest I/O (the native core bounds its own in tokio)."""
+"""Bounding Python-side waits by the session's timeout: the one wait bound of the Python
+side, used by the reference's stream I/O, the tensor-set layer's manifest I/O and the
+native session's asyncio-streams glue (the native core bounds its own waits in tokio)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-# The two commands of the README: `make demo` and `make test`. Each creates the venv,
-# installs what it needs and builds the extension first, so a fresh clone needs nothing else.
+# The two commands of the README: `make demo` and `make test` (and `make bench`, the
+# benchmark). Each creates the venv, installs what it needs and builds the extension first,
+# so a fresh clone needs nothing else.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -9,7 +10,7 @@ PY_SOURCES := python tests $(wildcard benches)
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: venv build demo test cargo-test pytest lint fmt clean
+.PHONY: venv build demo bench test cargo-test pytest lint fmt clean
 
 venv: $(STAMP)
 
@@ -24,6 +25,11 @@ build: $(STAMP)
 
 demo: build
 	$(PY) -m gradstream demo
+
+# The peer comparison suite (benches/suite/); e.g. `make bench BENCH_ARGS="--quick --json b.json"`.
+BENCH_ARGS ?=
+bench: build
+	$(PY) benches/bench.py $(BENCH_ARGS)
 
 cargo-test:
 	cargo test --release

@@ -432,6 +432,15 @@ def test_help(command: list[str]) -> None:
     assert result.stdout.startswith(f"usage: {' '.join(['gradstream', *command])}")
 
 
+@pytest.mark.parametrize("args", [["bench"], ["bench", "--quick"], ["bench", "--help"]])
+def test_bench_is_not_a_subcommand(args: list[str]) -> None:
+    # The benchmark lives in the repository (benches/, `make bench`), not in the package.
+    result = run(*args)
+    assert result.returncode == 2
+    assert_one_line_error(result.stderr, "invalid choice: 'bench'")
+    assert "bench" not in run("--help").stdout
+
+
 # --------------------------------------------------------------------------- demo
 
 

@@ -1,4 +1,4 @@
-"""A whole model's gradients as one tensor set over loopback TCP (issue 5).
+"""A whole model's gradients as one tensor set over loopback TCP.
 
     python benches/tensor_set.py [--gib G] [--repeats K]
 

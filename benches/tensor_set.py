@@ -20,8 +20,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import gradstream
-from conftest import tcp_socket_pair as _tcp_pair
 from gradstream import reference
+from support.aio import tcp_socket_pair as _tcp_pair
 from test_tensors import fake_model
 
 SETTINGS: list[tuple[str, Any, dict[str, Any]]] = [

@@ -9,12 +9,10 @@ import queue
 import re
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
 import time
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -24,6 +22,7 @@ import pytest
 
 import gradstream
 from gradstream.cli import CliError, output_paths, parse_address
+from support.frames import frame
 
 CLI = [sys.executable, "-m", "gradstream"]
 TIMEOUT = 60.0  # seconds any one child may run before the test fails
@@ -283,10 +282,6 @@ def test_peer_closes_without_sending(tmp_path: Path, spawn: list[Child]) -> None
 # --------------------------------------------------------------------------- hostile peers
 
 
-def _frame(index: int, total: int, payload: bytes, checksum: int) -> bytes:
-    return struct.pack("<IIII", index, total, len(payload), checksum) + payload
-
-
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize(
     ("garbage", "error_class"),
@@ -294,9 +289,9 @@ def _frame(index: int, total: int, payload: bytes, checksum: int) -> bytes:
         # payload_len 0xefbeadde is far above max_payload_len.
         (b"\xde\xad\xbe\xef" * 16, "FrameError"),
         (b"only ten b", "FrameError"),  # the peer closes inside the first header
-        (_frame(0, 1, b"not arrow at all", 0x12345678), "ChecksumMismatchError"),
+        (frame(0, 1, b"not arrow at all", 0x12345678), "ChecksumMismatchError"),
         # The right CRC, so the payload is decoded: it is no Arrow IPC file.
-        (_frame(0, 2, b"x" * 8, zlib.crc32(b"x" * 8)), "ArrowIpcError"),
+        (frame(0, 2, b"x" * 8), "ArrowIpcError"),
     ],
 )
 def test_garbage_peer(

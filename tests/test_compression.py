@@ -11,7 +11,7 @@ batch's rows, known codec and method), because an Arrow reader allocates whateve
 buffer declares.
 
 Hostile payloads are built byte by byte, independently of the reference's own flatbuffer
-walk, with the payload surgery of _payloads.py (``the_batch``, ``with_buffer``,
+walk, with the payload surgery of support/payloads.py (``the_batch``, ``with_buffer``,
 ``rebuild``...). Every such payload gets a correct CRC, so that it reaches the Arrow
 decoders.
 """
@@ -41,29 +41,6 @@ from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
 
 import gradstream.reference as ref
-from _payloads import footer_blocks, rebuild, the_batch, value_buffer, with_buffer
-from conftest import (
-    CODECS,
-    ERROR_CLASSES,
-    FIXTURE_OK,
-    HEADER,
-    HEADER_LEN,
-    IMPL_NAMES,
-    LAYOUTS,
-    PATHS,
-    SPECIAL_BITS,
-    T,
-    examples,
-    frame,
-    proc_status,
-    read_until_eof,
-    receive_bytes,
-    run,
-    special,
-    transfer,
-)
-from conftest import float32_bits as bits
-from conftest import load_impl as module
 from gradstream.errors import (
     ArrowIpcError,
     ChecksumMismatchError,
@@ -71,6 +48,14 @@ from gradstream.errors import (
     GradientStreamError,
     IncompleteStreamError,
 )
+from support.aio import T, read_until_eof, receive_bytes, run, transfer
+from support.frames import HEADER, HEADER_LEN, frame
+from support.impls import CODECS, ERROR_CLASSES, FIXTURE_OK, IMPL_NAMES, LAYOUTS, PATHS, examples
+from support.impls import load_impl as module
+from support.memory import proc_status
+from support.payloads import footer_blocks, rebuild, the_batch, value_buffer, with_buffer
+from support.values import SPECIAL_BITS, special
+from support.values import float32_bits as bits
 
 CODEC_IDS = {"lz4": 0, "zstd": 1}  # CompressionType in Arrow's Message.fbs
 
@@ -78,7 +63,7 @@ CODEC_IDS = {"lz4": 0, "zstd": 1}  # CompressionType in Arrow's Message.fbs
 # --------------------------------------------------------------------------- helpers
 
 
-# Not conftest.session: here the chunk size is 64 when not given.
+# Not support.impls.session: here the chunk size is 64 when not given.
 def session(impl: ModuleType, chunk_size: int = 64, **kwargs: Any) -> Any:
     return impl.GradientStreamSession("s", chunk_size, **kwargs)
 

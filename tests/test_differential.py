@@ -28,13 +28,14 @@ pytest.importorskip("gradstream._native", reason="native extension not built")
 import gradstream as gs
 import gradstream._dtypes as _dtypes
 import gradstream.reference as ref
-from conftest import ERROR_CLASSES, HEADER, HEADER_LEN, examples
 from gradstream.errors import (
     ArrowIpcError,
     ChecksumMismatchError,
     FrameError,
     IncompleteStreamError,
 )
+from support.frames import HEADER, HEADER_LEN
+from support.impls import ERROR_CLASSES, examples
 
 U32_MAX = 0xFFFF_FFFF
 IMPLS: dict[str, ModuleType] = {"native": gs, "reference": ref}

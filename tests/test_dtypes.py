@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import inspect
 import math
-import os
 import pickle
 import socket
 import struct
@@ -37,25 +36,6 @@ from hypothesis import strategies as st
 import gradstream._convert as _convert
 import gradstream._dtypes as _dtypes
 import gradstream.reference as ref
-from _payloads import rebuild, the_batch, with_buffer, write_ipc_file
-from conftest import (
-    CODECS,
-    HEADER,
-    IMPL_NAMES,
-    LAYOUTS,
-    PAIR_IDS,
-    PAIRS,
-    SPECIAL_BITS,
-    assert_error,
-    both_ways,
-    examples,
-    join_frames,
-    run,
-    session,
-    split_frames,
-)
-from conftest import frame_offsets as offsets_of
-from conftest import load_impl as module
 from gradstream.errors import (
     ArrowIpcError,
     FrameError,
@@ -64,6 +44,14 @@ from gradstream.errors import (
     GradientStreamError,
     SettingError,
 )
+from support import TESTS
+from support.aio import run
+from support.frames import HEADER, assert_error, both_ways, join_frames, split_frames
+from support.frames import frame_offsets as offsets_of
+from support.impls import CODECS, IMPL_NAMES, LAYOUTS, PAIR_IDS, PAIRS, examples, session
+from support.impls import load_impl as module
+from support.payloads import rebuild, the_batch, with_buffer, write_ipc_file
+from support.values import SPECIAL_BITS
 
 DTYPES = ["float16", "bfloat16", "float32", "float64"]
 NOT_A_FLOAT = "'value' column is not Float16, Float32, Float64 or gradstream.bfloat16"
@@ -92,7 +80,7 @@ ARROW: dict[str, pa.DataType] = {
 }
 
 # Bit patterns of each dtype that a careless copy or cast would change (the float32 ones
-# are conftest's): NaN payloads of both signs, signalling NaNs, -0.0, +-inf, the smallest
+# are support.values'): NaN payloads of both signs, signalling NaNs, -0.0, +-inf, the smallest
 # and a negative subnormal, the largest finite value, 1.0.
 SPECIALS: dict[str, list[int]] = {
     "float16": [
@@ -1465,8 +1453,8 @@ def test_values_past_max_gradient_len_are_counted_not_held(name: str):
     refuse it at max_gradient_len without storing it first (peak RSS, in a subprocess)."""
     script = f"""
 import resource, sys, numpy as np
-sys.path.insert(0, {os.path.dirname(__file__)!r})
-from conftest import load_impl
+sys.path.insert(0, {str(TESTS)!r})
+from support.impls import load_impl
 mod = load_impl({name!r})
 n = 32 << 20
 tx = mod.GradientStreamSession("x", n, keep_dtype=True, wire_dtype="float16", layout="compact")

@@ -29,17 +29,6 @@ from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
 import gradstream.reference as ref
-from conftest import (
-    ERROR_FIELDS,
-    FIXTURE_OK,
-    LAYOUTS,
-    PATHS,
-    frame,
-    run,
-    session,
-    special,
-)
-from conftest import float32_bits as bits
 from gradstream.errors import (
     ArrowIpcError,
     ChecksumMismatchError,
@@ -48,6 +37,11 @@ from gradstream.errors import (
     GradientStreamError,
     IncompleteStreamError,
 )
+from support.aio import run
+from support.frames import frame
+from support.impls import ERROR_FIELDS, FIXTURE_OK, LAYOUTS, PATHS, session
+from support.values import float32_bits as bits
+from support.values import special
 
 # --------------------------------------------------------------------------- helpers
 

@@ -33,9 +33,10 @@ from gradstream.errors import (
     StreamIOError,
     StreamTimeoutError,
 )
+from support.aio import tcp_socket_pair as tcp_pair
+from support.frames import HEADER
 
 T = TypeVar("T")
-HEADER = struct.Struct("<IIII")
 DEADLINE = 60.0
 
 
@@ -73,13 +74,6 @@ def recv_all(sock: socket.socket) -> bytes:
 
 
 # --------------------------------------------------------------------------- connections
-
-
-def tcp_pair() -> tuple[socket.socket, socket.socket]:
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        a = socket.create_connection(server.getsockname())
-        b, _ = server.accept()
-    return a, b
 
 
 @contextlib.contextmanager

@@ -10,7 +10,6 @@ import array
 import asyncio
 import pickle
 import socket
-import struct
 import zlib
 from types import SimpleNamespace
 
@@ -27,8 +26,9 @@ from gradstream.errors import (
     IncompleteStreamError,
     SettingError,
 )
+from support.frames import HEADER, frame
+from support.impls import session
 
-HEADER = struct.Struct("<IIII")
 SEED_SCHEMA = pa.schema(
     [
         pa.field("index", pa.int32(), nullable=False),
@@ -71,11 +71,6 @@ def value_batch(values, type_: pa.DataType | None = None, name: str = "value") -
     return pa.record_batch([pa.array(values, type=type_ or pa.float32())], names=[name])
 
 
-def frame(index: int, total: int, payload: bytes, checksum: int | None = None) -> bytes:
-    crc = zlib.crc32(payload) if checksum is None else checksum
-    return HEADER.pack(index, total, len(payload), crc) + payload
-
-
 def frames_of(chunks) -> list[bytes]:
     return [frame(c.chunk_index, c.total_chunks, c.arrow_ipc_bytes, c.checksum) for c in chunks]
 
@@ -83,10 +78,6 @@ def frames_of(chunks) -> list[bytes]:
 def make_chunk(impl, index: int, total: int, payload: bytes, checksum: int | None = None):
     crc = zlib.crc32(payload) if checksum is None else checksum
     return impl.GradientChunk("s", index, total, payload, crc)
-
-
-def session(impl, chunk_size: int = 4, **kwargs):
-    return impl.GradientStreamSession("s", chunk_size, **kwargs)
 
 
 def ramp(n: int) -> np.ndarray:
@@ -520,7 +511,7 @@ def test_encode_frames_is_headers_plus_payloads(impl):
     grad = ramp(10)
     chunks = s.encode_gradient(grad)
     expected = b"".join(
-        struct.pack("<IIII", c.chunk_index, c.total_chunks, len(c.arrow_ipc_bytes), c.checksum)
+        HEADER.pack(c.chunk_index, c.total_chunks, len(c.arrow_ipc_bytes), c.checksum)
         + c.arrow_ipc_bytes
         for c in chunks
     )
@@ -1372,7 +1363,7 @@ def test_compact_payload_limit_counts_four_bytes_a_value(impl):
     ],
 )
 def test_bad_settings_are_setting_errors_naming_the_keyword(impl, setting, value):
-    # Issue 5 "bad input": an unknown codec or layout name (or a limit out of range) is an
+    # Bad input: an unknown codec or layout name (or a limit out of range) is an
     # error of our classes, and also the ValueError it always was; no session is made.
     kwargs = {"chunk_size": value} if setting == "chunk_size" else {setting: value}
     chunk_size = kwargs.pop("chunk_size", 16)

@@ -29,25 +29,6 @@ from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 import gradstream.reference as ref
-from _payloads import write_ipc_file
-from conftest import (
-    FIXTURE_OK,
-    LAYOUTS,
-    PAIR_IDS,
-    PAIRS,
-    PATHS,
-    assert_error,
-    both_ways,
-    frame,
-    frame_offsets,
-    receive_bytes,
-    run,
-    session,
-    split_frames,
-    transfer,
-)
-from conftest import float32_bits as bits
-from conftest import load_impl as module
 from gradstream.errors import (
     ArrowIpcError,
     ChecksumMismatchError,
@@ -55,6 +36,12 @@ from gradstream.errors import (
     GradientSizeError,
     IncompleteStreamError,
 )
+from support.aio import receive_bytes, run, transfer
+from support.frames import assert_error, both_ways, frame, frame_offsets, split_frames
+from support.impls import FIXTURE_OK, LAYOUTS, PAIR_IDS, PAIRS, PATHS, session
+from support.impls import load_impl as module
+from support.payloads import write_ipc_file
+from support.values import float32_bits as bits
 
 KEY = b"gradient_shape"
 

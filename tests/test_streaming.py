@@ -44,15 +44,6 @@ pytest.importorskip("gradstream._native", reason="native extension not built")
 
 import gradstream as gs
 import gradstream.reference as ref
-from conftest import (
-    ERROR_FIELDS,
-    HEADER,
-    HEADER_LEN,
-    PATHS,
-    proc_status,
-    read_until_eof,
-    tcp_socket_pair,
-)
 from gradstream.errors import (
     ArrowIpcError,
     ChecksumMismatchError,
@@ -62,6 +53,10 @@ from gradstream.errors import (
     StreamIOError,
     StreamTimeoutError,
 )
+from support.aio import read_until_eof, tcp_socket_pair
+from support.frames import HEADER, HEADER_LEN
+from support.impls import ERROR_FIELDS, PATHS
+from support.memory import proc_status
 
 if sys.version_info < (3, 11):  # pragma: no cover
     pytest.skip("asyncio.timeout needs Python 3.11", allow_module_level=True)

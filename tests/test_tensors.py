@@ -32,18 +32,6 @@ from hypothesis import strategies as st
 
 import gradstream._dtypes as dt
 import gradstream._tensors as tensors_mod
-from conftest import (
-    HEADER,
-    HEADER_LEN,
-    IMPL_NAMES,
-    PAIR_IDS,
-    PAIRS,
-    T,
-    close_all,
-    tcp_socket_pair,
-)
-from conftest import load_impl as module
-from conftest import run as run_under_deadline
 from gradstream._tensors import Entry, manifest_text, parse_manifest
 from gradstream.errors import (
     ChecksumMismatchError,
@@ -54,6 +42,11 @@ from gradstream.errors import (
     StreamTimeoutError,
     TensorSetError,
 )
+from support.aio import T, close_all, tcp_socket_pair
+from support.aio import run as run_under_deadline
+from support.frames import HEADER, HEADER_LEN
+from support.impls import IMPL_NAMES, PAIR_IDS, PAIRS
+from support.impls import load_impl as module
 
 try:
     import ml_dtypes
@@ -78,7 +71,7 @@ NO_MANIFEST = "not a tensor set: the first gradient has no gradstream_tensors ma
 # --------------------------------------------------------------------------- helpers
 
 
-# Not conftest.session: the chunks of a tensor set here carry the session id "set".
+# Not support.impls.session: the chunks of a tensor set here carry the session id "set".
 def session(impl: ModuleType, chunk_size: int = 4, **kwargs: Any) -> Any:
     return impl.GradientStreamSession("set", chunk_size, **kwargs)
 
@@ -178,7 +171,7 @@ def described(result: Any) -> Any:
     return [(k, str(v.dtype), v.shape, bits(v).tobytes()) for k, v in result.items()]
 
 
-# conftest.run, under this file's own deadline (DEADLINE: 30 s, not 20).
+# support.aio.run, under this file's own deadline (DEADLINE: 30 s, not 20).
 run = functools.partial(run_under_deadline, deadline=DEADLINE)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import SPECIAL_BITS
+from support.values import SPECIAL_BITS
 
 gs = pytest.importorskip("gradstream._native")
 

@@ -4,7 +4,8 @@ byte, independently of the reference's own flatbuffer walk.
 A small bounds-checked reader (``Flat``) finds the fields of a real payload, and a small
 forward flatbuffer builder (``Builder``) writes a record batch message with any field
 values, which ``rebuild`` puts back into the file with a patched footer: a well-formed file
-around whatever the batch declares. Used by test_compression.py and test_dtypes.py.
+around whatever the batch declares. Used by the compression tests (codec/) and the dtype
+tests (dtypes/); the shape tests use ``write_ipc_file``.
 
 ``write_ipc_file`` writes a payload with pyarrow itself, from any schema and batch.
 """

@@ -40,11 +40,15 @@ pytest: build
 # lint runs last so that a formatting slip does not hide test results.
 test: build cargo-test pytest lint
 
-lint: $(STAMP)
+# mypy (strict) checks the package against the extension's stubs; stubtest checks the
+# stubs against the built extension (it imports it, hence `build`).
+lint: build
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
 	$(VENV)/bin/ruff check $(PY_SOURCES)
 	$(VENV)/bin/ruff format --check $(PY_SOURCES)
+	$(VENV)/bin/mypy --config-file pyproject.toml
+	$(PY) -m mypy.stubtest --mypy-config-file pyproject.toml gradstream._native
 
 fmt: $(STAMP)
 	cargo fmt

@@ -2,10 +2,11 @@
 
     python benches/tensor_set.py [--gib G] [--repeats K]
 
-The fake model of tests/test_tensors.py's done-when test (100 tensors of float32,
-float16, bfloat16 and float64, a few big matrices and many small vectors; about 1 GiB by
-default), sent with stream_tensors and received with receive_tensors at once, native on
-both ends, for a few settings; then the reference once. Best of the repeats, one run.
+The fake model of the tensor sets' done-when test (``fake_model`` in
+tests/support/tensor_sets.py: 100 tensors of float32, float16, bfloat16 and float64, a few
+big matrices and many small vectors; about 1 GiB by default), sent with stream_tensors and
+received with receive_tensors at once, native on both ends, for a few settings; then the
+reference once. Best of the repeats, one run.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import gradstream
 from gradstream import reference
 from support.aio import tcp_socket_pair as _tcp_pair
-from test_tensors import fake_model
+from support.tensor_sets import fake_model
 
 SETTINGS: list[tuple[str, Any, dict[str, Any]]] = [
     ("native, seed layout", gradstream, {}),

@@ -20,7 +20,9 @@ from typing import Any
 
 import pytest
 
-BENCHES = Path(__file__).resolve().parents[1] / "benches"
+from support import ROOT
+
+BENCHES = ROOT / "benches"
 BENCH = [sys.executable, str(BENCHES / "bench.py")]
 
 

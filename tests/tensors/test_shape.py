@@ -1,16 +1,10 @@
-"""Gradient shapes (issue 5, part 2): ``keep_shape=True``, against both implementations.
+"""Gradient shapes: ``keep_shape=True``, against both implementations: the setting,
+round trips, out=, and the differential test (the receiver's rules are in
+test_shape_rules.py).
 
 A keep_shape session writes the gradient's shape (after conversion to a numpy array, before
 flattening) into every payload's Arrow schema metadata, ``gradient_shape``, as a compact
-JSON array (``[768,3072]``, ``[]`` for a 0-d array). Every receiver, whatever its own
-setting, checks that metadata chunk by chunk (after the CRC and the payload decode, before
-the values are counted against max_gradient_len or out=): well formed (a grammar, not
-JSON), and the same raw string as the first accepted chunk's (or absent in both). Once the
-gradient is complete and otherwise valid, the shape's product must be the value count, and
-the result is reshaped to it (with out=, out keeps its own shape).
-
-Hostile payloads are built with pyarrow (``payload``) and carry correct CRCs, so that they
-reach the shape rules.
+JSON array (``[768,3072]``, ``[]`` for a 0-d array).
 """
 
 from __future__ import annotations
@@ -19,7 +13,6 @@ import asyncio
 import inspect
 import math
 import socket
-import zlib
 from typing import Any
 
 import numpy as np
@@ -29,21 +22,15 @@ from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 import gradstream.reference as ref
-from gradstream.errors import (
-    ArrowIpcError,
-    ChecksumMismatchError,
-    FrameError,
-    GradientSizeError,
-    IncompleteStreamError,
-)
 from support.aio import receive_bytes, run, transfer
-from support.frames import assert_error, both_ways, frame, frame_offsets, split_frames
+from support.frames import both_ways, split_frames
 from support.impls import FIXTURE_OK, LAYOUTS, PAIR_IDS, PAIRS, PATHS, session
 from support.impls import load_impl as module
-from support.payloads import write_ipc_file
+from support.shapes import assert_shaped, values_of
 from support.values import float32_bits as bits
 
 KEY = b"gradient_shape"
+
 
 # Shapes of the round trips, with the compact JSON each must travel as.
 SHAPES = [
@@ -53,27 +40,9 @@ SHAPES = [
     ((2, 3, 1, 5), "[2,3,1,5]"),
     ((0, 5), "[0,5]"),
 ]
+
+
 SHAPE_IDS = ["0d", "1d", "2d", "4d", "empty-0x5"]
-
-GRAMMAR_MESSAGE = "gradient_shape metadata is not a list of at most 32 non-negative integers: "
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def values_of(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
-    """A float32 array of ``shape`` holding raw bit patterns (NaN payloads included)."""
-    n = math.prod(shape)
-    words = np.random.default_rng(seed).integers(0, 2**32, n, dtype=np.uint32)
-    return words.view(np.float32).reshape(shape)
-
-
-def assert_shaped(got: Any, want: np.ndarray) -> None:
-    assert isinstance(got, np.ndarray)
-    assert got.dtype == np.float32
-    assert got.shape == want.shape, (got.shape, want.shape)
-    assert got.flags.c_contiguous
-    assert np.array_equal(bits(got), bits(want))
 
 
 def split_payloads(wire: bytes) -> list[bytes]:
@@ -83,33 +52,6 @@ def split_payloads(wire: bytes) -> list[bytes]:
 def metadata_of(payload: Any) -> dict[bytes, bytes] | None:
     schema = pa.ipc.open_file(pa.py_buffer(payload)).schema
     return schema.metadata
-
-
-def payload(
-    values: Any,
-    shape: str | None = None,
-    *,
-    layout: str = "compact",
-    compression: str | None = None,
-    nulls: bool = False,
-) -> bytes:
-    """An Arrow IPC file of ``values`` written by pyarrow, with ``gradient_shape`` = shape
-    in its schema metadata (none when None)."""
-    vals = np.asarray(values, dtype=np.float32).reshape(-1)
-    if nulls:
-        column = pa.array([None] + [float(v) for v in vals[1:]], type=pa.float32())
-    else:
-        column = pa.array(vals, type=pa.float32())
-    fields = [pa.field("value", pa.float32(), nullable=nulls)]
-    columns = [column]
-    if layout == "seed":
-        fields.insert(0, pa.field("index", pa.int32(), nullable=False))
-        columns.insert(0, pa.array(np.arange(len(vals), dtype=np.int32)))
-    schema = pa.schema(fields)
-    if shape is not None:
-        schema = schema.with_metadata({"gradient_shape": shape})
-    batch = pa.record_batch(columns, schema=schema)
-    return write_ipc_file(schema, batch, compression)
 
 
 # --------------------------------------------------------------------------- the setting
@@ -134,7 +76,7 @@ def test_keep_shape_setting(impl):
 
 def test_keep_shape_follows_compression_as_a_keyword_only_parameter(impl):
     params = list(inspect.signature(impl.GradientStreamSession).parameters.values())
-    last = params[-3]  # then keep_dtype and wire_dtype (tests/test_dtypes.py)
+    last = params[-3]  # then keep_dtype and wire_dtype (tests/dtypes/)
     assert last.name == "keep_shape"
     assert params[-4].name == "compression"
     assert last.kind is inspect.Parameter.KEYWORD_ONLY
@@ -347,288 +289,6 @@ def test_frames_len_refused_in_a_keep_shape_session(impl):
     with pytest.raises(ValueError, match="n_values must be >= 0"):
         session(impl, keep_shape=True).frames_len(-1)
     assert session(impl, keep_shape=False).frames_len(10) > 0
-
-
-# --------------------------------------------------------------------------- rule 1a: grammar
-
-BAD_SHAPES = [
-    "[1,-2]",
-    "[01]",
-    "[00]",
-    "[1.5]",
-    "[true]",
-    "[null]",
-    "1,2",
-    "[1,2",
-    "1,2]",
-    "",
-    "[",
-    "[,]",
-    "[1,]",
-    "[,1]",
-    "[1,,2]",
-    "[+1]",
-    "[1 2]",
-    "[1e3]",
-    "[0x10]",
-    " [1]",
-    "[1] ",
-    "[1]\n",
-    "[\t1]",
-    "[\u0661]",  # ARABIC-INDIC DIGIT ONE: a digit to str.isdigit, not ASCII
-    "[[1]]",
-    '["1"]',
-    "[10000000000000000000]",  # 20 digits
-    "[1000000000000000000]",  # 19 digits: numpy sizes are below 2**63
-    "[" + ",".join(["1"] * 33) + "]",  # 33 dimensions
-    "[" + ",".join(["1"] * 60) + "]x",  # long: the message shows the first 100 characters
-]
-
-
-@pytest.mark.parametrize("bad", BAD_SHAPES)
-def test_malformed_shape_is_an_arrow_error(impl, bad):
-    for parts, index in [
-        ([(0, 1, payload([1.0], bad))], 0),
-        ([(0, 2, payload([1.0], "[2]")), (1, 2, payload([2.0], bad))], 1),
-    ]:
-        for got in both_ways(impl, parts):
-            assert_error(got, ArrowIpcError, GRAMMAR_MESSAGE + bad[:100], index)
-
-
-def test_malformed_shape_message_is_cut_at_100_characters(impl):
-    bad = "[" + "1," * 80 + "]"
-    got = both_ways(impl, [(0, 1, payload([1.0], bad))])
-    for g in got:
-        assert_error(g, ArrowIpcError, GRAMMAR_MESSAGE + bad[:100], 0)
-        assert len(g.detail) == len(GRAMMAR_MESSAGE) + 100
-
-
-GOOD_SHAPES = [
-    ("[ 2 , 3 ]", (2, 3)),
-    ("[2,3]", (2, 3)),
-    ("[  2,3  ]", (2, 3)),
-    ("[ 6]", (6,)),
-    ("[6 ]", (6,)),
-    ("[1, 6, 1]", (1, 6, 1)),
-    ("[" + ",".join(["1"] * 31) + ",6]", (1,) * 31 + (6,)),  # 32 dimensions
-]
-
-
-@pytest.mark.parametrize(("text", "shape"), GOOD_SHAPES)
-def test_well_formed_shapes_with_spaces(impl, text, shape):
-    vals = values_of((6,), 11)
-    parts = [(0, 2, payload(vals[:4], text)), (1, 2, payload(vals[4:], text, layout="seed"))]
-    for got in both_ways(impl, parts):
-        assert_shaped(got, vals.reshape(shape))
-
-
-def test_empty_brackets_and_zero_dims(impl):
-    # "[]" and "[ ]" are the 0-d shape (one value); "[0]" / "[3,0]" hold none.
-    for text in ["[]", "[ ]", "[  ]"]:
-        for got in both_ways(impl, [(0, 1, payload([4.5], text))]):
-            assert_shaped(got, np.array(4.5, dtype=np.float32))
-    for text, shape in [("[0]", (0,)), ("[3,0]", (3, 0)), ("[0,0,7]", (0, 0, 7))]:
-        for got in both_ways(impl, [(0, 1, payload([], text))]):
-            assert_shaped(got, np.zeros(shape, dtype=np.float32))
-
-
-def test_eighteen_digits_are_well_formed(impl):
-    text = "[100000000000000000]"
-    for got in both_ways(impl, [(0, 1, payload([1.0, 2.0, 3.0], text))]):
-        assert_error(
-            got,
-            FrameError,
-            f"gradient_shape {text} holds 100000000000000000 values; the gradient has 3",
-            None,
-            None,
-        )
-
-
-def test_a_zero_sized_shape_with_huge_dimensions_still_reshapes(impl):
-    # 0 values, and the largest dimension the grammar takes: numpy makes it.
-    text = "[0,999999999999999999]"
-    for got in both_ways(impl, [(0, 1, payload([], text))]):
-        assert isinstance(got, np.ndarray), got
-        assert got.shape == (0, 999999999999999999)
-
-
-def test_shape_checked_after_crc_and_decode(impl):
-    s = session(impl)
-    bad = payload([1.0, 2.0], "[1,-2]")
-    # A CRC mismatch comes first.
-    wire = frame(0, 1, bad, zlib.crc32(bad) ^ 1)
-    with pytest.raises(ChecksumMismatchError):
-        s.decode_frames(wire)
-    chunk = impl.GradientChunk("s", 0, 1, bad, zlib.crc32(bad) ^ 1)
-    with pytest.raises(ChecksumMismatchError):
-        s.decode_chunks([chunk])
-    # A payload that fails to decode (nulls) is that ArrowIpcError, not the shape's.
-    for got in both_ways(impl, [(0, 1, payload([1.0, 2.0], "[1,-2]", nulls=True))]):
-        assert_error(got, ArrowIpcError, "'value' column has 1 null value(s)", 0)
-
-
-# --------------------------------------------------------------------------- rule 1b: agreement
-
-
-def disagree(first: int, a: str | None, index: int, b: str | None) -> str:
-    return (
-        f"chunks disagree on gradient_shape: chunk {first} says {a or 'none'}, "
-        f"chunk {index} says {b or 'none'}"
-    )
-
-
-@pytest.mark.parametrize(
-    ("first", "second"),
-    [("[6]", None), (None, "[6]"), ("[6]", "[2,3]"), ("[6]", "[ 6]"), ("[2,3]", "[2, 3]")],
-)
-def test_chunks_disagreeing_on_the_shape(impl, first, second):
-    p0, p1, p2 = payload([1, 2], first), payload([3, 4], first), payload([5, 6], second)
-    parts = [(0, 3, p0), (1, 3, p1), (2, 3, p2)]
-    chunks_got, frames_got = both_ways(impl, parts)
-    msg = disagree(0, first, 2, second)
-    assert_error(chunks_got, FrameError, msg, 2, None)
-    assert_error(frames_got, FrameError, msg, 2, frame_offsets(parts)[2])
-    # Out of order: decode_chunks compares with the lowest index; frames with the first
-    # to arrive.
-    shuffled = [(2, 3, p2), (0, 3, p0), (1, 3, p1)]
-    chunks_got, frames_got = both_ways(impl, shuffled)
-    assert_error(chunks_got, FrameError, msg, 2, None)
-    assert_error(
-        frames_got, FrameError, disagree(2, second, 0, first), 0, frame_offsets(shuffled)[1]
-    )
-
-
-@pytest.mark.parametrize("path", PATHS)
-def test_disagreement_over_a_stream(impl, path):
-    parts = [(1, 2, payload([3, 4], "[4]")), (0, 2, payload([1, 2], "[2,2]"))]
-    wire = b"".join(frame(*p) for p in parts)
-    got = run(lambda: receive_bytes(session(impl), wire, path))
-    assert_error(got, FrameError, disagree(1, "[4]", 0, "[2,2]"), 0, frame_offsets(parts)[1])
-
-
-def test_grammar_checked_before_agreement(impl):
-    parts = [(0, 2, payload([1], "[2]")), (1, 2, payload([2], "[x]"))]
-    for got in both_ways(impl, parts):
-        assert_error(got, ArrowIpcError, GRAMMAR_MESSAGE + "[x]", 1)
-
-
-def test_shape_errors_come_before_max_gradient_len(impl):
-    # Chunk 1 both disagrees and takes the gradient past max_gradient_len 4.
-    parts = [(0, 2, payload([1, 2, 3], "[6]")), (1, 2, payload([4, 5, 6], "[2,3]"))]
-    s = session(impl, max_gradient_len=4)
-    got = both_ways(impl, parts, max_gradient_len=4)[1]
-    assert_error(got, FrameError, disagree(0, "[6]", 1, "[2,3]"), 1, frame_offsets(parts)[1])
-    parts_bad = [(0, 2, payload([1, 2, 3], "[6]")), (1, 2, payload([4, 5, 6], "[-6]"))]
-    got = both_ways(impl, parts_bad, max_gradient_len=4)[1]
-    assert_error(got, ArrowIpcError, GRAMMAR_MESSAGE + "[-6]", 1)
-    # Without the disagreement, max_gradient_len's error.
-    agreeing = [(0, 2, payload([1, 2, 3], "[6]")), (1, 2, payload([4, 5, 6], "[6]"))]
-    wire = b"".join(frame(*p) for p in agreeing)
-    with pytest.raises(FrameError) as info:
-        s.decode_frames(wire)
-    assert info.value.detail == "gradient exceeds max_gradient_len 4: 6 values by chunk 1"
-
-
-def test_shape_errors_come_before_out_overrun(impl):
-    parts = [(0, 2, payload([1, 2, 3], "[6]")), (1, 2, payload([4, 5, 6], "[2,3]"))]
-    wire = b"".join(frame(*p) for p in parts)
-    out = np.zeros(4, dtype=np.float32)
-    with pytest.raises(FrameError) as info:
-        session(impl).decode_frames(wire, out=out)
-    assert info.value.detail == disagree(0, "[6]", 1, "[2,3]")
-    agreeing = [(0, 2, payload([1, 2, 3], "[6]")), (1, 2, payload([4, 5, 6], "[6]"))]
-    with pytest.raises(GradientSizeError) as size_info:
-        session(impl).decode_frames(b"".join(frame(*p) for p in agreeing), out=out)
-    assert (size_info.value.expected, size_info.value.received) == (4, 6)
-    assert size_info.value.chunk_index == 1
-
-
-# --------------------------------------------------------------------------- rule 2: product
-
-
-@pytest.mark.parametrize(
-    ("text", "n", "product"),
-    [("[5]", 6, 5), ("[2,4]", 6, 8), ("[]", 0, 1), ("[]", 2, 1), ("[0,3]", 3, 0), ("[ 7 ]", 6, 7)],
-)
-def test_product_must_be_the_value_count(impl, text, n, product):
-    vals = values_of((n,), 12)
-    parts = [(0, 2, payload(vals[:2], text)), (1, 2, payload(vals[2:], text))]
-    msg = f"gradient_shape {text} holds {product} values; the gradient has {n}"
-    for got in both_ways(impl, parts):
-        assert_error(got, FrameError, msg, None, None)
-
-
-@pytest.mark.parametrize("path", PATHS)
-def test_product_mismatch_over_a_stream(impl, path):
-    wire = frame(0, 1, payload([1, 2, 3], "[2,2]"))
-    got = run(lambda: receive_bytes(session(impl), wire, path))
-    assert_error(
-        got, FrameError, "gradient_shape [2,2] holds 4 values; the gradient has 3", None, None
-    )
-
-
-def test_incomplete_and_left_over_come_before_the_product(impl):
-    s = session(impl)
-    f0 = frame(0, 2, payload([1, 2], "[9]"))
-    f1 = frame(1, 2, payload([3], "[9]"))
-    with pytest.raises(IncompleteStreamError) as info:
-        s.decode_frames(f0)
-    assert (info.value.received, info.value.total) == (1, 2)
-    chunk = impl.GradientChunk(
-        "s", 0, 2, payload([1, 2], "[9]"), zlib.crc32(payload([1, 2], "[9]"))
-    )
-    with pytest.raises(IncompleteStreamError):
-        s.decode_chunks([chunk])
-    with pytest.raises(FrameError) as left:
-        s.decode_frames(f0 + f1 + b"xyz")
-    assert left.value.detail == "3 bytes left over after the last chunk"
-    with pytest.raises(FrameError) as product:
-        s.decode_frames(f0 + f1)
-    assert product.value.detail == "gradient_shape [9] holds 9 values; the gradient has 3"
-
-
-@pytest.mark.parametrize("path", PATHS)
-def test_incomplete_stream_before_the_product_over_a_stream(impl, path):
-    wire = frame(1, 3, payload([1, 2], "[9]"))
-    got = run(lambda: receive_bytes(session(impl), wire, path))
-    assert type(got) is IncompleteStreamError and (got.received, got.total) == (1, 3)
-
-
-def test_product_check_before_out_short(impl):
-    s = session(impl)
-    wire = frame(0, 1, payload([1, 2, 3], "[5]"))
-    out = np.zeros(4, dtype=np.float32)
-    with pytest.raises(FrameError) as info:
-        s.decode_frames(wire, out=out)
-    assert info.value.detail == "gradient_shape [5] holds 5 values; the gradient has 3"
-    assert (info.value.chunk_index, info.value.offset) == (None, None)
-    # With a matching shape, the short out= GradientSizeError.
-    with pytest.raises(GradientSizeError) as size:
-        s.decode_frames(frame(0, 1, payload([1, 2, 3], "[3]")), out=out)
-    assert (size.value.expected, size.value.received, size.value.chunk_index) == (4, 3, None)
-    # And out= of the right size takes a shape it does not have, if the product matches.
-    out3 = np.zeros((3, 1), dtype=np.float32)
-    assert s.decode_frames(frame(0, 1, payload([1, 2, 3], "[3]")), out=out3) is out3
-
-
-@pytest.mark.parametrize("path", PATHS)
-def test_product_check_before_out_short_over_a_stream(impl, path):
-    wire = frame(0, 1, payload([1, 2, 3], "[5]"))
-    out = np.zeros(4, dtype=np.float32)
-    got = run(lambda: receive_bytes(session(impl), wire, path, out=out))
-    assert_error(
-        got, FrameError, "gradient_shape [5] holds 5 values; the gradient has 3", None, None
-    )
-
-
-def test_compressed_payloads_with_shapes(impl):
-    vals = values_of((8,), 13)
-    parts = [
-        (0, 2, payload(vals[:5], "[2,4]", compression="zstd")),
-        (1, 2, payload(vals[5:], "[2,4]", compression="lz4", layout="seed")),
-    ]
-    for got in both_ways(impl, parts):
-        assert_shaped(got, vals.reshape(2, 4))
 
 
 # --------------------------------------------------------------------------- differential

@@ -40,8 +40,9 @@ pytest: build
 # lint runs last so that a formatting slip does not hide test results.
 test: build cargo-test pytest lint
 
-# mypy (strict) checks the package against the extension's stubs; stubtest checks the
-# stubs against the built extension (it imports it, hence `build`).
+# mypy (strict, the files of pyproject.toml: the package and the bench suite) checks them
+# against the extension's stubs; stubtest checks the stubs against the built extension (it
+# imports it, hence `build`).
 lint: build
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings

@@ -1,4 +1,4 @@
-"""Payload size and throughput with and without compression (issue 5).
+"""Payload size and throughput with and without compression.
 
     python benches/compression.py [--values N] [--repeats K] [--impl native|reference]
 

@@ -1,4 +1,4 @@
-"""Wire size and throughput of each dtype setting, against the float32 default (issue 5).
+"""Wire size and throughput of each dtype setting, against the float32 default.
 
     python benches/dtypes.py [--values N] [--repeats K] [--impl native|reference]
 

@@ -4,8 +4,8 @@
 
 Each side reports its peak RSS (ru_maxrss) over its baseline (RSS after imports and, for
 the sender, after the gradient is in memory), so the figures are what the transfer itself
-costs. Targets (issue 3/4): a 1 GiB receive stays near one gradient (<= 1.25 GiB over
-baseline); a 1 GiB send adds little beyond the gradient it already holds.
+costs. The targets: a 1 GiB receive stays near one gradient (<= 1.25 GiB over baseline); a
+1 GiB send adds little beyond the gradient it already holds.
 """
 
 from __future__ import annotations

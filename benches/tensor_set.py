@@ -1,11 +1,12 @@
-"""A whole model's gradients as one tensor set over loopback TCP (issue 5).
+"""A whole model's gradients as one tensor set over loopback TCP.
 
     python benches/tensor_set.py [--gib G] [--repeats K]
 
-The fake model of tests/test_tensors.py's done-when test (100 tensors of float32,
-float16, bfloat16 and float64, a few big matrices and many small vectors; about 1 GiB by
-default), sent with stream_tensors and received with receive_tensors at once, native on
-both ends, for a few settings; then the reference once. Best of the repeats, one run.
+The fake model of the tensor sets' done-when test (``fake_model`` in
+tests/support/tensor_sets.py: 100 tensors of float32, float16, bfloat16 and float64, a few
+big matrices and many small vectors; about 1 GiB by default), sent with stream_tensors and
+received with receive_tensors at once, native on both ends, for a few settings; then the
+reference once. Best of the repeats, one run.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import gradstream
-from conftest import tcp_socket_pair as _tcp_pair
 from gradstream import reference
-from test_tensors import fake_model
+from support.aio import tcp_socket_pair as _tcp_pair
+from support.tensor_sets import fake_model
 
 SETTINGS: list[tuple[str, Any, dict[str, Any]]] = [
     ("native, seed layout", gradstream, {}),

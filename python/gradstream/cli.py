@@ -4,9 +4,9 @@
     gradstream send HOST:PORT FILE.npy [FILE.npy ...] [--chunk-size N] [--layout L]
                     [--compression C] [--impl ...] [--timeout S]
     gradstream demo [--elements N] [--impl-only native|reference] [--chunk-size N]
-    gradstream bench [--quick] [--json FILE]
 
-(``python -m gradstream ...`` is the same command.)
+(``python -m gradstream ...`` is the same command. The benchmarks are not part of it: they
+live in the repository's ``benches/``, run by ``make bench``.)
 
 ``recv`` listens, prints ``listening on HOST:PORT`` as its first line of output (PORT 0
 picks a free port; the line gives the one bound), accepts one connection and receives
@@ -477,12 +477,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return demo.run(elements=args.elements, impl_only=args.impl_only, chunk_size=args.chunk_size)
 
 
-def _cmd_bench(args: argparse.Namespace) -> int:
-    from . import bench
-
-    return bench.run(args)
-
-
 # --------------------------------------------------------------------------- parser
 
 
@@ -617,18 +611,6 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_arguments(demo_parser)
     demo_parser.set_defaults(func=_cmd_demo)
 
-    from . import bench
-
-    bench_parser = sub.add_parser(
-        "bench",
-        help="the throughput benchmark: limits, codec, end to end, small gradients, memory",
-        description="Measure gradstream against the machine's limits and its peers, in one "
-        "process tree on 127.0.0.1: a table of medians, then every target of issue 4 as a "
-        "ratio measured in the same run. --quick takes under a minute, the full run under ten.",
-        formatter_class=fmt,
-    )
-    bench.add_arguments(bench_parser)
-    bench_parser.set_defaults(func=_cmd_bench)
     return parser
 
 

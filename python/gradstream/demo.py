@@ -3,19 +3,14 @@ with the native module and with the reference, side by side.
 
     gradstream demo [--elements N] [--impl-only native|reference] [--chunk-size N]
     python -m gradstream.demo [same options]        (the same demo)
-    python -m gradstream.demo --codec [--elements N] [--chunk-size N] [--repeats N]
 
-The transfer demo writes a random float32 gradient (64M values, 256 MiB, by default;
-standard normal, fixed seed) to a .npy file in a temporary directory, starts a receiver
-process (``gradstream recv 127.0.0.1:0``, whose first output line gives its port) and a
-sender process (``gradstream send``), checks the received file bit for bit against the
-sent one, and prints the throughput the receiver measured. It does this with the native
+The demo writes a random float32 gradient (64M values, 256 MiB, by default; standard
+normal, fixed seed) to a .npy file in a temporary directory, starts a receiver process
+(``gradstream recv 127.0.0.1:0``, whose first output line gives its port) and a sender
+process (``gradstream send``), checks the received file bit for bit against the sent one,
+and prints the throughput the receiver measured. It does this with the native
 implementation, then with the reference, and prints their ratio. It exits non-zero if any
 transfer or verification fails.
-
-``--codec`` runs the in-memory benchmark instead: ``encode_frames`` / ``decode_frames`` of
-both implementations (median of the repeats), each checked bit for bit and against the
-other's frames.
 """
 
 from __future__ import annotations
@@ -24,21 +19,16 @@ import argparse
 import queue
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
-from typing import IO, TypeVar
+from typing import IO
 
 import numpy as np
-
-T = TypeVar("T")
 
 DEFAULT_ELEMENTS = 64 * 1024 * 1024
 SEED = 7
@@ -271,78 +261,6 @@ def run(
     return 0 if verified else 1
 
 
-# --------------------------------------------------------------------------- codec benchmark
-
-
-def _timed(fn: Callable[[], T], repeats: int) -> tuple[T, float]:
-    """Run fn `repeats` times; return its last result and the median time in seconds."""
-    times = []
-    result: T | None = None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - start)
-    assert result is not None
-    return result, statistics.median(times)
-
-
-def _bit_equal(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.shape == b.shape and bool(np.array_equal(a.view(np.uint32), b.view(np.uint32)))
-
-
-def codec_benchmark(elements: int, chunk_size: int | None, repeats: int) -> int:
-    """In-memory encode_frames / decode_frames of both implementations, verified."""
-    import gradstream as gs
-    import gradstream.reference as ref
-
-    size = gs.DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
-    gradient = np.random.default_rng(SEED).standard_normal(elements, dtype=np.float32)
-    gib = gradient.nbytes / 2**30
-    native = gs.GradientStreamSession("demo", size)
-    reference = ref.GradientStreamSession("demo", size)
-    chunks = max(1, -(-elements // native.chunk_size))
-    print(
-        f"gradient: {elements:,} float32 values ({gradient.nbytes / 2**20:,.0f} MiB), "
-        f"chunk_size {native.chunk_size:,} -> {chunks:,} chunks, median of {repeats}"
-    )
-
-    rows = []
-    results = {}
-    sessions: list[tuple[str, gs.GradientStreamSession | ref.GradientStreamSession]] = [
-        ("native", native),
-        ("reference", reference),
-    ]
-    for name, session in sessions:
-        wire, t_enc = _timed(partial(session.encode_frames, gradient), repeats)
-        back, t_dec = _timed(partial(session.decode_frames, wire), repeats)
-        ok = _bit_equal(back, gradient)
-        results[name] = (wire, t_enc, t_dec, ok)
-        rows.append((name, t_enc, t_dec, len(wire), ok))
-        del back
-
-    print(f"{'':10} {'encode_frames':>22} {'decode_frames':>22} {'wire MiB':>10}  round trip")
-    for name, t_enc, t_dec, wire_len, ok in rows:
-        print(
-            f"{name:10} {t_enc:8.3f} s {gib / t_enc * 1.073741824:7.2f} GB/s "
-            f"{t_dec:8.3f} s {gib / t_dec * 1.073741824:7.2f} GB/s "
-            f"{wire_len / 2**20:10.1f}  {'bit-equal' if ok else 'MISMATCH'}"
-        )
-
-    cross_ref = _bit_equal(reference.decode_frames(results["native"][0]), gradient)
-    cross_native = _bit_equal(native.decode_frames(results["reference"][0]), gradient)
-    print(f"reference decodes native frames: {'bit-equal' if cross_ref else 'MISMATCH'}")
-    print(f"native decodes reference frames: {'bit-equal' if cross_native else 'MISMATCH'}")
-    n_enc, n_dec = results["native"][1], results["native"][2]
-    r_enc, r_dec = results["reference"][1], results["reference"][2]
-    print(
-        f"native vs reference: encode {r_enc / n_enc:.1f}x, decode {r_dec / n_dec:.1f}x, "
-        f"encode+decode {(r_enc + r_dec) / (n_enc + n_dec):.1f}x"
-    )
-    verified = all(r[3] for r in results.values()) and cross_ref and cross_native
-    print("verified" if verified else "VERIFICATION FAILED")
-    return 0 if verified else 1
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m gradstream.demo",
@@ -350,14 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_arguments(parser)
-    parser.add_argument(
-        "--codec", action="store_true", help="the in-memory encode/decode benchmark instead"
-    )
-    parser.add_argument("--repeats", type=int, default=3, help="--codec: runs per measure")
     args = parser.parse_args(argv)
     try:
-        if args.codec:
-            return codec_benchmark(args.elements, args.chunk_size, args.repeats)
         return run(args.elements, args.impl_only, args.chunk_size)
     except KeyboardInterrupt:
         return 130

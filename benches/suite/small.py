@@ -1,0 +1,137 @@
+"""Section 4: round trips per second of a small gradient, against a raw-socket ping-pong."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .children import ChildError, Contestant, recv_exactly, run_rounds, turns
+from .config import F32, Config, SessionSpec, make_gradient, same_bits
+from .results import Results, Row
+from .transfers import Planned
+
+
+def _window(step: Callable[[], Any], seconds: float) -> float:
+    """Round trips per second over a window of about `seconds`."""
+    count = 0
+    start = time.perf_counter()
+    while True:
+        step()
+        count += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return count / elapsed
+
+
+async def _window_async(step: Callable[[], Any], seconds: float) -> float:
+    count = 0
+    start = time.perf_counter()
+    while True:
+        await step()
+        count += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return count / elapsed
+
+
+def _pp_initiator(
+    out: Any, ctl: Any, sock: socket.socket, impl: str, g: F32, wire_len: int, seconds: float
+) -> None:
+    """Side A: per turn, a window of round trips (a warm-up before the first); at the end
+    it closes its side, which stops side B."""
+    if impl == "raw":
+        msg = (g.tobytes() * (wire_len // g.nbytes + 1))[:wire_len]
+        view = memoryview(bytearray(wire_len))
+
+        def step() -> None:
+            sock.sendall(msg)
+            if recv_exactly(sock, view) != wire_len:
+                raise ChildError("the echo side closed the connection")
+
+        for rep in turns(ctl):
+            if rep == 0:
+                _window(step, seconds / 4)
+            rate = _window(step, seconds)
+            out.put(("rate", rep, rate, bytes(view) == msg))
+    else:
+        session = SessionSpec(impl).make()
+        last: list[Any] = [g]
+
+        async def step_async() -> None:
+            await session.stream_to(g, sock)
+            last[0] = await session.receive_from(sock)
+
+        async def run() -> None:
+            for rep in turns(ctl):
+                if rep == 0:
+                    await _window_async(step_async, seconds / 4)
+                rate = await _window_async(step_async, seconds)
+                out.put(("rate", rep, rate, same_bits(last[0], g)))
+
+        asyncio.run(run())
+    sock.shutdown(socket.SHUT_WR)
+
+
+def _pp_echo(out: Any, _: Any, sock: socket.socket, impl: str, g: F32, wire_len: int) -> None:
+    """Side B: sends back what arrives until side A closes."""
+    if impl == "raw":
+        view = memoryview(bytearray(wire_len))
+        while recv_exactly(sock, view) == wire_len:
+            sock.sendall(view)
+        return
+    session = SessionSpec(impl).make()  # no timeout: it idles while the others take turns
+
+    async def run() -> None:
+        while True:
+            got = await session.receive_from(sock)
+            if got.size == 0:  # the peer closed between gradients
+                return
+            await session.stream_to(got, sock)
+
+    asyncio.run(run())
+
+
+def bench_small(cfg: Config, res: Results) -> None:
+    from gradstream import _native
+
+    g = make_gradient(cfg.pingpong_elements)
+    wire_len = len(_native.GradientStreamSession("bench", 65536).encode_frames(g))
+    plans = [
+        Planned(
+            f"pingpong_{impl}",
+            "small",
+            name,
+            Contestant(
+                f"pingpong_{impl}",
+                ("ping", _pp_initiator, (impl, g, wire_len, cfg.pingpong_seconds)),
+                ("echo", _pp_echo, (impl, g, wire_len)),
+                per_turn=1,
+            ),
+        )
+        for impl, name in (
+            ("native", f"native socket path, {g.size:,} values ({wire_len:,} wire bytes)"),
+            ("reference", f"reference socket path, {g.size:,} values"),
+            ("raw", f"raw socket ping-pong of {wire_len:,} bytes (sendall / recv_into)"),
+        )
+    ]
+    run_rounds([p.contestant for p in plans if p.contestant], cfg.repeats, cfg.deadline)
+    for p in plans:
+        c = p.contestant
+        assert c is not None
+        rates = [m[2] for m in c.messages if m[0] == "rate"]
+        if c.error is not None or len(rates) != cfg.repeats:
+            res.add(Row(p.key, "small", p.name, "failed", c.error or "missing repeats"))
+            continue
+        rate = statistics.median(rates)
+        row = Row(p.key, "small", p.name, seconds=1 / rate, samples=[1 / r for r in rates])
+        row.round_trips_per_s = rate
+        row.elements = g.size
+        row.wire_bytes = wire_len
+        row.note = f"{1e6 / rate:,.1f} us per round trip"
+        if not all(m[3] for m in c.messages):
+            row.status, row.note = "failed", "the echoed gradient differs from the sent one"
+        res.add(row)

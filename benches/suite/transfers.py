@@ -1,0 +1,378 @@
+"""End to end over loopback TCP (section 3, and the raw TCP rows of section 1): the
+children of each contestant (gradstream, raw sockets, pickle, gloo) and their rows."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import importlib
+import importlib.util
+import os
+import pickle
+import socket
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .children import (
+    ChildError,
+    Contestant,
+    free_port,
+    pair_times,
+    recv_exactly,
+    recv_go,
+    run_rounds,
+    turns,
+)
+from .config import (
+    F32,
+    GO,
+    HOT_BUFFER,
+    LAYOUTS,
+    Config,
+    SessionSpec,
+    layout_arg,
+    now_ns,
+    progress_class,
+    same_bits,
+    size_text,
+)
+from .results import Results, Row, timed_row
+
+# ------------------------------------------------------------- end-to-end children: gradstream
+
+
+class _Link:
+    """A connection as a gradstream stream (socket or asyncio streams) plus the go byte."""
+
+    def __init__(self, sock: socket.socket, path: str) -> None:
+        self.sock = sock
+        self.path = path
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def open(self) -> None:
+        if self.path == "streams":
+            self.reader, self.writer = await asyncio.open_connection(sock=self.sock)
+
+    @property
+    def stream(self) -> Any:
+        return self.sock if self.path == "socket" else (self.reader, self.writer)
+
+    async def send_go(self) -> None:
+        if self.writer is None:
+            self.sock.sendall(GO)
+        else:
+            self.writer.write(GO)
+            await self.writer.drain()
+
+    async def go(self) -> bool:
+        if self.reader is None:
+            return recv_go(self.sock)
+        try:
+            return await self.reader.readexactly(1) == GO
+        except asyncio.IncompleteReadError:
+            return False
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            with contextlib.suppress(OSError):
+                await self.writer.wait_closed()
+        else:
+            self.sock.close()
+
+
+def _gs_sender(
+    out: Any, _: Any, sock: socket.socket, spec: SessionSpec, path: str, grad: F32
+) -> None:
+    session = spec.make()
+
+    async def run() -> None:
+        link = _Link(sock, path)
+        await link.open()
+        rep = 0
+        while await link.go():
+            t0 = now_ns()
+            await session.stream_to(grad, link.stream)
+            out.put(("t0", rep, t0))
+            rep += 1
+        await link.close()
+
+    asyncio.run(run())
+
+
+def _gs_receiver(
+    out: Any, ctl: Any, sock: socket.socket, spec: SessionSpec, path: str, grad: F32
+) -> None:
+    session = spec.make()
+    progress_cls = progress_class(spec.impl)
+
+    async def run() -> None:
+        link = _Link(sock, path)
+        await link.open()
+        # One buffer for every round, as a training loop keeps its gradient buffer (the
+        # raw TCP row likewise receives into a reused buffer).
+        dest = np.ones_like(grad)
+        for rep in turns(ctl):
+            progress = progress_cls()
+            await link.send_go()
+            got = await session.receive_from(link.stream, progress=progress, out=dest)
+            t1 = now_ns()
+            out.put(("t1", rep, t1, progress.bytes, got is dest and same_bits(got, grad)))
+            dest.fill(0.0)  # a stale copy must not pass the check next round
+        await link.close()
+
+    asyncio.run(run())
+
+
+# ------------------------------------------------------------- end-to-end children: raw, pickle
+
+
+def _raw_sender(out: Any, _: Any, sock: socket.socket, grad: F32, mode: str) -> None:
+    """mode "reuse" / "new": one sendall of the whole gradient; "hot": the gradient's size
+    as sendalls of one 1 MiB buffer, again and again (it stays in the CPU caches)."""
+    view = grad.data.cast("B")
+    hot = memoryview(bytes(min(len(view), HOT_BUFFER)))
+    rep = 0
+    while recv_go(sock):
+        t0 = now_ns()
+        if mode != "hot":
+            sock.sendall(view)
+        else:
+            for start in range(0, len(view), len(hot)):
+                sock.sendall(hot[: len(view) - start])
+        out.put(("t0", rep, t0))
+        rep += 1
+
+
+def _raw_receiver(out: Any, ctl: Any, sock: socket.socket, grad: F32, mode: str) -> None:
+    """mode "reuse": recv_into one pre-faulted gradient-sized buffer; "new": into a new
+    array each time; "hot": into one 1 MiB buffer, again and again (the bytes are lost)."""
+    size = HOT_BUFFER if mode == "hot" else grad.size * 4
+    dst = np.empty(size // 4, dtype=np.float32)
+    dst.fill(0)  # pre-faulted (np.zeros would map its pages lazily)
+    for rep in turns(ctl):
+        if mode == "new":
+            dst = np.empty(grad.size, dtype=np.float32)
+        sock.sendall(GO)
+        if mode == "hot":
+            view, got = dst.data.cast("B"), 0
+            while got < grad.nbytes:
+                step = recv_exactly(sock, view[: min(len(view), grad.nbytes - got)])
+                if step == 0:
+                    break
+                got += step
+            ok = got == grad.nbytes
+        else:
+            got = recv_exactly(sock, dst.data.cast("B"))
+            ok = got == grad.nbytes and same_bits(dst, grad)
+        t1 = now_ns()
+        out.put(("t1", rep, t1, got, ok))
+
+
+def _pickle_sender(out: Any, _: Any, sock: socket.socket, grad: F32, oob: bool) -> None:
+    rep = 0
+    while recv_go(sock):
+        t0 = now_ns()
+        if oob:
+            buffers: list[pickle.PickleBuffer] = []
+            meta = pickle.dumps(grad, protocol=5, buffer_callback=buffers.append)
+            raws = [b.raw() for b in buffers]
+            head = struct.pack(f"<QQ{len(raws)}Q", len(meta), len(raws), *(r.nbytes for r in raws))
+            sock.sendall(head)
+            sock.sendall(meta)
+            for r in raws:
+                sock.sendall(r)
+        else:
+            data = pickle.dumps(grad, protocol=5)
+            sock.sendall(struct.pack("<Q", len(data)))
+            sock.sendall(data)
+        out.put(("t0", rep, t0))
+        rep += 1
+
+
+def _recv_buffer(sock: socket.socket, size: int) -> bytearray:
+    buf = bytearray(size)
+    if recv_exactly(sock, memoryview(buf)) != size:
+        raise ChildError("the sender closed the connection")
+    return buf
+
+
+def _pickle_receiver(out: Any, ctl: Any, sock: socket.socket, grad: F32, oob: bool) -> None:
+    for rep in turns(ctl):
+        sock.sendall(GO)
+        if oob:
+            meta_len, count = struct.unpack("<QQ", _recv_buffer(sock, 16))
+            sizes = struct.unpack(f"<{count}Q", _recv_buffer(sock, 8 * count))
+            meta = _recv_buffer(sock, meta_len)
+            bufs = [_recv_buffer(sock, size) for size in sizes]
+            got = pickle.loads(meta, buffers=bufs)
+            wire = 16 + 8 * count + meta_len + sum(sizes)
+        else:
+            (size,) = struct.unpack("<Q", _recv_buffer(sock, 8))
+            got = pickle.loads(_recv_buffer(sock, size))
+            wire = 8 + size
+        t1 = now_ns()
+        out.put(("t1", rep, t1, wire, same_bits(got, grad)))
+        del got
+
+
+# ------------------------------------------------------------- end-to-end children: gloo
+
+
+def _gloo_worker(out: Any, ctl: Any, rank: int, port: int, grad: F32, timeout: float) -> None:
+    """torch.distributed gloo send/recv. Rank 1 (the receiver, the trigger) tells rank 0 to
+    go on or stop with a one-value tensor, then both leave a barrier and the timing starts."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback only
+    torch: Any = importlib.import_module("torch")
+    dist: Any = importlib.import_module("torch.distributed")
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=2,
+        timeout=datetime.timedelta(seconds=timeout),
+    )
+    try:
+        flag = torch.zeros(1, dtype=torch.int32)
+        if rank == 0:
+            tensor = torch.from_numpy(grad)
+            rep = 0
+            while True:
+                dist.recv(flag, src=1)
+                if int(flag[0]) == 0:
+                    break
+                dist.barrier()
+                t0 = now_ns()
+                dist.send(tensor, dst=1)
+                out.put(("t0", rep, t0))
+                rep += 1
+        else:
+            for rep in turns(ctl):
+                # A receiver must hold the tensor before recv; allocated before the barrier.
+                buf = torch.empty(grad.size, dtype=torch.float32)
+                dist.send(torch.ones(1, dtype=torch.int32), dst=0)
+                dist.barrier()
+                dist.recv(buf, src=0)
+                t1 = now_ns()
+                out.put(("t1", rep, t1, grad.nbytes, same_bits(buf.numpy(), grad)))
+                del buf
+            dist.send(flag, dst=0)  # zero: stop
+    finally:
+        dist.destroy_process_group()
+
+
+RAW_TCP = (
+    ("raw_tcp", "reuse", "raw loopback TCP {}, sendall / recv_into a reused buffer"),
+    ("raw_tcp_new", "new", "raw loopback TCP {}, recv_into a new array each time"),
+    ("raw_tcp_hot", "hot", "raw loopback TCP {} through 1 MiB buffers (cache-hot)"),
+)
+
+
+# --------------------------------------------------------------------------- section 3
+
+
+@dataclass
+class Planned:
+    """A row whose figures come from a contestant (None: skipped, `note` says why)."""
+
+    key: str
+    section: str
+    name: str
+    contestant: Contestant | None
+    note: str = ""
+
+
+def plan_transfers(cfg: Config, grad: F32, available: dict[str, str | None]) -> list[Planned]:
+    """The raw TCP rows of section 1 and the rows of section 3, as contestants."""
+    label = size_text(grad.nbytes)
+    plans: list[Planned] = []
+    for key, mode, name in RAW_TCP:
+        c = Contestant(
+            key,
+            ("recv", _raw_receiver, (grad, mode)),
+            ("send", _raw_sender, (grad, mode)),
+            per_turn=2,
+        )
+        note = "" if mode == "reuse" else "information only"
+        plans.append(Planned(key, "limits", name.format(label), c, note))
+
+    timeout = cfg.stall_timeout
+    for impl, path in (("native", "socket"), ("native", "streams"), ("reference", "socket")):
+        for layout in LAYOUTS:
+            key = f"e2e_{impl}_{path}_{layout}"
+            what = "asyncio streams" if path == "streams" else "socket"
+            name = f"{impl} {what}, {layout} layout, {label}, into out="
+            why = available[impl]
+            if layout == "compact" and why is not None:
+                plans.append(Planned(key, "e2e", name, None, why))
+                continue
+            spec = SessionSpec(impl, 65536, layout_arg(layout, available, impl), timeout)
+            c = Contestant(
+                key,
+                ("recv", _gs_receiver, (spec, path, grad)),
+                ("send", _gs_sender, (spec, path, grad)),
+                per_turn=2,
+            )
+            plans.append(Planned(key, "e2e", name, c))
+
+    for oob, key, name in (
+        (False, "e2e_pickle", f"pickle (protocol 5, in-band) over a raw socket, {label}"),
+        (True, "e2e_pickle_oob", f"pickle protocol 5, out-of-band buffers, raw socket, {label}"),
+    ):
+        c = Contestant(
+            key,
+            ("recv", _pickle_receiver, (grad, oob)),
+            ("send", _pickle_sender, (grad, oob)),
+            per_turn=2,
+        )
+        plans.append(Planned(key, "e2e", name, c))
+
+    name = f"torch.distributed gloo send/recv, {label}"
+    if importlib.util.find_spec("torch") is None:
+        plans.append(Planned("e2e_gloo", "e2e", name, None, "torch is not installed"))
+    else:
+        port = free_port()
+        # Its rank 0 waits for its turn inside gloo, so the gloo timeout covers whole rounds.
+        wait = cfg.deadline * 20
+        c = Contestant(
+            "e2e_gloo",
+            ("gloo-recv", _gloo_worker, (1, port, grad, wait)),
+            ("gloo-send", _gloo_worker, (0, port, grad, wait)),
+            per_turn=2,
+            connect=False,
+        )
+        plans.append(Planned("e2e_gloo", "e2e", name, c, "wire bytes taken as the gradient's"))
+    return plans
+
+
+def bench_transfers(cfg: Config, res: Results, plans: list[Planned], grad: F32) -> None:
+    run_rounds([p.contestant for p in plans if p.contestant], cfg.repeats, cfg.deadline)
+    for p in plans:
+        c = p.contestant
+        if c is None:
+            res.add(Row(p.key, p.section, p.name, "skipped", p.note))
+            continue
+        try:
+            if c.error is not None:
+                raise ChildError(c.error)
+            seconds, wire = pair_times(c.messages, cfg.repeats)
+        except ChildError as exc:
+            res.add(Row(p.key, p.section, p.name, "failed", str(exc)))
+            continue
+        res.add(
+            timed_row(
+                p.key,
+                p.section,
+                p.name,
+                seconds,
+                elements=grad.size,
+                gradient_bytes=grad.nbytes,
+                wire_bytes=wire,
+                note=p.note,
+            )
+        )

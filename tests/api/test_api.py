@@ -1,0 +1,93 @@
+"""The public surface: the reference matches the native API, the constructor defaults
+match the constants, the errors are one hierarchy, and the reference stands alone (never
+imports the extension). That the stubs match the extension and the package type-checks
+against them is `make lint` (mypy.stubtest and mypy), not a test."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+
+import pytest
+
+import gradstream as gs
+import gradstream.errors as errors
+import gradstream.reference as ref
+from support import ROOT
+
+PACKAGE = ROOT / "python" / "gradstream"
+
+
+def _public(cls: type) -> set[str]:
+    return {name for name in dir(cls) if not name.startswith("_")}
+
+
+@pytest.mark.parametrize("name", ["GradientStreamSession", "GradientChunk"])
+def test_reference_has_the_native_api(name: str) -> None:
+    native, reference = getattr(gs, name), getattr(ref, name)
+    assert _public(native) == _public(reference)
+    for attr in _public(native):
+        n, r = getattr(native, attr), getattr(reference, attr)
+        if callable(n) and not isinstance(inspect.getattr_static(native, attr), property):
+            n_params = list(inspect.signature(n).parameters)
+            r_params = list(inspect.signature(r).parameters)
+            assert n_params == r_params, attr
+
+
+def test_constructor_defaults_agree_with_the_constants() -> None:
+    params = inspect.signature(gs.GradientStreamSession).parameters
+    assert params["chunk_size"].default == gs.DEFAULT_CHUNK_SIZE == 65536
+    assert params["max_payload_len"].default == gs.DEFAULT_MAX_PAYLOAD_LEN == 256 << 20
+    s = gs.GradientStreamSession("x")
+    assert (s.chunk_size, s.max_payload_len) == (gs.DEFAULT_CHUNK_SIZE, gs.DEFAULT_MAX_PAYLOAD_LEN)
+    r = inspect.signature(ref.GradientStreamSession).parameters
+    assert r["chunk_size"].default == params["chunk_size"].default
+    assert r["max_payload_len"].default == params["max_payload_len"].default
+
+
+def _imported_names(path: Path, package: str) -> set[str]:
+    """Every module a file imports and every name it imports from one, as absolute dotted
+    names (a relative import resolved against ``package``, the file's own package)."""
+    imported = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            parts = package.split(".")
+            base = ".".join(parts[: len(parts) - node.level + 1]) if node.level else ""
+            base = ".".join(p for p in (base, node.module or "") if p)
+            imported.add(base)
+            imported.update(f"{base}.{alias.name}" for alias in node.names)
+    return imported
+
+
+def test_reference_never_imports_the_extension() -> None:
+    # Every file of the subpackage that gradstream.reference is.
+    folder = PACKAGE / "reference"
+    assert Path(ref.__file__).parent == folder
+    files = sorted(folder.glob("*.py"))
+    assert folder / "__init__.py" in files
+    imported = set()
+    for path in files:
+        imported |= _imported_names(path, "gradstream.reference")
+    assert not any("_native" in name for name in imported), imported
+    # Within the package: the subpackage itself, the modules both implementations share,
+    # and nothing else.
+    shared = ("reference", "_convert", "_dtypes", "_io", "_tensors", "errors")
+    own = {name for name in imported if name.split(".")[0] == "gradstream"}
+    assert all(
+        name == "gradstream"
+        or any(name == f"gradstream.{m}" or name.startswith(f"gradstream.{m}.") for m in shared)
+        for name in own
+    ), own
+
+
+def test_errors_are_one_hierarchy_shared_by_both() -> None:
+    for cls in (
+        gs.ChecksumMismatchError,
+        gs.IncompleteStreamError,
+        gs.ArrowIpcError,
+        gs.FrameError,
+    ):
+        assert issubclass(cls, gs.GradientStreamError)
+    assert gs.FrameError is errors.FrameError

@@ -1,0 +1,73 @@
+"""An ``ssl.SSLSocket`` is a ``socket.socket`` whose descriptor carries TLS records. Frames
+written to its descriptor would go out in plaintext beneath the TLS session, and frames
+read from it would be ciphertext: every entry point of both implementations refuses it
+with the same TypeError, before a byte moves (TLS over asyncio streams is the way)."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+
+from support.aio import run
+
+MESSAGE = "an ssl.SSLSocket cannot carry frames; use asyncio streams over TLS"
+
+
+@pytest.fixture
+def tls_pair() -> Iterator[tuple[ssl.SSLSocket, socket.socket]]:
+    a, b = socket.socketpair()
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    # No handshake: wrapping is enough to make an SSLSocket, and no certificate is needed.
+    wrapped = context.wrap_socket(a, server_hostname="peer", do_handshake_on_connect=False)
+    try:
+        yield wrapped, b
+    finally:
+        wrapped.close()
+        b.close()
+
+
+CALLS = {
+    "stream_to": lambda s, sock: s.stream_to(np.ones(8, np.float32), sock),
+    "receive_from": lambda s, sock: s.receive_from(sock),
+    "receive_from_out": lambda s, sock: s.receive_from(sock, out=np.zeros(8, np.float32)),
+    "stream_tensors": lambda s, sock: s.stream_tensors({"w": np.ones(3, np.float32)}, sock),
+    "receive_tensors": lambda s, sock: s.receive_tensors(sock),
+}
+
+
+@pytest.mark.parametrize("call", sorted(CALLS))
+def test_every_entry_point_refuses_a_tls_socket(
+    impl: ModuleType, tls_pair: tuple[ssl.SSLSocket, socket.socket], call: str
+) -> None:
+    tls, peer = tls_pair
+    session = impl.GradientStreamSession("tls", 4)
+
+    async def main() -> Any:
+        return await CALLS[call](session, tls)
+
+    with pytest.raises(TypeError) as caught:
+        run(main)
+    assert str(caught.value) == MESSAGE
+    # Nothing went out beneath the TLS session.
+    peer.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        peer.recv(1)
+
+
+def test_receive_iter_refuses_a_tls_socket(
+    impl: ModuleType, tls_pair: tuple[ssl.SSLSocket, socket.socket]
+) -> None:
+    tls, _ = tls_pair
+    session = impl.GradientStreamSession("tls", 4)
+
+    async def main() -> list[Any]:
+        return [g async for g in session.receive_iter(tls)]
+
+    with pytest.raises(TypeError, match="ssl.SSLSocket"):
+        run(main)

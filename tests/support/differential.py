@@ -1,0 +1,92 @@
+"""What the differential tests (codec/test_differential*.py) share: gradients drawn
+as raw bit patterns, frames as named tuples, and the outcome of a decoder (an array or a
+``gradstream.errors`` exception) compared field by field between the implementations.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any, NamedTuple
+
+import numpy as np
+
+import gradstream as gs
+import gradstream.reference as ref
+from support.frames import HEADER
+
+IMPLS: dict[str, ModuleType] = {"native": gs, "reference": ref}
+
+
+# Bit patterns the uniform draw rarely hits: NaNs with payloads (quiet and signalling,
+# both signs), infinities, signed zeros, subnormals, extremes.
+SPECIAL_BITS = np.array(
+    [
+        0x7FC0_0000,  # quiet NaN
+        0x7FC0_0001,  # quiet NaN with payload
+        0x7F80_0001,  # signalling NaN
+        0x7FBF_FFFF,  # signalling NaN, all payload bits
+        0xFFFF_FFFF,  # negative NaN, all payload bits
+        0xFFC0_1234,
+        0x7F80_0000,  # +inf
+        0xFF80_0000,  # -inf
+        0x0000_0000,  # +0.0
+        0x8000_0000,  # -0.0
+        0x0000_0001,  # smallest subnormal
+        0x8000_0001,
+        0x007F_FFFF,  # largest subnormal
+        0x807F_FFFF,
+        0x0080_0000,  # smallest normal
+        0x7F7F_FFFF,  # largest finite
+        0xFF7F_FFFF,
+        0x3F80_0000,  # 1.0
+    ],
+    dtype=np.uint32,
+)
+
+
+def make_gradient(length: int, seed: int, kind: str) -> np.ndarray:
+    """A float32 vector: 'bits' (uniform uint32 patterns), 'special' (half of them from
+    SPECIAL_BITS) or 'normal' (standard normal floats)."""
+    rng = np.random.default_rng(seed)
+    if kind == "normal":
+        return rng.standard_normal(length, dtype=np.float32)
+    words = rng.integers(0, 2**32, size=length, dtype=np.uint32)
+    if kind == "special":
+        mask = rng.random(length) < 0.5
+        words[mask] = rng.choice(SPECIAL_BITS, size=int(mask.sum()))
+    return words.view(np.float32)
+
+
+class Frame(NamedTuple):
+    chunk_index: int
+    total_chunks: int
+    payload_len: int
+    checksum: int
+    payload: bytes
+
+    def pack(self) -> bytes:
+        return HEADER.pack(*self[:4]) + self.payload
+
+    def __repr__(self) -> str:  # payloads are hundreds of bytes: keep failure reports short
+        index, total, length, crc = self[:4]
+        payload = f"<{len(self.payload)} bytes>"
+        return f"Frame({index}, {total}, payload_len={length}, checksum={crc:#010x}, {payload})"
+
+
+def join_frames(frames: list[Frame]) -> bytes:
+    return b"".join(f.pack() for f in frames)
+
+
+def frame_of(chunk: Any) -> Frame:
+    payload = chunk.arrow_ipc_bytes
+    return Frame(chunk.chunk_index, chunk.total_chunks, len(payload), chunk.checksum, payload)
+
+    # ArrowIpcError: the detail is pyarrow's or arrow-rs's own wording; class and
+    # chunk_index are all that must agree.
+
+
+def sessions(chunk_size: int = 65_536, **kwargs: Any) -> dict[str, Any]:
+    return {
+        name: impl.GradientStreamSession("diff", chunk_size, **kwargs)
+        for name, impl in IMPLS.items()
+    }

@@ -26,9 +26,7 @@ def test_error_texts_agree() -> None:
         errors.StreamTimeoutError,
     }
     for exc, rust_text in samples:
-        if isinstance(exc, errors.StreamIOError) and not isinstance(
-            exc, errors.StreamTimeoutError
-        ):
+        if isinstance(exc, errors.StreamIOError) and not isinstance(exc, errors.StreamTimeoutError):
             # OSError renders as "[Errno N] strerror"; the core as "I/O error: strerror".
             assert rust_text == f"I/O error: {exc.strerror}"
             assert exc.errno is not None

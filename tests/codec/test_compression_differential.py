@@ -13,7 +13,7 @@ import struct
 import warnings
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any, NamedTuple
 
@@ -24,7 +24,6 @@ from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
 
 import gradstream.reference as ref
-from gradstream import _dtypes
 from gradstream.errors import (
     ArrowIpcError,
     ChecksumMismatchError,
@@ -40,8 +39,9 @@ from support.compressed import (
     sparse,
     split_frames,
 )
+from support.differential import outcome_of
 from support.frames import frame
-from support.impls import CODECS, ERROR_CLASSES, FIXTURE_OK, LAYOUTS, examples
+from support.impls import CODECS, FIXTURE_OK, LAYOUTS, examples
 from support.impls import load_impl as module
 from support.payloads import footer_blocks, rebuild, the_batch
 from support.values import SPECIAL_BITS
@@ -127,24 +127,6 @@ def _report_disagreements() -> Iterator[None]:
             f"(allowed, recorded only):\n{lines}",
             stacklevel=1,
         )
-
-
-def outcome_of(call: Callable[[], Any], who: str) -> Any:
-    try:
-        out = call()
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except BaseException as exc:  # a Rust panic derives from BaseException
-        if type(exc) not in ERROR_CLASSES:
-            raise AssertionError(f"{who} let {type(exc).__qualname__} escape: {exc!r}") from exc
-        return exc
-    assert isinstance(out, np.ndarray), f"{who} returned {type(out).__name__}"
-    # A mutated field type can make a float16/bfloat16/float64 column: still a gradient
-    # (hypothesis found a bit flip that turns Float32 into Float16).
-    assert _dtypes.dtype_name(out.dtype) is not None and out.ndim == 1, (
-        f"{who} returned {out.dtype} {out.shape}"
-    )
-    return out
 
 
 def describe(outcome: Any) -> str:

@@ -22,7 +22,6 @@ from hypothesis import strategies as st
 pytest.importorskip("gradstream._native", reason="native extension not built")
 
 import gradstream as gs
-import gradstream._dtypes as _dtypes
 import gradstream.reference as ref
 from gradstream.errors import (
     ArrowIpcError,
@@ -30,9 +29,17 @@ from gradstream.errors import (
     FrameError,
     IncompleteStreamError,
 )
-from support.differential import IMPLS, Frame, frame_of, join_frames, make_gradient, sessions
+from support.differential import (
+    IMPLS,
+    Frame,
+    frame_of,
+    join_frames,
+    make_gradient,
+    outcome_of,
+    sessions,
+)
 from support.frames import HEADER
-from support.impls import ERROR_CLASSES, examples
+from support.impls import examples
 
 U32_MAX = 0xFFFF_FFFF
 
@@ -49,22 +56,8 @@ Outcome = Any  # a decoded np.ndarray or a gradstream.errors exception
 
 def run(decode: Callable[[Any], Any], arg: Any, who: str) -> Outcome:
     """Call a decoder; only gradstream.errors classes may escape, anything else fails."""
-    try:
-        out = decode(arg)
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except BaseException as exc:  # PanicException derives from BaseException
-        if type(exc) not in ERROR_CLASSES:
-            raise AssertionError(
-                f"{who} let {type(exc).__module__}.{type(exc).__qualname__} escape: {exc!r}"
-            ) from exc
-        return exc
-    assert isinstance(out, np.ndarray), f"{who} returned {type(out).__name__}"
-    # A mutated field type can make a float16/bfloat16/float64 column: still a gradient.
-    assert _dtypes.dtype_name(out.dtype) is not None and out.ndim == 1, (
-        f"{who} returned {out.dtype} {out.shape}"
-    )
-    return out
+    outcome: Outcome = outcome_of(lambda: decode(arg), who)
+    return outcome
 
 
 def describe(outcome: Outcome) -> str:

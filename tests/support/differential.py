@@ -5,14 +5,17 @@ as raw bit patterns, frames as named tuples, and the outcome of a decoder (an ar
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any, NamedTuple
 
 import numpy as np
 
 import gradstream as gs
+import gradstream._dtypes as _dtypes
 import gradstream.reference as ref
 from support.frames import HEADER
+from support.impls import ERROR_CLASSES
 
 IMPLS: dict[str, ModuleType] = {"native": gs, "reference": ref}
 
@@ -90,3 +93,24 @@ def sessions(chunk_size: int = 65_536, **kwargs: Any) -> dict[str, Any]:
         name: impl.GradientStreamSession("diff", chunk_size, **kwargs)
         for name, impl in IMPLS.items()
     }
+
+
+def outcome_of(call: Callable[[], Any], who: str) -> Any:
+    """Call a decoder: its array, or the gradstream.errors exception it raised; anything
+    else escaping (a Rust panic derives from BaseException) fails the test."""
+    try:
+        out = call()
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:
+        if type(exc) not in ERROR_CLASSES:
+            raise AssertionError(
+                f"{who} let {type(exc).__module__}.{type(exc).__qualname__} escape: {exc!r}"
+            ) from exc
+        return exc
+    assert isinstance(out, np.ndarray), f"{who} returned {type(out).__name__}"
+    # A mutated field type can make a float16/bfloat16/float64 column: still a gradient.
+    assert _dtypes.dtype_name(out.dtype) is not None and out.ndim == 1, (
+        f"{who} returned {out.dtype} {out.shape}"
+    )
+    return out

@@ -530,8 +530,6 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import demo
-
     fmt = _Formatter
     parser = _Parser(
         prog="gradstream",
@@ -542,7 +540,14 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=fmt,
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_recv(sub)
+    _add_send(sub)
+    _add_demo(sub)
+    return parser
 
+
+# The subparsers' action type is private to argparse.
+def _add_recv(sub: Any) -> None:
     recv = sub.add_parser(
         "recv",
         help="listen, receive gradients, save them as .npy",
@@ -556,7 +561,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout also bounds the wait for the connection.\n\n"
         "example:\n  gradstream recv 0 --out grad.npy\n  gradstream recv 0.0.0.0:9000 "
         "--out g.npy --count 2",
-        formatter_class=fmt,
+        formatter_class=_Formatter,
     )
     recv.add_argument("address", metavar="[HOST:]PORT", help="where to listen")
     recv.add_argument("--out", required=True, metavar="FILE.npy", help="where to save")
@@ -566,6 +571,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(recv)
     recv.set_defaults(func=_cmd_recv)
 
+
+def _add_send(sub: Any) -> None:
     send = sub.add_parser(
         "send",
         help="send .npy gradients to a receiver",
@@ -573,7 +580,7 @@ def build_parser() -> argparse.ArgumentParser:
         "flattened in C order) over that one connection, in order.",
         epilog="example:\n  gradstream send 127.0.0.1:9000 grad.npy\n"
         "  gradstream send 127.0.0.1:9000 a.npy b.npy   # pairs with recv --count 2",
-        formatter_class=fmt,
+        formatter_class=_Formatter,
     )
     send.add_argument("address", metavar="HOST:PORT", help="the receiver")
     send.add_argument("files", nargs="+", metavar="FILE.npy", help="float32 .npy file(s)")
@@ -602,16 +609,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(send)
     send.set_defaults(func=_cmd_send)
 
+
+def _add_demo(sub: Any) -> None:
+    from . import demo
+
     demo_parser = sub.add_parser(
         "demo",
         help="a verified transfer between two processes, native vs reference",
         description=demo.NETWORK_DESCRIPTION,
-        formatter_class=fmt,
+        formatter_class=_Formatter,
     )
     demo.add_arguments(demo_parser)
     demo_parser.set_defaults(func=_cmd_demo)
-
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

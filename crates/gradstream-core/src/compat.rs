@@ -141,8 +141,8 @@ impl GradientStreamSession {
         let receiver = self.config.receiver();
         let ended = crate::stream::receive_gradient(receiver, stream, None, &progress).await?;
         let values = match ended {
-            crate::session::Ended::Gradient(values) => values,
-            crate::session::Ended::BeforeFirstByte(receiver) => receiver.finish()?,
+            crate::receiver::Ended::Gradient(values) => values,
+            crate::receiver::Ended::BeforeFirstByte(receiver) => receiver.finish()?,
         };
         Ok(values.into_vec())
     }

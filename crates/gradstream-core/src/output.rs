@@ -39,7 +39,7 @@ pub trait ValueSink {
     fn put_raw(&mut self, raw: &[u8], from: Dtype);
 
     fn put(&mut self, values: &[f32]) {
-        self.put_raw(crate::codec::f32_bytes(values), Dtype::F32);
+        self.put_raw(crate::dtype::f32_bytes(values), Dtype::F32);
     }
 }
 

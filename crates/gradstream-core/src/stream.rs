@@ -8,9 +8,11 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use crate::encoder::{as_f32, write_payload, Gradient};
 use crate::error::{GradientStreamError, Result};
 use crate::frame::{FrameHeader, HEADER_LEN};
-use crate::session::{as_f32, write_payload, Ended, FrameReceiver, Gradient, SessionConfig};
+use crate::receiver::{Ended, FrameReceiver};
+use crate::session::SessionConfig;
 use crate::template::Template;
 
 /// Counters a transfer updates as it goes, readable from any thread.

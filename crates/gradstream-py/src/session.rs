@@ -23,7 +23,8 @@ use gradstream_core::codec::{Compression, Layout};
 use gradstream_core::dtype::Dtype;
 use gradstream_core::frame::{Limits, DEFAULT_MAX_GRADIENT_LEN, DEFAULT_MAX_PAYLOAD_LEN};
 use gradstream_core::output::{Output, Store};
-use gradstream_core::session::{ChunkRef, Ended, SessionConfig, DEFAULT_CHUNK_SIZE};
+use gradstream_core::receiver::Ended;
+use gradstream_core::session::{ChunkRef, SessionConfig, DEFAULT_CHUNK_SIZE};
 use gradstream_core::shape::shape_text;
 use gradstream_core::stream::{receive_gradient, send_gradient};
 
@@ -235,9 +236,9 @@ pub struct Input<'py> {
 }
 
 impl Input<'_> {
-    pub fn gradient(&self) -> PyResult<gradstream_core::session::Gradient<'_>> {
+    pub fn gradient(&self) -> PyResult<gradstream_core::encoder::Gradient<'_>> {
         Ok(
-            gradstream_core::session::Gradient::new(self.bytes.as_slice()?, self.dtype)
+            gradstream_core::encoder::Gradient::new(self.bytes.as_slice()?, self.dtype)
                 .cast_to(self.wire),
         )
     }

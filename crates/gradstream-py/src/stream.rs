@@ -23,9 +23,11 @@ use super::complete::{Completions, Outcome};
 use super::errors::IntoPyResult;
 use super::session::Input;
 use gradstream_core::dtype::Dtype;
+use gradstream_core::encoder::Gradient;
 use gradstream_core::error::{GradientStreamError, Result};
 use gradstream_core::output::{OutSlice, Output};
-use gradstream_core::session::{Ended, FrameReceiver, Gradient, SessionConfig};
+use gradstream_core::receiver::{Ended, FrameReceiver};
+use gradstream_core::session::SessionConfig;
 use gradstream_core::stream::Progress;
 
 /// `gradstream._aio.<name>`: the asyncio-streams half of a method.

@@ -7,6 +7,9 @@
 //! limits, trailing bytes and a truncated first header are errors here (README
 //! "Differences from ipfrs-transport 0.2.0"), and `with_compression(true)` really
 //! compresses (lz4; the original only stored the flag).
+//!
+//! Uses `session`, `encoder`/`rules`/`receiver` (through `SessionConfig`'s methods),
+//! `stream`, `codec` and `error`; nothing uses it but the crate root.
 
 use crate::codec::{self, Compression};
 use crate::error::Result;

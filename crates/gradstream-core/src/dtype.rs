@@ -3,6 +3,8 @@
 //! else goes through float32, rounding to nearest-even each time; a NaN becomes the
 //! target's canonical quiet NaN with its sign kept (so the two implementations agree bit
 //! for bit, where hardware and libraries differ on NaN payloads).
+//!
+//! Uses nothing of the crate; most files use it.
 
 use half::{bf16, f16};
 

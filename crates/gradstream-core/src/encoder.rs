@@ -479,6 +479,7 @@ impl EncodedChunk {
 mod tests {
     use super::*;
     use crate::testing::{bytes_of, frame_error, frames_of, gradient, refs, session};
+
     #[test]
     fn chunking_mirrors_the_original() {
         let s = session(4);

@@ -1,6 +1,9 @@
 //! Where a received gradient's values go: a vector of our own, or memory the caller
 //! lends (`out=` in Python, for training loops that receive into one buffer every step,
 //! so no fresh pages are faulted in per gradient).
+//!
+//! Uses `dtype` and `error` only; `codec`'s reader writes through its `ValueSink`, and
+//! `rules`, `reassembler` and `receiver` fill its `Output`.
 
 use std::ptr::NonNull;
 

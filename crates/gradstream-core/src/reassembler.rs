@@ -241,10 +241,10 @@ impl Reassembler {
 mod tests {
     use super::*;
     use crate::testing::{gradient, session, unlimited};
+
     #[test]
     fn a_refused_frame_leaves_the_assembly_untouched() {
-        let s = session(2);
-        let chunks = s.encode_gradient(&gradient(6)).unwrap();
+        let chunks = session(2).encode_gradient(&gradient(6)).unwrap();
         let mut bad = chunks[1].clone();
         bad.checksum ^= 1;
         let mut assembly = Reassembler::new(unlimited(), 1 << 20);

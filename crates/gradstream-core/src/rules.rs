@@ -274,6 +274,18 @@ mod tests {
     use super::*;
     use crate::encoder::Gradient;
     use crate::testing::{bytes_of, frame_error, frames_of, gradient, refs, session};
+
+    #[test]
+    fn any_delivery_order_decodes() {
+        let s = session(2);
+        let g = gradient(9);
+        let mut chunks = s.encode_gradient(&g).unwrap();
+        chunks.reverse();
+        chunks.swap(1, 3);
+        assert_eq!(s.decode_chunks(refs(&chunks)).unwrap(), g);
+        assert_eq!(s.decode_frames(&frames_of(&chunks)).unwrap(), g);
+    }
+
     #[test]
     fn flipped_bit_names_the_chunk_and_both_checksums() {
         let s = session(2);

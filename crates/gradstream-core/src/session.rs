@@ -7,7 +7,7 @@
 //! trailing bytes) turned into errors; the methods live beside the code they drive:
 //! `encoder` (encoding and planning), `rules` (`decode_chunks`), `receiver`
 //! (`decode_frames`, the receivers). Dependencies point down only: this file uses
-//! `codec` (its setting types), `dtype` and `frame`, and nothing of those three.
+//! `codec` (its setting types), `dtype` and `frame`, none of which uses it.
 
 use crate::codec::{Compression, Layout};
 use crate::dtype::Dtype;

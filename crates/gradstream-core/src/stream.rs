@@ -2,6 +2,9 @@
 //! reusable frame buffer; the receiver reads exactly one gradient's bytes (never past its
 //! last frame) and checks each frame as it arrives. Every wait is bounded by the optional
 //! timeout; dropping the future (a cancelled Python task) stops the transfer there.
+//!
+//! Uses `session`, `encoder`, `receiver`, `template`, `frame` and `error`; used by
+//! `compat` and the bindings.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

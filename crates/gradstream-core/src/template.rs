@@ -12,6 +12,9 @@
 //!
 //! Both give bit for bit what the Arrow path gives: the template is built by the Arrow
 //! writer itself, and checked through the full decoder before it is used (see `build`).
+//!
+//! Uses `codec` (to build and check templates) and `dtype`; used by `encoder`, `rules`
+//! and `stream`.
 
 use std::sync::{Arc, Mutex};
 

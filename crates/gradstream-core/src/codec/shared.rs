@@ -17,6 +17,7 @@ pub fn checksum(data: &[u8]) -> u32 {
     crc32fast::hash(data)
 }
 
+/// The schema metadata key holding a gradient's shape (`keep_shape`), as a compact JSON
 /// array of integers: "[768,3072]".
 pub(crate) const SHAPE_KEY: &str = "gradient_shape";
 

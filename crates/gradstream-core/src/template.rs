@@ -167,6 +167,8 @@ impl Template {
 
     /// The pieces of the payload of `values`, for a vectored write: the prefix, the
     /// values as they lie in memory, the suffix; and its CRC-32.
+    // Only the tokio sender (feature `tokio`) writes vectored.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     pub fn pieces<'a>(&'a self, values: &'a [f32]) -> ([&'a [u8]; 3], u32) {
         assert_eq!(values.len(), self.values, "template of another size");
         let raw = crate::dtype::f32_bytes(values);

@@ -7,6 +7,9 @@
 //! limits, trailing bytes and a truncated first header are errors here (README
 //! "Differences from ipfrs-transport 0.2.0"), and `with_compression(true)` really
 //! compresses (lz4; the original only stored the flag).
+//!
+//! Uses `session`, `encoder`/`rules`/`receiver` (through `SessionConfig`'s methods),
+//! `stream`, `codec` and `error`; nothing uses it but the crate root.
 
 use crate::codec::{self, Compression};
 use crate::error::Result;
@@ -141,8 +144,8 @@ impl GradientStreamSession {
         let receiver = self.config.receiver();
         let ended = crate::stream::receive_gradient(receiver, stream, None, &progress).await?;
         let values = match ended {
-            crate::session::Ended::Gradient(values) => values,
-            crate::session::Ended::BeforeFirstByte(receiver) => receiver.finish()?,
+            crate::receiver::Ended::Gradient(values) => values,
+            crate::receiver::Ended::BeforeFirstByte(receiver) => receiver.finish()?,
         };
         Ok(values.into_vec())
     }

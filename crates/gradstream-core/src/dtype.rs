@@ -3,6 +3,8 @@
 //! else goes through float32, rounding to nearest-even each time; a NaN becomes the
 //! target's canonical quiet NaN with its sign kept (so the two implementations agree bit
 //! for bit, where hardware and libraries differ on NaN payloads).
+//!
+//! Uses nothing of the crate; most files use it.
 
 use half::{bf16, f16};
 
@@ -57,6 +59,14 @@ const F64_NAN: u64 = 0x7ff8_0000_0000_0000;
 
 /// One value of `dtype` read from its native-endian bytes; every such value (NaN sign
 /// included) is exact in f64.
+/// The bytes of `values` as they lie in memory.
+pub fn f32_bytes(values: &[f32]) -> &[u8] {
+    // SAFETY: f32 has no padding and every byte pattern is a valid u8.
+    unsafe {
+        std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values))
+    }
+}
+
 #[cfg(test)]
 fn read(dtype: Dtype, b: &[u8]) -> f64 {
     match dtype {

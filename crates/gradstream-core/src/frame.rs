@@ -4,6 +4,8 @@
 //! ```text
 //! [u32 LE chunk_index][u32 LE total_chunks][u32 LE payload_len][u32 LE checksum][payload]
 //! ```
+//!
+//! Uses `error` only; used by the session files and `stream`.
 
 use crate::error::{GradientStreamError, Result};
 

@@ -4,33 +4,47 @@
 //!
 //! The original's API sits at the root, under the original's names:
 //! [`GradientStreamSession`], [`GradientChunk`] and [`GradientStreamError`] (module
-//! `compat`). The modules below it, each with one job, arrows pointing down:
+//! `compat`). The modules below it, each with one job, arrows pointing down (a module
+//! uses only those listed after it):
 //!
-//! - `session`: chunking, reassembly and the sans-I/O receiver (the decoding rules);
 //! - `stream` (feature `tokio`): the sender and receiver over any tokio byte stream;
-//! - `codec` (one payload: Arrow IPC encode/decode, CRC-32), `template` (the constant
-//!   bytes of our own payloads, for the fast paths), `output` (where received values go);
+//! - `receiver`: `FrameReceiver`, the sans-I/O push decoder of a frame stream, and
+//!   `decode_frames`;
+//! - `reassembler`: `Reassembler`, one gradient put together from frames in any order;
+//! - `rules`: the decoding rules both receiving paths share, and `decode_chunks`;
+//! - `encoder`: `Gradient`, `FramePlan`, chunking and `encode_frames`/`encode_gradient`;
+//! - `session`: `SessionConfig`, a session's settings, and `ChunkRef`;
+//! - `template` (the constant bytes of our own payloads, for the fast paths);
+//! - `codec` (one payload: `writer`, `reader`, and `guard`, the checks on hostile input
+//!   before arrow-rs sees it; CRC-32);
+//! - `output` (where received values go, and the `ValueSink` the reader writes through);
 //! - `frame` (the 16-byte header and the limits), `shape`, `dtype` (metadata rules);
 //! - `error`: the one error type.
 
 pub mod codec;
 mod compat;
 pub mod dtype;
+pub mod encoder;
 pub mod error;
 pub mod frame;
 pub mod output;
+mod reassembler;
+pub mod receiver;
+mod rules;
 pub mod session;
 pub mod shape;
 #[cfg(feature = "tokio")]
 pub mod stream;
-pub mod template;
+mod template;
+#[cfg(test)]
+mod testing;
 
 pub use compat::{GradientChunk, GradientStreamSession};
+pub use encoder::{EncodedChunk, FramePlan};
 pub use error::{ArrowIpcDetail, GradientStreamError, Result};
 pub use frame::{
     FrameHeader, Limits, DEFAULT_MAX_GRADIENT_LEN, DEFAULT_MAX_PAYLOAD_LEN, HEADER_LEN,
 };
-pub use session::{
-    ChunkRef, EncodedChunk, FramePlan, FrameReceiver, Reassembler, SessionConfig,
-    DEFAULT_CHUNK_SIZE,
-};
+pub use reassembler::Reassembler;
+pub use receiver::FrameReceiver;
+pub use session::{ChunkRef, SessionConfig, DEFAULT_CHUNK_SIZE};

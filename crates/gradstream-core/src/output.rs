@@ -1,6 +1,9 @@
 //! Where a received gradient's values go: a vector of our own, or memory the caller
 //! lends (`out=` in Python, for training loops that receive into one buffer every step,
 //! so no fresh pages are faulted in per gradient).
+//!
+//! Uses `dtype` and `error` only; `codec`'s reader writes through its `ValueSink`, and
+//! `rules`, `reassembler` and `receiver` fill its `Output`.
 
 use std::ptr::NonNull;
 
@@ -39,7 +42,7 @@ pub trait ValueSink {
     fn put_raw(&mut self, raw: &[u8], from: Dtype);
 
     fn put(&mut self, values: &[f32]) {
-        self.put_raw(crate::codec::f32_bytes(values), Dtype::F32);
+        self.put_raw(crate::dtype::f32_bytes(values), Dtype::F32);
     }
 }
 

@@ -2,6 +2,8 @@
 //! schema metadata, and the receiver's rules for it (README "Decoding rules"): it must be
 //! a list of at most 32 non-negative integers, the same in every chunk, and hold exactly
 //! the gradient's values. The text is compared as it is, so both sides agree byte for byte.
+//!
+//! Uses `error` only; used by `rules` and `reassembler`.
 
 use crate::error::{GradientStreamError, Result};
 

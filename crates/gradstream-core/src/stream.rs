@@ -2,15 +2,20 @@
 //! reusable frame buffer; the receiver reads exactly one gradient's bytes (never past its
 //! last frame) and checks each frame as it arrives. Every wait is bounded by the optional
 //! timeout; dropping the future (a cancelled Python task) stops the transfer there.
+//!
+//! Uses `session`, `encoder`, `receiver`, `template`, `frame` and `error`; used by
+//! `compat` and the bindings.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use crate::encoder::{as_f32, write_payload, Gradient};
 use crate::error::{GradientStreamError, Result};
 use crate::frame::{FrameHeader, HEADER_LEN};
-use crate::session::{as_f32, write_payload, Ended, FrameReceiver, Gradient, SessionConfig};
+use crate::receiver::{Ended, FrameReceiver};
+use crate::session::SessionConfig;
 use crate::template::Template;
 
 /// Counters a transfer updates as it goes, readable from any thread.

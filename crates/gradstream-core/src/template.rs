@@ -12,6 +12,9 @@
 //!
 //! Both give bit for bit what the Arrow path gives: the template is built by the Arrow
 //! writer itself, and checked through the full decoder before it is used (see `build`).
+//!
+//! Uses `codec` (to build and check templates) and `dtype`; used by `encoder`, `rules`
+//! and `stream`.
 
 use std::sync::{Arc, Mutex};
 
@@ -138,10 +141,6 @@ impl Template {
         self.bytes.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.bytes.is_empty()
-    }
-
     fn suffix(&self) -> &[u8] {
         &self.bytes[self.values_at + 4 * self.values..]
     }
@@ -150,7 +149,7 @@ impl Template {
     /// `self.len()` bytes); its CRC-32.
     pub fn write(&self, values: &[f32], out: &mut [u8]) -> u32 {
         assert_eq!(values.len(), self.values, "template of another size");
-        let raw = codec::f32_bytes(values);
+        let raw = crate::dtype::f32_bytes(values);
         let (prefix, rest) = out.split_at_mut(self.values_at);
         let (body, suffix) = rest.split_at_mut(raw.len());
         prefix.copy_from_slice(&self.bytes[..self.values_at]);
@@ -168,9 +167,11 @@ impl Template {
 
     /// The pieces of the payload of `values`, for a vectored write: the prefix, the
     /// values as they lie in memory, the suffix; and its CRC-32.
+    // Only the tokio sender (feature `tokio`) writes vectored.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     pub fn pieces<'a>(&'a self, values: &'a [f32]) -> ([&'a [u8]; 3], u32) {
         assert_eq!(values.len(), self.values, "template of another size");
-        let raw = codec::f32_bytes(values);
+        let raw = crate::dtype::f32_bytes(values);
         (
             [&self.bytes[..self.values_at], raw, self.suffix()],
             self.checksum_of(raw),
@@ -228,7 +229,7 @@ mod tests {
                 assert_eq!(crc2, crc);
                 let (crc3, raw) = t.matches(&expected).expect("our payload matches");
                 assert_eq!(crc3, crc);
-                assert_eq!(raw, codec::f32_bytes(&values));
+                assert_eq!(raw, crate::dtype::f32_bytes(&values));
             }
         }
     }

@@ -5,6 +5,8 @@
 //! with the GIL released.
 //! `FrameBytes` hands a Rust-built byte vector to Python through the buffer protocol, so
 //! that `pyarrow.py_buffer` can wrap it with no copy.
+//!
+//! Uses pyo3 alone, no other file of this crate; used by `session`, `stream` and `chunk`.
 
 use std::os::raw::c_int;
 

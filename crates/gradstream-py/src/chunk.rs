@@ -1,5 +1,7 @@
 //! `gradstream.GradientChunk`: one encoded chunk, its payload held as a Python `bytes`
 //! object so that `arrow_ipc_bytes` and `payload` hand out the same memory with no copy.
+//!
+//! Uses `buffers` and the core (`codec`, `session`); used by `session`.
 
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;

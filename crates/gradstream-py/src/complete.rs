@@ -8,6 +8,8 @@
 //! result and writes to an eventfd; the event loop watches the eventfd (`add_reader`) and
 //! turns queued results into Python objects on its own thread (`gradstream._aio.Hub`).
 //! The tasks still run on pyo3-async-runtimes' tokio runtime.
+//!
+//! Uses `convert` (values to numpy) and `errors`; used by `stream` and `session`.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -18,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use pyo3::prelude::*;
 use tokio::task::AbortHandle;
 
+use super::convert::values_array;
 use super::errors::to_py_err;
 use gradstream_core::error::GradientStreamError;
 use gradstream_core::output::Output;
@@ -125,11 +128,7 @@ impl Completions {
             .map(|(job, result)| {
                 Ok(match result {
                     Ok(Outcome::Chunks(n)) => (job, true, n.into_pyobject(py)?.into_any().unbind()),
-                    Ok(Outcome::Values(values)) => (
-                        job,
-                        true,
-                        super::session::values_array(py, values)?.unbind(),
-                    ),
+                    Ok(Outcome::Values(values)) => (job, true, values_array(py, values)?.unbind()),
                     Ok(Outcome::Filled(out)) => (job, true, out),
                     Ok(Outcome::End) => (job, true, py.None()),
                     Err(e) => (job, false, to_py_err(py, e).into_value(py).into_any()),

@@ -2,6 +2,8 @@
 //!
 //! The classes are plain Python (so the pure-Python reference raises the same ones without
 //! loading this extension); they are looked up once and instantiated with the error's fields.
+//!
+//! Uses the core's `error` alone; every file that raises uses it.
 
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;

@@ -1,12 +1,18 @@
 //! gradstream-py: the extension module `gradstream._native`, PyO3 bindings over
 //! gradstream-core. Argument conversion, GIL release, errors to Python classes; the rules
-//! live in the core (`gradstream_core::session`).
+//! live in the core (gradstream-core).
+//!
+//! The arrows point one way: `session` uses `settings`, `stream`, `complete`, `convert`,
+//! `chunk`; `stream` uses `complete` and `convert`; `complete` uses `convert`; `convert`
+//! uses no sibling; `chunk` uses `buffers`; `settings`, `complete`, `stream` and `session` use `errors`.
 
 mod buffers;
 mod chunk;
 mod complete;
+mod convert;
 mod errors;
 mod session;
+mod settings;
 mod stream;
 
 use pyo3::prelude::*;

@@ -1,10 +1,11 @@
 //! `gradstream.GradientStreamSession`: argument conversion around `SessionConfig`, with the
 //! GIL released for every pass over gradient data.
+//!
+//! Uses `settings` (the constructor's keywords), `convert` (gradients in, values out),
+//! `stream` (sockets, progress, the asyncio encoder and receiver), `complete`, `chunk`,
+//! `buffers` and `errors`; nothing in this crate uses it but `lib.rs`.
 
-use numpy::{
-    PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArray1, PyReadonlyArrayDyn,
-    PyUntypedArrayMethods,
-};
+use numpy::{PyArray1, PyArrayMethods};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
@@ -14,84 +15,20 @@ use pyo3::types::PyBytes;
 use super::buffers::{immutable_bytes, vec_to_pyarrow, ReadBuffer};
 use super::chunk::PyChunk;
 use super::complete::Outcome;
-use super::errors::{setting_error, IntoPyResult};
+use super::convert::{dtypes_attr, gradient_array, values_array, HeldGradient, Input, LentArray};
+use super::errors::IntoPyResult;
+use super::settings::{Flag, SettingArgs, Settings};
 use super::stream::{
-    aio, progress_counters, run_on_loop, FrameEncoder, HeldGradient, LentArray, PyFrameReceiver,
-    SocketStream, TransferProgress,
+    aio, progress_counters, run_on_loop, FrameEncoder, PyFrameReceiver, SocketStream,
+    TransferProgress,
 };
-use gradstream_core::codec::{Compression, Layout};
+use gradstream_core::codec::Compression;
 use gradstream_core::dtype::Dtype;
-use gradstream_core::frame::{Limits, DEFAULT_MAX_GRADIENT_LEN, DEFAULT_MAX_PAYLOAD_LEN};
-use gradstream_core::output::{Output, Store};
-use gradstream_core::session::{ChunkRef, Ended, SessionConfig, DEFAULT_CHUNK_SIZE};
+use gradstream_core::frame::{DEFAULT_MAX_GRADIENT_LEN, DEFAULT_MAX_PAYLOAD_LEN};
+use gradstream_core::receiver::Ended;
+use gradstream_core::session::{ChunkRef, SessionConfig, DEFAULT_CHUNK_SIZE};
 use gradstream_core::shape::shape_text;
 use gradstream_core::stream::{receive_gradient, send_gradient};
-
-/// A keyword that must be a real `bool` (None and 1 are refused). Taken as any object so
-/// that the TypeError is ours, worded as the reference words it.
-pub enum Flag {
-    Set(bool),
-    /// Something else, by its type's name.
-    Not(String),
-}
-
-impl<'a, 'py> FromPyObject<'a, 'py> for Flag {
-    type Error = PyErr;
-
-    fn extract(obj: pyo3::Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
-        Ok(match obj.cast::<pyo3::types::PyBool>() {
-            Ok(flag) => Self::Set(flag.is_true()),
-            Err(_) => Self::Not(
-                obj.get_type()
-                    .name()
-                    .map_or_else(|_| "this object".into(), |n| n.to_string()),
-            ),
-        })
-    }
-}
-
-impl Flag {
-    fn get(self, name: &str) -> PyResult<bool> {
-        match self {
-            Self::Set(flag) => Ok(flag),
-            Self::Not(type_name) => Err(PyTypeError::new_err(format!(
-                "{name} must be a bool, got {type_name}"
-            ))),
-        }
-    }
-}
-
-/// The `compression=` argument: None or False (none), True or "lz4", "zstd".
-fn compression_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Compression>> {
-    let Some(value) = value.filter(|v| !v.is_none()) else {
-        return Ok(None);
-    };
-    if let Ok(flag) = value.cast::<pyo3::types::PyBool>() {
-        return Ok(flag.is_true().then_some(Compression::Lz4));
-    }
-    if let Ok(name) = value.cast::<pyo3::types::PyString>() {
-        let name = name.to_cow()?;
-        return Compression::from_name(&name).map(Some).ok_or_else(|| {
-            setting_error(
-                value.py(),
-                "compression",
-                format!(
-                    "compression must be None, True, False, 'lz4' or 'zstd', got {}",
-                    value
-                        .repr()
-                        .map_or_else(|_| name.to_string(), |r| r.to_string())
-                ),
-            )
-        });
-    }
-    Err(PyTypeError::new_err(format!(
-        "compression must be None, a bool, 'lz4' or 'zstd', got {}",
-        value
-            .get_type()
-            .name()
-            .map_or_else(|_| "this object".into(), |n| n.to_string())
-    )))
-}
 
 /// A caller's writeable buffer (`encode_frames(out=)`), checked by
 /// gradstream._convert.frame_buffer and held for the call.
@@ -126,91 +63,9 @@ impl WritableBytes {
     }
 }
 
-/// The `wire_dtype=` argument: None or a dtype name.
-fn wire_dtype_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Dtype>> {
-    let Some(value) = value.filter(|v| !v.is_none()) else {
-        return Ok(None);
-    };
-    let Ok(name) = value.cast::<pyo3::types::PyString>() else {
-        return Err(PyTypeError::new_err(format!(
-            "wire_dtype must be None or a dtype name (str), not {}",
-            value
-                .get_type()
-                .name()
-                .map_or_else(|_| "this object".into(), |n| n.to_string())
-        )));
-    };
-    let name = name.to_cow()?;
-    Dtype::from_name(&name).map(Some).ok_or_else(|| {
-        setting_error(
-            value.py(),
-            "wire_dtype",
-            format!(
-                "wire_dtype must be None, 'float16', 'bfloat16', 'float32' or 'float64', got {}",
-                value
-                    .repr()
-                    .map_or_else(|_| name.to_string(), |r| r.to_string())
-            ),
-        )
-    })
-}
-
-/// The `timeout=` argument: None, or a positive finite number of seconds (named by its
-/// repr when refused, as the reference names it).
-fn timeout_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<std::time::Duration>> {
-    let Some(value) = value.filter(|v| !v.is_none()) else {
-        return Ok(None);
-    };
-    if value.is_instance_of::<pyo3::types::PyString>() {
-        return Err(PyTypeError::new_err(format!(
-            "timeout must be None or a number, not {}",
-            type_name(value)
-        )));
-    }
-    let seconds: f64 = value.extract().map_err(|_| {
-        PyTypeError::new_err(format!(
-            "timeout must be None or a number, not {}",
-            type_name(value)
-        ))
-    })?;
-    if seconds.is_finite() && seconds > 0.0 {
-        return Ok(Some(std::time::Duration::from_secs_f64(seconds)));
-    }
-    Err(setting_error(
-        value.py(),
-        "timeout",
-        format!(
-            "timeout must be None or a positive number of seconds, got {}",
-            value.repr()?
-        ),
-    ))
-}
-
-/// The name of `value`'s type, for messages.
-fn type_name(value: &Bound<'_, PyAny>) -> String {
-    value
-        .get_type()
-        .name()
-        .map_or_else(|_| "this object".into(), |n| n.to_string())
-}
-
 /// `gradstream._tensors.<name>`: the tensor-set layer, shared with the reference.
 fn tensors_fn<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
     py.import("gradstream._tensors")?.getattr(name)
-}
-
-/// `gradstream._dtypes.<name>` (shared with the reference).
-fn dtypes_attr<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
-    py.import("gradstream._dtypes")?.getattr(name)
-}
-
-/// The dtype of a numpy array, by `gradstream._dtypes.dtype_name`.
-pub(super) fn dtype_of_array(array: &Bound<'_, PyAny>) -> PyResult<Dtype> {
-    let name = dtypes_attr(array.py(), "dtype_name")?.call1((array.getattr("dtype")?,))?;
-    let name: Option<String> = name.extract()?;
-    name.as_deref()
-        .and_then(Dtype::from_name)
-        .ok_or_else(|| PyTypeError::new_err("not an array of a dtype gradstream moves"))
 }
 
 #[pyclass(name = "GradientStreamSession", module = "gradstream", frozen)]
@@ -224,41 +79,15 @@ pub struct PySession {
     wire_dtype: Option<Dtype>,
 }
 
-/// A gradient taken for encoding: its values as raw bytes (a view of the caller's array
-/// where the memory allows), their dtype, and the settings to encode it with.
-pub struct Input<'py> {
-    pub bytes: PyReadonlyArray1<'py, u8>,
-    /// The values' dtype, and the one they travel in.
-    pub dtype: Dtype,
-    pub wire: Dtype,
-    pub config: SessionConfig,
-}
-
-impl Input<'_> {
-    pub fn gradient(&self) -> PyResult<gradstream_core::session::Gradient<'_>> {
-        Ok(
-            gradstream_core::session::Gradient::new(self.bytes.as_slice()?, self.dtype)
-                .cast_to(self.wire),
-        )
-    }
-}
-
-/// The gradient as a C-contiguous, aligned float32 array, read in place when it already is;
-/// anything else goes through `gradstream._convert` (shared with the reference), which
-/// copies once or refuses with a TypeError naming the dtype.
-pub(super) fn gradient_array<'py>(
-    obj: &Bound<'py, PyAny>,
-) -> PyResult<PyReadonlyArrayDyn<'py, f32>> {
-    if let Ok(array) = obj.cast::<PyArrayDyn<f32>>() {
-        if array.is_c_contiguous() && array.is_aligned() {
-            return Ok(array.try_readonly()?);
+impl From<Settings> for PySession {
+    fn from(settings: Settings) -> Self {
+        Self {
+            config: settings.config,
+            keep_shape: settings.keep_shape,
+            keep_dtype: settings.keep_dtype,
+            wire_dtype: settings.wire_dtype,
         }
     }
-    static CONVERT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-    let converted = CONVERT
-        .import(obj.py(), "gradstream._convert", "as_float32_array")?
-        .call1((obj,))?;
-    Ok(converted.cast_into::<PyArrayDyn<f32>>()?.try_readonly()?)
 }
 
 impl PySession {
@@ -313,28 +142,6 @@ impl PySession {
         let mut config = self.config.clone();
         config.limits.bf16_as_f32 = dtypes_attr(py, "BFLOAT16")?.is_none();
         Ok(config)
-    }
-}
-
-/// Values as a numpy array of the dtype they come back in, in the shape the sender kept
-/// (views, no copy).
-pub(super) fn values_array(py: Python<'_>, values: Output) -> PyResult<Bound<'_, PyAny>> {
-    let shape = values.shape.clone();
-    let dtype = values.dtype();
-    let flat = match values.into_store() {
-        Some(Store::F32(v)) => PyArray1::from_vec(py, v).into_any(),
-        Some(Store::F64(v)) => PyArray1::from_vec(py, v).into_any(),
-        Some(Store::U16(v)) => {
-            let numpy_dtype = dtypes_attr(py, "numpy_dtype")?.call1((dtype.name(),))?;
-            PyArray1::from_vec(py, v)
-                .into_any()
-                .call_method1("view", (numpy_dtype,))?
-        }
-        None => PyArray1::<f32>::zeros(py, 0, false).into_any(),
-    };
-    match shape {
-        None => Ok(flat),
-        Some(dims) => flat.call_method1("reshape", (dims,)),
     }
 }
 
@@ -423,67 +230,19 @@ impl PySession {
         keep_dtype: Flag,
         wire_dtype: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let compression = compression_arg(compression)?;
-        let keep_shape = keep_shape.get("keep_shape")?;
-        let keep_dtype = keep_dtype.get("keep_dtype")?;
-        let wire_dtype = wire_dtype_arg(wire_dtype)?;
-        let setting = |name: &str, detail: String| setting_error(py, name, detail);
-        let layout = Layout::from_name(layout).ok_or_else(|| {
-            setting(
-                "layout",
-                format!(
-                    "layout must be 'seed' (the original's payload) or 'compact' (values only), \
-                     got {layout:?}"
-                ),
-            )
-        })?;
-        let chunk_size = usize::try_from(chunk_size).map_err(|_| {
-            setting(
-                "chunk_size",
-                format!("chunk_size must be >= 0, got {chunk_size}"),
-            )
-        })?;
-        let max_payload_len = u32::try_from(max_payload_len)
-            .ok()
-            .filter(|&n| n > 0)
-            .ok_or_else(|| {
-                setting(
-                    "max_payload_len",
-                    // payload_len is a u32 on the wire: no larger limit could be reached.
-                    format!(
-                        "max_payload_len must be in 1..{}, got {max_payload_len}",
-                        u32::MAX
-                    ),
-                )
-            })?;
-        let max_gradient_len = usize::try_from(max_gradient_len)
-            .ok()
-            .filter(|&n| n > 0)
-            .ok_or_else(|| {
-                setting(
-                    "max_gradient_len",
-                    format!(
-                        "max_gradient_len must be between 1 and {}, got {max_gradient_len}",
-                        usize::MAX
-                    ),
-                )
-            })?;
-        let timeout = timeout_arg(timeout)?;
-        let mut config = SessionConfig::new(session_id, chunk_size);
-        config.limits = Limits {
+        let args = SettingArgs {
+            session_id,
+            chunk_size,
             max_payload_len,
             max_gradient_len,
-            bf16_as_f32: false,
-        };
-        config.timeout = timeout;
-        config.layout = layout;
-        config.compression = compression;
-        Ok(Self {
-            config,
+            timeout,
+            layout,
+            compression,
             keep_shape,
             keep_dtype,
             wire_dtype,
-        })
+        };
+        Ok(args.parse(py)?.into())
     }
 
     /// A session with the default chunk size (65,536 values).

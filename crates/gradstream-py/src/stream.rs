@@ -1,6 +1,9 @@
 //! The Python side of streaming: sockets handed to tokio, the awaitables' results, progress
 //! counters, and the sans-I/O encoder/receiver that `gradstream._aio` drives for asyncio
 //! streams.
+//!
+//! Uses `convert` (the gradient held across a transfer, the `out=` array, values out),
+//! `complete`, `buffers` and `errors`; used by `session`.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -9,9 +12,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
-use std::ptr::NonNull;
-
-use numpy::{PyArray1, PyArrayMethods};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -20,12 +20,12 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::buffers::ReadBuffer;
 use super::complete::{Completions, Outcome};
+use super::convert::{values_array, HeldGradient, Input, LentArray};
 use super::errors::IntoPyResult;
-use super::session::Input;
-use gradstream_core::dtype::Dtype;
 use gradstream_core::error::{GradientStreamError, Result};
-use gradstream_core::output::{OutSlice, Output};
-use gradstream_core::session::{Ended, FrameReceiver, Gradient, SessionConfig};
+use gradstream_core::output::Output;
+use gradstream_core::receiver::{Ended, FrameReceiver};
+use gradstream_core::session::SessionConfig;
 use gradstream_core::stream::Progress;
 
 /// `gradstream._aio.<name>`: the asyncio-streams half of a method.
@@ -91,80 +91,6 @@ impl TransferProgress {
 
 pub fn progress_counters(progress: Option<&Bound<'_, TransferProgress>>) -> Arc<Progress> {
     progress.map_or_else(Arc::default, |p| p.get().counters.clone())
-}
-
-/// A caller's `out=` array, kept alive while values are written into it without the GIL.
-pub struct LentArray {
-    pub owner: Py<PyAny>,
-    pub slice: OutSlice,
-}
-
-impl LentArray {
-    /// Check `out` (gradstream._convert.value_buffer, shared with the reference) and
-    /// take a pointer to its values.
-    pub fn new(out: &Bound<'_, PyAny>) -> PyResult<Self> {
-        static CHECK: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-        let checked = CHECK
-            .import(out.py(), "gradstream._convert", "value_buffer")?
-            .call1((out,))?;
-        let dtype = super::session::dtype_of_array(&checked)?;
-        // The same memory as raw bytes (checked C-contiguous: a view, not a copy).
-        let bytes = checked
-            .call_method1("reshape", (-1,))?
-            .call_method1("view", ("uint8",))?;
-        let array = bytes.cast::<PyArray1<u8>>()?;
-        let mut writable = array.try_readwrite()?;
-        let raw = writable.as_slice_mut()?;
-        let ptr = NonNull::new(raw.as_mut_ptr()).unwrap_or(NonNull::dangling());
-        // SAFETY: `owner` keeps the array (and so its memory, which numpy never moves)
-        // alive for as long as the OutSlice. The checked array is C-contiguous, aligned
-        // and writeable, `raw.len()` bytes of values of `dtype`. Exclusive access is the
-        // caller's part of the out= contract, as for any buffer handed to recv_into: the
-        // docs say not to touch `out` meanwhile.
-        let slice = unsafe { OutSlice::new(ptr, raw.len() / dtype.width(), dtype) };
-        drop(writable);
-        Ok(Self {
-            owner: checked.unbind(),
-            slice,
-        })
-    }
-}
-
-/// A gradient array kept alive while a transfer runs without the GIL.
-pub struct HeldGradient {
-    _owner: Py<PyAny>,
-    ptr: *const u8,
-    len: usize,
-    dtype: Dtype,
-    wire: Dtype,
-}
-
-// SAFETY: the pointer is into the array `_owner` keeps alive; it is only read. A Python
-// thread writing the array meanwhile can tear values (as with any reader of a shared
-// array) but cannot change its size or free it.
-unsafe impl Send for HeldGradient {}
-unsafe impl Sync for HeldGradient {}
-
-impl HeldGradient {
-    pub fn new(input: &Input<'_>) -> PyResult<Self> {
-        let slice = input.bytes.as_slice()?;
-        Ok(Self {
-            ptr: slice.as_ptr(),
-            len: slice.len(),
-            dtype: input.dtype,
-            wire: input.wire,
-            _owner: input.bytes.as_any().clone().unbind(),
-        })
-    }
-
-    pub fn gradient(&self) -> Gradient<'_> {
-        // SAFETY: see the Send impl; `ptr`/`len` came from a live slice.
-        Gradient::new(
-            unsafe { std::slice::from_raw_parts(self.ptr, self.len) },
-            self.dtype,
-        )
-        .cast_to(self.wire)
-    }
 }
 
 /// Sockets on which a transfer has put O_NONBLOCK, by (device, inode): the flag belongs
@@ -450,7 +376,7 @@ impl PyFrameReceiver {
     fn result<'py>(&self, py: Python<'py>, values: Output) -> PyResult<Bound<'py, PyAny>> {
         match &self.out {
             Some(out) => Ok(out.bind(py).clone()),
-            None => super::session::values_array(py, values),
+            None => values_array(py, values),
         }
     }
 

@@ -1,0 +1,265 @@
+//! The payload reader: `decode_payload` reads one chunk's Arrow IPC file into a
+//! `ValueSink`, in named steps (the guard's checks, the schema and its metadata into a
+//! `Head`, then the `value` column of each batch), with a panic inside arrow-rs turned
+//! into an error.
+//!
+//! Uses `guard`, `shared`, `output` (`Head`, `ValueSink`), `dtype` and `error`.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use arrow_array::types::{Float16Type, Float32Type, Float64Type, UInt16Type};
+use arrow_array::{Array, ArrowPrimitiveType, PrimitiveArray};
+use arrow_buffer::Buffer;
+use arrow_ipc::reader::FileDecoder;
+use arrow_schema::{DataType, Field, Schema};
+
+use super::guard::{self, CheckedBlock};
+use super::shared::{arrow_err, borrowed_buffer, EXTENSION_NAME_KEY, MANIFEST_KEY, SHAPE_KEY};
+use crate::dtype::{Dtype, BF16_EXTENSION, DTYPE_KEY};
+use crate::error::{GradientStreamError, Result};
+use crate::output::{Head, ValueSink};
+
+/// Decode a payload and append its `value` column to `out`.
+///
+/// On error `out` may hold part of the payload's values; callers discard it.
+///
+/// `room` is how many more values the gradient may take (max_gradient_len minus what came
+/// before): a compressed batch declaring more rows is refused before anything is
+/// decompressed, since Arrow readers allocate whatever uncompressed size a buffer declares.
+///
+/// Before any value, `out.begin` is told the payload's column dtype and metadata (and
+/// may refuse them). Returns the same `Head`.
+pub fn decode_payload<S: ValueSink + ?Sized>(
+    payload: &[u8],
+    out: &mut S,
+    room: usize,
+) -> Result<Head> {
+    // SAFETY: `buffer` and all arrays decoded from it (batches)
+    // live inside `decode_buffer` and are dropped before it returns, unwinding included;
+    // only copied values leave it. Misaligned buffers are copied by arrow-rs itself.
+    let buffer = unsafe { borrowed_buffer(payload) };
+    match catch_unwind(AssertUnwindSafe(|| decode_buffer(&buffer, out, room))) {
+        Ok(result) => result,
+        Err(_) => Err(GradientStreamError::arrow(
+            "malformed Arrow IPC file (the decoder rejected its layout)",
+        )),
+    }
+}
+
+/// The error for a `value` column of a type gradstream does not read.
+const NOT_A_FLOAT: &str = "'value' column is not Float16, Float32, Float64 or gradstream.bfloat16";
+
+/// The dtype of a `value` field: its Arrow type, and for UInt16 the bfloat16 extension name.
+fn column_dtype(field: &Field) -> Result<Dtype> {
+    match field.data_type() {
+        DataType::Float16 => Ok(Dtype::F16),
+        DataType::Float32 => Ok(Dtype::F32),
+        DataType::Float64 => Ok(Dtype::F64),
+        DataType::UInt16
+            if field.metadata().get(EXTENSION_NAME_KEY).map(String::as_str)
+                == Some(BF16_EXTENSION) =>
+        {
+            Ok(Dtype::BF16)
+        }
+        _ => Err(GradientStreamError::arrow(NOT_A_FLOAT)),
+    }
+}
+
+/// The bytes of a decoded `value` column of `dtype` (its nulls are checked by the caller).
+fn column_bytes(column: &dyn Array, dtype: Dtype) -> Result<&[u8]> {
+    fn typed<T: ArrowPrimitiveType>(column: &dyn Array) -> Option<&[u8]> {
+        let values = column
+            .as_any()
+            .downcast_ref::<PrimitiveArray<T>>()?
+            .values();
+        // SAFETY: the primitive types here have no padding; every byte is initialised.
+        Some(unsafe {
+            std::slice::from_raw_parts(
+                values.as_ptr().cast::<u8>(),
+                std::mem::size_of_val(values.as_ref()),
+            )
+        })
+    }
+    match dtype {
+        Dtype::F16 => typed::<Float16Type>(column),
+        Dtype::BF16 => typed::<UInt16Type>(column),
+        Dtype::F32 => typed::<Float32Type>(column),
+        Dtype::F64 => typed::<Float64Type>(column),
+    }
+    .ok_or_else(|| GradientStreamError::arrow(NOT_A_FLOAT))
+}
+
+/// The steps of `decode_payload`, each a function of its own: the guard's checks on the
+/// file's structure, the schema into a `Head` (which `out` may refuse), then each batch's
+/// `value` column.
+fn decode_buffer<S: ValueSink + ?Sized>(buf: &Buffer, out: &mut S, room: usize) -> Result<Head> {
+    let (footer, footer_start) = guard::open_footer(buf)?;
+    let checked = guard::check_blocks(buf, footer, footer_start, room)?;
+    let (schema, value_idx, head) = read_head(footer)?;
+    out.begin(&head)?;
+    // Only the `value` column is decoded; the others (the index) are skipped unread.
+    let decoder =
+        FileDecoder::new(Arc::new(schema), footer.version()).with_projection(vec![value_idx]);
+    for block in checked {
+        put_batch(&decoder, block, head.column, out)?;
+    }
+    Ok(head)
+}
+
+/// The file's schema (in this machine's byte order), the index of its `value` column, and
+/// the `Head`: that column's dtype and the metadata gradstream reads.
+fn read_head(footer: arrow_ipc::Footer<'_>) -> Result<(Schema, usize, Head)> {
+    let fb_schema = footer
+        .schema()
+        .ok_or_else(|| GradientStreamError::arrow("IPC footer has no schema"))?;
+    if !fb_schema.endianness().equals_to_target_endianness() {
+        return Err(GradientStreamError::arrow(
+            "IPC file has the other byte order",
+        ));
+    }
+    let schema = arrow_ipc::convert::try_fb_to_schema(fb_schema).map_err(arrow_err)?;
+    let first = |key: &str| first_metadata(fb_schema, key);
+    let value_idx = schema
+        .index_of("value")
+        .map_err(|_| GradientStreamError::arrow("Arrow IPC block missing 'value' column"))?;
+    let column = column_dtype(schema.field(value_idx))?;
+    let dtype = match first(DTYPE_KEY) {
+        None => None,
+        Some(name) => Some(Dtype::from_name(&name).ok_or_else(|| {
+            GradientStreamError::arrow(
+                "gradient_dtype metadata is not float16, bfloat16, float32 or float64",
+            )
+        })?),
+    };
+    let head = Head {
+        column,
+        shape: first(SHAPE_KEY),
+        dtype,
+        manifest: first(MANIFEST_KEY),
+    };
+    Ok((schema, value_idx, head))
+}
+
+/// The first entry of a key, as pyarrow reads it (arrow-rs's map keeps the last): a
+/// payload listing a key twice must not decode differently in the two.
+fn first_metadata(fb_schema: arrow_ipc::Schema<'_>, key: &str) -> Option<String> {
+    fb_schema.custom_metadata().and_then(|entries| {
+        entries
+            .iter()
+            .find(|kv| kv.key() == Some(key))
+            .map(|kv| kv.value().unwrap_or_default().to_string())
+    })
+}
+
+/// Decode one checked block and hand its `value` column (of dtype `column`) to `out`:
+/// as many values as its message declares rows, none of them null.
+fn put_batch<S: ValueSink + ?Sized>(
+    decoder: &FileDecoder,
+    checked: CheckedBlock<'_>,
+    column: Dtype,
+    out: &mut S,
+) -> Result<()> {
+    let CheckedBlock {
+        block,
+        data,
+        declared_rows,
+    } = checked;
+    // A block whose message is of type NONE decodes to "no batch" in arrow-rs; the
+    // original would skip it silently, losing whatever the block was meant to hold.
+    let batch = decoder
+        .read_record_batch(block, &data)
+        .map_err(arrow_err)?
+        .ok_or_else(|| {
+            GradientStreamError::arrow("IPC record batch block holds no record batch")
+        })?;
+    let values = batch.column(0);
+    let raw = column_bytes(values.as_ref(), column)?;
+    if declared_rows.is_some_and(|rows| rows != values.len() as i64) {
+        return Err(GradientStreamError::arrow(format!(
+            "'value' column holds {} values but its record batch declares {} rows",
+            values.len(),
+            declared_rows.unwrap_or_default()
+        )));
+    }
+    if values.null_count() > 0 {
+        return Err(GradientStreamError::arrow(format!(
+            "'value' column has {} null value(s)",
+            values.null_count()
+        )));
+    }
+    out.put_raw(raw, column);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{decode, file_of};
+    use arrow_array::{Float32Array, Float64Array, Int32Array, RecordBatch};
+
+    #[test]
+    fn value_column_alone_and_several_batches_decode() {
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "value",
+            DataType::Float32,
+            true,
+        )]));
+        let b1 = RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(Float32Array::from(vec![1.0, 2.0]))],
+        )
+        .unwrap();
+        let b2 =
+            RecordBatch::try_new(schema, vec![Arc::new(Float32Array::from(vec![3.0]))]).unwrap();
+        assert_eq!(decode(&file_of(&[b1, b2])).unwrap(), vec![1.0, 2.0, 3.0]);
+    }
+
+    #[test]
+    fn missing_or_mistyped_value_column_is_refused() {
+        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Float32, false)]));
+        let b =
+            RecordBatch::try_new(schema, vec![Arc::new(Float32Array::from(vec![1.0]))]).unwrap();
+        let err = decode(&file_of(&[b])).unwrap_err();
+        assert!(err.to_string().contains("missing 'value' column"), "{err}");
+
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "value",
+            DataType::Float64,
+            false,
+        )]));
+        let b =
+            RecordBatch::try_new(schema, vec![Arc::new(Float64Array::from(vec![1.5]))]).unwrap();
+        // float64 is a dtype gradstream moves (here cast to the float32 `decode` makes).
+        assert_eq!(decode(&file_of(&[b])).unwrap(), [1.5]);
+
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "value",
+            DataType::Int32,
+            false,
+        )]));
+        let b = RecordBatch::try_new(schema, vec![Arc::new(Int32Array::from(vec![1]))]).unwrap();
+        let err = decode(&file_of(&[b])).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "Arrow IPC error: 'value' column is not Float16, Float32, Float64 or \
+             gradstream.bfloat16"
+        );
+    }
+
+    #[test]
+    fn nulls_are_refused() {
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "value",
+            DataType::Float32,
+            true,
+        )]));
+        let b = RecordBatch::try_new(
+            schema,
+            vec![Arc::new(Float32Array::from(vec![Some(1.0), None]))],
+        )
+        .unwrap();
+        let err = decode(&file_of(&[b])).unwrap_err();
+        assert!(err.to_string().contains("1 null value(s)"), "{err}");
+    }
+}

@@ -1,0 +1,590 @@
+//! The sending side: a `Gradient` to send, its chunking (`FramePlan`, planned once so the
+//! frame stream can be written into memory allocated once), each chunk's payload
+//! (`write_payload`: a template where one fits, else the Arrow writer), and the
+//! `SessionConfig` methods that encode (`encode_frames`, `encode_gradient`, `encode_frame`,
+//! `frames_len`, `plan_frames`, `write_frames`).
+//!
+//! Uses `session` (the settings), `codec` (the payload writer), `template` (the fast
+//! path), `frame` and `dtype`; the decoding files never use it (its tests decode, to
+//! round-trip).
+
+use crate::codec::{self, Encoding, Layout};
+use crate::dtype::{self, Dtype};
+use crate::error::{GradientStreamError, Result};
+use crate::frame::{FrameHeader, HEADER_LEN};
+use crate::session::{ChunkRef, SessionConfig};
+use crate::template::Template;
+
+/// A gradient to send: its values as bytes in memory order, their dtype, and the dtype
+/// they travel in (`wire_dtype`: each chunk is cast as it is encoded, by the cast rule).
+#[derive(Clone, Copy, Debug)]
+pub struct Gradient<'g> {
+    raw: &'g [u8],
+    dtype: Dtype,
+    wire: Dtype,
+}
+
+impl<'g> Gradient<'g> {
+    /// `raw` holds values of `dtype` (a whole number of them), sent as they are.
+    pub fn new(raw: &'g [u8], dtype: Dtype) -> Self {
+        let whole = raw.len() - raw.len() % dtype.width();
+        Self {
+            raw: &raw[..whole],
+            dtype,
+            wire: dtype,
+        }
+    }
+
+    /// The same values, cast to `wire` for transfer.
+    pub fn cast_to(self, wire: Dtype) -> Self {
+        Self { wire, ..self }
+    }
+
+    pub fn len(&self) -> usize {
+        self.raw.len() / self.dtype.width()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.raw.is_empty()
+    }
+
+    pub fn raw(&self) -> &'g [u8] {
+        self.raw
+    }
+}
+
+impl<'g> From<&'g [f32]> for Gradient<'g> {
+    fn from(values: &'g [f32]) -> Self {
+        Self::new(dtype::f32_bytes(values), Dtype::F32)
+    }
+}
+
+impl<'g> From<&'g Vec<f32>> for Gradient<'g> {
+    fn from(values: &'g Vec<f32>) -> Self {
+        Self::from(values.as_slice())
+    }
+}
+
+/// One chunk's values in the dtype they travel in: borrowed when no cast is asked for,
+/// else cast (a chunk at a time, so the sender never holds a cast copy of the gradient).
+fn cast_window<'w>(gradient: &Gradient<'_>, window: &'w [u8]) -> std::borrow::Cow<'w, [u8]> {
+    if gradient.wire == gradient.dtype {
+        return std::borrow::Cow::Borrowed(window);
+    }
+    let n = window.len() / gradient.dtype.width();
+    let mut cast = vec![0u8; n * gradient.wire.width()];
+    crate::dtype::convert(window, gradient.dtype, &mut cast, gradient.wire);
+    std::borrow::Cow::Owned(cast)
+}
+
+/// `raw` as float32 values, when it is aligned for them (the template paths need f32).
+pub(crate) fn as_f32(raw: &[u8]) -> Option<&[f32]> {
+    // SAFETY: every bit pattern is an f32; align_to only hands out the aligned middle.
+    let (head, values, tail) = unsafe { raw.align_to::<f32>() };
+    (head.is_empty() && tail.is_empty()).then_some(values)
+}
+
+/// One encoded chunk, owning its payload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EncodedChunk {
+    pub chunk_index: u32,
+    pub total_chunks: u32,
+    pub checksum: u32,
+    pub payload: Vec<u8>,
+}
+
+/// The chunks of one gradient and the exact size of its frame stream.
+#[derive(Debug)]
+pub struct FramePlan<'g> {
+    total: u32,
+    /// Each chunk's values, as bytes of the gradient's dtype.
+    windows: Vec<&'g [u8]>,
+    payload_lens: Vec<u32>,
+    len: usize,
+    /// Compressed sessions: each chunk's payload and CRC, encoded while planning (their
+    /// sizes depend on the values).
+    encoded: Vec<(Vec<u8>, u32)>,
+}
+
+impl<'g> FramePlan<'g> {
+    /// Bytes of the whole frame stream.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn total_chunks(&self) -> u32 {
+        self.total
+    }
+
+    /// Each chunk's index, values (bytes) and exact payload length.
+    pub fn chunks(&self) -> impl Iterator<Item = (u32, &'g [u8], u32)> + '_ {
+        (0u32..)
+            .zip(self.windows.iter().copied())
+            .zip(self.payload_lens.iter().copied())
+            .map(|((index, window), len)| (index, window, len))
+    }
+}
+
+/// Encode one chunk's plain float32 payload into `out` (exactly its planned length);
+/// its CRC-32.
+pub(crate) fn write_payload(layout: Layout, raw: &[u8], out: &mut [u8]) -> Result<u32> {
+    let values = as_f32(raw);
+    match values.zip(Template::get(layout, raw.len() / 4)) {
+        Some((values, template)) if template.len() == out.len() => Ok(template.write(values, out)),
+        _ => {
+            codec::encode_payload_exact(layout, raw, out)?;
+            Ok(codec::checksum(out))
+        }
+    }
+}
+
+/// The length of the payload of `n` values in `layout`.
+fn payload_len_of(layout: Layout, n: usize) -> Result<usize> {
+    match Template::get(layout, n) {
+        Some(template) => Ok(template.len()),
+        // No template (empty or huge chunks): measure by encoding as many zeros.
+        None => Ok(codec::encode_payload(layout, &vec![0f32; n])?.len()),
+    }
+}
+
+impl SessionConfig {
+    /// How this session writes payloads.
+    pub(crate) fn encoding(&self, dtype: Dtype) -> Encoding {
+        Encoding {
+            layout: self.layout,
+            compression: self.compression,
+            dtype,
+            shape: self.shape.clone(),
+            result: self.result,
+            manifest: self.manifest.clone(),
+        }
+    }
+
+    /// Whether `gradient`'s payloads come from the Arrow writer chunk by chunk (their
+    /// bytes depend on more than the value count: a cast, compression, metadata, a dtype
+    /// without templates) rather than templates.
+    pub(crate) fn writes_each_payload(&self, gradient: &Gradient<'_>) -> bool {
+        gradient.dtype != gradient.wire || !self.encoding(gradient.wire).is_plain()
+    }
+
+    /// Number of chunks for a gradient of `len` values: ceiling division, and 1 for an
+    /// empty gradient so that a stream always has a frame.
+    pub fn chunk_count(&self, len: usize) -> Result<u32> {
+        let n = len.div_ceil(self.chunk_size).max(1);
+        u32::try_from(n).map_err(|_| {
+            GradientStreamError::frame(
+                format!(
+                    "a gradient of {len} values needs {n} chunks of {}, more than \
+                     total_chunks can count ({}); use a larger chunk_size",
+                    self.chunk_size,
+                    u32::MAX
+                ),
+                None,
+            )
+        })
+    }
+
+    /// Chunk `index` of `gradient` as one frame (header + payload): the asyncio-streams
+    /// sender asks for frames one at a time.
+    pub fn encode_frame<'g>(
+        &self,
+        gradient: impl Into<Gradient<'g>>,
+        index: u32,
+    ) -> Result<Vec<u8>> {
+        let gradient = gradient.into();
+        let total = self.chunk_count(gradient.len())?;
+        let width = gradient.dtype.width();
+        let start = (index as usize)
+            .saturating_mul(self.chunk_size)
+            .min(gradient.len());
+        let end = start.saturating_add(self.chunk_size).min(gradient.len());
+        let mut frame = vec![0u8; HEADER_LEN];
+        let window = cast_window(&gradient, &gradient.raw[start * width..end * width]);
+        codec::append_payload(self.encoding(gradient.wire), &window, &mut frame)?;
+        let payload_len = self.check_payload_len(index, end - start, frame.len() - HEADER_LEN)?;
+        let header = FrameHeader {
+            chunk_index: index,
+            total_chunks: total,
+            payload_len,
+            checksum: codec::checksum(&frame[HEADER_LEN..]),
+        };
+        frame[..HEADER_LEN].copy_from_slice(&header.to_bytes());
+        Ok(frame)
+    }
+
+    /// The gradient's windows, one per chunk (one empty window for an empty gradient).
+    fn windows<'g>(&self, gradient: Gradient<'g>) -> Result<(u32, Vec<&'g [u8]>)> {
+        let total = self.chunk_count(gradient.len())?;
+        let windows = if gradient.is_empty() {
+            vec![gradient.raw]
+        } else {
+            // chunk_count bounds chunk_size * width by the gradient's bytes.
+            let bytes = self.chunk_size.saturating_mul(gradient.dtype.width());
+            gradient.raw.chunks(bytes).collect()
+        };
+        Ok((total, windows))
+    }
+
+    /// The length of chunk `index`'s payload (`values` values) as the header's u32, if the
+    /// session's limit allows it: a peer with the same limit would refuse anything longer.
+    /// The message leaves out the byte count, which differs between Arrow writers, so that
+    /// the reference words it alike.
+    fn check_payload_len(&self, index: u32, values: usize, len: usize) -> Result<u32> {
+        u32::try_from(len)
+            .ok()
+            .filter(|&n| n <= self.limits.max_payload_len)
+            .ok_or_else(|| {
+                GradientStreamError::frame(
+                    format!(
+                        "chunk {index} ({values} values) would encode to a payload above \
+                         max_payload_len {} bytes; use a smaller chunk_size",
+                        self.limits.max_payload_len
+                    ),
+                    Some(index),
+                )
+            })
+    }
+
+    /// Split a gradient into chunks, each an Arrow IPC payload with its CRC-32.
+    pub fn encode_gradient<'g>(
+        &self,
+        gradient: impl Into<Gradient<'g>>,
+    ) -> Result<Vec<EncodedChunk>> {
+        let plan = self.plan_frames(gradient)?;
+        plan.chunks()
+            .map(|(index, window, len)| {
+                let mut payload = vec![0u8; len as usize];
+                Ok(EncodedChunk {
+                    chunk_index: index,
+                    total_chunks: plan.total_chunks(),
+                    checksum: self.write_chunk(&plan, index, window, &mut payload)?,
+                    payload,
+                })
+            })
+            .collect()
+    }
+
+    /// The bytes `stream_to` writes: each chunk's header then its payload.
+    pub fn encode_frames<'g>(&self, gradient: impl Into<Gradient<'g>>) -> Result<Vec<u8>> {
+        let plan = self.plan_frames(gradient)?;
+        let mut out = vec![0u8; plan.len];
+        self.write_frames(&plan, &mut out)?;
+        Ok(out)
+    }
+
+    /// Bytes of the frame stream of a gradient of `len` values (what `encode_frames` and
+    /// the senders produce), with the errors encoding such a gradient would raise.
+    pub fn frames_len(&self, len: usize) -> Result<usize> {
+        let total = self.chunk_count(len)?;
+        let full = len / self.chunk_size;
+        let tail = len % self.chunk_size;
+        let mut bytes = 0usize;
+        let mut add = |count: usize, values: usize, index: u32| -> Result<()> {
+            if count == 0 {
+                return Ok(());
+            }
+            let floor = values.saturating_mul(self.layout.bytes_per_value());
+            self.check_payload_len(index, values, floor)?;
+            let len = payload_len_of(self.layout, values)?;
+            let payload = self.check_payload_len(index, values, len)?;
+            bytes = (HEADER_LEN + payload as usize)
+                .checked_mul(count)
+                .and_then(|b| b.checked_add(bytes))
+                .ok_or_else(|| {
+                    GradientStreamError::frame(
+                        format!("the frames of {len} values do not fit in memory"),
+                        None,
+                    )
+                })?;
+            Ok(())
+        };
+        if len == 0 {
+            add(1, 0, 0)?;
+        } else {
+            add(full, self.chunk_size, 0)?;
+            add(usize::from(tail > 0), tail, total - 1)?;
+        }
+        Ok(bytes)
+    }
+
+    /// Work out the chunks of `gradient` and the exact length of its frame stream, so that
+    /// the stream can be written into memory allocated once (a Python `bytes`, say).
+    pub fn plan_frames<'g>(&self, gradient: impl Into<Gradient<'g>>) -> Result<FramePlan<'g>> {
+        let gradient = gradient.into();
+        let (total, windows) = self.windows(gradient)?;
+        if self.writes_each_payload(&gradient) {
+            // Sizes depend on the values (or the metadata): encode every chunk now, keep
+            // the payloads.
+            let encoded = self.encode_each(&windows, &gradient)?;
+            let payload_lens = encoded
+                .iter()
+                .zip(0u32..)
+                .zip(&windows)
+                .map(|(((payload, _), index), window)| {
+                    let values = window.len() / gradient.dtype.width();
+                    self.check_payload_len(index, values, payload.len())
+                })
+                .collect::<Result<Vec<u32>>>()?;
+            let len = payload_lens.iter().map(|&n| HEADER_LEN + n as usize).sum();
+            return Ok(FramePlan {
+                total,
+                windows,
+                payload_lens,
+                len,
+                encoded,
+            });
+        }
+        // A payload's size depends only on its value count, and a gradient has at most two
+        // counts (full chunks and the tail): measure each once by encoding it.
+        let mut sizes: Vec<(usize, u32)> = Vec::with_capacity(2);
+        let mut payload_lens = Vec::with_capacity(windows.len());
+        for (window, index) in windows.iter().zip(0u32..) {
+            let n = window.len() / 4; // float32: the only dtype planned without encoding
+            let len = match sizes.iter().find(|(count, _)| *count == n) {
+                Some(&(_, len)) => len,
+                None => {
+                    // 8 bytes a value is a floor: refuse a hopeless chunk before encoding it.
+                    let floor = n.saturating_mul(self.layout.bytes_per_value());
+                    self.check_payload_len(index, n, floor)?;
+                    let len = payload_len_of(self.layout, n)?;
+                    let len = self.check_payload_len(index, n, len)?;
+                    sizes.push((n, len));
+                    len
+                }
+            };
+            payload_lens.push(len);
+        }
+        let len = payload_lens.iter().map(|&n| HEADER_LEN + n as usize).sum();
+        Ok(FramePlan {
+            total,
+            windows,
+            payload_lens,
+            len,
+            encoded: Vec::new(),
+        })
+    }
+
+    /// Each window's payload (from the Arrow writer) and CRC-32. Compression costs far
+    /// more than the copies, so the windows are split between the machine's cores.
+    fn encode_each(
+        &self,
+        windows: &[&[u8]],
+        gradient: &Gradient<'_>,
+    ) -> Result<Vec<(Vec<u8>, u32)>> {
+        let encode = |part: &[&[u8]]| -> Result<Vec<(Vec<u8>, u32)>> {
+            part.iter()
+                .map(|window| {
+                    let window = cast_window(gradient, window);
+                    let payload = codec::encode_payload_raw(self.encoding(gradient.wire), &window)?;
+                    let checksum = codec::checksum(&payload);
+                    Ok((payload, checksum))
+                })
+                .collect()
+        };
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let bytes: usize = windows.iter().map(|w| w.len()).sum();
+        // Threads only pay for themselves on more than a few chunks of real work.
+        if threads < 2 || windows.len() < 4 || bytes < 1 << 18 {
+            return encode(windows);
+        }
+        let per_thread = windows.len().div_ceil(threads);
+        std::thread::scope(|scope| {
+            let parts: Vec<_> = windows
+                .chunks(per_thread)
+                .map(|part| scope.spawn(move || encode(part)))
+                .collect();
+            let mut encoded = Vec::with_capacity(windows.len());
+            for part in parts {
+                let done = part.join().map_err(|_| {
+                    GradientStreamError::arrow("a payload encoder thread panicked")
+                })??;
+                encoded.extend(done);
+            }
+            Ok(encoded)
+        })
+    }
+
+    /// Chunk `index` of a plan into `out` (its planned length); its CRC-32.
+    pub fn write_chunk(
+        &self,
+        plan: &FramePlan<'_>,
+        index: u32,
+        window: &[u8],
+        out: &mut [u8],
+    ) -> Result<u32> {
+        match plan.encoded.get(index as usize) {
+            Some((payload, checksum)) => {
+                out.copy_from_slice(payload);
+                Ok(*checksum)
+            }
+            None => write_payload(self.layout, window, out),
+        }
+    }
+
+    /// Write a planned frame stream into `out`, which must be `plan.len()` bytes long.
+    pub fn write_frames(&self, plan: &FramePlan<'_>, out: &mut [u8]) -> Result<()> {
+        if out.len() != plan.len {
+            return Err(GradientStreamError::frame(
+                format!(
+                    "frame buffer of {} bytes for a {}-byte stream",
+                    out.len(),
+                    plan.len
+                ),
+                None,
+            ));
+        }
+        let mut rest = out;
+        for (index, window, payload_len) in plan.chunks() {
+            let (frame, tail) = rest.split_at_mut(HEADER_LEN + payload_len as usize);
+            rest = tail;
+            let (head, payload) = frame.split_at_mut(HEADER_LEN);
+            let header = FrameHeader {
+                chunk_index: index,
+                total_chunks: plan.total,
+                payload_len,
+                checksum: self.write_chunk(plan, index, window, payload)?,
+            };
+            head.copy_from_slice(&header.to_bytes());
+        }
+        Ok(())
+    }
+}
+
+impl EncodedChunk {
+    pub fn header(&self) -> FrameHeader {
+        FrameHeader {
+            chunk_index: self.chunk_index,
+            total_chunks: self.total_chunks,
+            // plan_frames refused payloads over max_payload_len, itself a u32.
+            payload_len: self.payload.len() as u32,
+            checksum: self.checksum,
+        }
+    }
+
+    pub fn as_ref(&self) -> ChunkRef<'_> {
+        ChunkRef {
+            chunk_index: self.chunk_index,
+            total_chunks: self.total_chunks,
+            checksum: self.checksum,
+            payload: &self.payload,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{bytes_of, frame_error, frames_of, gradient, refs, session};
+
+    #[test]
+    fn chunking_mirrors_the_original() {
+        let s = session(4);
+        for (len, chunks) in [(0, 1), (1, 1), (3, 1), (4, 1), (5, 2), (8, 2), (9, 3)] {
+            let encoded = s.encode_gradient(&gradient(len)).unwrap();
+            assert_eq!(encoded.len(), chunks, "len {len}");
+            for (i, c) in encoded.iter().enumerate() {
+                assert_eq!(c.chunk_index as usize, i);
+                assert_eq!(c.total_chunks as usize, chunks);
+                assert_eq!(c.checksum, crc32fast::hash(&c.payload));
+            }
+            assert_eq!(s.decode_chunks(refs(&encoded)).unwrap(), gradient(len));
+        }
+        assert_eq!(session(0).chunk_size, 1);
+        assert!(session(7).decode_chunks(Vec::new()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn frames_are_header_then_payload_and_round_trip() {
+        let s = session(3);
+        let g = gradient(10);
+        let chunks = s.encode_gradient(&g).unwrap();
+        let wire = s.encode_frames(&g).unwrap();
+        assert_eq!(wire, frames_of(&chunks));
+        assert_eq!(s.decode_frames(&wire).unwrap(), g);
+        assert!(s.decode_frames(&[]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn encoder_refuses_chunks_over_the_payload_limit() {
+        let mut s = session(1000);
+        s.limits.max_payload_len = 4096;
+        let (detail, idx, _) = frame_error(s.encode_frames(&gradient(3000)));
+        assert!(detail.contains("use a smaller chunk_size"), "{detail}");
+        assert_eq!(idx, Some(0));
+    }
+
+    #[test]
+    fn special_floats_survive_bit_for_bit() {
+        let bits = [
+            0x7fc0_0001u32,
+            0xffff_ffff,
+            0x8000_0000,
+            0x7f80_0000,
+            0xff80_0000,
+            0x0000_0001,
+            0x807f_ffff,
+        ];
+        let g: Vec<f32> = bits.iter().map(|b| f32::from_bits(*b)).collect();
+        let s = session(3);
+        let back = s.decode_frames(&s.encode_frames(&g).unwrap()).unwrap();
+        assert_eq!(back.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), bits);
+    }
+
+    #[test]
+    fn a_kept_shape_travels_in_every_payload_and_comes_back() {
+        let mut s = session(4);
+        s.shape = Some("[2,5]".into());
+        let g = gradient(10);
+        let wire = s.encode_frames(&g).unwrap();
+        let plain = session(4).encode_frames(&g).unwrap();
+        assert!(wire.len() > plain.len());
+        let back = session(3).decode_frames_output(&wire).unwrap();
+        assert_eq!(back.shape, Some(vec![2, 5]));
+        assert_eq!(back.into_vec(), g);
+        let chunks = s.encode_gradient(&g).unwrap();
+        let back = session(3).decode_chunks_output(refs(&chunks)).unwrap();
+        assert_eq!(back.shape, Some(vec![2, 5]));
+        // A shape that does not hold the values, and chunks that disagree.
+        s.shape = Some("[3,3]".into());
+        let (detail, index, _) =
+            frame_error(session(3).decode_frames(&s.encode_frames(&g).unwrap()));
+        assert_eq!(
+            (detail.as_str(), index),
+            (
+                "gradient_shape [3,3] holds 9 values; the gradient has 10",
+                None
+            )
+        );
+        let mut mixed = s.encode_gradient(&g).unwrap();
+        mixed[1] = session(4).encode_gradient(&g).unwrap().remove(1);
+        let (detail, index, offset) = frame_error(session(3).decode_frames(&frames_of(&mixed)));
+        assert_eq!(
+            detail,
+            "chunks disagree on gradient_shape: chunk 0 says [3,3], chunk 1 says none"
+        );
+        assert_eq!(index, Some(1));
+        assert!(offset.is_some());
+    }
+
+    #[test]
+    fn every_dtype_travels_bit_for_bit_through_frames_and_chunks() {
+        for dtype in Dtype::ALL {
+            for layout in [Layout::Seed, Layout::Compact] {
+                let mut s = SessionConfig::new("d", 7);
+                s.layout = layout;
+                let raw = bytes_of(dtype, 30);
+                let wire = s.encode_frames(Gradient::new(&raw, dtype)).unwrap();
+                let back = s.decode_frames_output(&wire).unwrap();
+                assert_eq!((back.dtype(), back.owned_bytes()), (dtype, &raw[..]));
+                let chunks = s.encode_gradient(Gradient::new(&raw, dtype)).unwrap();
+                let refs = chunks.iter().rev().map(|c| c.as_ref()).collect();
+                let back = s.decode_chunks_output(refs).unwrap();
+                assert_eq!((back.dtype(), back.owned_bytes()), (dtype, &raw[..]));
+            }
+        }
+    }
+}

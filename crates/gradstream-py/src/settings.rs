@@ -1,0 +1,255 @@
+//! The session constructor's keywords, checked and turned into settings: `SettingArgs`
+//! (what Python passed) parses into `Settings` (the core's `SessionConfig` and the
+//! bindings' own keep_shape, keep_dtype and wire_dtype), with every refusal worded as
+//! the reference words it.
+//!
+//! Uses `errors` and the core; used by `session`.
+
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+
+use super::errors::setting_error;
+use gradstream_core::codec::{Compression, Layout};
+use gradstream_core::dtype::Dtype;
+use gradstream_core::frame::Limits;
+use gradstream_core::session::SessionConfig;
+
+/// A session's settings, checked.
+pub struct Settings {
+    pub config: SessionConfig,
+    /// Write each gradient's shape into its payloads (`gradient_shape`).
+    pub keep_shape: bool,
+    /// Take float16/bfloat16/float64 gradients and send them as they are.
+    pub keep_dtype: bool,
+    /// Cast every gradient to this dtype for transfer.
+    pub wire_dtype: Option<Dtype>,
+}
+
+/// The constructor's arguments as Python gave them (`GradientStreamSession(...)`).
+pub struct SettingArgs<'a, 'py> {
+    pub session_id: String,
+    pub chunk_size: i64,
+    pub max_payload_len: i64,
+    pub max_gradient_len: i128,
+    pub timeout: Option<&'a Bound<'py, PyAny>>,
+    pub layout: &'a str,
+    pub compression: Option<&'a Bound<'py, PyAny>>,
+    pub keep_shape: Flag,
+    pub keep_dtype: Flag,
+    pub wire_dtype: Option<&'a Bound<'py, PyAny>>,
+}
+
+impl SettingArgs<'_, '_> {
+    /// Check every argument, in the reference's order (the first refusal is raised).
+    pub fn parse(self, py: Python<'_>) -> PyResult<Settings> {
+        let compression = compression_arg(self.compression)?;
+        let keep_shape = self.keep_shape.get("keep_shape")?;
+        let keep_dtype = self.keep_dtype.get("keep_dtype")?;
+        let wire_dtype = wire_dtype_arg(self.wire_dtype)?;
+        let layout = layout_arg(py, self.layout)?;
+        let chunk_size = usize::try_from(self.chunk_size).map_err(|_| {
+            setting_error(
+                py,
+                "chunk_size",
+                format!("chunk_size must be >= 0, got {}", self.chunk_size),
+            )
+        })?;
+        let limits = limits_arg(py, self.max_payload_len, self.max_gradient_len)?;
+        let timeout = timeout_arg(self.timeout)?;
+        let mut config = SessionConfig::new(self.session_id, chunk_size);
+        config.limits = limits;
+        config.timeout = timeout;
+        config.layout = layout;
+        config.compression = compression;
+        Ok(Settings {
+            config,
+            keep_shape,
+            keep_dtype,
+            wire_dtype,
+        })
+    }
+}
+
+/// The `layout=` argument: "seed" or "compact".
+fn layout_arg(py: Python<'_>, layout: &str) -> PyResult<Layout> {
+    Layout::from_name(layout).ok_or_else(|| {
+        setting_error(
+            py,
+            "layout",
+            format!(
+                "layout must be 'seed' (the original's payload) or 'compact' (values only), \
+                 got {layout:?}"
+            ),
+        )
+    })
+}
+
+/// The `max_payload_len=` and `max_gradient_len=` arguments, as the session's limits.
+fn limits_arg(py: Python<'_>, max_payload_len: i64, max_gradient_len: i128) -> PyResult<Limits> {
+    // payload_len is a u32 on the wire: no larger limit could be reached.
+    let max_payload_len = positive(py, "max_payload_len", max_payload_len, |n| {
+        format!("max_payload_len must be in 1..{}, got {n}", u32::MAX)
+    })?;
+    let max_gradient_len = positive(py, "max_gradient_len", max_gradient_len, |n| {
+        format!(
+            "max_gradient_len must be between 1 and {}, got {n}",
+            usize::MAX
+        )
+    })?;
+    Ok(Limits {
+        max_payload_len,
+        max_gradient_len,
+        bf16_as_f32: false,
+    })
+}
+
+/// `value` as a `T` above zero, else the setting error `name` with `detail(value)`.
+fn positive<T, V>(
+    py: Python<'_>,
+    name: &str,
+    value: V,
+    detail: impl FnOnce(V) -> String,
+) -> PyResult<T>
+where
+    T: TryFrom<V> + PartialOrd + Default + Copy,
+    V: Copy,
+{
+    T::try_from(value)
+        .ok()
+        .filter(|&n| n > T::default())
+        .ok_or_else(|| setting_error(py, name, detail(value)))
+}
+
+/// A keyword that must be a real `bool` (None and 1 are refused). Taken as any object so
+/// that the TypeError is ours, worded as the reference words it.
+pub enum Flag {
+    Set(bool),
+    /// Something else, by its type's name.
+    Not(String),
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Flag {
+    type Error = PyErr;
+
+    fn extract(obj: pyo3::Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        Ok(match obj.cast::<pyo3::types::PyBool>() {
+            Ok(flag) => Self::Set(flag.is_true()),
+            Err(_) => Self::Not(
+                obj.get_type()
+                    .name()
+                    .map_or_else(|_| "this object".into(), |n| n.to_string()),
+            ),
+        })
+    }
+}
+
+impl Flag {
+    pub fn get(self, name: &str) -> PyResult<bool> {
+        match self {
+            Self::Set(flag) => Ok(flag),
+            Self::Not(type_name) => Err(PyTypeError::new_err(format!(
+                "{name} must be a bool, got {type_name}"
+            ))),
+        }
+    }
+}
+
+/// The `compression=` argument: None or False (none), True or "lz4", "zstd".
+fn compression_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Compression>> {
+    let Some(value) = value.filter(|v| !v.is_none()) else {
+        return Ok(None);
+    };
+    if let Ok(flag) = value.cast::<pyo3::types::PyBool>() {
+        return Ok(flag.is_true().then_some(Compression::Lz4));
+    }
+    if let Ok(name) = value.cast::<pyo3::types::PyString>() {
+        let name = name.to_cow()?;
+        return Compression::from_name(&name).map(Some).ok_or_else(|| {
+            setting_error(
+                value.py(),
+                "compression",
+                format!(
+                    "compression must be None, True, False, 'lz4' or 'zstd', got {}",
+                    value
+                        .repr()
+                        .map_or_else(|_| name.to_string(), |r| r.to_string())
+                ),
+            )
+        });
+    }
+    Err(PyTypeError::new_err(format!(
+        "compression must be None, a bool, 'lz4' or 'zstd', got {}",
+        value
+            .get_type()
+            .name()
+            .map_or_else(|_| "this object".into(), |n| n.to_string())
+    )))
+}
+
+/// The `wire_dtype=` argument: None or a dtype name.
+fn wire_dtype_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Dtype>> {
+    let Some(value) = value.filter(|v| !v.is_none()) else {
+        return Ok(None);
+    };
+    let Ok(name) = value.cast::<pyo3::types::PyString>() else {
+        return Err(PyTypeError::new_err(format!(
+            "wire_dtype must be None or a dtype name (str), not {}",
+            value
+                .get_type()
+                .name()
+                .map_or_else(|_| "this object".into(), |n| n.to_string())
+        )));
+    };
+    let name = name.to_cow()?;
+    Dtype::from_name(&name).map(Some).ok_or_else(|| {
+        setting_error(
+            value.py(),
+            "wire_dtype",
+            format!(
+                "wire_dtype must be None, 'float16', 'bfloat16', 'float32' or 'float64', got {}",
+                value
+                    .repr()
+                    .map_or_else(|_| name.to_string(), |r| r.to_string())
+            ),
+        )
+    })
+}
+
+/// The `timeout=` argument: None, or a positive finite number of seconds (named by its
+/// repr when refused, as the reference names it).
+fn timeout_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<std::time::Duration>> {
+    let Some(value) = value.filter(|v| !v.is_none()) else {
+        return Ok(None);
+    };
+    if value.is_instance_of::<pyo3::types::PyString>() {
+        return Err(PyTypeError::new_err(format!(
+            "timeout must be None or a number, not {}",
+            type_name(value)
+        )));
+    }
+    let seconds: f64 = value.extract().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "timeout must be None or a number, not {}",
+            type_name(value)
+        ))
+    })?;
+    if seconds.is_finite() && seconds > 0.0 {
+        return Ok(Some(std::time::Duration::from_secs_f64(seconds)));
+    }
+    Err(setting_error(
+        value.py(),
+        "timeout",
+        format!(
+            "timeout must be None or a positive number of seconds, got {}",
+            value.repr()?
+        ),
+    ))
+}
+
+/// The name of `value`'s type, for messages.
+fn type_name(value: &Bound<'_, PyAny>) -> String {
+    value
+        .get_type()
+        .name()
+        .map_or_else(|_| "this object".into(), |n| n.to_string())
+}

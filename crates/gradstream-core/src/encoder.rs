@@ -8,6 +8,8 @@
 //! path), `frame` and `dtype`; the decoding files never use it (its tests decode, to
 //! round-trip).
 
+use std::sync::Arc;
+
 use crate::codec::{self, Encoding, Layout};
 use crate::dtype::{self, Dtype};
 use crate::error::{GradientStreamError, Result};
@@ -15,13 +17,35 @@ use crate::frame::{FrameHeader, HEADER_LEN};
 use crate::session::{ChunkRef, SessionConfig};
 use crate::template::Template;
 
-/// A gradient to send: its values as bytes in memory order, their dtype, and the dtype
-/// they travel in (`wire_dtype`: each chunk is cast as it is encoded, by the cast rule).
+/// What one gradient's payloads say about it besides its values: per gradient, not per
+/// session (two gradients sent by one session have their own shapes).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GradientMeta {
+    /// The `gradient_shape` text to write into every payload (`keep_shape`).
+    pub shape: Option<Arc<str>>,
+    /// The `gradient_dtype` to write into every payload: the dtype the receiver hands the
+    /// gradient back in, when not the wire's (after a `wire_dtype` cast).
+    pub result: Option<Dtype>,
+    /// A tensor set's manifest, written into the payload of the set's first gradient.
+    pub manifest: Option<Arc<str>>,
+}
+
+/// No metadata: the payloads are the original's.
+static NO_META: GradientMeta = GradientMeta {
+    shape: None,
+    result: None,
+    manifest: None,
+};
+
+/// A gradient to send: its values as bytes in memory order, their dtype, the dtype they
+/// travel in (`wire_dtype`: each chunk is cast as it is encoded, by the cast rule), and
+/// its metadata.
 #[derive(Clone, Copy, Debug)]
 pub struct Gradient<'g> {
     raw: &'g [u8],
     dtype: Dtype,
     wire: Dtype,
+    meta: &'g GradientMeta,
 }
 
 impl<'g> Gradient<'g> {
@@ -32,12 +56,18 @@ impl<'g> Gradient<'g> {
             raw: &raw[..whole],
             dtype,
             wire: dtype,
+            meta: &NO_META,
         }
     }
 
     /// The same values, cast to `wire` for transfer.
     pub fn cast_to(self, wire: Dtype) -> Self {
         Self { wire, ..self }
+    }
+
+    /// The same values, with this metadata in every payload.
+    pub fn with_meta(self, meta: &'g GradientMeta) -> Self {
+        Self { meta, ..self }
     }
 
     pub fn len(&self) -> usize {
@@ -152,15 +182,15 @@ fn payload_len_of(layout: Layout, n: usize) -> Result<usize> {
 }
 
 impl SessionConfig {
-    /// How this session writes payloads.
-    pub(crate) fn encoding(&self, dtype: Dtype) -> Encoding {
+    /// How this session writes `gradient`'s payloads.
+    pub(crate) fn encoding(&self, gradient: &Gradient<'_>) -> Encoding {
         Encoding {
             layout: self.layout,
             compression: self.compression,
-            dtype,
-            shape: self.shape.clone(),
-            result: self.result,
-            manifest: self.manifest.clone(),
+            dtype: gradient.wire,
+            shape: gradient.meta.shape.clone(),
+            result: gradient.meta.result,
+            manifest: gradient.meta.manifest.clone(),
         }
     }
 
@@ -168,7 +198,7 @@ impl SessionConfig {
     /// bytes depend on more than the value count: a cast, compression, metadata, a dtype
     /// without templates) rather than templates.
     pub(crate) fn writes_each_payload(&self, gradient: &Gradient<'_>) -> bool {
-        gradient.dtype != gradient.wire || !self.encoding(gradient.wire).is_plain()
+        gradient.dtype != gradient.wire || !self.encoding(gradient).is_plain()
     }
 
     /// Number of chunks for a gradient of `len` values: ceiling division, and 1 for an
@@ -204,7 +234,7 @@ impl SessionConfig {
         let end = start.saturating_add(self.chunk_size).min(gradient.len());
         let mut frame = vec![0u8; HEADER_LEN];
         let window = cast_window(&gradient, &gradient.raw[start * width..end * width]);
-        codec::append_payload(self.encoding(gradient.wire), &window, &mut frame)?;
+        codec::append_payload(self.encoding(&gradient), &window, &mut frame)?;
         let payload_len = self.check_payload_len(index, end - start, frame.len() - HEADER_LEN)?;
         let header = FrameHeader {
             chunk_index: index,
@@ -379,7 +409,7 @@ impl SessionConfig {
             part.iter()
                 .map(|window| {
                     let window = cast_window(gradient, window);
-                    let payload = codec::encode_payload_raw(self.encoding(gradient.wire), &window)?;
+                    let payload = codec::encode_payload_raw(self.encoding(gradient), &window)?;
                     let checksum = codec::checksum(&payload);
                     Ok((payload, checksum))
                 })
@@ -536,22 +566,31 @@ mod tests {
 
     #[test]
     fn a_kept_shape_travels_in_every_payload_and_comes_back() {
-        let mut s = session(4);
-        s.shape = Some("[2,5]".into());
+        let s = session(4);
+        let meta = GradientMeta {
+            shape: Some("[2,5]".into()),
+            ..GradientMeta::default()
+        };
         let g = gradient(10);
-        let wire = s.encode_frames(&g).unwrap();
+        let shaped = |meta| Gradient::from(&g).with_meta(meta);
+        let wire = s.encode_frames(shaped(&meta)).unwrap();
         let plain = session(4).encode_frames(&g).unwrap();
         assert!(wire.len() > plain.len());
         let back = session(3).decode_frames_output(&wire).unwrap();
         assert_eq!(back.shape, Some(vec![2, 5]));
         assert_eq!(back.into_vec(), g);
-        let chunks = s.encode_gradient(&g).unwrap();
+        let chunks = s.encode_gradient(shaped(&meta)).unwrap();
         let back = session(3).decode_chunks_output(refs(&chunks)).unwrap();
         assert_eq!(back.shape, Some(vec![2, 5]));
+        // The session keeps no shape of its own: the next gradient is the original's.
+        assert_eq!(s.encode_frames(&g).unwrap(), plain);
         // A shape that does not hold the values, and chunks that disagree.
-        s.shape = Some("[3,3]".into());
+        let bad = GradientMeta {
+            shape: Some("[3,3]".into()),
+            ..GradientMeta::default()
+        };
         let (detail, index, _) =
-            frame_error(session(3).decode_frames(&s.encode_frames(&g).unwrap()));
+            frame_error(session(3).decode_frames(&s.encode_frames(shaped(&bad)).unwrap()));
         assert_eq!(
             (detail.as_str(), index),
             (
@@ -559,7 +598,7 @@ mod tests {
                 None
             )
         );
-        let mut mixed = s.encode_gradient(&g).unwrap();
+        let mut mixed = s.encode_gradient(shaped(&bad)).unwrap();
         mixed[1] = session(4).encode_gradient(&g).unwrap().remove(1);
         let (detail, index, offset) = frame_error(session(3).decode_frames(&frames_of(&mixed)));
         assert_eq!(

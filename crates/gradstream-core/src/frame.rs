@@ -62,10 +62,6 @@ pub struct Limits {
     pub max_payload_len: u32,
     /// Largest gradient, in values: bounds what a receiver allocates for one gradient.
     pub max_gradient_len: usize,
-    /// Hand bfloat16 gradients back as float32 (set per call by the bindings when Python
-    /// has no bfloat16 dtype, i.e. ml_dtypes is not installed). Not a limit, but like the
-    /// limits it is how this receiver treats what arrives.
-    pub bf16_as_f32: bool,
 }
 
 impl Default for Limits {
@@ -73,7 +69,6 @@ impl Default for Limits {
         Self {
             max_payload_len: DEFAULT_MAX_PAYLOAD_LEN,
             max_gradient_len: DEFAULT_MAX_GRADIENT_LEN,
-            bf16_as_f32: false,
         }
     }
 }

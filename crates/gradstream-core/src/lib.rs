@@ -40,7 +40,7 @@ mod template;
 mod testing;
 
 pub use compat::{GradientChunk, GradientStreamSession};
-pub use encoder::{EncodedChunk, FramePlan};
+pub use encoder::{EncodedChunk, FramePlan, Gradient, GradientMeta};
 pub use error::{ArrowIpcDetail, GradientStreamError, Result};
 pub use frame::{
     FrameHeader, Limits, DEFAULT_MAX_GRADIENT_LEN, DEFAULT_MAX_PAYLOAD_LEN, HEADER_LEN,

@@ -52,9 +52,15 @@ impl Reassembler {
             reserve_cap: reserve_cap.min(limits.max_gradient_len),
             shape: ShapeCheck::default(),
             dtypes: DtypeCheck::default(),
-            bf16_as_f32: limits.bf16_as_f32,
+            bf16_as_f32: false,
             manifest: None,
         }
+    }
+
+    /// Hand bfloat16 gradients back as float32 (`SessionConfig::bf16_as_f32`).
+    pub fn bf16_as_f32(mut self, widen: bool) -> Self {
+        self.bf16_as_f32 = widen;
+        self
     }
 
     /// Write the values into the caller's buffer instead of a vector of our own.

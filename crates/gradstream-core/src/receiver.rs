@@ -22,7 +22,7 @@ impl SessionConfig {
     /// `decode_frames`, with the shape the sender kept.
     pub fn decode_frames_output(&self, data: &[u8]) -> Result<Output> {
         // The input bounds what it can hold: half its bytes in values (float16).
-        let receiver = FrameReceiver::new(self.limits, data.len() / 2);
+        let receiver = FrameReceiver::new(self, data.len() / 2);
         Self::decode_frames_with(receiver, data)
     }
 
@@ -36,7 +36,7 @@ impl SessionConfig {
 
     /// `decode_frames_into` a lent buffer of any dtype.
     pub fn decode_frames_lent(&self, data: &[u8], out: OutSlice) -> Result<()> {
-        let receiver = FrameReceiver::with_output(self.limits, out);
+        let receiver = FrameReceiver::with_output(self, out);
         Self::decode_frames_with(receiver, data).map(drop)
     }
 
@@ -68,12 +68,12 @@ impl SessionConfig {
 
     /// A receiver for one gradient arriving frame by frame over a stream.
     pub fn receiver(&self) -> FrameReceiver {
-        FrameReceiver::new(self.limits, self.limits.max_gradient_len)
+        FrameReceiver::new(self, self.limits.max_gradient_len)
     }
 
     /// A receiver that writes the gradient into the caller's buffer.
     pub fn receiver_into(&self, out: OutSlice) -> FrameReceiver {
-        FrameReceiver::with_output(self.limits, out)
+        FrameReceiver::with_output(self, out)
     }
 }
 
@@ -91,18 +91,18 @@ pub struct FrameReceiver {
 }
 
 impl FrameReceiver {
-    pub(crate) fn new(limits: Limits, reserve_cap: usize) -> Self {
+    pub(crate) fn new(config: &SessionConfig, reserve_cap: usize) -> Self {
         Self {
-            limits,
-            assembly: Reassembler::new(limits, reserve_cap),
+            limits: config.limits,
+            assembly: Reassembler::new(config.limits, reserve_cap).bf16_as_f32(config.bf16_as_f32),
             pending: None,
             offset: 0,
         }
     }
 
     /// A receiver that writes the gradient into the caller's buffer.
-    pub(crate) fn with_output(limits: Limits, out: OutSlice) -> Self {
-        let mut receiver = Self::new(limits, 0);
+    pub(crate) fn with_output(config: &SessionConfig, out: OutSlice) -> Self {
+        let mut receiver = Self::new(config, 0);
         receiver.assembly = receiver.assembly.into_output(out);
         receiver
     }

@@ -59,7 +59,7 @@ impl SessionConfig {
                 &mut values,
                 &mut dtypes,
                 None,
-                self.limits.bf16_as_f32,
+                self.bf16_as_f32,
                 room,
                 None,
             )?;
@@ -272,7 +272,7 @@ pub(crate) fn take_chunk(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::encoder::Gradient;
+    use crate::encoder::{Gradient, GradientMeta};
     use crate::testing::{bytes_of, frame_error, frames_of, gradient, refs, session};
 
     #[test]
@@ -364,8 +364,13 @@ mod tests {
         let values = [1.5f32, -0.0, 3.0e38, f32::from_bits(0xffc0_1234)];
         let raw = crate::dtype::f32_bytes(&values).to_vec();
         let mut s = SessionConfig::new("d", 3);
-        s.result = Some(Dtype::F64);
-        let wire = s.encode_frames(&values.to_vec()).unwrap();
+        let as_f64 = GradientMeta {
+            result: Some(Dtype::F64),
+            ..GradientMeta::default()
+        };
+        let wire = s
+            .encode_frames(Gradient::from(&values[..]).with_meta(&as_f64))
+            .unwrap();
         let back = s.decode_frames_output(&wire).unwrap();
         assert_eq!(back.dtype(), Dtype::F64);
         let mut expected = vec![0u8; 32];
@@ -385,8 +390,7 @@ mod tests {
         );
         assert_eq!(out, [7.0; 4]);
         // bfloat16 handed back as float32 (no bfloat16 dtype in Python): an exact widening.
-        s.result = None;
-        s.limits.bf16_as_f32 = true;
+        s.bf16_as_f32 = true;
         let bf = [0x3f81u16, 0xc000];
         let raw: Vec<u8> = bf.iter().flat_map(|b| b.to_ne_bytes()).collect();
         let wire = s.encode_frames(Gradient::new(&raw, Dtype::BF16)).unwrap();
@@ -408,9 +412,13 @@ mod tests {
             err.to_string(),
             "chunks disagree on the value dtype: chunk 0 holds float16, chunk 1 holds float32"
         );
-        let mut t = s.clone();
-        t.result = Some(Dtype::F64);
-        let c = t.encode_gradient(Gradient::new(&half, Dtype::F16)).unwrap();
+        let as_f64 = GradientMeta {
+            result: Some(Dtype::F64),
+            ..GradientMeta::default()
+        };
+        let c = s
+            .encode_gradient(Gradient::new(&half, Dtype::F16).with_meta(&as_f64))
+            .unwrap();
         let mut wire = Vec::new();
         for chunk in [&a[0], &c[1]] {
             wire.extend(chunk.header().to_bytes());

@@ -1,6 +1,8 @@
-//! A session's settings: `SessionConfig` (chunk size, compression, layout, limits,
-//! timeout, and the per-call metadata the bindings set), the default chunk size, and
-//! `ChunkRef`, the chunk a caller hands to `decode_chunks`.
+//! A session's settings: `SessionConfig` (chunk size, compression, layout, limits, how
+//! bfloat16 is handed back), the default chunk size, and `ChunkRef`, the chunk a caller
+//! hands to `decode_chunks`. Settings only: what belongs to one gradient (its shape, the
+//! dtype it is handed back in, a tensor set's manifest) travels with that gradient
+//! (`encoder::Gradient`), and the timeout is an argument of the tokio I/O (`stream`).
 //!
 //! The semantics are those of ipfrs-transport's `GradientStreamSession`, with the
 //! original's silent failures (duplicates, out-of-range indices, disagreeing totals,
@@ -10,7 +12,6 @@
 //! `codec` (its setting types), `dtype` and `frame`, none of which uses it.
 
 use crate::codec::{Compression, Layout};
-use crate::dtype::Dtype;
 use crate::frame::Limits;
 
 /// Default chunk size: 65,536 f32 values, 256 KiB of gradient.
@@ -25,18 +26,11 @@ pub struct SessionConfig {
     /// Arrow IPC buffer compression of the payloads this session writes (it reads any).
     pub compression: Option<Compression>,
     pub limits: Limits,
-    /// Longest wait for a byte to move, on streams; None waits for ever.
-    pub timeout: Option<std::time::Duration>,
     /// Columns of the payloads this session writes (it reads either).
     pub layout: Layout,
-    /// The `gradient_shape` text to write into every payload, for the gradient being
-    /// encoded: set per call by the bindings when the Python session keeps shapes.
-    pub shape: Option<std::sync::Arc<str>>,
-    /// The `gradient_dtype` to write into every payload (the dtype the receiver hands
-    /// back, when not the wire's): set per call by the bindings.
-    pub result: Option<Dtype>,
-    /// A tensor set's manifest, written into the payload of the set's first gradient.
-    pub manifest: Option<std::sync::Arc<str>>,
+    /// Hand bfloat16 gradients back as float32 (an exact widening): for a caller with no
+    /// bfloat16 type (Python without ml_dtypes).
+    pub bf16_as_f32: bool,
 }
 
 /// A chunk to decode, borrowed from wherever the caller keeps it.
@@ -55,11 +49,8 @@ impl SessionConfig {
             chunk_size: chunk_size.max(1),
             compression: None,
             limits: Limits::default(),
-            timeout: None,
             layout: Layout::Seed,
-            shape: None,
-            result: None,
-            manifest: None,
+            bf16_as_f32: false,
         }
     }
 }

@@ -16,9 +16,8 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
 use gradstream_core::dtype::Dtype;
-use gradstream_core::encoder::Gradient;
+use gradstream_core::encoder::{Gradient, GradientMeta};
 use gradstream_core::output::{OutSlice, Output, Store};
-use gradstream_core::session::SessionConfig;
 
 /// `gradstream._dtypes.<name>` (shared with the reference).
 pub fn dtypes_attr<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
@@ -35,18 +34,21 @@ pub fn dtype_of_array(array: &Bound<'_, PyAny>) -> PyResult<Dtype> {
 }
 
 /// A gradient taken for encoding: its values as raw bytes (a view of the caller's array
-/// where the memory allows), their dtype, and the settings to encode it with.
+/// where the memory allows), their dtype, the dtype they travel in, and what its payloads
+/// say about it (shape, dtype handed back).
 pub struct Input<'py> {
     pub bytes: PyReadonlyArray1<'py, u8>,
     /// The values' dtype, and the one they travel in.
     pub dtype: Dtype,
     pub wire: Dtype,
-    pub config: SessionConfig,
+    pub meta: GradientMeta,
 }
 
 impl Input<'_> {
     pub fn gradient(&self) -> PyResult<Gradient<'_>> {
-        Ok(Gradient::new(self.bytes.as_slice()?, self.dtype).cast_to(self.wire))
+        Ok(Gradient::new(self.bytes.as_slice()?, self.dtype)
+            .cast_to(self.wire)
+            .with_meta(&self.meta))
     }
 }
 
@@ -132,6 +134,7 @@ pub struct HeldGradient {
     len: usize,
     dtype: Dtype,
     wire: Dtype,
+    meta: GradientMeta,
 }
 
 // SAFETY: the pointer is into the array `_owner` keeps alive; it is only read. A Python
@@ -148,6 +151,7 @@ impl HeldGradient {
             len: slice.len(),
             dtype: input.dtype,
             wire: input.wire,
+            meta: input.meta.clone(),
             _owner: input.bytes.as_any().clone().unbind(),
         })
     }
@@ -159,5 +163,6 @@ impl HeldGradient {
             self.dtype,
         )
         .cast_to(self.wire)
+        .with_meta(&self.meta)
     }
 }

@@ -17,13 +17,14 @@ use super::chunk::PyChunk;
 use super::complete::Outcome;
 use super::convert::{dtypes_attr, gradient_array, values_array, HeldGradient, Input, LentArray};
 use super::errors::IntoPyResult;
-use super::settings::{Flag, SettingArgs, Settings};
+use super::settings::{new_config, Flag, SettingArgs, Settings};
 use super::stream::{
     aio, progress_counters, run_on_loop, FrameEncoder, PyFrameReceiver, SocketStream,
     TransferProgress,
 };
 use gradstream_core::codec::Compression;
 use gradstream_core::dtype::Dtype;
+use gradstream_core::encoder::{Gradient, GradientMeta};
 use gradstream_core::frame::{DEFAULT_MAX_GRADIENT_LEN, DEFAULT_MAX_PAYLOAD_LEN};
 use gradstream_core::receiver::Ended;
 use gradstream_core::session::{ChunkRef, SessionConfig, DEFAULT_CHUNK_SIZE};
@@ -71,6 +72,8 @@ fn tensors_fn<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
 #[pyclass(name = "GradientStreamSession", module = "gradstream", frozen)]
 pub struct PySession {
     config: SessionConfig,
+    /// Longest wait for a byte to move on a stream; None waits for ever.
+    timeout: Option<std::time::Duration>,
     /// Write each gradient's shape into its payloads (`gradient_shape`).
     keep_shape: bool,
     /// Take float16/bfloat16/float64 gradients and send them as they are.
@@ -83,6 +86,7 @@ impl From<Settings> for PySession {
     fn from(settings: Settings) -> Self {
         Self {
             config: settings.config,
+            timeout: settings.timeout,
             keep_shape: settings.keep_shape,
             keep_dtype: settings.keep_dtype,
             wire_dtype: settings.wire_dtype,
@@ -96,7 +100,7 @@ impl PySession {
     /// shared with the reference, which also makes the wire cast.
     fn input<'py>(&self, obj: &Bound<'py, PyAny>) -> PyResult<Input<'py>> {
         let py = obj.py();
-        let mut config = self.config.clone();
+        let mut meta = GradientMeta::default();
         let mut wire_cast = None;
         let (values, dtype) = if !self.keep_dtype && self.wire_dtype.is_none() {
             (gradient_array(obj)?.as_any().clone(), Dtype::F32)
@@ -114,13 +118,13 @@ impl PySession {
                     .ok_or_else(|| PyTypeError::new_err(format!("unknown dtype {name:?}")))
             };
             let (wire, source) = (dtype_named(&wire)?, dtype_named(&source)?);
-            config.result = Dtype::from_name(&result).filter(|&r| r != wire);
+            meta.result = Dtype::from_name(&result).filter(|&r| r != wire);
             wire_cast = Some(wire);
             (values, source)
         };
         if self.keep_shape {
             let shape: Vec<usize> = values.getattr("shape")?.extract()?;
-            config.shape = Some(shape_text(&shape).into());
+            meta.shape = Some(shape_text(&shape).into());
         }
         // The values' memory as bytes: a view (the array is C-contiguous).
         let bytes = values
@@ -132,16 +136,8 @@ impl PySession {
             bytes,
             dtype,
             wire: wire_cast.unwrap_or(dtype),
-            config,
+            meta,
         })
-    }
-
-    /// The settings a receive runs with: bfloat16 comes back as float32 when Python has no
-    /// bfloat16 dtype (ml_dtypes not installed), read at each call.
-    pub(super) fn receive_config(&self, py: Python<'_>) -> PyResult<SessionConfig> {
-        let mut config = self.config.clone();
-        config.limits.bf16_as_f32 = dtypes_attr(py, "BFLOAT16")?.is_none();
-        Ok(config)
     }
 }
 
@@ -247,13 +243,14 @@ impl PySession {
 
     /// A session with the default chunk size (65,536 values).
     #[staticmethod]
-    fn with_defaults(session_id: String) -> Self {
-        Self {
-            config: SessionConfig::new(session_id, DEFAULT_CHUNK_SIZE),
+    fn with_defaults(py: Python<'_>, session_id: String) -> PyResult<Self> {
+        Ok(Self {
+            config: new_config(py, session_id, DEFAULT_CHUNK_SIZE)?,
+            timeout: None,
             keep_shape: false,
             keep_dtype: false,
             wire_dtype: None,
-        }
+        })
     }
 
     /// A new session, the same but for compression: "lz4" when enabled, else none.
@@ -262,6 +259,7 @@ impl PySession {
         config.compression = enabled.then_some(Compression::Lz4);
         Self {
             config,
+            timeout: self.timeout,
             keep_shape: self.keep_shape,
             keep_dtype: self.keep_dtype,
             wire_dtype: self.wire_dtype,
@@ -324,7 +322,7 @@ impl PySession {
 
     #[getter]
     fn timeout(&self) -> Option<f64> {
-        self.config.timeout.map(|t| t.as_secs_f64())
+        self.timeout.map(|t| t.as_secs_f64())
     }
 
     /// Send one gradient over a socket or asyncio stream; awaits the number of chunks.
@@ -339,18 +337,12 @@ impl PySession {
         if let Some(socket) = SocketStream::from_py(stream)? {
             let input = slf.get().input(gradient)?;
             let gradient = HeldGradient::new(&input)?;
-            let config = input.config;
+            let (config, timeout) = (slf.get().config.clone(), slf.get().timeout);
             return run_on_loop(slf.py(), async move {
                 let mut io = socket.open()?;
-                send_gradient(
-                    &config,
-                    gradient.gradient(),
-                    &mut io,
-                    config.timeout,
-                    &counters,
-                )
-                .await
-                .map(Outcome::Chunks)
+                send_gradient(&config, gradient.gradient(), &mut io, timeout, &counters)
+                    .await
+                    .map(Outcome::Chunks)
             });
         }
         aio(slf.py(), "stream_to")?.call1((slf, gradient, stream, progress))
@@ -390,7 +382,7 @@ impl PySession {
     ) -> PyResult<Bound<'py, PyAny>> {
         let counters = progress_counters(progress);
         let lent = out.map(LentArray::new).transpose()?;
-        let config = slf.get().receive_config(slf.py())?;
+        let (config, timeout) = (slf.get().config.clone(), slf.get().timeout);
         if let Some(socket) = SocketStream::from_py(stream)? {
             return run_on_loop(slf.py(), async move {
                 let (receiver, owner) = match lent {
@@ -398,7 +390,7 @@ impl PySession {
                     None => (config.receiver(), None),
                 };
                 let mut io = socket.open()?;
-                let ended = receive_gradient(receiver, &mut io, config.timeout, &counters).await?;
+                let ended = receive_gradient(receiver, &mut io, timeout, &counters).await?;
                 let values = match ended {
                     Ended::Gradient(values) => values,
                     Ended::BeforeFirstByte(_) if none_at_end => return Ok(Outcome::End),
@@ -422,7 +414,11 @@ impl PySession {
         gradient: &Bound<'_, PyAny>,
         progress: Option<&Bound<'_, TransferProgress>>,
     ) -> PyResult<FrameEncoder> {
-        FrameEncoder::new(self.input(gradient)?, progress_counters(progress))
+        FrameEncoder::new(
+            self.config.clone(),
+            self.input(gradient)?,
+            progress_counters(progress),
+        )
     }
 
     /// Split a gradient into Arrow IPC chunks, each with its CRC-32.
@@ -432,7 +428,7 @@ impl PySession {
         gradient: &Bound<'_, PyAny>,
     ) -> PyResult<Vec<PyChunk>> {
         let input = self.input(gradient)?;
-        let config = &input.config;
+        let config = &self.config;
         let values = input.gradient()?;
         let plan = py.detach(|| config.plan_frames(values)).py_err(py)?;
         plan.chunks()
@@ -466,7 +462,7 @@ impl PySession {
             .try_iter()?
             .map(|item| HeldChunk::from_py(&item?))
             .collect::<PyResult<Vec<_>>>()?;
-        let config = self.receive_config(py)?;
+        let config = &self.config;
         let values = py
             .detach(|| config.decode_chunks_output(held.iter().map(HeldChunk::as_ref).collect()))
             .py_err(py)?;
@@ -521,7 +517,7 @@ impl PySession {
             ));
         }
         let input = self.input(gradient)?;
-        let config = &input.config;
+        let config = &self.config;
         let values = input.gradient()?;
         if let Some(out) = out {
             let mut target = WritableBytes::new(out)?;
@@ -570,7 +566,7 @@ impl PySession {
     ) -> PyResult<Bound<'py, PyAny>> {
         let lent = out.map(LentArray::new).transpose()?;
         let bytes = ReadBuffer::get(data)?;
-        let config = self.receive_config(py)?;
+        let config = &self.config;
         if let Some(lent) = lent {
             // The OutSlice points into the array `lent.owner` keeps alive for the call.
             py.detach(|| config.decode_frames_lent(bytes.as_slice(), lent.slice))
@@ -586,9 +582,12 @@ impl PySession {
     /// The frames of a tensor set's manifest: an empty gradient whose payload carries
     /// `text` as its `gradstream_tensors` metadata (used by gradstream._tensors).
     fn _encode_manifest<'py>(&self, py: Python<'py>, text: &str) -> PyResult<Bound<'py, PyBytes>> {
-        let mut config = self.config.clone();
-        config.manifest = Some(text.into());
-        let wire = config.encode_frames(&Vec::<f32>::new()).py_err(py)?;
+        let meta = GradientMeta {
+            manifest: Some(text.into()),
+            ..GradientMeta::default()
+        };
+        let nothing = Gradient::from(&[][..]).with_meta(&meta);
+        let wire = self.config.encode_frames(nothing).py_err(py)?;
         Ok(PyBytes::new(py, &wire))
     }
 
@@ -600,7 +599,7 @@ impl PySession {
         data: &Bound<'_, PyAny>,
     ) -> PyResult<(Option<String>, usize)> {
         let bytes = ReadBuffer::get(data)?;
-        let config = self.receive_config(py)?;
+        let config = &self.config;
         let values = py
             .detach(|| config.decode_frames_output(bytes.as_slice()))
             .py_err(py)?;
@@ -661,7 +660,7 @@ impl PySession {
             c.chunk_size,
             c.limits.max_payload_len,
             c.limits.max_gradient_len,
-            c.timeout
+            self.timeout
                 .map_or_else(|| "None".to_string(), |t| t.as_secs_f64().to_string()),
             c.layout.name(),
             c.compression

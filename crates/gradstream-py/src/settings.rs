@@ -17,6 +17,9 @@ use gradstream_core::session::SessionConfig;
 /// A session's settings, checked.
 pub struct Settings {
     pub config: SessionConfig,
+    /// Longest wait for a byte to move on a stream (the tokio I/O's argument; the core's
+    /// settings have none).
+    pub timeout: Option<std::time::Duration>,
     /// Write each gradient's shape into its payloads (`gradient_shape`).
     pub keep_shape: bool,
     /// Take float16/bfloat16/float64 gradients and send them as they are.
@@ -56,13 +59,13 @@ impl SettingArgs<'_, '_> {
         })?;
         let limits = limits_arg(py, self.max_payload_len, self.max_gradient_len)?;
         let timeout = timeout_arg(self.timeout)?;
-        let mut config = SessionConfig::new(self.session_id, chunk_size);
+        let mut config = new_config(py, self.session_id, chunk_size)?;
         config.limits = limits;
-        config.timeout = timeout;
         config.layout = layout;
         config.compression = compression;
         Ok(Settings {
             config,
+            timeout,
             keep_shape,
             keep_dtype,
             wire_dtype,
@@ -99,8 +102,19 @@ fn limits_arg(py: Python<'_>, max_payload_len: i64, max_gradient_len: i128) -> P
     Ok(Limits {
         max_payload_len,
         max_gradient_len,
-        bf16_as_f32: false,
     })
+}
+
+/// The core's settings for a new session: bfloat16 comes back as float32 when Python has
+/// no bfloat16 dtype (ml_dtypes not installed), as seen when the session is made.
+pub fn new_config(
+    py: Python<'_>,
+    session_id: String,
+    chunk_size: usize,
+) -> PyResult<SessionConfig> {
+    let mut config = SessionConfig::new(session_id, chunk_size);
+    config.bf16_as_f32 = super::convert::dtypes_attr(py, "BFLOAT16")?.is_none();
+    Ok(config)
 }
 
 /// `value` as a `T` above zero, else the setting error `name` with `detail(value)`.

@@ -306,10 +306,9 @@ pub struct FrameEncoder {
 }
 
 impl FrameEncoder {
-    pub fn new(input: Input<'_>, progress: Arc<Progress>) -> PyResult<Self> {
+    pub fn new(config: SessionConfig, input: Input<'_>, progress: Arc<Progress>) -> PyResult<Self> {
         let py = input.bytes.py();
         let gradient = HeldGradient::new(&input)?;
-        let config = input.config;
         let total = config.chunk_count(gradient.gradient().len()).py_err(py)?;
         progress.add_total(total);
         Ok(Self {

@@ -28,6 +28,7 @@ from .._convert import frame_buffer, value_buffer
 from .._convert import shape_text as _shape_text
 from .._io import Stalled
 from ..errors import FrameError, StreamTimeoutError
+from . import _tensors
 from ._channels import (
     TransferProgress,
     _Channel,
@@ -549,49 +550,33 @@ class GradientStreamSession:
                         _count(progress, total_chunks=receiver.total or 0)
         return receiver.result()
 
-    # ---- tensor sets (README "Tensor sets"; the logic is gradstream._tensors')
+    # ---- tensor sets (README "Tensor sets"; the logic is this package's _tensors)
 
     def encode_tensors(self, tensors: Any, as_buffer: bool = False) -> bytes | pa.Buffer:
-        from .. import _tensors
-
-        encoded: bytes | pa.Buffer = _tensors.encode_tensors(self, tensors, as_buffer)
-        return encoded
+        return _tensors.encode_tensors(self, tensors, as_buffer)
 
     def decode_tensors(self, data: Any) -> dict[str, np.ndarray]:
-        from .. import _tensors
-
-        decoded: dict[str, np.ndarray] = _tensors.decode_tensors(self, data)
-        return decoded
+        return _tensors.decode_tensors(self, data)
 
     async def stream_tensors(
         self, tensors: Any, stream: Any, *, progress: TransferProgress | None = None
     ) -> int:
-        from .. import _tensors
-
-        sent: int = await _tensors.stream_tensors(self, tensors, stream, progress=progress)
-        return sent
+        return await _tensors.stream_tensors(self, tensors, stream, progress)
 
     async def receive_tensors(
         self, stream: Any, *, progress: TransferProgress | None = None
     ) -> dict[str, np.ndarray]:
-        from .. import _tensors
-
-        received: dict[str, np.ndarray] = await _tensors.receive_tensors(
-            self, stream, progress=progress
-        )
-        return received
+        return await _tensors.receive_tensors(self, stream, progress)
 
     def _encode_manifest(self, text: str) -> bytes:
         """The frames of an empty gradient (one frame, chunk 0 of 1: a float32 value column
         of no rows, in this session's layout and compression) whose schema metadata holds
         ``gradstream_tensors`` = ``text`` and nothing else."""
         text = _check_str(text, "text")
-        payload = encode_payload(
-            np.empty(0, dtype=np.float32), self._layout, self._compression, manifest=text
-        )
-        if len(payload) > self._max_payload_len:
+        frame = _tensors.manifest_frame(self._layout, self._compression, text)
+        if len(frame) - HEADER_LEN > self._max_payload_len:
             raise self._refusal(0, 0)
-        return HEADER.pack(0, 1, len(payload), zlib.crc32(payload)) + payload
+        return frame
 
     def _decode_manifest(self, data: Any) -> tuple[str | None, int]:
         """Decode ``data`` exactly as decode_frames does; the first chunk's (the first to

@@ -4,7 +4,7 @@ of a tensor name, which the sender applies too.
 
 Apart from ``_tensors`` because it is about JSON and names alone: no frames, no I/O, no
 session. It is the reference's own reading of the rules, written separately from the
-shared ``gradstream._tensors`` that the native session uses, so that the differential
+native session's ``gradstream._tensors`` (once shared by both), so that the differential
 tests see two readings of every rule; where the README states a message, both give it.
 """
 

@@ -236,9 +236,9 @@ def _manifest_receiver(session: GradientStreamSession, copy: bool) -> _FrameRece
 
 
 def _tensor_limit(entry: Entry) -> int:
-    """Rule 3: a tensor is received with max_gradient_len its entry's element count, 0 for
-    an empty tensor (the receiver's total_chunks rule still lets its one frame in)."""
-    return entry.size
+    """Rule 3: a tensor is received with max_gradient_len its entry's element count
+    (at least 1, as the native side does)."""
+    return max(entry.size, 1)
 
 
 def _tensor_receiver(session: GradientStreamSession, entry: Entry, copy: bool) -> _FrameReceiver:

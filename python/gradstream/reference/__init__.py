@@ -12,14 +12,18 @@ Two things hold throughout:
   concatenation) and never pass through another dtype unless the dtypes rules cast them
   (``_dtypes.cast``, README "The cast rule"), so NaN payloads, -0.0 and subnormals survive
   bit for bit;
-* this package imports only ``gradstream.errors``, ``._convert``, ``._dtypes``, ``._io``
-  and (for tensor sets, when called) ``._tensors`` from gradstream, never the native
-  extension, so it can judge the extension without depending on it.
+* this package imports only ``gradstream.errors``, ``._convert``, ``._dtypes`` and
+  ``._io`` from gradstream, never the native extension nor the native side's tensor-set
+  layer (``gradstream._tensors``), so it can judge them without depending on them.
 
 One job a module; the imports run one way, from the session down:
 
 * ``_session``: ``GradientStreamSession``, the settings and the API on them, wiring the
   modules below together;
+* ``_tensors``: tensor sets (encode_tensors, decode_tensors, stream_tensors,
+  receive_tensors) over the receiver, the writer and the channels;
+* ``_manifest``: a tensor set's manifest JSON, written and strictly read, and the name
+  checks;
 * ``_chunk``: ``GradientChunk``, the chunk value object;
 * ``_settings``: the checks of the constructor's settings and other arguments;
 * ``_channels``: the I/O, over sockets and asyncio streams, and ``TransferProgress``;

@@ -232,32 +232,50 @@ def _check_socket(sock: socket.socket) -> socket.socket:
     if isinstance(sock, ssl.SSLSocket):
         raise TypeError("an ssl.SSLSocket cannot carry frames; use asyncio streams over TLS")
     if sock.type != socket.SOCK_STREAM:
-        raise ValueError(f"stream must be a connected stream socket, not {sock.type!r}")
+        raise ValueError(
+            f"stream must be a connected stream socket (SOCK_STREAM), not {sock.type!r}"
+        )
     return sock
 
 
-def _sending_channel(stream: Any, timeout: float | None) -> _Channel:
+def _not_a_stream(stream: Any, method: str | None, kind: str, default: str) -> TypeError:
+    """The TypeError for a ``stream`` that is no socket and no stream of ``kind``, naming
+    ``method`` (the tensor-set calls) or, for the gradient calls, in their own words."""
+    if method is None:
+        return TypeError(f"{default}, not {type(stream).__name__}")
+    return TypeError(
+        f"{method} takes a connected socket.socket, an asyncio.{kind} or a (reader, "
+        f"writer) pair, not {type(stream).__name__}"
+    )
+
+
+def _sending_channel(stream: Any, timeout: float | None, method: str | None = None) -> _Channel:
     if isinstance(stream, socket.socket):
         return _SocketChannel(_check_socket(stream), timeout)
     writer = stream[1] if isinstance(stream, tuple) and len(stream) == 2 else stream
     if isinstance(writer, asyncio.StreamWriter):
         return _StreamsChannel(None, writer, timeout)
-    raise TypeError(
+    raise _not_a_stream(
+        stream,
+        method,
+        "StreamWriter",
         "stream_to expects a connected socket.socket, an asyncio.StreamWriter or a "
-        f"(StreamReader, StreamWriter) pair, not {type(stream).__name__}"
+        "(StreamReader, StreamWriter) pair",
     )
 
 
-def _receiving_channel(stream: Any, timeout: float | None) -> _Channel:
+def _receiving_channel(stream: Any, timeout: float | None, method: str | None = None) -> _Channel:
     if isinstance(stream, socket.socket):
         return _SocketChannel(_check_socket(stream), timeout)
     reader = stream[0] if isinstance(stream, tuple) and len(stream) == 2 else stream
     if isinstance(reader, asyncio.StreamReader):
         return _StreamsChannel(reader, None, timeout)
-    raise TypeError(
+    raise _not_a_stream(
+        stream,
+        method,
+        "StreamReader",
         "receive_from and receive_iter expect a connected socket.socket, an "
-        "asyncio.StreamReader or a (StreamReader, StreamWriter) pair, "
-        f"not {type(stream).__name__}"
+        "asyncio.StreamReader or a (StreamReader, StreamWriter) pair",
     )
 
 

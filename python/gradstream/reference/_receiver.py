@@ -301,15 +301,26 @@ def _run_frames(
     """_decode_frame_stream's gradient, and the receiver that read it (None for the empty
     input)."""
     receiver = _FrameReceiver(max_payload_len, max_gradient_len, copy_values=False, out=out)
+    pos = _walk_frames(receiver, data)
+    if pos is None:
+        return _zero_values(out), None
+    end = len(data)
+    if pos < end:  # rule 9
+        raise FrameError(f"{end - pos} bytes left over after the last chunk", None, pos)
+    return receiver.result(), receiver
+
+
+def _walk_frames(receiver: _FrameReceiver, data: memoryview) -> int | None:
+    """Feed ``receiver`` from the start of ``data`` until it is done; the bytes it took
+    (where its gradient ends, and so where whatever follows starts), or None for empty
+    ``data``. Running out of data first raises the receiver's truncation errors."""
     end = len(data)
     pos = 0
     while not receiver.done:
         want = receiver.want
         if end - pos < want:
             receiver.end_of_stream(end - pos)  # raises, but for the empty input
-            return _zero_values(out), None
+            return None
         receiver.feed(data[pos : pos + want])
         pos += want
-    if pos < end:  # rule 9
-        raise FrameError(f"{end - pos} bytes left over after the last chunk", None, pos)
-    return receiver.result(), receiver
+    return pos

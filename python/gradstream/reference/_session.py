@@ -16,7 +16,7 @@ import asyncio
 import operator
 import zlib
 from collections.abc import AsyncIterator, Iterable, Iterator
-from typing import Any, Literal, NamedTuple, overload
+from typing import Any, Literal, overload
 
 import numpy as np
 import pyarrow as pa
@@ -28,6 +28,7 @@ from .._convert import frame_buffer, value_buffer
 from .._convert import shape_text as _shape_text
 from .._io import Stalled
 from ..errors import FrameError, StreamTimeoutError
+from . import _tensors
 from ._channels import (
     TransferProgress,
     _Channel,
@@ -57,16 +58,7 @@ from ._settings import (
     _check_wire_dtype,
 )
 from ._wire import HEADER, HEADER_LEN, U32_MAX
-from ._writer import _min_payload_len, encode_payload, payload_len
-
-
-class _Gradient(NamedTuple):
-    """A gradient as the encoder takes it, with the schema metadata it travels with."""
-
-    values: np.ndarray  # 1-D, C-contiguous, in the wire dtype (bfloat16 as uint16 bits)
-    dtype: str  # the wire dtype: the value column's
-    shape: str | None  # gradient_shape metadata (keep_shape), or None
-    result: str | None  # gradient_dtype metadata (the dtype handed back), or None
+from ._writer import _Gradient, _min_payload_len, encode_payload, payload_len
 
 
 class GradientStreamSession:
@@ -325,11 +317,7 @@ class GradientStreamSession:
         """
         as_buffer = _check_bool(as_buffer, "as_buffer")
         if out is None:
-            parts: list[bytes] = []
-            for k, total, payload, checksum in self._frames(self._input(gradient)):
-                parts.append(HEADER.pack(k, total, len(payload), checksum))
-                parts.append(payload)
-            frames = b"".join(parts)
+            frames = self._joined_frames(self._input(gradient))
             # py_buffer wraps the bytes object without copying it.
             return pa.py_buffer(frames) if as_buffer else frames
         if as_buffer:
@@ -343,6 +331,14 @@ class GradientStreamSession:
                     "before they are read"
                 )
             return self._encode_frames_into(grad, view)
+
+    def _joined_frames(self, gradient: _Gradient) -> bytes:
+        """The frames of a prepared gradient, headers and payloads, as one bytes object."""
+        parts: list[bytes] = []
+        for k, total, payload, checksum in self._frames(gradient):
+            parts.append(HEADER.pack(k, total, len(payload), checksum))
+            parts.append(payload)
+        return b"".join(parts)
 
     def _sizes_unknown(self) -> str | None:
         """Why frames_len cannot compute the frames' length in advance (the message of its
@@ -454,7 +450,13 @@ class GradientStreamSession:
         """
         channel = _sending_channel(stream, self._timeout)
         progress = _check_progress(progress)
-        grad = self._input(gradient)
+        return await self._send(channel, self._input(gradient), progress)
+
+    async def _send(
+        self, channel: _Channel, grad: _Gradient, progress: TransferProgress | None
+    ) -> int:
+        """stream_to once the stream and the gradient are checked: the frames of ``grad``
+        written to ``channel`` one at a time; the number of chunks."""
         frames = self._frames(grad)
         total = self._total_chunks(len(grad.values))  # FrameError before any byte is sent
         _count(progress, total_chunks=total)
@@ -512,6 +514,13 @@ class GradientStreamSession:
         receiver = _FrameReceiver(
             self._max_payload_len, self._max_gradient_len, copy_values=True, out=out
         )
+        return await self._receive_with(channel, progress, receiver)
+
+    async def _receive_with(
+        self, channel: _Channel, progress: TransferProgress | None, receiver: _FrameReceiver
+    ) -> np.ndarray | None:
+        """``_receive`` with a receiver of the caller's (a tensor set's, whose limit is the
+        tensor's manifest entry): fed from ``channel`` until done."""
         # The socket is non-blocking only while a gradient is being received, so between
         # two gradients of receive_iter it is in the caller's mode.
         with channel:
@@ -541,49 +550,33 @@ class GradientStreamSession:
                         _count(progress, total_chunks=receiver.total or 0)
         return receiver.result()
 
-    # ---- tensor sets (README "Tensor sets"; the logic is gradstream._tensors')
+    # ---- tensor sets (README "Tensor sets"; the logic is this package's _tensors)
 
     def encode_tensors(self, tensors: Any, as_buffer: bool = False) -> bytes | pa.Buffer:
-        from .. import _tensors
-
-        encoded: bytes | pa.Buffer = _tensors.encode_tensors(self, tensors, as_buffer)
-        return encoded
+        return _tensors.encode_tensors(self, tensors, as_buffer)
 
     def decode_tensors(self, data: Any) -> dict[str, np.ndarray]:
-        from .. import _tensors
-
-        decoded: dict[str, np.ndarray] = _tensors.decode_tensors(self, data)
-        return decoded
+        return _tensors.decode_tensors(self, data)
 
     async def stream_tensors(
         self, tensors: Any, stream: Any, *, progress: TransferProgress | None = None
     ) -> int:
-        from .. import _tensors
-
-        sent: int = await _tensors.stream_tensors(self, tensors, stream, progress=progress)
-        return sent
+        return await _tensors.stream_tensors(self, tensors, stream, progress)
 
     async def receive_tensors(
         self, stream: Any, *, progress: TransferProgress | None = None
     ) -> dict[str, np.ndarray]:
-        from .. import _tensors
-
-        received: dict[str, np.ndarray] = await _tensors.receive_tensors(
-            self, stream, progress=progress
-        )
-        return received
+        return await _tensors.receive_tensors(self, stream, progress)
 
     def _encode_manifest(self, text: str) -> bytes:
         """The frames of an empty gradient (one frame, chunk 0 of 1: a float32 value column
         of no rows, in this session's layout and compression) whose schema metadata holds
         ``gradstream_tensors`` = ``text`` and nothing else."""
         text = _check_str(text, "text")
-        payload = encode_payload(
-            np.empty(0, dtype=np.float32), self._layout, self._compression, manifest=text
-        )
-        if len(payload) > self._max_payload_len:
+        frame = _tensors.manifest_frame(self._layout, self._compression, text)
+        if len(frame) - HEADER_LEN > self._max_payload_len:
             raise self._refusal(0, 0)
-        return HEADER.pack(0, 1, len(payload), zlib.crc32(payload)) + payload
+        return frame
 
     def _decode_manifest(self, data: Any) -> tuple[str | None, int]:
         """Decode ``data`` exactly as decode_frames does; the first chunk's (the first to

@@ -12,6 +12,7 @@ values the session has already checked and cast (``_dtypes.prepare``).
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -27,6 +28,16 @@ from ._wire import (
     PAYLOAD_SCHEMA,
     SHAPE_KEY,
 )
+
+
+class _Gradient(NamedTuple):
+    """A gradient as the encoder takes it, with the schema metadata it travels with."""
+
+    values: np.ndarray  # 1-D, C-contiguous, in the wire dtype (bfloat16 as uint16 bits)
+    dtype: str  # the wire dtype: the value column's
+    shape: str | None  # gradient_shape metadata (keep_shape), or None
+    result: str | None  # gradient_dtype metadata (the dtype handed back), or None
+
 
 # An encoded payload holds an int32 index (seed layout) and a value per element, so a
 # chunk of n values can never take fewer than (4 + width) * n bytes, or width * n in the

@@ -1,0 +1,369 @@
+"""Named tensor sets (README "Tensor sets") for the reference session: encode_tensors,
+decode_tensors, stream_tensors and receive_tensors, following the README's framing and
+its receiver rules 1-4 in order.
+
+A set is a manifest (one frame of an empty gradient whose schema metadata
+``gradstream_tensors`` lists the tensors, see ``_manifest``), then each tensor as the
+frames of a keep_shape, keep_dtype gradient. Everything here stands on the reference's
+own machinery: the payload writer for the manifest frame, the session's frame encoder and
+sender for the tensors, ``_FrameReceiver`` (fed from memory by ``_walk_frames``, or from
+a channel by the session's receive loop) for every frame read, so that where a gradient
+ends is the receiver's knowledge and not a second header walk, and the channels for all
+I/O.
+
+Apart from ``gradstream._tensors``, which the native session uses, on purpose: a set
+layer shared by both implementations could not be caught out by the differential tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import zlib
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+
+from .. import _dtypes
+from .._convert import byte_view, check_bool, shape_text
+from .._io import Stalled
+from ..errors import StreamTimeoutError, TensorSetError
+from ._channels import (
+    TransferProgress,
+    _Channel,
+    _check_progress,
+    _receiving_channel,
+    _recv_all,
+    _send_all,
+    _sending_channel,
+)
+from ._manifest import MANIFEST_CAP, MAX_DIMS, Entry, check_name, manifest_json, read_manifest
+from ._receiver import _decode_frame_stream, _FrameReceiver, _walk_frames
+from ._wire import HEADER, HEADER_LEN
+from ._writer import _Gradient, encode_payload
+
+if TYPE_CHECKING:
+    from ._session import GradientStreamSession
+
+_PAIRS = "a mapping of name to tensor or an iterable of (name, tensor) pairs"
+
+
+# ---------------------------------------------------------------------------- notes
+
+
+@contextlib.contextmanager
+def _about(doing: str, name: str, k: int, n: int) -> Iterator[None]:
+    """Any error inside gets the note ``while <doing> tensor 'name' (k of n) of a tensor
+    set`` (receiver rule 3; the sender's errors likewise)."""
+    try:
+        yield
+    except Exception as exc:
+        text = f"while {doing} tensor {name!r} ({k} of {n}) of a tensor set"
+        if sys.version_info >= (3, 11):
+            exc.add_note(text)
+        else:  # pragma: no cover - Python 3.10 has no add_note
+            exc.__notes__ = [*getattr(exc, "__notes__", []), text]
+        raise
+
+
+# ---------------------------------------------------------------------------- sending
+
+
+class _Tensor(NamedTuple):
+    """A tensor taken for sending: its manifest entry and its values, C-contiguous in its
+    own dtype and shape (bfloat16 as uint16 bits), not yet cast to any wire dtype."""
+
+    entry: Entry
+    values: np.ndarray
+
+
+def _named_pairs(tensors: Any) -> list[tuple[Any, Any]]:
+    """The (name, tensor) pairs of a mapping or of an iterable of 2-item tuples/lists."""
+    if isinstance(tensors, Mapping):
+        return list(tensors.items())
+    refused = TypeError(f"tensors must be {_PAIRS}, not {type(tensors).__name__}")
+    if isinstance(tensors, (str, bytes, bytearray, memoryview)):
+        raise refused
+    try:
+        items = iter(tensors)
+    except TypeError:
+        raise refused from None
+    pairs = []
+    for k, item in enumerate(items, 1):
+        if not isinstance(item, (tuple, list)):
+            raise TypeError(
+                f"tensors item {k} is a {type(item).__name__}, not a (name, tensor) pair"
+            )
+        if len(item) != 2:
+            raise TypeError(
+                f"tensors item {k} is a {len(item)}-item {type(item).__name__}, not a "
+                "(name, tensor) pair"
+            )
+        pairs.append((item[0], item[1]))
+    return pairs
+
+
+def _take(tensors: Any, doing: str) -> list[_Tensor]:
+    """Every name checked first (before any tensor is converted), then each tensor taken
+    in its own dtype and shape, as keep_dtype=True takes it."""
+    pairs = _named_pairs(tensors)
+    taken: set[str] = set()
+    for name, _ in pairs:
+        if not isinstance(name, str):
+            raise TypeError(f"tensor names must be str, not {type(name).__name__}")
+        check_name(name, taken)
+    out = []
+    for k, (name, tensor) in enumerate(pairs, 1):
+        with _about(doing, name, k, len(pairs)):
+            own = _dtypes.prepare(tensor, keep_dtype=True, wire_dtype=None)
+            values = own.values
+            if values.ndim > MAX_DIMS:
+                raise TensorSetError(
+                    f"tensor {name!r} has {values.ndim} dimensions; a tensor set carries "
+                    f"at most {MAX_DIMS}",
+                    name=name,
+                )
+            out.append(_Tensor(Entry(name, own.wire, values.shape), values))
+    return out
+
+
+def _as_gradient(session: GradientStreamSession, tensor: _Tensor) -> _Gradient:
+    """A tensor as the encoder of a keep_shape, keep_dtype session with the caller's
+    wire_dtype takes it: cast to the wire dtype, flat, with its shape and (when cast) its
+    own dtype as metadata."""
+    own = tensor.entry.dtype
+    wire = session.wire_dtype or own
+    values = _dtypes.cast(tensor.values, own, wire)
+    shape = shape_text(tensor.values.shape)
+    return _Gradient(values.reshape(-1), wire, shape, None if wire == own else own)
+
+
+def manifest_frame(layout: str, compression: str | None, text: str) -> bytes:
+    """The manifest's frame: chunk 0 of 1, an empty float32 gradient whose schema
+    metadata is ``gradstream_tensors`` = ``text``."""
+    empty = np.empty(0, dtype=np.float32)
+    payload = encode_payload(empty, layout, compression, manifest=text)
+    return HEADER.pack(0, 1, len(payload), zlib.crc32(payload)) + payload
+
+
+def _manifest_for(session: GradientStreamSession, tensors: list[_Tensor]) -> bytes:
+    """The set's manifest frame, or TensorSetError when a receiver with this session's
+    max_payload_len would refuse it for its size."""
+    cap = _cap(session)
+    text = manifest_json([t.entry for t in tensors])
+    json_bytes = len(text.encode("utf-8"))
+    # The JSON goes into the payload (twice, schema and footer): past the cap on its own,
+    # it is refused without building the payload.
+    size = f"{json_bytes} bytes of JSON"
+    frame = b""
+    if json_bytes <= cap:
+        frame = manifest_frame(session.layout, session.compression, text)
+        size = f"{len(frame) - HEADER_LEN} bytes"
+    if not frame or len(frame) - HEADER_LEN > cap:
+        raise TensorSetError(
+            f"the tensor set's manifest takes {size}, above the {cap}-byte limit of a "
+            f"manifest frame (max_payload_len, at most {MANIFEST_CAP}): send fewer "
+            "tensors per set or shorter names"
+        )
+    return frame
+
+
+def encode_tensors(
+    session: GradientStreamSession, tensors: Any, as_buffer: bool = False
+) -> bytes | pa.Buffer:
+    """The set's frames: the manifest's, then each tensor's, joined."""
+    as_buffer = check_bool(as_buffer, "as_buffer")
+    taken = _take(tensors, "encoding")
+    parts = [_manifest_for(session, taken)]
+    for k, tensor in enumerate(taken, 1):
+        with _about("encoding", tensor.entry.name, k, len(taken)):
+            parts.append(session._joined_frames(_as_gradient(session, tensor)))
+    data = b"".join(parts)
+    del parts
+    return pa.py_buffer(data) if as_buffer else data
+
+
+async def stream_tensors(
+    session: GradientStreamSession,
+    tensors: Any,
+    stream: Any,
+    progress: TransferProgress | None = None,
+) -> int:
+    """Send the set: the stream, the names and every tensor checked before a byte goes;
+    the number of frames written, the manifest's included. ``progress`` counts the
+    tensors' frames only."""
+    channel = _sending_channel(stream, session.timeout, "stream_tensors")
+    progress = _check_progress(progress)
+    taken = _take(tensors, "sending")
+    frame = _manifest_for(session, taken)
+    with channel:  # the socket stays non-blocking from the manifest to the last tensor
+        try:
+            await _send_all(channel, memoryview(frame), None)
+        except Stalled:
+            raise StreamTimeoutError(session.timeout or 0.0, 0, 1) from None
+        sent = 1
+        for k, tensor in enumerate(taken, 1):
+            with _about("sending", tensor.entry.name, k, len(taken)):
+                grad = _as_gradient(session, tensor)
+                sent += await session._send(channel, grad, progress)
+    return sent
+
+
+# ---------------------------------------------------------------------------- receiving
+
+
+def _first_header(header: memoryview) -> None:
+    """Receiver rule 1, before the usual rules see the header: one chunk."""
+    total = HEADER.unpack(header)[1]
+    if total != 1:
+        raise TensorSetError(
+            f"not a tensor set: the first gradient has {total} chunks; a set starts with "
+            "a one-chunk manifest"
+        )
+
+
+def _cap(session: GradientStreamSession) -> int:
+    """The max_payload_len a manifest frame is written and read under."""
+    return min(session.max_payload_len, MANIFEST_CAP)
+
+
+def _manifest_receiver(session: GradientStreamSession, copy: bool) -> _FrameReceiver:
+    """A receiver for the manifest frame: the usual rules, max_payload_len capped at
+    16 MiB, and no values allowed (max_gradient_len 0)."""
+    return _FrameReceiver(_cap(session), 0, copy_values=copy)
+
+
+def _tensor_limit(entry: Entry) -> int:
+    """Rule 3: a tensor is received with max_gradient_len its entry's element count
+    (at least 1, as the native side does)."""
+    return max(entry.size, 1)
+
+
+def _tensor_receiver(session: GradientStreamSession, entry: Entry, copy: bool) -> _FrameReceiver:
+    """A receiver for one tensor: the session's max_payload_len, the entry's limit."""
+    return _FrameReceiver(session.max_payload_len, _tensor_limit(entry), copy_values=copy)
+
+
+def _entries(session: GradientStreamSession, receiver: _FrameReceiver) -> list[Entry]:
+    """Rules 1 (the end of the frame's decode) and 2: the manifest's entries, checked,
+    their element counts summed within max_gradient_len."""
+    receiver.result()  # decode_frames' rule 9 on the manifest's one frame
+    text = receiver.manifest
+    if text is None:
+        raise TensorSetError(
+            "not a tensor set: the first gradient has no gradstream_tensors manifest"
+        )
+    entries = read_manifest(text)
+    held = sum(entry.size for entry in entries)
+    limit = session.max_gradient_len
+    if held > limit:
+        raise TensorSetError(f"tensor set holds {held} values, above max_gradient_len {limit}")
+    return entries
+
+
+def _as_declared(entry: Entry, values: np.ndarray) -> np.ndarray:
+    """Rule 3's end: the tensor came back in its entry's dtype (as this process hands it
+    back) and shape."""
+    dtype = _dtypes.dtype_name(values.dtype)
+    if dtype == _dtypes.hand_back(entry.dtype) and values.shape == entry.shape:
+        return values
+    raise TensorSetError(
+        f"tensor {entry.name!r} arrived as {dtype} {shape_text(values.shape)}; the "
+        f"manifest says {entry.dtype} {shape_text(entry.shape)}",
+        name=entry.name,
+    )
+
+
+def _cut_short(received: int, n: int) -> TensorSetError:
+    return TensorSetError(f"the tensor set ends after {received} of its {n} tensors")
+
+
+def _memory_manifest(session: GradientStreamSession, view: memoryview) -> tuple[list[Entry], int]:
+    """The manifest at the start of non-empty ``view``: its entries and where it ends."""
+    if len(view) >= HEADER_LEN:
+        _first_header(view[:HEADER_LEN])
+    receiver = _manifest_receiver(session, copy=False)
+    end = _walk_frames(receiver, view)
+    assert end is not None  # view is not empty
+    return _entries(session, receiver), end
+
+
+def decode_tensors(session: GradientStreamSession, data: Any) -> dict[str, np.ndarray]:
+    """The set held by ``data``; ``{}`` for no bytes. Each tensor is decoded by
+    decode_frames' rules from where the one before ended, the last one up to the end of
+    the data (so bytes after it are its "left over" FrameError)."""
+    view = byte_view(data)
+    if not len(view):
+        return {}
+    entries, pos = _memory_manifest(session, view)
+    if not entries and pos < len(view):
+        # An empty set's manifest is its last frame: decoded again as a whole, it meets
+        # decode_frames' rule 9 (bytes left over), the manifest having passed the rest.
+        _decode_frame_stream(view, _cap(session), 0)
+    result: dict[str, np.ndarray] = {}
+    n = len(entries)
+    for k, entry in enumerate(entries, 1):
+        with _about("receiving", entry.name, k, n):
+            rest = view[pos:]
+            if not len(rest):
+                raise _cut_short(k - 1, n)
+            if k == n:
+                values = _decode_frame_stream(rest, session.max_payload_len, _tensor_limit(entry))
+            else:
+                receiver = _tensor_receiver(session, entry, copy=False)
+                used = _walk_frames(receiver, rest)
+                assert used is not None  # rest is not empty
+                pos += used
+                values = receiver.result()
+            result[entry.name] = _as_declared(entry, values)
+    return result
+
+
+async def _fill(channel: _Channel, size: int, timeout: float | None, total: int | None) -> bytes:
+    """``size`` bytes from ``channel``, or fewer when the stream ended first."""
+    unit = memoryview(bytearray(size))
+    try:
+        got = await _recv_all(channel, unit, None)
+    except Stalled:
+        raise StreamTimeoutError(timeout or 0.0, 0, total) from None
+    return bytes(unit[:got])
+
+
+async def _stream_manifest(session: GradientStreamSession, channel: _Channel) -> list[Entry] | None:
+    """Rules 1, 2 and 4 over a stream: the manifest's entries, or None when the stream
+    ended before its first byte. Reads exactly the manifest frame."""
+    receiver = _manifest_receiver(session, copy=True)
+    header = await _fill(channel, HEADER_LEN, session.timeout, None)
+    if len(header) < HEADER_LEN:
+        receiver.end_of_stream(len(header))  # raises, but before any byte
+        return None
+    _first_header(memoryview(header))
+    receiver.feed(memoryview(header))  # the capped max_payload_len, before any allocation
+    payload = await _fill(channel, receiver.want, session.timeout, 1)
+    if len(payload) < receiver.want:
+        receiver.end_of_stream(len(payload))  # raises
+    receiver.feed(memoryview(payload))
+    return _entries(session, receiver)
+
+
+async def receive_tensors(
+    session: GradientStreamSession, stream: Any, progress: TransferProgress | None = None
+) -> dict[str, np.ndarray]:
+    """Receive one set; ``{}`` when the peer closed before its first byte. Nothing past
+    the set's last frame is read. ``progress`` counts the tensors' frames only."""
+    channel = _receiving_channel(stream, session.timeout, "receive_tensors")
+    progress = _check_progress(progress)
+    result: dict[str, np.ndarray] = {}
+    with channel:
+        entries = await _stream_manifest(session, channel)
+        n = len(entries or ())
+        for k, entry in enumerate(entries or (), 1):
+            with _about("receiving", entry.name, k, n):
+                receiver = _tensor_receiver(session, entry, copy=True)
+                values = await session._receive_with(channel, progress, receiver)
+                if values is None:
+                    raise _cut_short(k - 1, n)
+                result[entry.name] = _as_declared(entry, values)
+    return result

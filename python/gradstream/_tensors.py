@@ -599,7 +599,7 @@ class _Connection:
                 raise StreamIOError(errno.EBADF, "the socket is closed")
             if stream.type != socket.SOCK_STREAM:
                 raise ValueError(
-                    "gradstream streams over SOCK_STREAM sockets only (TCP or Unix stream)"
+                    f"stream must be a connected stream socket (SOCK_STREAM), not {stream.type!r}"
                 )
             self.sock = stream
             return

@@ -196,7 +196,7 @@ impl SocketStream {
         let kind = obj.getattr("type")?;
         if !kind.eq(socket.getattr("SOCK_STREAM")?)? {
             return Err(PyValueError::new_err(format!(
-                "stream must be a connected stream socket, not {}",
+                "stream must be a connected stream socket (SOCK_STREAM), not {}",
                 kind.repr()?
             )));
         }

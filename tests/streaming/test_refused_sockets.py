@@ -1,7 +1,10 @@
-"""An ``ssl.SSLSocket`` is a ``socket.socket`` whose descriptor carries TLS records. Frames
+"""Sockets that cannot carry frames, refused alike by every entry point of both
+implementations, before a byte moves.
+
+An ``ssl.SSLSocket`` is a ``socket.socket`` whose descriptor carries TLS records: frames
 written to its descriptor would go out in plaintext beneath the TLS session, and frames
-read from it would be ciphertext: every entry point of both implementations refuses it
-with the same TypeError, before a byte moves (TLS over asyncio streams is the way)."""
+read from it would be ciphertext (TLS over asyncio streams is the way). A datagram
+socket has no byte stream to frame."""
 
 from __future__ import annotations
 
@@ -72,3 +75,18 @@ def test_receive_iter_refuses_a_tls_socket(
     with pytest.raises(TypeError) as caught:
         run(main)
     assert str(caught.value) == MESSAGE
+
+
+@pytest.mark.parametrize("call", sorted(CALLS))
+def test_a_datagram_socket_is_refused_with_one_message(impl: ModuleType, call: str) -> None:
+    session = impl.GradientStreamSession("udp", 4)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+
+        async def main() -> Any:
+            return await CALLS[call](session, udp)
+
+        with pytest.raises(ValueError) as caught:
+            run(main)
+    assert str(caught.value) == (
+        f"stream must be a connected stream socket (SOCK_STREAM), not {socket.SOCK_DGRAM!r}"
+    )

@@ -211,3 +211,17 @@ def fake_model(target_bytes: int, seed: int) -> dict[str, Any]:
         model[f"layers.{k}.bias"] = make((n,), dtypes[k % 4], len(big) + k)
     model["step_scale"] = make((), "float64", 999)
     return model
+
+
+# The two manifest codecs: (name, write, read). The native session's set layer and the
+# reference's own are separate code; every manifest test runs against both.
+def manifest_codecs() -> list[Any]:
+    import pytest
+
+    from gradstream import _tensors
+    from gradstream.reference import _manifest
+
+    return [
+        pytest.param((_tensors.manifest_text, _tensors.parse_manifest), id="native-layer"),
+        pytest.param((_manifest.manifest_json, _manifest.read_manifest), id="reference"),
+    ]

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gradstream._tensors import Entry, manifest_text, parse_manifest
+from gradstream._tensors import Entry, manifest_text
 from gradstream.errors import (
     ChecksumMismatchError,
     FrameError,
@@ -35,6 +35,7 @@ from support.tensor_sets import (
     described,
     expected,
     frames_of,
+    manifest_codecs,
     note_of,
     outcome,
     raw,
@@ -73,8 +74,10 @@ def everywhere(impl: ModuleType, data: bytes, **kwargs: Any) -> list[Any]:
 # --------------------------------------------------------------------------- manifests
 
 
-def test_parse_manifest_accepts_the_documented_form():
-    text = manifest_text(
+@pytest.mark.parametrize("codec", manifest_codecs())
+def test_parse_manifest_accepts_the_documented_form(codec: Any) -> None:
+    write, parse_manifest = codec
+    text = write(
         [
             Entry("fc.weight", "float32", (768, 3072)),
             Entry("s", "bfloat16", ()),
@@ -255,8 +258,10 @@ HOSTILE_MANIFESTS = [
 ]
 
 
+@pytest.mark.parametrize("codec", manifest_codecs())
 @pytest.mark.parametrize(("text", "message", "name"), HOSTILE_MANIFESTS)
-def test_parse_manifest_refuses(text, message, name):
+def test_parse_manifest_refuses(codec, text, message, name):
+    _, parse_manifest = codec
     with pytest.raises(TensorSetError) as info:
         parse_manifest(text)
     if message is None:

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 import gradstream._dtypes as dt
-from gradstream._tensors import Entry, manifest_text, parse_manifest
+from gradstream._tensors import Entry
 from gradstream.errors import FrameError, IncompleteStreamError, TensorSetError
 from support.aio import tcp_socket_pair
 from support.frames import HEADER_LEN
@@ -33,6 +33,7 @@ from support.tensor_sets import (
     expected,
     fake_model,
     frames_of,
+    manifest_codecs,
     mixed_set,
     note_of,
     outcome,
@@ -290,7 +291,9 @@ def test_done_when_lossy_bfloat16_wire_within_the_documented_error():
         assert np.all(np.abs(y[normal] - x[normal]) <= 2.0**-8 * np.abs(x[normal])), name
 
 
-def test_a_manifest_shape_numpy_cannot_make_is_refused():
+@pytest.mark.parametrize("codec", manifest_codecs())
+def test_a_manifest_shape_numpy_cannot_make_is_refused(codec: Any) -> None:
+    manifest_text, parse_manifest = codec
     """An empty tensor whose non-zero dimensions multiply past 2**60: numpy refuses to
     make it, so the manifest is refused (TensorSetError, not numpy's ValueError)."""
     ok = manifest_text([Entry("e", "float32", (0, 1 << 30, 1 << 30))])

@@ -10,10 +10,14 @@ from typing_extensions import Buffer
 from .errors import GradientStreamError
 
 __all__ = [
+    "BF16_EXTENSION",
     "DEFAULT_CHUNK_SIZE",
     "DEFAULT_MAX_GRADIENT_LEN",
     "DEFAULT_MAX_PAYLOAD_LEN",
+    "DTYPE_KEY",
     "HEADER_LEN",
+    "MANIFEST_KEY",
+    "SHAPE_KEY",
     "GradientChunk",
     "GradientStreamSession",
     "TransferProgress",
@@ -28,6 +32,10 @@ DEFAULT_MAX_GRADIENT_LEN: Final[int]
 DEFAULT_CHUNK_SIZE: Final[int]
 DEFAULT_MAX_PAYLOAD_LEN: Final[int]
 HEADER_LEN: Final[int]
+SHAPE_KEY: Final[str]
+DTYPE_KEY: Final[str]
+MANIFEST_KEY: Final[str]
+BF16_EXTENSION: Final[str]
 
 @final
 class GradientChunk:

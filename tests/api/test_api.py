@@ -44,6 +44,30 @@ def test_constructor_defaults_agree_with_the_constants() -> None:
     r = inspect.signature(ref.GradientStreamSession).parameters
     assert r["chunk_size"].default == params["chunk_size"].default
     assert r["max_payload_len"].default == params["max_payload_len"].default
+    # max_gradient_len and timeout too, and the reference's own copies of the constants.
+    assert r["max_gradient_len"].default == params["max_gradient_len"].default
+    assert params["max_gradient_len"].default == gs.DEFAULT_MAX_GRADIENT_LEN == 1 << 30
+    assert r["timeout"].default is params["timeout"].default is None
+    from gradstream.reference import _settings
+
+    assert (
+        _settings.DEFAULT_CHUNK_SIZE,
+        _settings.DEFAULT_MAX_PAYLOAD_LEN,
+        _settings.DEFAULT_MAX_GRADIENT_LEN,
+    ) == (gs.DEFAULT_CHUNK_SIZE, gs.DEFAULT_MAX_PAYLOAD_LEN, gs.DEFAULT_MAX_GRADIENT_LEN)
+
+
+def test_metadata_keys_agree_with_the_cores() -> None:
+    """The core defines each metadata key once and _native exposes it; the reference and
+    the pyarrow extension type keep deliberate copies of their own."""
+    import gradstream._dtypes as dtypes
+    import gradstream._native as native
+    from gradstream.reference import _wire
+
+    assert (native.SHAPE_KEY, native.MANIFEST_KEY) == (_wire.SHAPE_KEY, _wire.MANIFEST_KEY)
+    assert (native.SHAPE_KEY, native.MANIFEST_KEY) == ("gradient_shape", "gradstream_tensors")
+    assert (native.DTYPE_KEY, native.BF16_EXTENSION) == (dtypes.DTYPE_KEY, dtypes.BF16_EXTENSION)
+    assert native.BF16_EXTENSION == dtypes.BFloat16Type().extension_name
 
 
 def _imported_names(path: Path, package: str) -> set[str]:

@@ -30,6 +30,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DEFAULT_MAX_PAYLOAD_LEN", DEFAULT_MAX_PAYLOAD_LEN)?;
     m.add("DEFAULT_MAX_GRADIENT_LEN", DEFAULT_MAX_GRADIENT_LEN)?;
     m.add("HEADER_LEN", HEADER_LEN)?;
+    // The metadata keys, from their one definition in the core (the reference keeps its
+    // own copy; tests/api/test_api.py compares them).
+    m.add("SHAPE_KEY", gradstream_core::codec::SHAPE_KEY)?;
+    m.add("DTYPE_KEY", gradstream_core::dtype::DTYPE_KEY)?;
+    m.add("MANIFEST_KEY", gradstream_core::codec::MANIFEST_KEY)?;
+    m.add("BF16_EXTENSION", gradstream_core::dtype::BF16_EXTENSION)?;
     m.add_function(wrap_pyfunction!(error_samples, m)?)?;
     Ok(())
 }

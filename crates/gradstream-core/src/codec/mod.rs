@@ -23,7 +23,7 @@ mod shared;
 mod writer;
 
 pub use reader::decode_payload;
-pub use shared::checksum;
+pub use shared::{checksum, MANIFEST_KEY, SHAPE_KEY};
 pub(crate) use writer::{
     append_payload, encode_payload, encode_payload_exact, encode_payload_raw, Encoding,
 };

@@ -19,10 +19,10 @@ pub fn checksum(data: &[u8]) -> u32 {
 
 /// The schema metadata key holding a gradient's shape (`keep_shape`), as a compact JSON
 /// array of integers: "[768,3072]".
-pub(crate) const SHAPE_KEY: &str = "gradient_shape";
+pub const SHAPE_KEY: &str = "gradient_shape";
 
 /// The schema metadata key of a tensor set's manifest (README "Tensor sets").
-pub(crate) const MANIFEST_KEY: &str = "gradstream_tensors";
+pub const MANIFEST_KEY: &str = "gradstream_tensors";
 
 /// The field metadata that makes a UInt16 `value` column bfloat16.
 pub(super) const EXTENSION_NAME_KEY: &str = "ARROW:extension:name";

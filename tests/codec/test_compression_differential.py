@@ -10,7 +10,6 @@ import importlib
 import re
 import resource
 import struct
-import warnings
 import zlib
 from collections import Counter
 from collections.abc import Iterator
@@ -39,7 +38,7 @@ from support.compressed import (
     sparse,
     split_frames,
 )
-from support.differential import outcome_of
+from support.differential import outcome_of, report_disagreements
 from support.frames import frame
 from support.impls import CODECS, FIXTURE_OK, LAYOUTS, examples
 from support.impls import load_impl as module
@@ -120,13 +119,10 @@ DISAGREEMENTS: Counter[str] = Counter()
 @pytest.fixture(scope="module", autouse=True)
 def _report_disagreements() -> Iterator[None]:
     yield
-    if DISAGREEMENTS:
-        lines = "\n".join(f"  {n:4d} x {what}" for what, n in DISAGREEMENTS.most_common())
-        warnings.warn(
-            "native and reference disagreed on CRC-valid mutated compressed payloads "
-            f"(allowed, recorded only):\n{lines}",
-            stacklevel=1,
-        )
+    report_disagreements(
+        DISAGREEMENTS,
+        "native and reference disagreed on CRC-valid mutated compressed payloads",
+    )
 
 
 def describe(outcome: Any) -> str:

@@ -7,7 +7,6 @@ same ``gradstream.errors`` class with the same fields, or bit-equal values.
 from __future__ import annotations
 
 import re
-import warnings
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -36,6 +35,7 @@ from support.differential import (
     join_frames,
     make_gradient,
     outcome_of,
+    report_disagreements,
     sessions,
 )
 from support.frames import HEADER
@@ -97,13 +97,11 @@ DISAGREEMENTS: Counter[str] = Counter()
 @pytest.fixture(scope="module", autouse=True)
 def _report_disagreements() -> Iterator[None]:
     yield
-    if DISAGREEMENTS:
-        lines = "\n".join(f"  {n:4d} x {what}" for what, n in DISAGREEMENTS.most_common())
-        warnings.warn(
-            "native and reference Arrow decoders disagreed on CRC-valid mutated payloads "
-            f"(allowed, recorded only; counted per decode_chunks and decode_frames call):\n{lines}",
-            stacklevel=1,
-        )
+    report_disagreements(
+        DISAGREEMENTS,
+        "native and reference Arrow decoders disagreed on CRC-valid mutated payloads "
+        "(counted per decode_chunks and decode_frames call)",
+    )
 
 
 # --------------------------------------------------------------------------- error agreement

@@ -4,14 +4,15 @@
 //! memoryview, pyarrow.Buffer, numpy arrays) as a `&[u8]` that stays valid and unchanged
 //! with the GIL released.
 //! `FrameBytes` hands a Rust-built byte vector to Python through the buffer protocol, so
-//! that `pyarrow.py_buffer` can wrap it with no copy.
+//! that `pyarrow.py_buffer` can wrap it with no copy. `WritableBytes` holds a caller's
+//! `out=` buffer for `encode_frames` to write into.
 //!
 //! Uses pyo3 alone, no other file of this crate; used by `session`, `stream` and `chunk`.
 
 use std::os::raw::c_int;
 
 use pyo3::buffer::PyUntypedBuffer;
-use pyo3::exceptions::PyBufferError;
+use pyo3::exceptions::{PyBufferError, PyTypeError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
@@ -136,4 +137,37 @@ pub fn vec_to_pyarrow(py: Python<'_>, data: Vec<u8>) -> PyResult<Bound<'_, PyAny
 /// Wrap a Python `bytes` object as a `pyarrow.Buffer`, no copy.
 pub fn bytes_to_pyarrow<'py>(bytes: &Bound<'py, PyBytes>) -> PyResult<Bound<'py, PyAny>> {
     py_buffer(bytes.py())?.call1((bytes,))
+}
+
+/// A caller's writeable buffer (`encode_frames(out=)`), checked by
+/// gradstream._convert.frame_buffer and held for the call.
+pub struct WritableBytes {
+    buffer: pyo3::buffer::PyBuffer<u8>,
+}
+
+impl WritableBytes {
+    pub fn new(out: &Bound<'_, PyAny>) -> PyResult<Self> {
+        static CHECK: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+        let view = CHECK
+            .import(out.py(), "gradstream._convert", "frame_buffer")?
+            .call1((out,))?;
+        let buffer = pyo3::buffer::PyBuffer::<u8>::get(&view)?;
+        if buffer.readonly() || !buffer.is_c_contiguous() {
+            return Err(PyTypeError::new_err(
+                "out= must be a writeable C-contiguous buffer",
+            ));
+        }
+        Ok(Self { buffer })
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        let len = self.buffer.len_bytes();
+        if len == 0 {
+            return &mut [];
+        }
+        // SAFETY: a writeable, C-contiguous buffer of `len` bytes, held (so neither freed
+        // nor resized) while `self` lives. Writes from other threads meanwhile are the
+        // caller's to avoid, as with socket.recv_into.
+        unsafe { std::slice::from_raw_parts_mut(self.buffer.buf_ptr().cast::<u8>(), len) }
+    }
 }

@@ -1,8 +1,10 @@
 //! `gradstream.GradientChunk`: one encoded chunk, its payload held as a Python `bytes`
-//! object so that `arrow_ipc_bytes` and `payload` hand out the same memory with no copy.
+//! object so that `arrow_ipc_bytes` and `payload` hand out the same memory with no copy;
+//! and `HeldChunk`, any chunk-like object `decode_chunks` is given, held for the call.
 //!
 //! Uses `buffers` and the core (`codec`, `session`); used by `session`.
 
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::PyBytes;
@@ -117,5 +119,53 @@ impl PyChunk {
             self.payload.len(),
             self.checksum
         )
+    }
+}
+
+/// A chunk to decode, its payload kept alive while the GIL is released.
+pub struct HeldChunk {
+    chunk_index: u32,
+    total_chunks: u32,
+    checksum: u32,
+    payload: PyBackedBytes,
+}
+
+impl HeldChunk {
+    pub fn from_py(item: &Bound<'_, PyAny>) -> PyResult<Self> {
+        if let Ok(chunk) = item.cast::<PyChunk>() {
+            let c = chunk.get();
+            return Ok(Self {
+                chunk_index: c.chunk_index,
+                total_chunks: c.total_chunks,
+                checksum: c.checksum,
+                payload: c.payload.clone_ref(item.py()),
+            });
+        }
+        // Any object with the chunk's attributes (a gradstream.reference chunk, say).
+        let field = |name: &str| {
+            item.getattr(name).map_err(|_| {
+                PyTypeError::new_err(format!(
+                    "decode_chunks takes GradientChunk objects; {} has no attribute {name:?}",
+                    item.get_type()
+                        .name()
+                        .map_or_else(|_| "this object".into(), |n| n.to_string())
+                ))
+            })
+        };
+        Ok(Self {
+            chunk_index: field("chunk_index")?.extract()?,
+            total_chunks: field("total_chunks")?.extract()?,
+            checksum: field("checksum")?.extract()?,
+            payload: immutable_bytes(&field("arrow_ipc_bytes")?)?,
+        })
+    }
+
+    pub fn as_ref(&self) -> ChunkRef<'_> {
+        ChunkRef {
+            chunk_index: self.chunk_index,
+            total_chunks: self.total_chunks,
+            checksum: self.checksum,
+            payload: &self.payload,
+        }
     }
 }

@@ -8,12 +8,10 @@
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::pybacked::PyBackedBytes;
-use pyo3::sync::PyOnceLock;
 use pyo3::types::PyBytes;
 
-use super::buffers::{immutable_bytes, vec_to_pyarrow, ReadBuffer};
-use super::chunk::PyChunk;
+use super::buffers::{vec_to_pyarrow, ReadBuffer, WritableBytes};
+use super::chunk::{HeldChunk, PyChunk};
 use super::complete::Outcome;
 use super::convert::{dtypes_attr, gradient_array, values_array, HeldGradient, Input, LentArray};
 use super::errors::IntoPyResult;
@@ -27,42 +25,9 @@ use gradstream_core::dtype::Dtype;
 use gradstream_core::encoder::{Gradient, GradientMeta};
 use gradstream_core::frame::{DEFAULT_MAX_GRADIENT_LEN, DEFAULT_MAX_PAYLOAD_LEN};
 use gradstream_core::receiver::Ended;
-use gradstream_core::session::{ChunkRef, SessionConfig, DEFAULT_CHUNK_SIZE};
+use gradstream_core::session::{SessionConfig, DEFAULT_CHUNK_SIZE};
 use gradstream_core::shape::shape_text;
 use gradstream_core::stream::{receive_gradient, send_gradient};
-
-/// A caller's writeable buffer (`encode_frames(out=)`), checked by
-/// gradstream._convert.frame_buffer and held for the call.
-struct WritableBytes {
-    buffer: pyo3::buffer::PyBuffer<u8>,
-}
-
-impl WritableBytes {
-    fn new(out: &Bound<'_, PyAny>) -> PyResult<Self> {
-        static CHECK: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-        let view = CHECK
-            .import(out.py(), "gradstream._convert", "frame_buffer")?
-            .call1((out,))?;
-        let buffer = pyo3::buffer::PyBuffer::<u8>::get(&view)?;
-        if buffer.readonly() || !buffer.is_c_contiguous() {
-            return Err(PyTypeError::new_err(
-                "out= must be a writeable C-contiguous buffer",
-            ));
-        }
-        Ok(Self { buffer })
-    }
-
-    fn as_mut_slice(&mut self) -> &mut [u8] {
-        let len = self.buffer.len_bytes();
-        if len == 0 {
-            return &mut [];
-        }
-        // SAFETY: a writeable, C-contiguous buffer of `len` bytes, held (so neither freed
-        // nor resized) while `self` lives. Writes from other threads meanwhile are the
-        // caller's to avoid, as with socket.recv_into.
-        unsafe { std::slice::from_raw_parts_mut(self.buffer.buf_ptr().cast::<u8>(), len) }
-    }
-}
 
 /// `gradstream._tensors.<name>`: the tensor-set layer, shared with the reference.
 fn tensors_fn<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
@@ -138,54 +103,6 @@ impl PySession {
             wire: wire_cast.unwrap_or(dtype),
             meta,
         })
-    }
-}
-
-/// A chunk to decode, its payload kept alive while the GIL is released.
-struct HeldChunk {
-    chunk_index: u32,
-    total_chunks: u32,
-    checksum: u32,
-    payload: PyBackedBytes,
-}
-
-impl HeldChunk {
-    fn from_py(item: &Bound<'_, PyAny>) -> PyResult<Self> {
-        if let Ok(chunk) = item.cast::<PyChunk>() {
-            let c = chunk.get();
-            return Ok(Self {
-                chunk_index: c.chunk_index,
-                total_chunks: c.total_chunks,
-                checksum: c.checksum,
-                payload: c.payload.clone_ref(item.py()),
-            });
-        }
-        // Any object with the chunk's attributes (a gradstream.reference chunk, say).
-        let field = |name: &str| {
-            item.getattr(name).map_err(|_| {
-                PyTypeError::new_err(format!(
-                    "decode_chunks takes GradientChunk objects; {} has no attribute {name:?}",
-                    item.get_type()
-                        .name()
-                        .map_or_else(|_| "this object".into(), |n| n.to_string())
-                ))
-            })
-        };
-        Ok(Self {
-            chunk_index: field("chunk_index")?.extract()?,
-            total_chunks: field("total_chunks")?.extract()?,
-            checksum: field("checksum")?.extract()?,
-            payload: immutable_bytes(&field("arrow_ipc_bytes")?)?,
-        })
-    }
-
-    fn as_ref(&self) -> ChunkRef<'_> {
-        ChunkRef {
-            chunk_index: self.chunk_index,
-            total_chunks: self.total_chunks,
-            checksum: self.checksum,
-            payload: &self.payload,
-        }
     }
 }
 

@@ -116,3 +116,23 @@ def test_errors_are_one_hierarchy_shared_by_both() -> None:
     ):
         assert issubclass(cls, gs.GradientStreamError)
     assert gs.FrameError is errors.FrameError
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"layout": "bad", "compression": "gzip"},
+        {"timeout": -1, "keep_shape": 1},
+        {"chunk_size": -1, "wire_dtype": "int8"},
+        {"max_payload_len": 0, "timeout": float("nan")},
+        {"compression": "gzip", "wire_dtype": "int8"},
+    ],
+)
+def test_two_bad_settings_fail_alike_on_both_sides(kwargs: dict[str, object]) -> None:
+    """The settings are checked in one order, so the first refusal is the same error."""
+    raised = []
+    for impl in (gs, ref):
+        with pytest.raises(Exception) as info:
+            impl.GradientStreamSession("x", **kwargs)
+        raised.append((type(info.value), str(info.value), getattr(info.value, "setting", None)))
+    assert raised[0] == raised[1]

@@ -57,8 +57,6 @@ const BF16_NAN: u16 = 0x7fc0;
 const F32_NAN: u32 = 0x7fc0_0000;
 const F64_NAN: u64 = 0x7ff8_0000_0000_0000;
 
-/// One value of `dtype` read from its native-endian bytes; every such value (NaN sign
-/// included) is exact in f64.
 /// The bytes of `values` as they lie in memory.
 pub fn f32_bytes(values: &[f32]) -> &[u8] {
     // SAFETY: f32 has no padding and every byte pattern is a valid u8.
@@ -67,6 +65,8 @@ pub fn f32_bytes(values: &[f32]) -> &[u8] {
     }
 }
 
+/// One value of `dtype` read from its native-endian bytes; every such value (NaN sign
+/// included) is exact in f64.
 #[cfg(test)]
 fn read(dtype: Dtype, b: &[u8]) -> f64 {
     match dtype {

@@ -37,7 +37,7 @@ pub enum GradientStreamError {
 
     /// The connection failed.
     #[error("I/O error: {0}")]
-    Io(std::io::Error),
+    Io(#[source] std::io::Error),
 
     /// Malformed framing: truncation, limits, headers that contradict each other.
     /// `offset` is the byte offset of the header concerned, when there is a byte stream.

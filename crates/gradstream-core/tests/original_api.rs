@@ -108,6 +108,12 @@ fn errors_keep_the_original_wording_and_match_by_variant() {
         matches!(&io, GradientStreamError::Io(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
     );
     assert!(io.to_string().starts_with("I/O error: "), "{io}");
+    // Error chains reach the io error, as the original's #[from] made them.
+    let source = std::error::Error::source(&io).expect("Io has a source");
+    let inner = source
+        .downcast_ref::<std::io::Error>()
+        .expect("an io::Error");
+    assert_eq!(inner.kind(), std::io::ErrorKind::BrokenPipe);
 }
 
 #[test]

@@ -43,12 +43,9 @@ pub struct SettingArgs<'a, 'py> {
 }
 
 impl SettingArgs<'_, '_> {
-    /// Check every argument, in the reference's order (the first refusal is raised).
+    /// Check every argument, in the reference's order (the first refusal is raised, so a
+    /// call with two bad arguments fails alike on both sides).
     pub fn parse(self, py: Python<'_>) -> PyResult<Settings> {
-        let compression = compression_arg(self.compression)?;
-        let keep_shape = self.keep_shape.get("keep_shape")?;
-        let keep_dtype = self.keep_dtype.get("keep_dtype")?;
-        let wire_dtype = wire_dtype_arg(self.wire_dtype)?;
         let layout = layout_arg(py, self.layout)?;
         let chunk_size = usize::try_from(self.chunk_size).map_err(|_| {
             setting_error(
@@ -59,6 +56,10 @@ impl SettingArgs<'_, '_> {
         })?;
         let limits = limits_arg(py, self.max_payload_len, self.max_gradient_len)?;
         let timeout = timeout_arg(self.timeout)?;
+        let compression = compression_arg(self.compression)?;
+        let keep_shape = self.keep_shape.get("keep_shape")?;
+        let keep_dtype = self.keep_dtype.get("keep_dtype")?;
+        let wire_dtype = wire_dtype_arg(self.wire_dtype)?;
         let mut config = new_config(py, self.session_id, chunk_size)?;
         config.limits = limits;
         config.layout = layout;
@@ -75,16 +76,19 @@ impl SettingArgs<'_, '_> {
 
 /// The `layout=` argument: "seed" or "compact".
 fn layout_arg(py: Python<'_>, layout: &str) -> PyResult<Layout> {
-    Layout::from_name(layout).ok_or_else(|| {
-        setting_error(
-            py,
-            "layout",
-            format!(
-                "layout must be 'seed' (the original's payload) or 'compact' (values only), \
-                 got {layout:?}"
-            ),
-        )
-    })
+    if let Some(known) = Layout::from_name(layout) {
+        return Ok(known);
+    }
+    // Named by its Python repr, as the reference names it ('bad', not Rust's "bad").
+    let shown = pyo3::types::PyString::new(py, layout).repr()?;
+    Err(setting_error(
+        py,
+        "layout",
+        format!(
+            "layout must be 'seed' (the original's payload) or 'compact' (values only), \
+             got {shown}"
+        ),
+    ))
 }
 
 /// The `max_payload_len=` and `max_gradient_len=` arguments, as the session's limits.

@@ -34,7 +34,10 @@ pub(super) const EXTENSION_METADATA_KEY: &str = "ARROW:extension:metadata";
 /// The buffer, and every array or slice made from it, must be dropped before `bytes` is.
 pub(super) unsafe fn borrowed_buffer(bytes: &[u8]) -> Buffer {
     let ptr = NonNull::new(bytes.as_ptr().cast_mut()).unwrap_or(NonNull::dangling());
-    // The owner is a no-op: the memory belongs to the caller.
+    // SAFETY: `ptr` and `bytes.len()` describe memory valid for reads for as long as
+    // `bytes` lives, which the caller guarantees outlasts the buffer (this function's
+    // contract); the owner is a no-op because the memory belongs to the caller, and arrow
+    // only reads through it. A dangling pointer is used only with length 0.
     unsafe { Buffer::from_custom_allocation(ptr, bytes.len(), Arc::new(())) }
 }
 

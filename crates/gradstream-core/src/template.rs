@@ -24,16 +24,100 @@ use crate::codec::{self, Layout};
 const BLOCK: usize = 16 * 1024;
 /// Values a cached template may hold: at most 8 MiB of template (seed layout).
 const MAX_VALUES: usize = 1 << 20;
-/// Templates kept at once (two sizes per gradient, full chunks and the tail, per layout).
-const CACHE_SLOTS: usize = 8;
+/// Templates kept of the sizes this process's senders chose (two sizes per gradient, full
+/// chunks and the tail, per layout).
+const MADE_SLOTS: usize = 8;
+/// Templates kept of the sizes peers' payloads had (learned on receipt).
+const LEARNED_SLOTS: usize = 4;
 
-static CACHE: Mutex<Vec<Arc<Template>>> = Mutex::new(Vec::new());
+/// The process's templates, in two shelves. A template is a pure function of (layout,
+/// value count), so one set serves every session; what a peer decides (the sizes of the
+/// payloads it sends) can only fill the learned shelf: a peer cycling sizes evicts what
+/// other peers taught, never the templates our own senders use. Learning costs two
+/// encodes and two decodes of a payload's value count, which a peer paid for with at
+/// least 4 bytes a value (see `learn`), so its work per byte received is bounded.
+struct Cache {
+    made: Shelf,
+    learned: Shelf,
+}
 
-fn with_cache<T>(f: impl FnOnce(&mut Vec<Arc<Template>>) -> T) -> Option<T> {
-    // A panic while the lock was held cannot leave the list half-changed (push and
-    // remove are whole), so a poisoned lock is taken as it is.
-    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
-    Some(f(&mut cache))
+/// A bounded list of templates, oldest first out.
+struct Shelf {
+    slots: usize,
+    list: Mutex<Vec<Arc<Template>>>,
+}
+
+static CACHE: Cache = Cache::new();
+
+impl Shelf {
+    const fn new(slots: usize) -> Self {
+        Self {
+            slots,
+            list: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut Vec<Arc<Template>>) -> T) -> T {
+        // A panic while the lock was held cannot leave the list half-changed (push and
+        // remove are whole), so a poisoned lock is taken as it is.
+        let mut list = self.list.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut list)
+    }
+
+    fn find(&self, keep: impl Fn(&Template) -> bool) -> Vec<Arc<Template>> {
+        self.with(|list| list.iter().filter(|t| keep(t)).cloned().collect())
+    }
+
+    fn put(&self, template: Arc<Template>) {
+        self.with(|list| {
+            if list.len() >= self.slots {
+                list.remove(0);
+            }
+            list.push(template);
+        });
+    }
+}
+
+impl Cache {
+    const fn new() -> Self {
+        Self {
+            made: Shelf::new(MADE_SLOTS),
+            learned: Shelf::new(LEARNED_SLOTS),
+        }
+    }
+
+    fn find(&self, keep: impl Fn(&Template) -> bool + Copy) -> Vec<Arc<Template>> {
+        let mut found = self.made.find(keep);
+        found.extend(self.learned.find(keep));
+        found
+    }
+
+    fn known(&self, layout: Layout, values: usize) -> Option<Arc<Template>> {
+        let found = self.find(|t| t.layout == layout && t.values == values);
+        found.into_iter().next()
+    }
+
+    /// The template of (layout, values), from either shelf or built onto `shelf`.
+    fn get_onto(&self, shelf: &Shelf, layout: Layout, values: usize) -> Option<Arc<Template>> {
+        if values == 0 || values > MAX_VALUES {
+            return None;
+        }
+        if let Some(found) = self.known(layout, values) {
+            return Some(found);
+        }
+        let built = Arc::new(Template::build(layout, values)?);
+        shelf.put(built.clone());
+        Some(built)
+    }
+
+    fn learn(&self, values: usize, payload_len: usize) {
+        // Any payload of ours is at least 4 bytes a value: a larger count is not ours.
+        if values.saturating_mul(4) < payload_len {
+            for layout in [Layout::Seed, Layout::Compact] {
+                self.get_onto(&self.learned, layout, values);
+            }
+        }
+    }
 }
 
 /// A payload with its value bytes marked out. See the module comment.
@@ -49,54 +133,24 @@ pub struct Template {
 }
 
 impl Template {
-    /// The template of `values`-value payloads in `layout`, from the cache or built now.
-    /// None when it is too large to keep or the writer's output has a shape we do not
-    /// know (then the Arrow path is used, with the same result).
+    /// The template of `values`-value payloads in `layout`, from the cache or built now
+    /// (for a sender: onto the shelf of sizes our senders chose). None when it is too large
+    /// to keep or the writer's output has a shape we do not know (then the Arrow path is
+    /// used, with the same result).
     pub fn get(layout: Layout, values: usize) -> Option<Arc<Self>> {
-        if values == 0 || values > MAX_VALUES {
-            return None;
-        }
-        let found = with_cache(|cache| {
-            cache
-                .iter()
-                .find(|t| t.layout == layout && t.values == values)
-                .cloned()
-        })
-        .flatten();
-        if found.is_some() {
-            return found;
-        }
-        let built = Arc::new(Self::build(layout, values)?);
-        with_cache(|cache| {
-            if cache.len() >= CACHE_SLOTS {
-                cache.remove(0);
-            }
-            cache.push(built.clone());
-        });
-        Some(built)
+        CACHE.get_onto(&CACHE.made, layout, values)
     }
 
-    /// The cached templates `payload_len` bytes long (at most one per layout).
+    /// The cached templates `payload_len` bytes long (at most one per layout and shelf).
     pub fn for_payload(payload_len: usize) -> Vec<Arc<Self>> {
-        with_cache(|cache| {
-            cache
-                .iter()
-                .filter(|t| t.bytes.len() == payload_len)
-                .cloned()
-                .collect()
-        })
-        .unwrap_or_default()
+        CACHE.find(|t| t.bytes.len() == payload_len)
     }
 
     /// A payload of `payload_len` bytes decoded to `values` values the slow way: make the
-    /// templates of that count, so later payloads like it take the fast path.
+    /// templates of that count (on the learned shelf), so later payloads like it take the
+    /// fast path.
     pub fn learn(values: usize, payload_len: usize) {
-        // Any payload of ours is at least 4 bytes a value: a larger count is not ours.
-        if values.saturating_mul(4) < payload_len {
-            for layout in [Layout::Seed, Layout::Compact] {
-                Self::get(layout, values);
-            }
-        }
+        CACHE.learn(values, payload_len);
     }
 
     /// Encode two payloads whose values differ in every byte; the bytes that differ must
@@ -248,6 +302,31 @@ mod tests {
         // The other layout's payload of as many values is not this template's.
         let compact = codec::encode_payload(Layout::Compact, &sample(100)).unwrap();
         assert!(t.matches(&compact).is_none());
+    }
+
+    #[test]
+    fn what_peers_teach_never_evicts_what_senders_made() {
+        // A cache of its own: the process's is shared with the tests running beside.
+        let cache = Cache::new();
+        let made = cache.get_onto(&cache.made, Layout::Compact, 300).unwrap();
+        // A peer cycling through 20 payload sizes, each learned in both layouts.
+        for n in 1..=20 {
+            cache.learn(1000 + n, 8 * (1000 + n) + 600);
+        }
+        let again = cache
+            .known(Layout::Compact, 300)
+            .expect("still on its shelf");
+        assert!(Arc::ptr_eq(&made, &again));
+        assert_eq!(cache.learned.find(|_| true).len(), LEARNED_SLOTS);
+        assert_eq!(cache.made.find(|_| true).len(), 1);
+        // A count no payload of ours could carry in that many bytes is not learned.
+        let before = cache.learned.find(|_| true);
+        cache.learn(5000, 5000);
+        let after = cache.learned.find(|_| true);
+        assert!(before.iter().zip(&after).all(|(a, b)| Arc::ptr_eq(a, b)));
+        // What was learned serves a payload of that size.
+        let last = cache.learned.find(|t| t.values == 1020);
+        assert_eq!(last.len(), 2);
     }
 
     #[test]

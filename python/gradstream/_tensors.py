@@ -31,7 +31,6 @@ import math
 import socket
 import ssl
 import struct
-import sys
 from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple, NoReturn
 
@@ -122,20 +121,13 @@ def _check_name(name: str, seen: set[str]) -> None:
     seen.add(name)
 
 
-def _note(exc: BaseException, text: str) -> None:
-    if sys.version_info >= (3, 11):
-        exc.add_note(text)
-    else:  # pragma: no cover - Python 3.10: the attribute add_note would set
-        exc.__notes__ = [*getattr(exc, "__notes__", ()), text]
-
-
 @contextlib.contextmanager
 def _noting(doing: str, name: str, k: int, n: int) -> Iterator[None]:
     """Adds ``while <doing> tensor 'name' (k of n) of a tensor set`` to any error."""
     try:
         yield
     except Exception as exc:
-        _note(exc, f"while {doing} tensor {name!r} ({k} of {n}) of a tensor set")
+        exc.add_note(f"while {doing} tensor {name!r} ({k} of {n}) of a tensor set")
         raise
 
 

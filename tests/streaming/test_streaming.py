@@ -32,8 +32,6 @@ import numpy as np
 import pytest
 
 pytest.importorskip("gradstream._native", reason="native extension not built")
-if sys.version_info < (3, 11):  # pragma: no cover
-    pytest.skip("asyncio.timeout needs Python 3.11", allow_module_level=True)
 
 import gradstream as gs
 from gradstream.errors import IncompleteStreamError

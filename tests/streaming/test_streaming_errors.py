@@ -10,14 +10,11 @@ import asyncio
 import errno
 import socket
 import struct
-import sys
 import time
 
 import pytest
 
 pytest.importorskip("gradstream._native", reason="native extension not built")
-if sys.version_info < (3, 11):  # pragma: no cover
-    pytest.skip("asyncio.timeout needs Python 3.11", allow_module_level=True)
 
 import gradstream as gs
 from gradstream.errors import GradientStreamError, StreamIOError

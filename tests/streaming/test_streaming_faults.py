@@ -13,7 +13,6 @@ import contextlib
 import fcntl
 import os
 import socket
-import sys
 import threading
 import time
 import zlib
@@ -25,8 +24,6 @@ import numpy as np
 import pytest
 
 pytest.importorskip("gradstream._native", reason="native extension not built")
-if sys.version_info < (3, 11):  # pragma: no cover
-    pytest.skip("asyncio.timeout needs Python 3.11", allow_module_level=True)
 
 import gradstream as gs
 from gradstream.errors import (

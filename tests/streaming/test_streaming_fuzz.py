@@ -10,7 +10,6 @@ import asyncio
 import errno
 import socket
 import struct
-import sys
 import zlib
 from typing import Any
 
@@ -20,8 +19,6 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("gradstream._native", reason="native extension not built")
-if sys.version_info < (3, 11):  # pragma: no cover
-    pytest.skip("asyncio.timeout needs Python 3.11", allow_module_level=True)
 
 import gradstream as gs
 from gradstream.errors import (

@@ -18,7 +18,6 @@ layer shared by both implementations could not be caught out by the differential
 from __future__ import annotations
 
 import contextlib
-import sys
 import zlib
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -61,10 +60,7 @@ def _about(doing: str, name: str, k: int, n: int) -> Iterator[None]:
         yield
     except Exception as exc:
         text = f"while {doing} tensor {name!r} ({k} of {n}) of a tensor set"
-        if sys.version_info >= (3, 11):
-            exc.add_note(text)
-        else:  # pragma: no cover - Python 3.10 has no add_note
-            exc.__notes__ = [*getattr(exc, "__notes__", []), text]
+        exc.add_note(text)
         raise
 
 

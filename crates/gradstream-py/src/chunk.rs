@@ -2,7 +2,7 @@
 //! object so that `arrow_ipc_bytes` and `payload` hand out the same memory with no copy;
 //! and `HeldChunk`, any chunk-like object `decode_chunks` is given, held for the call.
 //!
-//! Uses `buffers` and the core (`codec`, `session`); used by `session`.
+//! Uses `buffers`, `errors` (`type_name`) and the core (`codec`, `session`); used by `session`.
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
@@ -10,6 +10,7 @@ use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::PyBytes;
 
 use super::buffers::{bytes_to_pyarrow, immutable_bytes, ReadBuffer};
+use super::errors::type_name;
 use gradstream_core::codec;
 use gradstream_core::session::ChunkRef;
 
@@ -146,9 +147,7 @@ impl HeldChunk {
             item.getattr(name).map_err(|_| {
                 PyTypeError::new_err(format!(
                     "decode_chunks takes GradientChunk objects; {} has no attribute {name:?}",
-                    item.get_type()
-                        .name()
-                        .map_or_else(|_| "this object".into(), |n| n.to_string())
+                    type_name(item)
                 ))
             })
         };

@@ -127,3 +127,11 @@ impl<T> IntoPyResult<T> for gradstream_core::error::Result<T> {
         self.map_err(|e| to_py_err(py, e))
     }
 }
+
+/// The name of `value`'s type, for the messages of argument errors.
+pub fn type_name(value: &Bound<'_, PyAny>) -> String {
+    value
+        .get_type()
+        .name()
+        .map_or_else(|_| "this object".into(), |n| n.to_string())
+}

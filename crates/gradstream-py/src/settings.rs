@@ -8,7 +8,7 @@
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 
-use super::errors::setting_error;
+use super::errors::{setting_error, type_name};
 use gradstream_core::codec::{Compression, Layout};
 use gradstream_core::dtype::Dtype;
 use gradstream_core::frame::Limits;
@@ -152,11 +152,7 @@ impl<'a, 'py> FromPyObject<'a, 'py> for Flag {
     fn extract(obj: pyo3::Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
         Ok(match obj.cast::<pyo3::types::PyBool>() {
             Ok(flag) => Self::Set(flag.is_true()),
-            Err(_) => Self::Not(
-                obj.get_type()
-                    .name()
-                    .map_or_else(|_| "this object".into(), |n| n.to_string()),
-            ),
+            Err(_) => Self::Not(type_name(&obj)),
         })
     }
 }
@@ -197,10 +193,7 @@ fn compression_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Compress
     }
     Err(PyTypeError::new_err(format!(
         "compression must be None, a bool, 'lz4' or 'zstd', got {}",
-        value
-            .get_type()
-            .name()
-            .map_or_else(|_| "this object".into(), |n| n.to_string())
+        type_name(value)
     )))
 }
 
@@ -212,10 +205,7 @@ fn wire_dtype_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Dtype>> {
     let Ok(name) = value.cast::<pyo3::types::PyString>() else {
         return Err(PyTypeError::new_err(format!(
             "wire_dtype must be None or a dtype name (str), not {}",
-            value
-                .get_type()
-                .name()
-                .map_or_else(|_| "this object".into(), |n| n.to_string())
+            type_name(value)
         )));
     };
     let name = name.to_cow()?;
@@ -239,18 +229,16 @@ fn timeout_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<std::time::D
     let Some(value) = value.filter(|v| !v.is_none()) else {
         return Ok(None);
     };
-    if value.is_instance_of::<pyo3::types::PyString>() {
-        return Err(PyTypeError::new_err(format!(
-            "timeout must be None or a number, not {}",
-            type_name(value)
-        )));
-    }
-    let seconds: f64 = value.extract().map_err(|_| {
-        PyTypeError::new_err(format!(
-            "timeout must be None or a number, not {}",
-            type_name(value)
-        ))
-    })?;
+    // A str is refused although float() would parse it, as the reference refuses it.
+    let seconds = match value.extract::<f64>() {
+        Ok(seconds) if !value.is_instance_of::<pyo3::types::PyString>() => seconds,
+        _ => {
+            return Err(PyTypeError::new_err(format!(
+                "timeout must be None or a number, not {}",
+                type_name(value)
+            )))
+        }
+    };
     if seconds.is_finite() && seconds > 0.0 {
         return Ok(Some(std::time::Duration::from_secs_f64(seconds)));
     }
@@ -262,12 +250,4 @@ fn timeout_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<std::time::D
             value.repr()?
         ),
     ))
-}
-
-/// The name of `value`'s type, for messages.
-fn type_name(value: &Bound<'_, PyAny>) -> String {
-    value
-        .get_type()
-        .name()
-        .map_or_else(|_| "this object".into(), |n| n.to_string())
 }

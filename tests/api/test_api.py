@@ -136,3 +136,13 @@ def test_two_bad_settings_fail_alike_on_both_sides(kwargs: dict[str, object]) ->
             impl.GradientStreamSession("x", **kwargs)
         raised.append((type(info.value), str(info.value), getattr(info.value, "setting", None)))
     assert raised[0] == raised[1]
+
+
+@pytest.mark.parametrize("timeout", ["3", b"3", object(), -1, 0, -0.5, float("nan"), float("inf")])
+def test_a_bad_timeout_is_refused_in_the_same_words(timeout: object) -> None:
+    raised = []
+    for impl in (gs, ref):
+        with pytest.raises((TypeError, ValueError)) as info:
+            impl.GradientStreamSession("x", timeout=timeout)
+        raised.append((type(info.value), str(info.value)))
+    assert raised[0] == raised[1]

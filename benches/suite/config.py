@@ -149,9 +149,9 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
 
 def session_class(impl: str) -> Any:
     if impl == "native":
-        from gradstream import _native
+        import gradstream
 
-        return _native.GradientStreamSession
+        return gradstream.GradientStreamSession
     from gradstream import reference
 
     return reference.GradientStreamSession
@@ -159,9 +159,9 @@ def session_class(impl: str) -> Any:
 
 def progress_class(impl: str) -> Any:
     if impl == "native":
-        from gradstream import _native
+        import gradstream
 
-        return _native.TransferProgress
+        return gradstream.TransferProgress
     from gradstream import reference
 
     return reference.TransferProgress

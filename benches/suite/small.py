@@ -96,10 +96,10 @@ def _pp_echo(out: Any, _: Any, sock: socket.socket, impl: str, g: F32, wire_len:
 
 
 def bench_small(cfg: Config, res: Results) -> None:
-    from gradstream import _native
+    import gradstream
 
     g = make_gradient(cfg.pingpong_elements)
-    wire_len = len(_native.GradientStreamSession("bench", 65536).encode_frames(g))
+    wire_len = len(gradstream.GradientStreamSession("bench", 65536).encode_frames(g))
     plans = [
         Planned(
             f"pingpong_{impl}",

@@ -1,8 +1,9 @@
 """gradstream: stream gradient tensors between processes, chunked as Arrow IPC with a
 CRC-32 per chunk, in the wire format of ipfrs-transport 0.2.0.
 
-``GradientStreamSession`` and ``GradientChunk`` are the native (Rust) classes;
-``gradstream.reference`` holds a pure-Python implementation of the same API.
+``GradientStreamSession`` (``_session``, over the Rust engine) and ``GradientChunk`` (Rust)
+are the native implementation; ``gradstream.reference`` holds a pure-Python one of the
+same API.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from ._native import (
     DEFAULT_MAX_PAYLOAD_LEN,
     HEADER_LEN,
     GradientChunk,
-    GradientStreamSession,
     TransferProgress,
 )
+from ._session import GradientStreamSession
 from .errors import (
     ArrowIpcError,
     ChecksumMismatchError,

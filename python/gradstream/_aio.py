@@ -1,9 +1,12 @@
-"""The asyncio-streams half of the native session's streaming methods.
+"""The asyncio side of the native session's streaming methods: the bytes of asyncio
+streams, and each event loop's hub for the transfers that run natively.
 
-Sockets go to Rust and tokio entirely; for an asyncio ``StreamReader``/``StreamWriter``
-the frames are still encoded and checked in Rust (``_FrameEncoder``, ``_FrameReceiver``,
-GIL released), and this module only moves the bytes: ``write`` + ``drain`` out,
-``readexactly`` in, each wait bounded by the session's timeout.
+Sockets go to Rust and tokio entirely (their results come back through the loop's
+``Hub``); for an asyncio ``StreamReader``/``StreamWriter`` the frames are still encoded
+and checked in Rust (the engine's ``FrameEncoder`` and ``FrameReceiver``, GIL released),
+and this module only moves the bytes: ``write`` + ``drain`` out, ``read`` in, each wait
+bounded by the session's timeout. Called by ``_session`` alone; it calls the engine's
+public methods only.
 """
 
 from __future__ import annotations
@@ -11,10 +14,7 @@ from __future__ import annotations
 import asyncio
 import warnings
 import weakref
-from collections.abc import AsyncIterator
 from typing import Any, TypeVar
-
-import numpy as np
 
 from ._io import Stalled, within
 from .errors import StreamIOError, StreamTimeoutError
@@ -39,9 +39,10 @@ def _half(stream: Any, index: int, kind: type[T], method: str) -> T:
 _PIECE = 64 * 1024
 
 
-async def stream_to(session: Any, gradient: Any, stream: Any, progress: Any) -> int:
+async def stream_to(engine: Any, gradient: Any, stream: Any, progress: Any) -> int:
+    """One gradient (the engine's gradient arguments) written to ``stream``'s writer."""
     writer = _half(stream, 1, asyncio.StreamWriter, "stream_to")
-    frames = session._frame_encoder(gradient, progress)
+    frames = engine.frame_encoder(gradient, progress)
     sent = 0
     for frame in frames:
         view = memoryview(frame)
@@ -49,20 +50,20 @@ async def stream_to(session: Any, gradient: Any, stream: Any, progress: Any) -> 
             for start in range(0, len(view), _PIECE):
                 piece = view[start : start + _PIECE]
                 writer.write(piece)
-                await within(writer.drain(), session.timeout)
-                frames._sent(len(piece), 0)
+                await within(writer.drain(), engine.timeout)
+                frames.sent(len(piece), 0)
         except Stalled:
-            raise StreamTimeoutError(session.timeout, sent, frames.total_chunks) from None
+            raise StreamTimeoutError(engine.timeout, sent, frames.total_chunks) from None
         except OSError as exc:
             raise StreamIOError.from_os_error(exc) from exc
         sent += 1
-        frames._sent(0, 1)
+        frames.sent(0, 1)
     return sent
 
 
-async def receive(session: Any, stream: Any, receiver: Any, none_at_end: bool) -> Any:
-    """One gradient through ``receiver`` (a native _FrameReceiver); at a clean end, None,
-    or with none_at_end False the empty gradient."""
+async def receive(engine: Any, stream: Any, receiver: Any, none_at_end: bool) -> Any:
+    """One gradient through ``receiver`` (the engine's FrameReceiver), as the receiver
+    gives it; at a clean end, None, or with none_at_end False the empty gradient."""
     reader = _half(stream, 0, asyncio.StreamReader, "receive_from")
     while True:
         want = receiver.want()
@@ -71,7 +72,7 @@ async def receive(session: Any, stream: Any, receiver: Any, none_at_end: bool) -
         unit = bytearray()
         try:
             while len(unit) < want:
-                piece = await within(reader.read(want - len(unit)), session.timeout)
+                piece = await within(reader.read(want - len(unit)), engine.timeout)
                 if not piece:
                     got = receiver.end(len(unit))
                     if got is None and not none_at_end:
@@ -79,21 +80,12 @@ async def receive(session: Any, stream: Any, receiver: Any, none_at_end: bool) -
                     return got
                 unit += piece
         except Stalled:
-            receiver.timed_out(session.timeout)
+            receiver.timed_out(engine.timeout)
             raise  # timed_out raised StreamTimeoutError; this line is never reached
         except OSError as exc:
             raise StreamIOError.from_os_error(exc) from exc
         if receiver.feed(unit):
             return receiver.finish()
-
-
-async def receive_iter(session: Any, stream: Any, progress: Any) -> AsyncIterator[np.ndarray]:
-    """Gradients until the peer closes the connection between two of them."""
-    while True:
-        gradient = await session._receive(stream, progress, True)
-        if gradient is None:
-            return
-        yield gradient
 
 
 class Hub:
@@ -105,11 +97,11 @@ class Hub:
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        from ._native import _Completions
+        from ._native import Completions
 
         # No reference to the loop: _hubs is keyed weakly by it, and the loop's reader
         # callback already keeps this hub alive for as long as the loop lives.
-        self.native = _Completions()
+        self.native = Completions()
         self.futures: dict[int, asyncio.Future[Any]] = {}
         loop.add_reader(self.native.fileno(), self._deliver)
 

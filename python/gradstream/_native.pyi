@@ -1,7 +1,8 @@
 # Type stubs of the Rust extension module (crates/gradstream-py). mypy's stubtest checks
 # them against the built module (the Makefile's lint), so they cannot drift from the code.
-from collections.abc import AsyncIterator, Awaitable, Iterable
-from typing import Any, Final, Literal, final, overload
+import socket
+from collections.abc import Iterable
+from typing import Any, Final, Literal, final
 
 import numpy.typing as npt
 import pyarrow as pa
@@ -18,10 +19,12 @@ __all__ = [
     "HEADER_LEN",
     "MANIFEST_KEY",
     "SHAPE_KEY",
+    "Completions",
+    "Engine",
+    "FrameEncoder",
+    "FrameReceiver",
     "GradientChunk",
-    "GradientStreamSession",
     "TransferProgress",
-    "_Completions",
     "_error_samples",
 ]
 
@@ -68,28 +71,34 @@ class GradientChunk:
     def __ne__(self, value: object, /) -> bool: ...
     __hash__: None  # type: ignore[assignment]
 
+_GradientArgs = tuple[npt.NDArray[Any], str, str, str | None, tuple[int, ...] | None]
+_OutArgs = tuple[npt.NDArray[Any], str]
+_Values = tuple[npt.NDArray[Any], str, list[int] | None]
+
 @final
-class GradientStreamSession:
-    """Chunks gradients into CRC-checked Arrow IPC frames and reassembles them."""
+class Engine:
+    """One session's settings and its native operations, called once per public call by
+    gradstream._session.GradientStreamSession with arguments it has normalised: a
+    gradient as (its values' bytes as uint8, dtype, wire dtype, dtype handed back, shape
+    to send), out= as (its bytes as uint8, dtype); values come back as (flat array,
+    dtype, shape)."""
 
     def __new__(
         cls,
         session_id: str,
-        chunk_size: int = 65536,
+        chunk_size: int,
         *,
-        max_payload_len: int = 268435456,
-        max_gradient_len: int = 1073741824,
-        timeout: float | None = None,
-        layout: Literal["seed", "compact"] = "seed",
-        compression: bool | Literal["lz4", "zstd"] | None = None,
-        keep_shape: bool = False,
-        keep_dtype: bool = False,
-        wire_dtype: _DtypeName | None = None,
-    ) -> GradientStreamSession: ...
-    @staticmethod
-    def with_defaults(session_id: str) -> GradientStreamSession: ...
-    def with_compression(self, enabled: bool) -> GradientStreamSession: ...
-    def is_compression_enabled(self) -> bool: ...
+        max_payload_len: int,
+        max_gradient_len: int,
+        timeout: float | None,
+        layout: str,
+        compression: bool | str | None,
+        keep_shape: bool,
+        keep_dtype: bool,
+        wire_dtype: str | None,
+        bf16_as_f32: bool,
+    ) -> Engine: ...
+    def with_compression(self, enabled: bool) -> Engine: ...
     @property
     def session_id(self) -> str: ...
     @property
@@ -110,56 +119,60 @@ class GradientStreamSession:
     def keep_dtype(self) -> bool: ...
     @property
     def wire_dtype(self) -> _DtypeName | None: ...
-    def encode_gradient(self, gradient: Any) -> list[GradientChunk]: ...
-    def decode_chunks(self, chunks: Iterable[Any]) -> npt.NDArray[Any]: ...
-    def frames_len(self, n_values: int) -> int: ...
-    @overload
-    def encode_frames(
-        self, gradient: Any, as_buffer: Literal[False] = False, *, out: None = None
-    ) -> bytes: ...
-    @overload
-    def encode_frames(
-        self, gradient: Any, as_buffer: Literal[True], *, out: None = None
-    ) -> pa.Buffer: ...
-    @overload
-    def encode_frames(
-        self, gradient: Any, as_buffer: Literal[False] = False, *, out: Buffer
-    ) -> int: ...
-    @overload
-    def encode_frames(
-        self, gradient: Any, as_buffer: bool = False, *, out: Buffer | None = None
-    ) -> bytes | pa.Buffer | int: ...
-    def decode_frames(
-        self, data: Buffer, *, out: npt.NDArray[Any] | None = None
-    ) -> npt.NDArray[Any]: ...
-    def stream_to(
-        self, gradient: Any, stream: Any, *, progress: TransferProgress | None = None
-    ) -> Awaitable[int]: ...
-    def receive_from(
+    def stream_to_socket(
         self,
-        stream: Any,
-        *,
-        progress: TransferProgress | None = None,
-        out: npt.NDArray[Any] | None = None,
-    ) -> Awaitable[npt.NDArray[Any]]: ...
-    def receive_iter(
-        self, stream: Any, *, progress: TransferProgress | None = None
-    ) -> AsyncIterator[npt.NDArray[Any]]: ...
-    @overload
-    def encode_tensors(self, tensors: Any, as_buffer: Literal[False] = False) -> bytes: ...
-    @overload
-    def encode_tensors(self, tensors: Any, as_buffer: Literal[True]) -> pa.Buffer: ...
-    @overload
-    def encode_tensors(self, tensors: Any, as_buffer: bool = False) -> bytes | pa.Buffer: ...
-    def decode_tensors(self, data: Buffer) -> dict[str, npt.NDArray[Any]]: ...
-    def stream_tensors(
-        self, tensors: Any, stream: Any, *, progress: TransferProgress | None = None
-    ) -> Awaitable[int]: ...
-    def receive_tensors(
-        self, stream: Any, *, progress: TransferProgress | None = None
-    ) -> Awaitable[dict[str, npt.NDArray[Any]]]: ...
-    def _encode_manifest(self, text: str) -> bytes: ...
-    def _decode_manifest(self, data: Buffer) -> tuple[str | None, int]: ...
+        completions: Completions,
+        gradient: _GradientArgs,
+        socket: socket.socket,
+        progress: TransferProgress | None,
+    ) -> int: ...
+    def receive_from_socket(
+        self,
+        completions: Completions,
+        socket: socket.socket,
+        progress: TransferProgress | None,
+        none_at_end: bool,
+        out: _OutArgs | None,
+    ) -> int: ...
+    def frame_encoder(
+        self, gradient: _GradientArgs, progress: TransferProgress | None
+    ) -> FrameEncoder: ...
+    def frame_receiver(
+        self, progress: TransferProgress | None, out: _OutArgs | None
+    ) -> FrameReceiver: ...
+    def encode_gradient(self, gradient: _GradientArgs) -> list[GradientChunk]: ...
+    def decode_chunks(self, chunks: Iterable[Any]) -> _Values: ...
+    def frames_len(self, n_values: int) -> int: ...
+    def encode_frames(
+        self, gradient: _GradientArgs, as_buffer: bool, out: memoryview | None
+    ) -> bytes | pa.Buffer | int: ...
+    def decode_frames(self, data: Buffer, out: _OutArgs | None) -> _Values | None: ...
+    def encode_manifest(self, text: str) -> bytes: ...
+    def decode_manifest(self, data: Buffer) -> tuple[str | None, int]: ...
+
+@final
+class FrameEncoder:
+    """The frames of one gradient, one bytes object per next() (asyncio streams)."""
+
+    @property
+    def total_chunks(self) -> int: ...
+    def __iter__(self) -> FrameEncoder: ...
+    def __next__(self) -> bytes: ...
+    def sent(self, nbytes: int, frames: int) -> None: ...
+
+@final
+class FrameReceiver:
+    """Receives one gradient from bytes the caller reads: want() says how many next."""
+
+    def want(self) -> int: ...
+    @property
+    def received(self) -> int: ...
+    @property
+    def total(self) -> int | None: ...
+    def feed(self, data: Buffer) -> bool: ...
+    def end(self, got: int) -> Any: ...
+    def finish(self) -> Any: ...
+    def timed_out(self, timeout: float) -> None: ...
 
 @final
 class TransferProgress:
@@ -174,10 +187,10 @@ class TransferProgress:
     def total_chunks(self) -> int: ...
 
 @final
-class _Completions:
+class Completions:
     """Native transfers of one event loop (used by gradstream._aio.Hub only)."""
 
-    def __new__(cls) -> _Completions: ...
+    def __new__(cls) -> Completions: ...
     def fileno(self) -> int: ...
     def drain(self) -> list[tuple[int, bool, Any]]: ...
     def abort(self, job: int) -> bool: ...

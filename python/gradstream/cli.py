@@ -120,9 +120,7 @@ class _Impl:
 
 def load_impl(name: str) -> _Impl:
     """The native (Rust) or the reference (pure Python) implementation, checked for streaming."""
-    module = importlib.import_module(
-        "gradstream._native" if name == "native" else "gradstream.reference"
-    )
+    module = importlib.import_module("gradstream" if name == "native" else "gradstream.reference")
     session_class = getattr(module, "GradientStreamSession", None)
     progress_class = getattr(module, "TransferProgress", None)
     missing = [

@@ -207,12 +207,6 @@ def _transfer(impl: str, sent: Path, out: Path, chunk_size: int | None) -> _Outc
         _stop(receiver)
 
 
-def _native_streams() -> bool:
-    from . import _native
-
-    return hasattr(_native.GradientStreamSession, "stream_to")
-
-
 def run(
     elements: int = DEFAULT_ELEMENTS,
     impl_only: str | None = None,
@@ -223,9 +217,6 @@ def run(
         print("gradstream: error: --elements must be >= 0", file=sys.stderr)
         return 2
     impls = [impl_only] if impl_only else ["native", "reference"]
-    if impl_only is None and not _native_streams():
-        print("native: skipped (this build of the native module has no stream_to yet)")
-        impls = ["reference"]
     outcomes: dict[str, _Outcome] = {}
     nbytes = elements * 4
     with tempfile.TemporaryDirectory(prefix="gradstream-demo-") as tmp:

@@ -413,13 +413,6 @@ def test_usage_errors_are_one_line(args: list[str]) -> None:
     assert_one_line_error(result.stderr, "error:")
 
 
-@pytest.mark.skipif(NATIVE_STREAMS, reason="the native module streams in this build")
-def test_native_without_streaming_is_a_clean_error(tmp_path: Path) -> None:
-    result = run("recv", "0", "--out", str(tmp_path / "o.npy"), "--impl", "native")
-    assert result.returncode == 1
-    assert_one_line_error(result.stderr, "--impl reference")
-
-
 @pytest.mark.parametrize("command", [[], ["recv"], ["send"], ["demo"]])
 def test_help(command: list[str]) -> None:
     result = run(*command, "--help")

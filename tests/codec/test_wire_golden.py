@@ -20,7 +20,8 @@ import pytest
 
 from support.values import SPECIAL_BITS
 
-gs = pytest.importorskip("gradstream._native")
+pytest.importorskip("gradstream._native")
+import gradstream as gs
 
 
 def mixed_bits(n: int) -> np.ndarray:

@@ -139,19 +139,16 @@ pub fn bytes_to_pyarrow<'py>(bytes: &Bound<'py, PyBytes>) -> PyResult<Bound<'py,
     py_buffer(bytes.py())?.call1((bytes,))
 }
 
-/// A caller's writeable buffer (`encode_frames(out=)`), checked by
-/// gradstream._convert.frame_buffer and held for the call.
+/// A caller's writeable buffer (`encode_frames(out=)`), held for the call. The Python
+/// session has checked it (gradstream._convert.frame_buffer, which names the problem);
+/// this only refuses what would be unsound to write.
 pub struct WritableBytes {
     buffer: pyo3::buffer::PyBuffer<u8>,
 }
 
 impl WritableBytes {
     pub fn new(out: &Bound<'_, PyAny>) -> PyResult<Self> {
-        static CHECK: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-        let view = CHECK
-            .import(out.py(), "gradstream._convert", "frame_buffer")?
-            .call1((out,))?;
-        let buffer = pyo3::buffer::PyBuffer::<u8>::get(&view)?;
+        let buffer = pyo3::buffer::PyBuffer::<u8>::get(out)?;
         if buffer.readonly() || !buffer.is_c_contiguous() {
             return Err(PyTypeError::new_err(
                 "out= must be a writeable C-contiguous buffer",

@@ -6,7 +6,8 @@
 //! through Rust frames, and the process aborts: it did, in about a third of short CLI runs
 //! (upstream: PyO3/pyo3-async-runtimes#40). Here a finished transfer only queues its
 //! result and writes to an eventfd; the event loop watches the eventfd (`add_reader`) and
-//! turns queued results into Python objects on its own thread (`gradstream._aio.Hub`).
+//! turns queued results into Python objects on its own thread (`gradstream._aio.Hub`, which owns one `Completions` per loop and hands
+//! it to every native transfer it starts).
 //! The tasks still run on pyo3-async-runtimes' tokio runtime.
 //!
 //! Uses `convert` (values to numpy) and `errors`; used by `stream` and `session`.
@@ -20,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use pyo3::prelude::*;
 use tokio::task::AbortHandle;
 
-use super::convert::values_array;
+use super::convert::values_tuple;
 use super::errors::to_py_err;
 use gradstream_core::error::GradientStreamError;
 use gradstream_core::output::Output;
@@ -60,7 +61,7 @@ impl Shared {
 }
 
 /// The Rust half of one event loop's hub: runs transfers, queues their results.
-#[pyclass(module = "gradstream._native", name = "_Completions", frozen)]
+#[pyclass(module = "gradstream._native", name = "Completions", frozen)]
 pub struct Completions {
     shared: Arc<Shared>,
 }
@@ -128,7 +129,7 @@ impl Completions {
             .map(|(job, result)| {
                 Ok(match result {
                     Ok(Outcome::Chunks(n)) => (job, true, n.into_pyobject(py)?.into_any().unbind()),
-                    Ok(Outcome::Values(values)) => (job, true, values_array(py, values)?.unbind()),
+                    Ok(Outcome::Values(values)) => (job, true, values_tuple(py, values)?.unbind()),
                     Ok(Outcome::Filled(out)) => (job, true, out),
                     Ok(Outcome::End) => (job, true, py.None()),
                     Err(e) => (job, false, to_py_err(py, e).into_value(py).into_any()),

@@ -1,47 +1,76 @@
-//! Python values to and from the core's types: a gradient taken for encoding (`Input`,
-//! held across a transfer as `HeldGradient`), a caller's `out=` array (`LentArray`), the
-//! dtype of a numpy array, and received values as a numpy array (`values_array`).
+//! Plain Python values to and from the core's types. The public Python session
+//! (`gradstream/_session.py`) has already normalised every input: a gradient arrives as
+//! `GradientArgs` (its values' bytes, the dtype names, the shape to send), an `out=` array
+//! as its bytes and dtype name (`LentArray`), and received values leave as a flat numpy
+//! array with their dtype name and shape (`values_tuple`), which Python views and reshapes.
+//! Nothing here imports a module of the package.
 //!
-//! Uses the core and `gradstream._convert`/`gradstream._dtypes` only, no other file of
-//! this crate; `session`, `stream` and `complete` all use it.
+//! Uses the core alone, no other file of this crate; `session`, `stream` and `complete`
+//! all use it.
 
 use std::ptr::NonNull;
 
-use numpy::{
-    PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArray1, PyReadonlyArrayDyn,
-    PyUntypedArrayMethods,
-};
-use pyo3::exceptions::PyTypeError;
+use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArrayMethods};
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 
 use gradstream_core::dtype::Dtype;
 use gradstream_core::encoder::{Gradient, GradientMeta};
 use gradstream_core::output::{OutSlice, Output, Store};
+use gradstream_core::shape::shape_text;
 
-/// `gradstream._dtypes.<name>` (shared with the reference).
-pub fn dtypes_attr<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
-    py.import("gradstream._dtypes")?.getattr(name)
+/// A dtype by its gradstream name ("float32", ...).
+pub fn dtype_named(name: &str) -> PyResult<Dtype> {
+    Dtype::from_name(name).ok_or_else(|| PyValueError::new_err(format!("unknown dtype {name:?}")))
 }
 
-/// The dtype of a numpy array, by `gradstream._dtypes.dtype_name`.
-pub fn dtype_of_array(array: &Bound<'_, PyAny>) -> PyResult<Dtype> {
-    let name = dtypes_attr(array.py(), "dtype_name")?.call1((array.getattr("dtype")?,))?;
-    let name: Option<String> = name.extract()?;
-    name.as_deref()
-        .and_then(Dtype::from_name)
-        .ok_or_else(|| PyTypeError::new_err("not an array of a dtype gradstream moves"))
-}
+/// A gradient as the Python session hands it over: `(values, dtype, wire, result, shape)`:
+/// the values' memory as a 1-D uint8 array (a view of the caller's array where it allowed),
+/// the values' dtype, the dtype they travel in, the dtype the receiver hands back (None:
+/// the wire's), and the shape to write into the payloads (None: none).
+#[derive(FromPyObject)]
+pub struct GradientArgs<'py>(
+    PyReadonlyArray1<'py, u8>,
+    String,
+    String,
+    Option<String>,
+    Option<Vec<usize>>,
+);
 
-/// A gradient taken for encoding: its values as raw bytes (a view of the caller's array
-/// where the memory allows), their dtype, the dtype they travel in, and what its payloads
-/// say about it (shape, dtype handed back).
+/// A gradient taken for encoding: its values as raw bytes, their dtype, the dtype they
+/// travel in, and what its payloads say about it (shape, dtype handed back).
 pub struct Input<'py> {
     pub bytes: PyReadonlyArray1<'py, u8>,
-    /// The values' dtype, and the one they travel in.
     pub dtype: Dtype,
     pub wire: Dtype,
     pub meta: GradientMeta,
+}
+
+impl<'py> TryFrom<GradientArgs<'py>> for Input<'py> {
+    type Error = PyErr;
+
+    fn try_from(args: GradientArgs<'py>) -> PyResult<Self> {
+        let GradientArgs(bytes, dtype, wire, result, shape) = args;
+        if !bytes.is_c_contiguous() {
+            return Err(PyTypeError::new_err("gradient bytes must be C-contiguous"));
+        }
+        let (dtype, wire) = (dtype_named(&dtype)?, dtype_named(&wire)?);
+        let meta = GradientMeta {
+            shape: shape.map(|dims| shape_text(&dims).into()),
+            result: result
+                .as_deref()
+                .map(dtype_named)
+                .transpose()?
+                .filter(|&r| r != wire),
+            manifest: None,
+        };
+        Ok(Self {
+            bytes,
+            dtype,
+            wire,
+            meta,
+        })
+    }
 }
 
 impl Input<'_> {
@@ -52,42 +81,18 @@ impl Input<'_> {
     }
 }
 
-/// The gradient as a C-contiguous, aligned float32 array, read in place when it already is;
-/// anything else goes through `gradstream._convert` (shared with the reference), which
-/// copies once or refuses with a TypeError naming the dtype.
-pub fn gradient_array<'py>(obj: &Bound<'py, PyAny>) -> PyResult<PyReadonlyArrayDyn<'py, f32>> {
-    if let Ok(array) = obj.cast::<PyArrayDyn<f32>>() {
-        if array.is_c_contiguous() && array.is_aligned() {
-            return Ok(array.try_readonly()?);
-        }
-    }
-    static CONVERT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-    let converted = CONVERT
-        .import(obj.py(), "gradstream._convert", "as_float32_array")?
-        .call1((obj,))?;
-    Ok(converted.cast_into::<PyArrayDyn<f32>>()?.try_readonly()?)
-}
-
-/// Values as a numpy array of the dtype they come back in, in the shape the sender kept
-/// (views, no copy).
-pub fn values_array(py: Python<'_>, values: Output) -> PyResult<Bound<'_, PyAny>> {
+/// Received values as `(flat numpy array, dtype name, shape or None)`: float32 and float64
+/// as themselves, bfloat16 as its uint16 bits (Python views them as `ml_dtypes.bfloat16`).
+pub fn values_tuple(py: Python<'_>, values: Output) -> PyResult<Bound<'_, PyAny>> {
     let shape = values.shape.clone();
-    let dtype = values.dtype();
+    let dtype = values.dtype().name();
     let flat = match values.into_store() {
         Some(Store::F32(v)) => PyArray1::from_vec(py, v).into_any(),
         Some(Store::F64(v)) => PyArray1::from_vec(py, v).into_any(),
-        Some(Store::U16(v)) => {
-            let numpy_dtype = dtypes_attr(py, "numpy_dtype")?.call1((dtype.name(),))?;
-            PyArray1::from_vec(py, v)
-                .into_any()
-                .call_method1("view", (numpy_dtype,))?
-        }
+        Some(Store::U16(v)) => PyArray1::from_vec(py, v).into_any(),
         None => PyArray1::<f32>::zeros(py, 0, false).into_any(),
     };
-    match shape {
-        None => Ok(flat),
-        Some(dims) => flat.call_method1("reshape", (dims,)),
-    }
+    (flat, dtype, shape).into_pyobject(py).map(Bound::into_any)
 }
 
 /// A caller's `out=` array, kept alive while values are written into it without the GIL.
@@ -97,31 +102,31 @@ pub struct LentArray {
 }
 
 impl LentArray {
-    /// Check `out` (gradstream._convert.value_buffer, shared with the reference) and
-    /// take a pointer to its values.
-    pub fn new(out: &Bound<'_, PyAny>) -> PyResult<Self> {
-        static CHECK: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-        let checked = CHECK
-            .import(out.py(), "gradstream._convert", "value_buffer")?
-            .call1((out,))?;
-        let dtype = dtype_of_array(&checked)?;
-        // The same memory as raw bytes (checked C-contiguous: a view, not a copy).
-        let bytes = checked
-            .call_method1("reshape", (-1,))?
-            .call_method1("view", ("uint8",))?;
+    /// `bytes` is the `out=` array as a writeable 1-D uint8 view (the Python session has
+    /// checked it: C-contiguous, aligned, native-endian), `dtype` the name of its dtype.
+    pub fn new(bytes: &Bound<'_, PyAny>, dtype: &str) -> PyResult<Self> {
+        let dtype = dtype_named(dtype)?;
         let array = bytes.cast::<PyArray1<u8>>()?;
+        if !array.is_c_contiguous() {
+            return Err(PyTypeError::new_err("out= bytes must be C-contiguous"));
+        }
         let mut writable = array.try_readwrite()?;
         let raw = writable.as_slice_mut()?;
+        if !raw.is_empty() && raw.as_ptr().align_offset(dtype.width()) != 0 {
+            return Err(PyTypeError::new_err(
+                "out= bytes must be aligned to the dtype",
+            ));
+        }
         let ptr = NonNull::new(raw.as_mut_ptr()).unwrap_or(NonNull::dangling());
         // SAFETY: `owner` keeps the array (and so its memory, which numpy never moves)
-        // alive for as long as the OutSlice. The checked array is C-contiguous, aligned
-        // and writeable, `raw.len()` bytes of values of `dtype`. Exclusive access is the
+        // alive for as long as the OutSlice. It is C-contiguous, writeable and aligned
+        // (checked above), `raw.len()` bytes of values of `dtype`. Exclusive access is the
         // caller's part of the out= contract, as for any buffer handed to recv_into: the
         // docs say not to touch `out` meanwhile.
         let slice = unsafe { OutSlice::new(ptr, raw.len() / dtype.width(), dtype) };
         drop(writable);
         Ok(Self {
-            owner: checked.unbind(),
+            owner: bytes.clone().unbind(),
             slice,
         })
     }

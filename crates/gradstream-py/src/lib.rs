@@ -22,7 +22,9 @@ use gradstream_core::session::DEFAULT_CHUNK_SIZE;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<session::PySession>()?;
+    m.add_class::<session::Engine>()?;
+    m.add_class::<stream::FrameEncoder>()?;
+    m.add_class::<stream::PyFrameReceiver>()?;
     m.add_class::<chunk::PyChunk>()?;
     m.add_class::<stream::TransferProgress>()?;
     m.add_class::<complete::Completions>()?;

@@ -40,6 +40,9 @@ pub struct SettingArgs<'a, 'py> {
     pub keep_shape: Flag,
     pub keep_dtype: Flag,
     pub wire_dtype: Option<&'a Bound<'py, PyAny>>,
+    /// Hand bfloat16 gradients back as float32: Python has no bfloat16 dtype (ml_dtypes
+    /// is not installed), as the Python session saw when it was made.
+    pub bf16_as_f32: bool,
 }
 
 impl SettingArgs<'_, '_> {
@@ -60,7 +63,8 @@ impl SettingArgs<'_, '_> {
         let keep_shape = self.keep_shape.get("keep_shape")?;
         let keep_dtype = self.keep_dtype.get("keep_dtype")?;
         let wire_dtype = wire_dtype_arg(self.wire_dtype)?;
-        let mut config = new_config(py, self.session_id, chunk_size)?;
+        let mut config = SessionConfig::new(self.session_id, chunk_size);
+        config.bf16_as_f32 = self.bf16_as_f32;
         config.limits = limits;
         config.layout = layout;
         config.compression = compression;
@@ -107,18 +111,6 @@ fn limits_arg(py: Python<'_>, max_payload_len: i64, max_gradient_len: i128) -> P
         max_payload_len,
         max_gradient_len,
     })
-}
-
-/// The core's settings for a new session: bfloat16 comes back as float32 when Python has
-/// no bfloat16 dtype (ml_dtypes not installed), as seen when the session is made.
-pub fn new_config(
-    py: Python<'_>,
-    session_id: String,
-    chunk_size: usize,
-) -> PyResult<SessionConfig> {
-    let mut config = SessionConfig::new(session_id, chunk_size);
-    config.bf16_as_f32 = super::convert::dtypes_attr(py, "BFLOAT16")?.is_none();
-    Ok(config)
 }
 
 /// `value` as a `T` above zero, else the setting error `name` with `detail(value)`.

@@ -1,9 +1,8 @@
-//! The Python side of streaming: sockets handed to tokio, the awaitables' results, progress
-//! counters, and the sans-I/O encoder/receiver that `gradstream._aio` drives for asyncio
-//! streams.
+//! The Python side of streaming: sockets handed to tokio, progress counters, and the
+//! sans-I/O encoder/receiver that `gradstream._aio` drives for asyncio streams.
 //!
 //! Uses `convert` (the gradient held across a transfer, the `out=` array, values out),
-//! `complete`, `buffers` and `errors`; used by `session`.
+//! `buffers` and `errors`; used by `session`.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -12,39 +11,19 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyType};
+use pyo3::types::PyBytes;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::buffers::ReadBuffer;
-use super::complete::{Completions, Outcome};
-use super::convert::{values_array, HeldGradient, Input, LentArray};
+use super::convert::{values_tuple, HeldGradient, Input, LentArray};
 use super::errors::IntoPyResult;
 use gradstream_core::error::{GradientStreamError, Result};
 use gradstream_core::output::Output;
 use gradstream_core::receiver::{Ended, FrameReceiver};
 use gradstream_core::session::SessionConfig;
 use gradstream_core::stream::Progress;
-
-/// `gradstream._aio.<name>`: the asyncio-streams half of a method.
-pub fn aio<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
-    py.import("gradstream._aio")?.getattr(name)
-}
-
-/// Run a transfer on tokio; an asyncio future of the running loop resolves to its outcome
-/// (cancelling that future stops the transfer). See `complete.rs` for why not
-/// `future_into_py`.
-pub fn run_on_loop<F>(py: Python<'_>, transfer: F) -> PyResult<Bound<'_, PyAny>>
-where
-    F: std::future::Future<Output = Result<Outcome>> + Send + 'static,
-{
-    let hub = aio(py, "hub")?.call0()?;
-    let completions = hub.getattr("native")?.cast_into::<Completions>()?;
-    let job = completions.get().spawn(transfer);
-    hub.call_method1("track", (job,))
-}
 
 /// Progress counters of a transfer; what `progress=` was given, or fresh unobserved ones.
 #[pyclass(name = "TransferProgress", module = "gradstream", frozen)]
@@ -169,48 +148,24 @@ pub struct SocketStream {
 }
 
 impl SocketStream {
-    /// `Some` when `obj` is a `socket.socket`; the Python socket stays open and usable.
-    pub fn from_py(obj: &Bound<'_, PyAny>) -> PyResult<Option<Self>> {
-        static SOCKET: PyOnceLock<Py<PyType>> = PyOnceLock::new();
-        let py = obj.py();
-        if !obj.is_instance(SOCKET.import(py, "socket", "socket")?)? {
-            return Ok(None);
-        }
-        // An SSLSocket is a socket.socket too, but its descriptor carries TLS records:
-        // frames written beneath the TLS session would be plaintext, and what we read
-        // would be ciphertext.
-        static SSL_SOCKET: PyOnceLock<Py<PyType>> = PyOnceLock::new();
-        if obj.is_instance(SSL_SOCKET.import(py, "ssl", "SSLSocket")?)? {
-            return Err(PyTypeError::new_err(
-                "an ssl.SSLSocket cannot carry frames; use asyncio streams over TLS",
-            ));
-        }
-        let socket = py.import("socket")?;
+    /// A connected stream socket (`socket.socket`, checked by the Python session: not
+    /// TLS, not closed, SOCK_STREAM), duplicated; the Python socket stays open and usable.
+    pub fn from_socket(obj: &Bound<'_, PyAny>) -> PyResult<Self> {
         let raw: i32 = obj.call_method0("fileno")?.extract()?;
         if raw < 0 {
-            // As the reference (and the OS) would say it.
-            let closed = "the socket is closed".to_string();
-            let ebadf = super::errors::stream_io_error(py, Some(libc::EBADF), closed)?;
-            return Err(PyErr::from_value(ebadf));
+            return Err(std::io::Error::from_raw_os_error(libc::EBADF).into());
         }
-        let kind = obj.getattr("type")?;
-        if !kind.eq(socket.getattr("SOCK_STREAM")?)? {
-            return Err(PyValueError::new_err(format!(
-                "stream must be a connected stream socket (SOCK_STREAM), not {}",
-                kind.repr()?
-            )));
-        }
-        let unix = obj.getattr("family")?.eq(socket.getattr("AF_UNIX")?)?;
+        let family: i32 = obj.getattr("family")?.extract()?;
         // SAFETY: `raw` is the open descriptor of `obj`, which outlives this call; we only
         // duplicate it.
         let borrowed = unsafe { BorrowedFd::borrow_raw(raw) };
         let fd = borrowed.try_clone_to_owned()?;
         let nonblocking = NonBlocking::acquire(borrowed.try_clone_to_owned()?)?;
-        Ok(Some(Self {
+        Ok(Self {
             fd,
-            unix,
+            unix: family == libc::AF_UNIX,
             _nonblocking: nonblocking,
-        }))
+        })
     }
 
     /// The tokio stream; call on the runtime (inside the transfer's future).
@@ -296,7 +251,7 @@ impl AsyncWrite for SocketIo {
 }
 
 /// The frames of one gradient, one `bytes` per `next()` (encoded with the GIL released).
-#[pyclass(module = "gradstream._native", name = "_FrameEncoder")]
+#[pyclass(module = "gradstream._native", name = "FrameEncoder")]
 pub struct FrameEncoder {
     config: SessionConfig,
     gradient: HeldGradient,
@@ -345,13 +300,13 @@ impl FrameEncoder {
     }
 
     /// Count bytes (and frames) the stream accepted.
-    fn _sent(&self, nbytes: usize, frames: u64) {
+    fn sent(&self, nbytes: usize, frames: u64) {
         self.progress.add(nbytes, frames);
     }
 }
 
 /// Receives one gradient from bytes the caller reads: `want()` says how many next.
-#[pyclass(module = "gradstream._native", name = "_FrameReceiver")]
+#[pyclass(module = "gradstream._native", name = "FrameReceiver")]
 pub struct PyFrameReceiver {
     inner: Option<FrameReceiver>,
     progress: Arc<Progress>,
@@ -375,7 +330,7 @@ impl PyFrameReceiver {
     fn result<'py>(&self, py: Python<'py>, values: Output) -> PyResult<Bound<'py, PyAny>> {
         match &self.out {
             Some(out) => Ok(out.bind(py).clone()),
-            None => values_array(py, values),
+            None => values_tuple(py, values),
         }
     }
 

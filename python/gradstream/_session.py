@@ -1,0 +1,364 @@
+"""``gradstream.GradientStreamSession``: the native session users see.
+
+The arrows point one way. Each public method takes its arguments as a caller gives them,
+normalises them once here (a gradient into its values' bytes, dtype names and shape; an
+``out=`` buffer checked and viewed as bytes; a socket checked), and makes one call into
+the Rust engine (``gradstream._native.Engine``), which holds the settings and does the
+work with the GIL released. Rust never calls back into this package: what comes back is
+plain (bytes, a flat array with its dtype name and shape, a job number for the event
+loop's hub), and is finished here.
+
+Uses ``_native`` (the engine), ``_convert`` and ``_dtypes`` (taking gradients and ``out=``),
+``_aio`` (the asyncio-streams half and the loop's hub) and ``_tensors`` (tensor sets).
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+from collections.abc import AsyncIterator, Iterable
+from typing import Any, Literal, NamedTuple, overload
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+from typing_extensions import Buffer
+
+from . import _aio, _dtypes, _tensors
+from ._convert import frame_buffer, value_buffer
+from ._native import (
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_MAX_GRADIENT_LEN,
+    DEFAULT_MAX_PAYLOAD_LEN,
+    Engine,
+    GradientChunk,
+    TransferProgress,
+)
+from .errors import StreamIOError
+
+__all__ = ["GradientStreamSession"]
+
+_DtypeName = Literal["float16", "bfloat16", "float32", "float64"]
+
+# What the engine's methods take and give (see crates/gradstream-py/src/convert.rs):
+# a gradient as (its values' bytes, dtype, wire dtype, dtype handed back, shape to send),
+# an out= array as (its bytes, dtype), received values as (flat array, dtype, shape).
+_GradientArgs = tuple[np.ndarray, str, str, str | None, tuple[int, ...] | None]
+_OutArgs = tuple[np.ndarray, str]
+_Values = tuple[np.ndarray, str, list[int] | None]
+
+
+class _Out(NamedTuple):
+    """An ``out=`` array, checked: the array itself (handed back) and the engine's view."""
+
+    array: np.ndarray
+    args: _OutArgs
+
+
+def _lend(out: Any) -> _Out:
+    checked = value_buffer(out)
+    name = _dtypes.dtype_name(checked.dtype)
+    assert name is not None  # value_buffer took only the four dtypes
+    return _Out(checked, (checked.reshape(-1).view(np.uint8), name))
+
+
+def _hand_back(values: _Values) -> np.ndarray:
+    """Received values as the caller gets them: bfloat16 (and float16) bits viewed as their
+    dtype, in the shape the sender kept."""
+    flat, dtype, shape = values
+    if flat.dtype == np.uint16:
+        flat = flat.view(_dtypes.numpy_dtype(dtype))
+    return flat if shape is None else flat.reshape(shape)
+
+
+def _stream_socket(stream: Any) -> socket.socket | None:
+    """``stream`` when it is a socket the native I/O can drive, None when it is not a socket
+    at all (asyncio streams); the error for a socket it cannot drive."""
+    if not isinstance(stream, socket.socket):
+        return None
+    if isinstance(stream, ssl.SSLSocket):
+        # Its descriptor carries TLS records: frames written beneath the TLS session would
+        # be plaintext, and what we read would be ciphertext.
+        raise TypeError("an ssl.SSLSocket cannot carry frames; use asyncio streams over TLS")
+    if stream.fileno() < 0:
+        raise StreamIOError(9, "the socket is closed")  # EBADF, as the reference says it
+    if stream.type != socket.SOCK_STREAM:
+        raise ValueError(
+            f"stream must be a connected stream socket (SOCK_STREAM), not {stream.type!r}"
+        )
+    return stream
+
+
+class GradientStreamSession:
+    """Chunks gradients into CRC-checked Arrow IPC frames and reassembles them.
+
+    The settings are fixed at construction (README "API"); every method is one call into
+    the native engine.
+    """
+
+    __slots__ = ("_engine",)
+    _engine: Engine
+
+    def __init__(
+        self,
+        session_id: str,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        *,
+        max_payload_len: int = DEFAULT_MAX_PAYLOAD_LEN,
+        max_gradient_len: int = DEFAULT_MAX_GRADIENT_LEN,
+        timeout: float | None = None,
+        layout: Literal["seed", "compact"] = "seed",
+        compression: bool | Literal["lz4", "zstd"] | None = None,
+        keep_shape: bool = False,
+        keep_dtype: bool = False,
+        wire_dtype: _DtypeName | None = None,
+    ) -> None:
+        self._engine = Engine(
+            session_id,
+            chunk_size,
+            max_payload_len=max_payload_len,
+            max_gradient_len=max_gradient_len,
+            timeout=timeout,
+            layout=layout,
+            compression=compression,
+            keep_shape=keep_shape,
+            keep_dtype=keep_dtype,
+            wire_dtype=wire_dtype,
+            bf16_as_f32=_dtypes.BFLOAT16 is None,
+        )
+
+    @classmethod
+    def _of(cls, engine: Engine) -> GradientStreamSession:
+        session = cls.__new__(cls)
+        session._engine = engine
+        return session
+
+    @classmethod
+    def with_defaults(cls, session_id: str) -> GradientStreamSession:
+        """A session with the default settings (chunks of 65,536 values)."""
+        return cls(session_id)
+
+    def with_compression(self, enabled: bool) -> GradientStreamSession:
+        """A new session, the same but for compression: "lz4" when enabled, else none."""
+        return self._of(self._engine.with_compression(enabled))
+
+    def is_compression_enabled(self) -> bool:
+        return self._engine.compression is not None
+
+    @property
+    def session_id(self) -> str:
+        return self._engine.session_id
+
+    @property
+    def chunk_size(self) -> int:
+        return self._engine.chunk_size
+
+    @property
+    def max_payload_len(self) -> int:
+        return self._engine.max_payload_len
+
+    @property
+    def max_gradient_len(self) -> int:
+        return self._engine.max_gradient_len
+
+    @property
+    def timeout(self) -> float | None:
+        """Longest wait, in seconds, for a byte to move on a stream; None waits for ever."""
+        return self._engine.timeout
+
+    @property
+    def layout(self) -> Literal["seed", "compact"]:
+        """ "seed" (index + value columns, as the original) or "compact" (values only)."""
+        return self._engine.layout
+
+    @property
+    def compression(self) -> Literal["lz4", "zstd"] | None:
+        """None, "lz4" or "zstd": the payload compression this session writes."""
+        return self._engine.compression
+
+    @property
+    def keep_shape(self) -> bool:
+        """Whether each gradient's shape travels with it (and comes back reshaped)."""
+        return self._engine.keep_shape
+
+    @property
+    def keep_dtype(self) -> bool:
+        """Whether float16, bfloat16 and float64 gradients travel as they are."""
+        return self._engine.keep_dtype
+
+    @property
+    def wire_dtype(self) -> _DtypeName | None:
+        """The dtype every gradient is cast to for transfer, or None."""
+        return self._engine.wire_dtype
+
+    def __repr__(self) -> str:
+        e = self._engine
+        return (
+            f"GradientStreamSession(session_id={e.session_id!r}, chunk_size={e.chunk_size}, "
+            f"max_payload_len={e.max_payload_len}, max_gradient_len={e.max_gradient_len}, "
+            f"timeout={e.timeout!r}, layout={e.layout!r}, compression={e.compression!r}, "
+            f"keep_shape={e.keep_shape}, keep_dtype={e.keep_dtype}, "
+            f"wire_dtype={e.wire_dtype!r})"
+        )
+
+    # ---- taking a gradient (README "Dtypes")
+
+    def _take(self, gradient: Any) -> _GradientArgs:
+        """``gradient`` as this session's settings take it: float32 alone by default (read
+        in place when it can be), else any of the four dtypes, cast to the wire dtype by the
+        engine chunk by chunk."""
+        e = self._engine
+        values, wire, result, source = _dtypes.prepare(
+            gradient, keep_dtype=e.keep_dtype, wire_dtype=e.wire_dtype, cast_here=False
+        )
+        shape = values.shape if e.keep_shape else None
+        # The values' memory as bytes: a view (prepare gives C-contiguous arrays).
+        return (values.reshape(-1).view(np.uint8), source, wire, result, shape)
+
+    # ---- in memory
+
+    def encode_gradient(self, gradient: Any) -> list[GradientChunk]:
+        """Split a gradient into Arrow IPC chunks, each with its CRC-32."""
+        return self._engine.encode_gradient(self._take(gradient))
+
+    def decode_chunks(self, chunks: Iterable[Any]) -> npt.NDArray[Any]:
+        """Reassemble chunks given in any order."""
+        return _hand_back(self._engine.decode_chunks(chunks))
+
+    def frames_len(self, n_values: int) -> int:
+        """Bytes of the frames of a gradient of ``n_values`` values."""
+        return self._engine.frames_len(n_values)
+
+    @overload
+    def encode_frames(
+        self, gradient: Any, as_buffer: Literal[False] = False, *, out: None = None
+    ) -> bytes: ...
+    @overload
+    def encode_frames(
+        self, gradient: Any, as_buffer: Literal[True], *, out: None = None
+    ) -> pa.Buffer: ...
+    @overload
+    def encode_frames(
+        self, gradient: Any, as_buffer: Literal[False] = False, *, out: Buffer
+    ) -> int: ...
+    @overload
+    def encode_frames(
+        self, gradient: Any, as_buffer: bool = False, *, out: Buffer | None = None
+    ) -> bytes | pa.Buffer | int: ...
+    def encode_frames(
+        self, gradient: Any, as_buffer: bool = False, *, out: Buffer | None = None
+    ) -> bytes | pa.Buffer | int:
+        """The frames ``stream_to`` writes, as ``bytes`` (or a ``pyarrow.Buffer`` with no
+        copy), or written into ``out`` (then the number of bytes written)."""
+        if as_buffer and out is not None:
+            raise ValueError("as_buffer=True and out= exclude each other: out= is the buffer")
+        view = None if out is None else frame_buffer(out)
+        result: bytes | pa.Buffer | int = self._engine.encode_frames(
+            self._take(gradient), as_buffer, view
+        )
+        return result
+
+    def decode_frames(
+        self, data: Buffer, *, out: npt.NDArray[Any] | None = None
+    ) -> npt.NDArray[Any]:
+        """Parse a byte stream holding exactly one gradient's frames (into ``out``, when
+        given: then ``out`` itself)."""
+        lent = None if out is None else _lend(out)
+        values = self._engine.decode_frames(data, None if lent is None else lent.args)
+        return lent.array if lent is not None else _hand_back(values)  # type: ignore[arg-type]
+
+    # ---- streaming (README "Streaming")
+
+    async def stream_to(
+        self, gradient: Any, stream: Any, *, progress: TransferProgress | None = None
+    ) -> int:
+        """Send one gradient over a socket or asyncio stream; the number of chunks."""
+        sock = _stream_socket(stream)
+        if sock is None:
+            return await _aio.stream_to(self._engine, self._take(gradient), stream, progress)
+        hub = _aio.hub()
+        job = self._engine.stream_to_socket(hub.native, self._take(gradient), sock, progress)
+        sent: int = await hub.track(job)
+        return sent
+
+    async def receive_from(
+        self,
+        stream: Any,
+        *,
+        progress: TransferProgress | None = None,
+        out: npt.NDArray[Any] | None = None,
+    ) -> npt.NDArray[Any]:
+        """Receive one gradient from a socket or asyncio stream (``out`` itself, filled,
+        when given). The end of the stream before any byte gives an empty array."""
+        got = await self._receive(stream, progress, False, out)
+        assert got is not None  # none_at_end=False gives the empty gradient instead
+        return got
+
+    async def receive_iter(
+        self, stream: Any, *, progress: TransferProgress | None = None
+    ) -> AsyncIterator[npt.NDArray[Any]]:
+        """Receive gradients until the peer closes the connection between two of them."""
+        while True:
+            gradient = await self._receive(stream, progress, True, None)
+            if gradient is None:
+                return
+            yield gradient
+
+    async def _receive(
+        self,
+        stream: Any,
+        progress: TransferProgress | None,
+        none_at_end: bool,
+        out: npt.NDArray[Any] | None,
+    ) -> npt.NDArray[Any] | None:
+        """One gradient, or None when the stream ended before its first byte and
+        ``none_at_end`` (``receive_iter`` ends there)."""
+        sock = _stream_socket(stream)
+        lent = None if out is None else _lend(out)
+        args = None if lent is None else lent.args
+        if sock is None:
+            receiver = self._engine.frame_receiver(progress, args)
+            values = await _aio.receive(self._engine, stream, receiver, none_at_end)
+        else:
+            hub = _aio.hub()
+            job = self._engine.receive_from_socket(hub.native, sock, progress, none_at_end, args)
+            values = await hub.track(job)
+        if values is None:
+            return None
+        return lent.array if lent is not None else _hand_back(values)
+
+    # ---- tensor sets (README "Tensor sets")
+
+    @overload
+    def encode_tensors(self, tensors: Any, as_buffer: Literal[False] = False) -> bytes: ...
+    @overload
+    def encode_tensors(self, tensors: Any, as_buffer: Literal[True]) -> pa.Buffer: ...
+    @overload
+    def encode_tensors(self, tensors: Any, as_buffer: bool = False) -> bytes | pa.Buffer: ...
+    def encode_tensors(self, tensors: Any, as_buffer: bool = False) -> bytes | pa.Buffer:
+        """A named set of tensors as frames."""
+        return _tensors.encode_tensors(self, tensors, as_buffer)
+
+    def decode_tensors(self, data: Buffer) -> dict[str, npt.NDArray[Any]]:
+        """The named tensors of a set's frames, in the sender's order."""
+        return _tensors.decode_tensors(self, data)
+
+    async def stream_tensors(
+        self, tensors: Any, stream: Any, *, progress: TransferProgress | None = None
+    ) -> int:
+        """Send a named set of tensors; the number of frames written."""
+        return await _tensors.stream_tensors(self, tensors, stream, progress=progress)
+
+    async def receive_tensors(
+        self, stream: Any, *, progress: TransferProgress | None = None
+    ) -> dict[str, npt.NDArray[Any]]:
+        """Receive a named set of tensors, in the sender's order."""
+        return await _tensors.receive_tensors(self, stream, progress=progress)
+
+    def _encode_manifest(self, text: str) -> bytes:
+        """The frames of a tensor set's manifest carrying ``text``."""
+        return self._engine.encode_manifest(text)
+
+    def _decode_manifest(self, data: Buffer) -> tuple[str | None, int]:
+        """A manifest frame's text (None without one) and its number of values."""
+        return self._engine.decode_manifest(data)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ast
 import re
-from pathlib import Path
 
 from support import ROOT
 
@@ -76,3 +75,26 @@ def test_no_module_calls_an_underscore_method_of_the_session_engine() -> None:
         if pattern.search(line)
     ]
     assert hits == [], hits
+
+
+def _layout_section() -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index("## Layout")
+    return text[start : text.index("\n## ", start + 1) if "\n## " in text[start + 1 :] else None]
+
+
+def test_the_readme_layout_names_every_source_file() -> None:
+    layout = _layout_section()
+    missing = [
+        str(path.relative_to(ROOT))
+        for folder, pattern in [
+            (ROOT / "crates" / "gradstream-core" / "src", "*.rs"),
+            (ROOT / "crates" / "gradstream-core" / "src" / "codec", "*.rs"),
+            (BINDINGS, "*.rs"),
+            (PACKAGE, "*.py"),
+            (PACKAGE / "reference", "*.py"),
+        ]
+        for path in sorted(folder.glob(pattern))
+        if path.name != "__init__.py" and path.stem not in layout
+    ]
+    assert missing == [], missing

@@ -1,10 +1,12 @@
 //! gradstream-py: the extension module `gradstream._native`, PyO3 bindings over
 //! gradstream-core. Argument conversion, GIL release, errors to Python classes; the rules
-//! live in the core (gradstream-core).
+//! live in the core (gradstream-core). Python calls in (`gradstream/_session.py` holds the
+//! one `Engine` of a session); nothing here calls back into the package's modules, only
+//! into `gradstream.errors` to build exceptions.
 //!
 //! The arrows point one way: `session` uses `settings`, `stream`, `complete`, `convert`,
-//! `chunk`; `stream` uses `complete` and `convert`; `complete` uses `convert`; `convert`
-//! uses no sibling; `chunk` uses `buffers`; `settings`, `complete`, `stream` and `session` use `errors`.
+//! `chunk`; `stream` and `complete` use `convert`; `convert` uses no sibling; `chunk` uses
+//! `buffers`; `settings`, `complete`, `stream` and `session` use `errors`.
 
 mod buffers;
 mod chunk;

@@ -43,7 +43,7 @@ from support.frames import frame
 from support.impls import CODECS, FIXTURE_OK, LAYOUTS, examples
 from support.impls import load_impl as module
 from support.payloads import footer_blocks, rebuild, the_batch
-from support.values import SPECIAL_BITS
+from support.values import ALL_SPECIAL_BITS
 from support.values import float32_bits as bits
 
 # --------------------------------------------------------------------------- differential
@@ -74,7 +74,7 @@ def gradients() -> st.SearchStrategy[np.ndarray]:
         rng = np.random.default_rng(seed)
         words = rng.integers(0, 2**32, n, dtype=np.uint32)
         if kind == "special":
-            words = rng.choice(SPECIAL_BITS, n)
+            words = rng.choice(ALL_SPECIAL_BITS, n)
         elif kind == "zeros":
             words[:] = 0
         elif kind == "sparse":

@@ -18,47 +18,21 @@ import gradstream._dtypes as _dtypes
 import gradstream.reference as ref
 from support.frames import HEADER
 from support.impls import ERROR_CLASSES
+from support.values import ALL_SPECIAL_BITS
 
 IMPLS: dict[str, ModuleType] = {"native": gs, "reference": ref}
 
 
-# Bit patterns the uniform draw rarely hits: NaNs with payloads (quiet and signalling,
-# both signs), infinities, signed zeros, subnormals, extremes.
-SPECIAL_BITS = np.array(
-    [
-        0x7FC0_0000,  # quiet NaN
-        0x7FC0_0001,  # quiet NaN with payload
-        0x7F80_0001,  # signalling NaN
-        0x7FBF_FFFF,  # signalling NaN, all payload bits
-        0xFFFF_FFFF,  # negative NaN, all payload bits
-        0xFFC0_1234,
-        0x7F80_0000,  # +inf
-        0xFF80_0000,  # -inf
-        0x0000_0000,  # +0.0
-        0x8000_0000,  # -0.0
-        0x0000_0001,  # smallest subnormal
-        0x8000_0001,
-        0x007F_FFFF,  # largest subnormal
-        0x807F_FFFF,
-        0x0080_0000,  # smallest normal
-        0x7F7F_FFFF,  # largest finite
-        0xFF7F_FFFF,
-        0x3F80_0000,  # 1.0
-    ],
-    dtype=np.uint32,
-)
-
-
 def make_gradient(length: int, seed: int, kind: str) -> np.ndarray:
     """A float32 vector: 'bits' (uniform uint32 patterns), 'special' (half of them from
-    SPECIAL_BITS) or 'normal' (standard normal floats)."""
+    ALL_SPECIAL_BITS) or 'normal' (standard normal floats)."""
     rng = np.random.default_rng(seed)
     if kind == "normal":
         return rng.standard_normal(length, dtype=np.float32)
     words = rng.integers(0, 2**32, size=length, dtype=np.uint32)
     if kind == "special":
         mask = rng.random(length) < 0.5
-        words[mask] = rng.choice(SPECIAL_BITS, size=int(mask.sum()))
+        words[mask] = rng.choice(ALL_SPECIAL_BITS, size=int(mask.sum()))
     return words.view(np.float32)
 
 

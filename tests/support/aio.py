@@ -1,5 +1,6 @@
-"""asyncio under a deadline, and transfers over real connections: socketpairs (sockets or
-asyncio streams) and loopback TCP."""
+"""asyncio under a deadline (the one ``run`` of the tests: support/streams.py and
+support/links.py set it up their way), and transfers over real connections: socketpairs
+(sockets or asyncio streams) and loopback TCP."""
 
 from __future__ import annotations
 
@@ -16,14 +17,27 @@ T = TypeVar("T")
 DEADLINE = 20.0
 
 
-def run(main: Callable[[], Awaitable[T]], deadline: float = DEADLINE) -> T:
-    """asyncio.run(main()) under an overall deadline, so that a hang fails the test."""
+def run(
+    main: Callable[[], Awaitable[T]],
+    deadline: float = DEADLINE,
+    *,
+    fail_on_loop_errors: bool = False,
+) -> T:
+    """asyncio.run(main()) under an overall deadline, so that a hang fails the test; with
+    ``fail_on_loop_errors``, any error the loop only logged (a never-retrieved exception,
+    a callback that raised) fails the test too."""
 
     async def bounded() -> T:
+        if fail_on_loop_errors:
+            loop = asyncio.get_running_loop()
+            loop.set_exception_handler(lambda _loop, context: logged.append(context))
         async with asyncio.timeout(deadline):
             return await main()
 
-    return asyncio.run(bounded())
+    logged: list[dict[str, Any]] = []
+    result = asyncio.run(bounded())
+    assert not logged, f"the event loop logged errors: {logged}"
+    return result
 
 
 async def close_all(writers: list[asyncio.StreamWriter], socks: list[socket.socket]) -> None:

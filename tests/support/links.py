@@ -7,30 +7,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import shutil
 import socket
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any
 
 import numpy as np
 
 import gradstream.reference as ref
+from support.aio import run as run_under_deadline
 from support.aio import tcp_socket_pair as tcp_pair
 from support.frames import HEADER
-
-T = TypeVar("T")
-
 
 DEADLINE = 60.0
 
 
-def run(main: Callable[[], Awaitable[T]]) -> T:
-    async def bounded() -> T:
-        return await asyncio.wait_for(main(), DEADLINE)
-
-    return asyncio.run(bounded())
+# support.aio.run, under the reference streaming tests' own deadline.
+run = functools.partial(run_under_deadline, deadline=DEADLINE)
 
 
 def ramp(n: int) -> np.ndarray:

@@ -9,9 +9,7 @@ reach the dtype rules.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
-import socket
 import zlib
 from types import ModuleType
 from typing import Any
@@ -26,7 +24,7 @@ import gradstream._dtypes as _dtypes
 import gradstream.reference as ref
 from gradstream.errors import ArrowIpcError, FrameError, GradientDtypeError
 from support import TESTS
-from support.aio import run
+from support.aio import run, socketpair_ends
 from support.dtypes import (
     BF16_FIELD,
     DTYPES,
@@ -443,16 +441,7 @@ def test_stream_with_dtypes(impl: ModuleType, path: str):
     grad = from_bits(words, "float64", (5, 10))
 
     async def main() -> list[np.ndarray]:
-        a, b = socket.socketpair()
-        writers: list[asyncio.StreamWriter] = []
-        try:
-            txs: Any = a
-            rxs: Any = b
-            if path == "streams":
-                _, w1 = await asyncio.open_connection(sock=a)
-                r2, w2 = await asyncio.open_connection(sock=b)
-                writers = [w1, w2]
-                txs, rxs = w1, r2
+        async with socketpair_ends(path) as (txs, rxs):
 
             async def send_two() -> None:
                 await tx.stream_to(grad, txs)
@@ -463,13 +452,6 @@ def test_stream_with_dtypes(impl: ModuleType, path: str):
 
             _, got = await asyncio.gather(send_two(), receive_two())
             return got
-        finally:
-            for w in writers:
-                w.close()
-                with contextlib.suppress(Exception):
-                    await w.wait_closed()
-            a.close()
-            b.close()
 
     first, second = run(main)
     want = expected(words, "float64", "float16", "float64")

@@ -21,7 +21,15 @@ import pytest
 import gradstream.reference as ref
 from gradstream.errors import FrameError, GradientStreamError, IncompleteStreamError
 from support.frames import HEADER
-from support.links import assert_same_bits, connect, frames_of, ramp, run, three_frames
+from support.links import (
+    assert_same_bits,
+    connect,
+    frames_of,
+    ramp,
+    run,
+    send_then_close,
+    three_frames,
+)
 
 
 def recv_all(sock: socket.socket) -> bytes:
@@ -133,14 +141,7 @@ def test_bytes_on_the_wire_are_encode_frames(streams: bool, size: int) -> None:
         a, b = socket.socketpair()
         with a, b:
             received = asyncio.ensure_future(asyncio.to_thread(recv_all, b))
-            if streams:
-                _, w = await asyncio.open_connection(sock=a)
-                await s.stream_to(grad, w)
-                w.close()
-                await w.wait_closed()
-            else:
-                await s.stream_to(grad, a)
-                a.shutdown(socket.SHUT_WR)
+            await send_then_close(s, grad, a, streams)
             return await received
 
     assert run(main) == s.encode_frames(grad)

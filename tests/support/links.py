@@ -29,6 +29,21 @@ DEADLINE = 60.0
 run = functools.partial(run_under_deadline, deadline=DEADLINE)
 
 
+async def send_then_close(
+    s: ref.GradientStreamSession, grad: np.ndarray, sock: socket.socket, streams: bool
+) -> None:
+    """stream_to ``sock`` itself (then shut its sending side) or, with ``streams``, an
+    asyncio stream over it (then close that stream): either way the peer sees the end."""
+    if streams:
+        _, w = await asyncio.open_connection(sock=sock)
+        await s.stream_to(grad, w)
+        w.close()
+        await w.wait_closed()
+    else:
+        await s.stream_to(grad, sock)
+        sock.shutdown(socket.SHUT_WR)
+
+
 def ramp(n: int) -> np.ndarray:
     return np.arange(n, dtype=np.float32) * np.float32(0.25) - np.float32(7.0)
 

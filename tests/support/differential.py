@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any, NamedTuple
 
 import numpy as np
+import pytest
 
 import gradstream as gs
 import gradstream._dtypes as _dtypes
@@ -98,3 +99,17 @@ def report_disagreements(counted: Counter[str], what: str) -> None:
     if counted:
         lines = "\n".join(f"  {n:4d} x {case}" for case, n in counted.most_common())
         warnings.warn(f"{what} (allowed, recorded only):\n{lines}", stacklevel=2)
+
+
+def counted_disagreements(what: str) -> tuple[Counter[str], Any]:
+    """A counter of disagreements for a test module to fill, and the autouse module
+    fixture that reports them (report_disagreements) once the module's tests are done;
+    the module binds both to module-level names, where pytest finds the fixture."""
+    counted: Counter[str] = Counter()
+
+    @pytest.fixture(scope="module", autouse=True)
+    def report() -> Iterator[None]:
+        yield
+        report_disagreements(counted, what)
+
+    return counted, report

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import zlib
 from types import ModuleType
 from typing import Any
 
@@ -40,7 +39,7 @@ from support.dtypes import (
     sample,
     schema_of,
 )
-from support.frames import HEADER, assert_error, both_ways, join_frames, split_frames
+from support.frames import assert_error, both_ways, frame, join_frames, split_frames
 from support.frames import frame_offsets as offsets_of
 from support.impls import CODECS, IMPL_NAMES, LAYOUTS, examples, session
 from support.impls import load_impl as module
@@ -462,10 +461,6 @@ def test_stream_with_dtypes(impl: ModuleType, path: str):
 # --------------------------------------------------------------------------- review findings
 
 
-def _one_frame(payload: bytes, index: int = 0, total: int = 1) -> bytes:
-    return HEADER.pack(index, total, len(payload), zlib.crc32(payload)) + payload
-
-
 @pytest.mark.parametrize("name", IMPL_NAMES)
 def test_values_past_max_gradient_len_are_counted_not_held(name: str):
     """A float16 column handed back as float64 holds 4x its wire bytes: a receiver must
@@ -524,7 +519,7 @@ def test_an_empty_gradients_shape_numpy_cannot_make_is_refused(name: str):
         sink = pa.BufferOutputStream()
         with pa.ipc.new_file(sink, schema) as writer:
             writer.write_batch(pa.record_batch([pa.array([], pa.float32())], schema=schema))
-        wire = _one_frame(sink.getvalue().to_pybytes())
+        wire = frame(0, 1, sink.getvalue().to_pybytes())
         s = session(module(name), 7)
         if ok:
             assert s.decode_frames(wire).shape == (0, 1 << 30, 1 << 30)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import zlib
 from typing import Any
 
 import numpy as np
@@ -20,7 +19,7 @@ import pytest
 
 import gradstream.reference as ref
 from gradstream.errors import FrameError, GradientStreamError, IncompleteStreamError
-from support.frames import HEADER
+from support.frames import HEADER, frame
 from support.links import (
     assert_same_bits,
     connect,
@@ -470,7 +469,7 @@ def test_hostile_total_chunks_is_refused_at_the_first_frame_while_the_peer_stays
 ) -> None:
     s = ref.GradientStreamSession("s")
     empty = s.encode_gradient(ramp(0))[0].arrow_ipc_bytes
-    tiny = HEADER.pack(0, 0xFFFFFFFF, len(empty), zlib.crc32(empty)) + empty
+    tiny = frame(0, 0xFFFFFFFF, empty)
 
     async def main() -> None:
         async with connect(kind) as link:

@@ -11,8 +11,6 @@ import re
 import resource
 import struct
 import zlib
-from collections import Counter
-from collections.abc import Iterator
 from types import ModuleType
 from typing import Any, NamedTuple
 
@@ -38,12 +36,12 @@ from support.compressed import (
     sparse,
     split_frames,
 )
-from support.differential import outcome_of, report_disagreements
+from support.differential import counted_disagreements, outcome_of
 from support.frames import frame
 from support.impls import CODECS, FIXTURE_OK, LAYOUTS, examples
 from support.impls import load_impl as module
 from support.payloads import footer_blocks, rebuild, the_batch
-from support.values import SPECIAL_BITS
+from support.values import ALL_SPECIAL_BITS
 from support.values import float32_bits as bits
 
 # --------------------------------------------------------------------------- differential
@@ -74,7 +72,7 @@ def gradients() -> st.SearchStrategy[np.ndarray]:
         rng = np.random.default_rng(seed)
         words = rng.integers(0, 2**32, n, dtype=np.uint32)
         if kind == "special":
-            words = rng.choice(SPECIAL_BITS, n)
+            words = rng.choice(ALL_SPECIAL_BITS, n)
         elif kind == "zeros":
             words[:] = 0
         elif kind == "sparse":
@@ -113,16 +111,9 @@ def test_differential_round_trip(grad: np.ndarray, codec: str, layout: str, chun
 # one accepts what the other's Arrow library refuses (a flipped bit in padding or in
 # metadata that one reader tolerates), the refusal must be ArrowIpcError on that chunk
 # and the acceptance must hold the chunk's value count; these are counted and reported.
-DISAGREEMENTS: Counter[str] = Counter()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _report_disagreements() -> Iterator[None]:
-    yield
-    report_disagreements(
-        DISAGREEMENTS,
-        "native and reference disagreed on CRC-valid mutated compressed payloads",
-    )
+DISAGREEMENTS, _report_disagreements = counted_disagreements(
+    "native and reference disagreed on CRC-valid mutated compressed payloads"
+)
 
 
 def describe(outcome: Any) -> str:

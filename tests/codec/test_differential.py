@@ -28,6 +28,7 @@ from gradstream.errors import ArrowIpcError
 from support.differential import IMPLS, Frame, frame_of, join_frames, make_gradient, sessions
 from support.frames import HEADER, HEADER_LEN
 from support.impls import examples
+from support.payloads import Flat
 
 # Round trips: at most this many values and this many chunks per gradient, so that the
 # reference (tens of microseconds per chunk and operation) keeps the file fast.
@@ -188,48 +189,6 @@ def test_round_trip_agrees(case: Case) -> None:
 # --------------------------------------------------------------------------- regressions
 # Disagreements the property test above found, where one side silently returned fewer
 # values than the chunk holds while the other raised ArrowIpcError. Both now refuse.
-
-
-class Flat:
-    """Just enough bounds-checked flatbuffer reading to find fields of the Arrow IPC
-    footer and messages. Every method returns None when the bytes do not lead there."""
-
-    def __init__(self, buf: bytes) -> None:
-        self.buf = buf
-
-    def read(self, pos: int | None, size: int, signed: bool = False) -> int | None:
-        if pos is None or not 0 <= pos <= len(self.buf) - size:
-            return None
-        return int.from_bytes(self.buf[pos : pos + size], "little", signed=signed)
-
-    def root(self, pos: int) -> int | None:
-        offset = self.read(pos, 4)
-        return None if offset is None else pos + offset
-
-    def slot(self, table: int | None, field: int) -> int | None:
-        """Position of the vtable slot of `field` (None if the vtable is too short)."""
-        soffset = self.read(table, 4, signed=True)
-        if table is None or soffset is None:
-            return None
-        vtable = table - soffset
-        vtable_len = self.read(vtable, 2)
-        slot = vtable + 4 + 2 * field
-        if vtable_len is None or vtable_len < 6 + 2 * field:
-            return None
-        return slot if slot + 2 <= len(self.buf) else None
-
-    def field(self, table: int | None, field: int) -> int | None:
-        """Position of a present field's data; None if absent (or unreadable)."""
-        voffset = self.read(self.slot(table, field), 2)
-        return None if not voffset or table is None else table + voffset
-
-    def vector(self, pos: int | None) -> tuple[int, int] | None:
-        """(start, length) of the vector a field at `pos` points to."""
-        offset = self.read(pos, 4)
-        length = None if offset is None or pos is None else self.read(pos + offset, 4)
-        if offset is None or length is None or pos is None:
-            return None
-        return pos + offset + 4, length
 
 
 # Field ids in Arrow's File.fbs (Footer) and Message.fbs (Message).

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import re
 import zlib
-from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any, NamedTuple
 
@@ -31,11 +30,11 @@ from gradstream.errors import (
 from support.differential import (
     IMPLS,
     Frame,
+    counted_disagreements,
     frame_of,
     join_frames,
     make_gradient,
     outcome_of,
-    report_disagreements,
     sessions,
 )
 from support.frames import HEADER
@@ -91,17 +90,10 @@ def assert_same_outcome(native: Outcome, reference: Outcome, what: str) -> None:
 
 # Disagreements the README leaves open (a CRC-valid but odd Arrow file that one Arrow
 # library accepts and the other refuses) are recorded here and reported once, not failed.
-DISAGREEMENTS: Counter[str] = Counter()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _report_disagreements() -> Iterator[None]:
-    yield
-    report_disagreements(
-        DISAGREEMENTS,
-        "native and reference Arrow decoders disagreed on CRC-valid mutated payloads "
-        "(counted per decode_chunks and decode_frames call)",
-    )
+DISAGREEMENTS, _report_disagreements = counted_disagreements(
+    "native and reference Arrow decoders disagreed on CRC-valid mutated payloads "
+    "(counted per decode_chunks and decode_frames call)"
+)
 
 
 # --------------------------------------------------------------------------- error agreement

@@ -23,6 +23,7 @@ from gradstream.errors import FrameError, GradientStreamError, SettingError
 from support.cases import SEED_SCHEMA, assert_same_bits, frames_of, ramp
 from support.frames import HEADER
 from support.impls import session
+from support.values import ALL_SPECIAL_BITS
 
 
 def read_payload(payload: bytes) -> pa.Table:
@@ -191,37 +192,20 @@ def test_other_session_settings_decode(impl):
     assert_same_bits(session(impl, 1000).decode_frames(wire), grad)
 
 
-SPECIAL_BITS = np.array(
-    [
-        0x7FC00001,  # quiet NaN with payload
-        0xFFFFFFFF,  # negative NaN, all payload bits set
-        0x7F800001,  # signalling NaN
-        0x80000000,  # -0.0
-        0x00000000,  # +0.0
-        0x7F800000,  # +inf
-        0xFF800000,  # -inf
-        0x00000001,  # smallest subnormal
-        0x807FFFFF,  # largest negative subnormal
-        0x7F7FFFFF,  # largest finite
-    ],
-    dtype=np.uint32,
-)
-
-
 @pytest.mark.parametrize("chunk_size", [1, 3, 64])
 def test_special_floats_survive_bit_for_bit(impl, chunk_size):
-    grad = SPECIAL_BITS.view(np.float32)
+    grad = ALL_SPECIAL_BITS.view(np.float32)
     s = session(impl, chunk_size)
     chunks = s.encode_gradient(grad)
-    np.testing.assert_array_equal(s.decode_chunks(chunks).view(np.uint32), SPECIAL_BITS)
+    np.testing.assert_array_equal(s.decode_chunks(chunks).view(np.uint32), ALL_SPECIAL_BITS)
     np.testing.assert_array_equal(
-        s.decode_frames(s.encode_frames(grad)).view(np.uint32), SPECIAL_BITS
+        s.decode_frames(s.encode_frames(grad)).view(np.uint32), ALL_SPECIAL_BITS
     )
     # The payload itself holds the same bits, as a foreign reader sees them.
     on_wire = np.concatenate(
         [read_payload(c.arrow_ipc_bytes).column("value").to_numpy() for c in chunks]
     )
-    np.testing.assert_array_equal(on_wire.view(np.uint32), SPECIAL_BITS)
+    np.testing.assert_array_equal(on_wire.view(np.uint32), ALL_SPECIAL_BITS)
 
 
 # --------------------------------------------------------------------------- gradient input

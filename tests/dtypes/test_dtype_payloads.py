@@ -9,10 +9,7 @@ reach the dtype rules.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
-import socket
-import zlib
 from types import ModuleType
 from typing import Any
 
@@ -26,7 +23,7 @@ import gradstream._dtypes as _dtypes
 import gradstream.reference as ref
 from gradstream.errors import ArrowIpcError, FrameError, GradientDtypeError
 from support import TESTS
-from support.aio import run
+from support.aio import run, socketpair_ends
 from support.dtypes import (
     BF16_FIELD,
     DTYPES,
@@ -42,7 +39,7 @@ from support.dtypes import (
     sample,
     schema_of,
 )
-from support.frames import HEADER, assert_error, both_ways, join_frames, split_frames
+from support.frames import assert_error, both_ways, frame, join_frames, split_frames
 from support.frames import frame_offsets as offsets_of
 from support.impls import CODECS, IMPL_NAMES, LAYOUTS, examples, session
 from support.impls import load_impl as module
@@ -443,16 +440,7 @@ def test_stream_with_dtypes(impl: ModuleType, path: str):
     grad = from_bits(words, "float64", (5, 10))
 
     async def main() -> list[np.ndarray]:
-        a, b = socket.socketpair()
-        writers: list[asyncio.StreamWriter] = []
-        try:
-            txs: Any = a
-            rxs: Any = b
-            if path == "streams":
-                _, w1 = await asyncio.open_connection(sock=a)
-                r2, w2 = await asyncio.open_connection(sock=b)
-                writers = [w1, w2]
-                txs, rxs = w1, r2
+        async with socketpair_ends(path) as (txs, rxs):
 
             async def send_two() -> None:
                 await tx.stream_to(grad, txs)
@@ -463,13 +451,6 @@ def test_stream_with_dtypes(impl: ModuleType, path: str):
 
             _, got = await asyncio.gather(send_two(), receive_two())
             return got
-        finally:
-            for w in writers:
-                w.close()
-                with contextlib.suppress(Exception):
-                    await w.wait_closed()
-            a.close()
-            b.close()
 
     first, second = run(main)
     want = expected(words, "float64", "float16", "float64")
@@ -478,10 +459,6 @@ def test_stream_with_dtypes(impl: ModuleType, path: str):
 
 
 # --------------------------------------------------------------------------- review findings
-
-
-def _one_frame(payload: bytes, index: int = 0, total: int = 1) -> bytes:
-    return HEADER.pack(index, total, len(payload), zlib.crc32(payload)) + payload
 
 
 @pytest.mark.parametrize("name", IMPL_NAMES)
@@ -542,7 +519,7 @@ def test_an_empty_gradients_shape_numpy_cannot_make_is_refused(name: str):
         sink = pa.BufferOutputStream()
         with pa.ipc.new_file(sink, schema) as writer:
             writer.write_batch(pa.record_batch([pa.array([], pa.float32())], schema=schema))
-        wire = _one_frame(sink.getvalue().to_pybytes())
+        wire = frame(0, 1, sink.getvalue().to_pybytes())
         s = session(module(name), 7)
         if ok:
             assert s.decode_frames(wire).shape == (0, 1 << 30, 1 << 30)

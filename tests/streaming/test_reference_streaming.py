@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import zlib
 from typing import Any
 
 import numpy as np
@@ -20,8 +19,16 @@ import pytest
 
 import gradstream.reference as ref
 from gradstream.errors import FrameError, GradientStreamError, IncompleteStreamError
-from support.frames import HEADER
-from support.links import assert_same_bits, connect, frames_of, ramp, run, three_frames
+from support.frames import HEADER, frame
+from support.links import (
+    assert_same_bits,
+    connect,
+    frames_of,
+    ramp,
+    run,
+    send_then_close,
+    three_frames,
+)
 
 
 def recv_all(sock: socket.socket) -> bytes:
@@ -133,14 +140,7 @@ def test_bytes_on_the_wire_are_encode_frames(streams: bool, size: int) -> None:
         a, b = socket.socketpair()
         with a, b:
             received = asyncio.ensure_future(asyncio.to_thread(recv_all, b))
-            if streams:
-                _, w = await asyncio.open_connection(sock=a)
-                await s.stream_to(grad, w)
-                w.close()
-                await w.wait_closed()
-            else:
-                await s.stream_to(grad, a)
-                a.shutdown(socket.SHUT_WR)
+            await send_then_close(s, grad, a, streams)
             return await received
 
     assert run(main) == s.encode_frames(grad)
@@ -469,7 +469,7 @@ def test_hostile_total_chunks_is_refused_at_the_first_frame_while_the_peer_stays
 ) -> None:
     s = ref.GradientStreamSession("s")
     empty = s.encode_gradient(ramp(0))[0].arrow_ipc_bytes
-    tiny = HEADER.pack(0, 0xFFFFFFFF, len(empty), zlib.crc32(empty)) + empty
+    tiny = frame(0, 0xFFFFFFFF, empty)
 
     async def main() -> None:
         async with connect(kind) as link:

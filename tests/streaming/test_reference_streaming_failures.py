@@ -20,7 +20,7 @@ import pytest
 import gradstream.reference as ref
 from gradstream.errors import FrameError, GradientStreamError, StreamIOError, StreamTimeoutError
 from support.aio import tcp_socket_pair as tcp_pair
-from support.links import assert_same_bits, connect, ramp, run, three_frames
+from support.links import assert_same_bits, connect, ramp, run, send_then_close, three_frames
 
 # --------------------------------------------------------------------------- timeouts
 
@@ -97,14 +97,7 @@ def test_a_slow_but_moving_reader_is_not_a_stall(streams: bool) -> None:
             out: list[bytes] = []
             reader = asyncio.ensure_future(asyncio.to_thread(_slow_reader, b, 0.1, out))
             start = time.monotonic()
-            if streams:
-                _, w = await asyncio.open_connection(sock=a)
-                await s.stream_to(grad, w)
-                w.close()
-                await w.wait_closed()
-            else:
-                await s.stream_to(grad, a)
-                a.shutdown(socket.SHUT_WR)
+            await send_then_close(s, grad, a, streams)
             await reader
             assert time.monotonic() - start > 0.6
             return b"".join(out)

@@ -360,7 +360,7 @@ def test_many_concurrent_transfers_in_one_loop() -> None:
         await asyncio.gather(*(one(i) for i in range(n_pairs)))
         await fds_back_to(start)
 
-    run(main, timeout=40)
+    run(main, deadline=40)
 
 
 def test_event_loop_stays_responsive_during_a_big_native_transfer() -> None:
@@ -397,7 +397,7 @@ def test_event_loop_stays_responsive_during_a_big_native_transfer() -> None:
         # Ticks during the transfer: about elapsed / 10 ms, allowing heavy noise.
         assert len(gaps) >= 5 + int(0.3 * elapsed / 0.011), (len(gaps), elapsed)
 
-    run(main, timeout=60)
+    run(main, deadline=60)
 
 
 # --------------------------------------------------------------------------- lifecycle

@@ -34,7 +34,7 @@ from gradstream.errors import (
     IncompleteStreamError,
     StreamTimeoutError,
 )
-from support.frames import HEADER, HEADER_LEN
+from support.frames import HEADER, HEADER_LEN, frame
 from support.impls import PATHS
 from support.memory import proc_status
 from support.streams import (
@@ -96,8 +96,7 @@ def flip_payload_bit(frame: bytes, at: int) -> bytes:
 
 
 def garbage_frame(index: int, total: int) -> bytes:
-    payload = b"not an arrow file, but the CRC is right"
-    return HEADER.pack(index, total, len(payload), zlib.crc32(payload)) + payload
+    return frame(index, total, b"not an arrow file, but the CRC is right")
 
 
 @dataclass(frozen=True)

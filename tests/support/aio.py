@@ -1,12 +1,13 @@
-"""asyncio under a deadline, and transfers over real connections: socketpairs (sockets or
-asyncio streams) and loopback TCP."""
+"""asyncio under a deadline (the one ``run`` of the tests: support/streams.py and
+support/links.py set it up their way), and transfers over real connections: socketpairs
+(sockets or asyncio streams) and loopback TCP."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from gradstream.errors import GradientStreamError
@@ -16,14 +17,27 @@ T = TypeVar("T")
 DEADLINE = 20.0
 
 
-def run(main: Callable[[], Awaitable[T]], deadline: float = DEADLINE) -> T:
-    """asyncio.run(main()) under an overall deadline, so that a hang fails the test."""
+def run(
+    main: Callable[[], Awaitable[T]],
+    deadline: float = DEADLINE,
+    *,
+    fail_on_loop_errors: bool = False,
+) -> T:
+    """asyncio.run(main()) under an overall deadline, so that a hang fails the test; with
+    ``fail_on_loop_errors``, any error the loop only logged (a never-retrieved exception,
+    a callback that raised) fails the test too."""
 
     async def bounded() -> T:
+        if fail_on_loop_errors:
+            loop = asyncio.get_running_loop()
+            loop.set_exception_handler(lambda _loop, context: logged.append(context))
         async with asyncio.timeout(deadline):
             return await main()
 
-    return asyncio.run(bounded())
+    logged: list[dict[str, Any]] = []
+    result = asyncio.run(bounded())
+    assert not logged, f"the event loop logged errors: {logged}"
+    return result
 
 
 async def close_all(writers: list[asyncio.StreamWriter], socks: list[socket.socket]) -> None:
@@ -36,12 +50,11 @@ async def close_all(writers: list[asyncio.StreamWriter], socks: list[socket.sock
         s.close()
 
 
-async def transfer(
-    sender: Any, receiver: Any, grad: Any, path: str, **kwargs: Any
-) -> tuple[int, Any]:
-    """stream_to on one end of a socketpair, receive_from(**kwargs) on the other,
-    concurrently, over sockets or asyncio streams: (what stream_to returned, what
-    receive_from returned)."""
+@contextlib.asynccontextmanager
+async def socketpair_ends(path: str) -> AsyncIterator[tuple[Any, Any]]:
+    """The two ends of a socketpair as (what stream_to takes, what receive_from takes):
+    the sockets themselves, or (path "streams") asyncio streams over them; all closed
+    after."""
     a, b = socket.socketpair()
     writers: list[asyncio.StreamWriter] = []
     try:
@@ -52,12 +65,22 @@ async def transfer(
             rb, wb = await asyncio.open_connection(sock=b)
             writers += [wa, wb]
             tx, rx = wa, rb
+        yield tx, rx
+    finally:
+        await close_all(writers, [a, b])
+
+
+async def transfer(
+    sender: Any, receiver: Any, grad: Any, path: str, **kwargs: Any
+) -> tuple[int, Any]:
+    """stream_to on one end of a socketpair, receive_from(**kwargs) on the other,
+    concurrently, over sockets or asyncio streams: (what stream_to returned, what
+    receive_from returned)."""
+    async with socketpair_ends(path) as (tx, rx):
         sent, got = await asyncio.gather(
             sender.stream_to(grad, tx), receiver.receive_from(rx, **kwargs)
         )
         return sent, got
-    finally:
-        await close_all(writers, [a, b])
 
 
 async def receive_bytes(s: Any, data: bytes, path: str, **kwargs: Any) -> Any:

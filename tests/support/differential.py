@@ -7,58 +7,33 @@ from __future__ import annotations
 
 import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any, NamedTuple
 
 import numpy as np
+import pytest
 
 import gradstream as gs
 import gradstream._dtypes as _dtypes
 import gradstream.reference as ref
 from support.frames import HEADER
 from support.impls import ERROR_CLASSES
+from support.values import ALL_SPECIAL_BITS
 
 IMPLS: dict[str, ModuleType] = {"native": gs, "reference": ref}
 
 
-# Bit patterns the uniform draw rarely hits: NaNs with payloads (quiet and signalling,
-# both signs), infinities, signed zeros, subnormals, extremes.
-SPECIAL_BITS = np.array(
-    [
-        0x7FC0_0000,  # quiet NaN
-        0x7FC0_0001,  # quiet NaN with payload
-        0x7F80_0001,  # signalling NaN
-        0x7FBF_FFFF,  # signalling NaN, all payload bits
-        0xFFFF_FFFF,  # negative NaN, all payload bits
-        0xFFC0_1234,
-        0x7F80_0000,  # +inf
-        0xFF80_0000,  # -inf
-        0x0000_0000,  # +0.0
-        0x8000_0000,  # -0.0
-        0x0000_0001,  # smallest subnormal
-        0x8000_0001,
-        0x007F_FFFF,  # largest subnormal
-        0x807F_FFFF,
-        0x0080_0000,  # smallest normal
-        0x7F7F_FFFF,  # largest finite
-        0xFF7F_FFFF,
-        0x3F80_0000,  # 1.0
-    ],
-    dtype=np.uint32,
-)
-
-
 def make_gradient(length: int, seed: int, kind: str) -> np.ndarray:
     """A float32 vector: 'bits' (uniform uint32 patterns), 'special' (half of them from
-    SPECIAL_BITS) or 'normal' (standard normal floats)."""
+    ALL_SPECIAL_BITS) or 'normal' (standard normal floats)."""
     rng = np.random.default_rng(seed)
     if kind == "normal":
         return rng.standard_normal(length, dtype=np.float32)
     words = rng.integers(0, 2**32, size=length, dtype=np.uint32)
     if kind == "special":
         mask = rng.random(length) < 0.5
-        words[mask] = rng.choice(SPECIAL_BITS, size=int(mask.sum()))
+        words[mask] = rng.choice(ALL_SPECIAL_BITS, size=int(mask.sum()))
     return words.view(np.float32)
 
 
@@ -124,3 +99,17 @@ def report_disagreements(counted: Counter[str], what: str) -> None:
     if counted:
         lines = "\n".join(f"  {n:4d} x {case}" for case, n in counted.most_common())
         warnings.warn(f"{what} (allowed, recorded only):\n{lines}", stacklevel=2)
+
+
+def counted_disagreements(what: str) -> tuple[Counter[str], Any]:
+    """A counter of disagreements for a test module to fill, and the autouse module
+    fixture that reports them (report_disagreements) once the module's tests are done;
+    the module binds both to module-level names, where pytest finds the fixture."""
+    counted: Counter[str] = Counter()
+
+    @pytest.fixture(scope="module", autouse=True)
+    def report() -> Iterator[None]:
+        yield
+        report_disagreements(counted, what)
+
+    return counted, report

@@ -7,30 +7,41 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import shutil
 import socket
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any
 
 import numpy as np
 
 import gradstream.reference as ref
+from support.aio import run as run_under_deadline
 from support.aio import tcp_socket_pair as tcp_pair
 from support.frames import HEADER
-
-T = TypeVar("T")
-
 
 DEADLINE = 60.0
 
 
-def run(main: Callable[[], Awaitable[T]]) -> T:
-    async def bounded() -> T:
-        return await asyncio.wait_for(main(), DEADLINE)
+# support.aio.run, under the reference streaming tests' own deadline.
+run = functools.partial(run_under_deadline, deadline=DEADLINE)
 
-    return asyncio.run(bounded())
+
+async def send_then_close(
+    s: ref.GradientStreamSession, grad: np.ndarray, sock: socket.socket, streams: bool
+) -> None:
+    """stream_to ``sock`` itself (then shut its sending side) or, with ``streams``, an
+    asyncio stream over it (then close that stream): either way the peer sees the end."""
+    if streams:
+        _, w = await asyncio.open_connection(sock=sock)
+        await s.stream_to(grad, w)
+        w.close()
+        await w.wait_closed()
+    else:
+        await s.stream_to(grad, sock)
+        sock.shutdown(socket.SHUT_WR)
 
 
 def ramp(n: int) -> np.ndarray:

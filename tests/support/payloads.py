@@ -5,7 +5,8 @@ A small bounds-checked reader (``Flat``) finds the fields of a real payload, and
 forward flatbuffer builder (``Builder``) writes a record batch message with any field
 values, which ``rebuild`` puts back into the file with a patched footer: a well-formed file
 around whatever the batch declares. Used by the compression tests (codec/) and the dtype
-tests (dtypes/); the shape tests use ``write_ipc_file``.
+tests (dtypes/); the differential tests (codec/test_differential.py) use ``Flat`` alone,
+the shape tests ``write_ipc_file``.
 
 ``write_ipc_file`` writes a payload with pyarrow itself, from any schema and batch.
 """
@@ -21,8 +22,8 @@ import pyarrow as pa
 
 
 class Flat:
-    """Bounds-checked flatbuffer reading; every method returns None when the bytes do not
-    lead there."""
+    """Bounds-checked flatbuffer reading, enough to find the fields of the Arrow IPC
+    footer and messages; every method returns None when the bytes do not lead there."""
 
     def __init__(self, buf: bytes) -> None:
         self.buf = buf
@@ -36,17 +37,22 @@ class Flat:
         offset = self.read(pos, 4)
         return None if offset is None or pos is None else pos + offset
 
-    def field(self, table: int | None, field: int) -> int | None:
-        """Position of a present field's data; None if absent (or unreadable)."""
+    def slot(self, table: int | None, field: int) -> int | None:
+        """Position of the vtable slot of ``field`` (None if the vtable is too short)."""
         soffset = self.read(table, 4, signed=True)
         if table is None or soffset is None:
             return None
         vtable = table - soffset
         vtable_len = self.read(vtable, 2)
+        slot = vtable + 4 + 2 * field
         if vtable_len is None or vtable_len < 6 + 2 * field:
             return None
-        voffset = self.read(vtable + 4 + 2 * field, 2)
-        return table + voffset if voffset else None
+        return slot if slot + 2 <= len(self.buf) else None
+
+    def field(self, table: int | None, field: int) -> int | None:
+        """Position of a present field's data; None if absent (or unreadable)."""
+        voffset = self.read(self.slot(table, field), 2)
+        return None if not voffset or table is None else table + voffset
 
     def vector(self, pos: int | None) -> tuple[int, int] | None:
         """(start of the elements, count) of the vector a field at ``pos`` points to."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import os
 import socket
@@ -22,6 +23,7 @@ import pytest
 import gradstream as gs
 import gradstream.reference as ref
 from gradstream.errors import GradientStreamError
+from support.aio import run as run_under_deadline
 from support.aio import tcp_socket_pair
 from support.frames import HEADER, HEADER_LEN
 from support.impls import ERROR_FIELDS
@@ -110,21 +112,9 @@ def describe(result: tuple[str, Any]) -> tuple[Any, ...]:
     return ("err", type(value), str(value), fields)
 
 
-def run(main: Callable[[], Awaitable[Any]], *, timeout: float = 20.0) -> Any:
-    """asyncio.run(main()) under an overall deadline; any error the loop only logged
-    (a never-retrieved exception, a callback that raised) fails the test too."""
-
-    async def guarded() -> tuple[Any, list[dict[str, Any]]]:
-        loop = asyncio.get_running_loop()
-        logged: list[dict[str, Any]] = []
-        loop.set_exception_handler(lambda _loop, context: logged.append(context))
-        async with asyncio.timeout(timeout):
-            result = await main()
-        return result, logged
-
-    result, logged = asyncio.run(guarded())
-    assert not logged, f"the event loop logged errors: {logged}"
-    return result
+# support.aio.run, and any error the event loop only logged (a never-retrieved exception,
+# a callback that raised) fails the test too.
+run = functools.partial(run_under_deadline, fail_on_loop_errors=True)
 
 
 async def warm_up() -> None:

@@ -7,7 +7,9 @@ from typing import Any
 
 import numpy as np
 
-# Bit patterns that a float64 round trip or a canonicalising copy would change.
+# Bit patterns that a float64 round trip or a canonicalising copy would change: one of
+# each kind, each with a counterpart in the other dtypes (support/dtypes.py SPECIALS lines
+# them up), in an order the wire golden hashes (codec/test_wire_golden.py) pin.
 SPECIAL_BITS = np.array(
     [
         0x7FC0_0001,  # quiet NaN with payload
@@ -24,6 +26,26 @@ SPECIAL_BITS = np.array(
         0x3F80_0000,  # 1.0
     ],
     dtype=np.uint32,
+)
+
+# All the patterns the tests pick from: SPECIAL_BITS, then more that a uniform draw rarely
+# hits (the plain quiet NaN, a negative one with a payload, more subnormals, the smallest
+# normal, the most negative finite).
+ALL_SPECIAL_BITS = np.concatenate(
+    [
+        SPECIAL_BITS,
+        np.array(
+            [
+                0x7FC0_0000,  # quiet NaN
+                0xFFC0_1234,  # negative quiet NaN with payload
+                0x8000_0001,  # smallest negative subnormal
+                0x007F_FFFF,  # largest subnormal
+                0x0080_0000,  # smallest normal
+                0xFF7F_FFFF,  # most negative finite
+            ],
+            dtype=np.uint32,
+        ),
+    ]
 )
 
 

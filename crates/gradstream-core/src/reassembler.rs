@@ -2,15 +2,16 @@
 //! applying the decoding rules to each on arrival and leaving the assembly untouched when
 //! a frame is refused.
 //!
-//! Uses `rules` (the checks and `take_chunk`), `output`, `shape` and `frame`; used by
-//! `receiver`.
+//! Uses `rules` (the checks and `take_chunk`), `session` (`ChunkRef`), `output`, `shape`
+//! and `frame`; used by `receiver`.
 
 use std::collections::BTreeMap;
 
 use crate::error::{GradientStreamError, Result};
 use crate::frame::{FrameHeader, Limits};
 use crate::output::{OutSlice, Output, ValueSink};
-use crate::rules::{check_range, check_total, duplicate, take_chunk, DtypeCheck};
+use crate::rules::{check_range, check_total, duplicate, take_chunk, DtypeCheck, Receiving};
+use crate::session::ChunkRef;
 use crate::shape::ShapeCheck;
 
 /// Puts a gradient together from frames as they arrive, checking each on arrival.
@@ -123,18 +124,21 @@ impl Reassembler {
         } else {
             fresh
         };
-        let (head, n) = take_chunk(
-            index,
-            header.checksum,
+        let chunk = ChunkRef {
+            chunk_index: index,
+            total_chunks: header.total_chunks,
+            checksum: header.checksum,
             payload,
+        };
+        let into = Receiving {
             out,
-            &mut self.dtypes,
+            dtypes: &mut self.dtypes,
             lent,
-            self.bf16_as_f32,
+            bf16_as_f32: self.bf16_as_f32,
             room,
-            Some(room),
-        )
-        .map_err(|e| e.at_offset(offset))?;
+            store_room: Some(room),
+        };
+        let (head, n) = take_chunk(chunk, into).map_err(|e| e.at_offset(offset))?;
         self.shape
             .check(index, head.shape)
             .map_err(|e| e.at_offset(offset))?;

@@ -52,17 +52,15 @@ impl SessionConfig {
         let mut manifest = None;
         for c in &chunks {
             let room = self.limits.max_gradient_len.saturating_sub(values.len());
-            let (head, _) = take_chunk(
-                c.chunk_index,
-                c.checksum,
-                c.payload,
-                &mut values,
-                &mut dtypes,
-                None,
-                self.bf16_as_f32,
+            let into = Receiving {
+                out: &mut values,
+                dtypes: &mut dtypes,
+                lent: None,
+                bf16_as_f32: self.bf16_as_f32,
                 room,
-                None,
-            )?;
+                store_room: None,
+            };
+            let (head, _) = take_chunk(*c, into)?;
             shape.check(c.chunk_index, head.shape)?;
             if c.chunk_index == 0 {
                 manifest = head.manifest;
@@ -241,31 +239,44 @@ impl ValueSink for Taking<'_> {
     }
 }
 
-/// Verify and decode chunk `index` into `out` under the dtype rules; the chunk's head and
-/// its value count. With `room`, values past it are counted, not stored (the caller
-/// refuses such a chunk).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn take_chunk(
-    index: u32,
-    checksum: u32,
-    payload: &[u8],
-    out: &mut Output,
-    dtypes: &mut DtypeCheck,
-    lent: Option<Dtype>,
-    bf16_as_f32: bool,
-    room: usize,
-    store_room: Option<usize>,
-) -> Result<(Head, usize)> {
+/// What one chunk is decoded into: the receiver's output and the state and settings the
+/// rules hold the chunk to (the chunk itself is a `ChunkRef`).
+pub(crate) struct Receiving<'a> {
+    /// Where the values go.
+    pub(crate) out: &'a mut Output,
+    /// The dtypes of the chunks taken so far.
+    pub(crate) dtypes: &'a mut DtypeCheck,
+    /// The caller's `out=` dtype, which every chunk's values must come back in.
+    pub(crate) lent: Option<Dtype>,
+    /// bfloat16 comes back as float32 (Python without ml_dtypes).
+    pub(crate) bf16_as_f32: bool,
+    /// The most values the gradient may still take (max_gradient_len less what is in):
+    /// what the payload reader may allocate for.
+    pub(crate) room: usize,
+    /// With `Some`, values past it are counted, not stored (the caller refuses such a
+    /// chunk).
+    pub(crate) store_room: Option<usize>,
+}
+
+/// Verify and decode `chunk` into `into.out` under the dtype rules; the chunk's head and
+/// its value count.
+pub(crate) fn take_chunk(chunk: ChunkRef<'_>, into: Receiving<'_>) -> Result<(Head, usize)> {
     let mut sink = Taking {
-        out,
-        dtypes,
-        index,
-        lent,
-        bf16_as_f32,
+        out: into.out,
+        dtypes: into.dtypes,
+        index: chunk.chunk_index,
+        lent: into.lent,
+        bf16_as_f32: into.bf16_as_f32,
         offered: 0,
-        room: store_room,
+        room: into.store_room,
     };
-    let head = verify_and_decode(index, checksum, payload, &mut sink, room)?;
+    let head = verify_and_decode(
+        chunk.chunk_index,
+        chunk.checksum,
+        chunk.payload,
+        &mut sink,
+        into.room,
+    )?;
     Ok((head, sink.offered))
 }
 

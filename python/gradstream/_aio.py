@@ -17,7 +17,7 @@ import weakref
 from typing import Any, TypeVar
 
 from ._io import Stalled, within
-from .errors import StreamIOError, StreamTimeoutError
+from .errors import StreamIOError
 
 T = TypeVar("T")
 
@@ -34,15 +34,34 @@ def _half(stream: Any, index: int, kind: type[T], method: str) -> T:
     return stream
 
 
+def writer_of(stream: Any, method: str) -> asyncio.StreamWriter:
+    """The StreamWriter of an asyncio stream or a (reader, writer) pair; TypeError naming
+    ``method`` for anything else."""
+    return _half(stream, 1, asyncio.StreamWriter, method)
+
+
+def reader_of(stream: Any, method: str) -> asyncio.StreamReader:
+    """The StreamReader of an asyncio stream or a (reader, writer) pair."""
+    return _half(stream, 0, asyncio.StreamReader, method)
+
+
+def _noted(error: BaseException, source: Any) -> BaseException:
+    """``error`` with the note ``source`` (an encoder or receiver) gives for where it
+    stands, if any (a tensor set's `while sending tensor ...`)."""
+    note = source.note()
+    if note is not None:
+        error.add_note(note)
+    return error
+
+
 # The timeout bounds each step that moves bytes, not a whole frame: a slow peer that
 # keeps reading or writing is making progress.
 _PIECE = 64 * 1024
 
 
-async def stream_to(engine: Any, gradient: Any, stream: Any, progress: Any) -> int:
-    """One gradient (the engine's gradient arguments) written to ``stream``'s writer."""
-    writer = _half(stream, 1, asyncio.StreamWriter, "stream_to")
-    frames = engine.frame_encoder(gradient, progress)
+async def send(frames: Any, writer: asyncio.StreamWriter, timeout: float | None) -> int:
+    """Write every frame of ``frames`` (the engine's FrameEncoder or TensorFrameEncoder)
+    to ``writer``; the number of frames."""
     sent = 0
     for frame in frames:
         view = memoryview(frame)
@@ -50,21 +69,24 @@ async def stream_to(engine: Any, gradient: Any, stream: Any, progress: Any) -> i
             for start in range(0, len(view), _PIECE):
                 piece = view[start : start + _PIECE]
                 writer.write(piece)
-                await within(writer.drain(), engine.timeout)
+                await within(writer.drain(), timeout)
                 frames.sent(len(piece), 0)
         except Stalled:
-            raise StreamTimeoutError(engine.timeout, sent, frames.total_chunks) from None
+            frames.timed_out(timeout)
+            raise  # timed_out raised StreamTimeoutError; this line is never reached
         except OSError as exc:
-            raise StreamIOError.from_os_error(exc) from exc
+            raise _noted(StreamIOError.from_os_error(exc), frames) from exc
         sent += 1
         frames.sent(0, 1)
     return sent
 
 
-async def receive(engine: Any, stream: Any, receiver: Any, none_at_end: bool) -> Any:
-    """One gradient through ``receiver`` (the engine's FrameReceiver), as the receiver
-    gives it; at a clean end, None, or with none_at_end False the empty gradient."""
-    reader = _half(stream, 0, asyncio.StreamReader, "receive_from")
+async def receive(
+    receiver: Any, reader: asyncio.StreamReader, timeout: float | None, none_at_end: bool
+) -> Any:
+    """Feed ``receiver`` (the engine's FrameReceiver or TensorSetReceiver) from
+    ``reader`` until it is done; what it gives. At a clean end before the first byte,
+    None, or with none_at_end False what the receiver gives for an empty stream."""
     while True:
         want = receiver.want()
         # Grown as bytes arrive, not sized by the header: a 16-byte header must not
@@ -72,7 +94,7 @@ async def receive(engine: Any, stream: Any, receiver: Any, none_at_end: bool) ->
         unit = bytearray()
         try:
             while len(unit) < want:
-                piece = await within(reader.read(want - len(unit)), engine.timeout)
+                piece = await within(reader.read(want - len(unit)), timeout)
                 if not piece:
                     got = receiver.end(len(unit))
                     if got is None and not none_at_end:
@@ -80,10 +102,10 @@ async def receive(engine: Any, stream: Any, receiver: Any, none_at_end: bool) ->
                     return got
                 unit += piece
         except Stalled:
-            receiver.timed_out(engine.timeout)
+            receiver.timed_out(timeout)
             raise  # timed_out raised StreamTimeoutError; this line is never reached
         except OSError as exc:
-            raise StreamIOError.from_os_error(exc) from exc
+            raise _noted(StreamIOError.from_os_error(exc), receiver) from exc
         if receiver.feed(unit):
             return receiver.finish()
 

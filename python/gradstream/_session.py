@@ -288,7 +288,9 @@ class GradientStreamSession:
         """Send one gradient over a socket or asyncio stream; the number of chunks."""
         sock = _stream_socket(stream)
         if sock is None:
-            return await _aio.stream_to(self._engine, self._take(gradient), stream, progress)
+            writer = _aio.writer_of(stream, "stream_to")
+            frames = self._engine.frame_encoder(self._take(gradient), progress)
+            return await _aio.send(frames, writer, self._engine.timeout)
         hub = _aio.hub()
         job = self._engine.stream_to_socket(hub.native, self._take(gradient), sock, progress)
         sent: int = await hub.track(job)
@@ -331,7 +333,8 @@ class GradientStreamSession:
         args = None if lent is None else lent.args
         if sock is None:
             receiver = self._engine.frame_receiver(progress, args)
-            values = await _aio.receive(self._engine, stream, receiver, none_at_end)
+            reader = _aio.reader_of(stream, "receive_from")
+            values = await _aio.receive(receiver, reader, self._engine.timeout, none_at_end)
         else:
             hub = _aio.hub()
             job = self._engine.receive_from_socket(hub.native, sock, progress, none_at_end, args)

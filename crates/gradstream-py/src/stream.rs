@@ -256,7 +256,9 @@ pub struct FrameEncoder {
     config: SessionConfig,
     gradient: HeldGradient,
     progress: Arc<Progress>,
+    /// Frames encoded so far, and those the stream has taken whole (`sent`).
     next: u32,
+    written: u32,
     total: u32,
 }
 
@@ -271,6 +273,7 @@ impl FrameEncoder {
             gradient,
             progress,
             next: 0,
+            written: 0,
             total,
         })
     }
@@ -300,8 +303,26 @@ impl FrameEncoder {
     }
 
     /// Count bytes (and frames) the stream accepted.
-    fn sent(&self, nbytes: usize, frames: u64) {
-        self.progress.add(nbytes, frames);
+    fn sent(&mut self, nbytes: usize, frames: u32) {
+        self.written += frames;
+        self.progress.add(nbytes, u64::from(frames));
+    }
+
+    /// Raise the timeout error for the frames written so far.
+    fn timed_out(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
+        Err(super::errors::to_py_err(
+            py,
+            GradientStreamError::Timeout {
+                timeout,
+                received: self.written as usize,
+                total: Some(self.total),
+            },
+        ))
+    }
+
+    /// The note for an error met now: none for a single gradient.
+    fn note(&self) -> Option<String> {
+        None
     }
 }
 
@@ -397,6 +418,11 @@ impl PyFrameReceiver {
     fn finish<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let values = self.take()?.finish().py_err(py)?;
         self.result(py, values)
+    }
+
+    /// The note for an error met now: none for a single gradient.
+    fn note(&self) -> Option<String> {
+        None
     }
 
     /// Raise the timeout error for this receiver's state.

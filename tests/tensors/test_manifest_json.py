@@ -70,8 +70,11 @@ def test_the_depth_scan_allows_32_levels_and_refuses_33(codec: Any) -> None:
     )
     assert str(refused(parse, "[{" * 17)) == TOO_DEEP
     assert str(refused(parse, "[{" * 16 + "x")) == NOT_JSON
-    # Closing brackets give the depth back: 33 arrays one after another are fine.
+    # Closing brackets give the depth back: 33 arrays one after another are fine; stray
+    # ones take it below zero.
     assert str(refused(parse, "[" + "[]," * 33 + "[]]")) == NOT_OBJECT
+    assert str(refused(parse, "]]" + "[" * 33 + "]" * 33)) == NOT_JSON
+    assert str(refused(parse, "]]" + "[" * 35 + "]" * 35)) == TOO_DEEP
     # The depth in a valid manifest: the entries' shapes sit at level 3.
     deep_value = "[" * 29 + "]" * 29  # at level 3 (top object, dtype's entry): 32 in all
     assert str(refused(parse, one(dtype=deep_value))).startswith('tensor "w": dtype [[[[')

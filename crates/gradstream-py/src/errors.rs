@@ -82,7 +82,10 @@ fn instantiate(py: Python<'_>, err: GradientStreamError) -> PyResult<PyErr> {
         // The inner error's own class, with the note added (`exc.add_note`), as the
         // Python set layers raise it.
         GradientStreamError::Noted { error, note } => {
-            let inner = instantiate(py, *error)?.into_value(py).into_bound(py).into_any();
+            let inner = instantiate(py, *error)?
+                .into_value(py)
+                .into_bound(py)
+                .into_any();
             inner.call_method1("add_note", (note,))?;
             inner
         }

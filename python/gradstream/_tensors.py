@@ -28,6 +28,7 @@ import contextlib
 import errno
 import json
 import math
+import re
 import socket
 import ssl
 import struct
@@ -63,6 +64,9 @@ FORMAT = "gradstream.tensors"
 VERSION = 1
 MAX_NAME_BYTES = 1024
 MAX_DIMS = 32
+# A manifest nests arrays and objects at most this deep (its schema needs 3).
+MAX_DEPTH = 32
+MAX_INT_DIGITS = 4300
 # Dimensions have at most 18 digits, as in the gradient_shape each tensor's payloads carry
 # (a larger one could never arrive).
 DIM_LIMIT = 10**18
@@ -92,9 +96,10 @@ class Entry(NamedTuple):
 # --------------------------------------------------------------------------- names, notes
 
 
-def _short(value: Any, limit: int = 80) -> str:
-    """repr(value), cut to ``limit`` characters (manifest values can be megabytes)."""
-    text = repr(value)
+def _quote(value: Any, limit: int = 80) -> str:
+    """How a message quotes a name or a value: compact ASCII JSON, cut to ``limit``
+    characters (manifest values can be megabytes)."""
+    text = json.dumps(value, ensure_ascii=True, separators=(",", ":"), allow_nan=True)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -106,28 +111,30 @@ def _check_name(name: str, seen: set[str]) -> None:
         size = len(name.encode("utf-8"))
     except UnicodeEncodeError:
         raise TensorSetError(
-            f"tensor name {_short(name)} is not valid Unicode text (a lone surrogate): it "
+            f"tensor name {_quote(name)} is not valid Unicode text (a lone surrogate): it "
             "has no UTF-8 form",
             name=name,
         ) from None
     if size > MAX_NAME_BYTES:
         raise TensorSetError(
-            f"tensor name {_short(name)} takes {size} UTF-8 bytes, above the limit of "
+            f"tensor name {_quote(name)} takes {size} UTF-8 bytes, above the limit of "
             f"{MAX_NAME_BYTES}",
             name=name,
         )
     if name in seen:
-        raise TensorSetError(f"tensor name {name!r} appears twice in the tensor set", name=name)
+        raise TensorSetError(
+            f"tensor name {_quote(name)} appears twice in the tensor set", name=name
+        )
     seen.add(name)
 
 
 @contextlib.contextmanager
 def _noting(doing: str, name: str, k: int, n: int) -> Iterator[None]:
-    """Adds ``while <doing> tensor 'name' (k of n) of a tensor set`` to any error."""
+    """Adds ``while <doing> tensor "name" (k of n) of a tensor set`` to any error."""
     try:
         yield
     except Exception as exc:
-        exc.add_note(f"while {doing} tensor {name!r} ({k} of {n}) of a tensor set")
+        exc.add_note(f"while {doing} tensor {_quote(name)} ({k} of {n}) of a tensor set")
         raise
 
 
@@ -163,6 +170,59 @@ def _no_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not a JSON value")
 
 
+def _int_literal(text: str) -> int:
+    # 4300 digits at most (Python 3.11's default limit), whatever this interpreter allows.
+    if len(text) - text.startswith("-") > MAX_INT_DIGITS:
+        raise ValueError("integer literal too long")
+    return int(text)
+
+
+# A JSON string with its escapes; one left open (a lone backslash last, even) runs to the
+# end of the text.
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+def _too_deep(text: str) -> bool:
+    """The depth scan: with the strings taken out, whether the brackets left ever nest
+    deeper than MAX_DEPTH."""
+    depth = 0
+    for bracket in _NOT_BRACKET.sub("", _STRING.sub("", text)):
+        depth += 1 if bracket in "[{" else -1
+        if depth > MAX_DEPTH:
+            return True
+    return False
+
+
+def _load_json(text: str) -> Any:
+    """The manifest's JSON document: nesting scanned first, RFC 8259 only, a repeated key
+    refused as its object closes, no lone surrogate in any string."""
+    if _too_deep(text):
+        raise TensorSetError(
+            f"tensor set manifest nests arrays or objects deeper than {MAX_DEPTH} levels"
+        )
+    not_json = TensorSetError("tensor set manifest is not valid JSON")
+    try:
+        doc = json.loads(
+            text,
+            object_pairs_hook=_unique_keys,
+            parse_constant=_no_constant,
+            parse_int=_int_literal,
+        )
+    except _RepeatedKey as exc:
+        raise TensorSetError(
+            f"tensor set manifest repeats the key {_quote(exc.key)} in one JSON object"
+        ) from None
+    except ValueError:
+        raise not_json from None
+    try:
+        # Every string, keys included, written out raw: a lone surrogate has no UTF-8.
+        json.dumps(doc, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise not_json from None
+    return doc
+
+
 def _kind(value: Any) -> str:
     """The JSON name of a parsed value's type."""
     if isinstance(value, bool):
@@ -176,11 +236,11 @@ def _kind(value: Any) -> str:
 def _check_keys(obj: dict[str, Any], keys: tuple[str, ...], where: str) -> None:
     for key in keys:
         if key not in obj:
-            raise TensorSetError(f"{where} has no {key!r} key")
+            raise TensorSetError(f"{where} has no {_quote(key)} key")
     for key in obj:
         if key not in keys:
             raise TensorSetError(
-                f"{where} has an unexpected key {_short(key)} (its keys are "
+                f"{where} has an unexpected key {_quote(key)} (its keys are "
                 + ", ".join(keys)
                 + ")"
             )
@@ -189,25 +249,25 @@ def _check_keys(obj: dict[str, Any], keys: tuple[str, ...], where: str) -> None:
 def _parse_shape(value: Any, name: str) -> tuple[int, ...]:
     if not isinstance(value, list):
         raise TensorSetError(
-            f"tensor {name!r}: its shape is a JSON {_kind(value)}, not an array of integers",
+            f"tensor {_quote(name)}: its shape is a JSON {_kind(value)}, not an array of integers",
             name=name,
         )
     if len(value) > MAX_DIMS:
         raise TensorSetError(
-            f"tensor {name!r}: its shape has {len(value)} dimensions, more than {MAX_DIMS}",
+            f"tensor {_quote(name)}: its shape has {len(value)} dimensions, more than {MAX_DIMS}",
             name=name,
         )
     for dim in value:
         # type(...) is int: JSON true/false parse to bool, which is an int subclass.
         if type(dim) is not int or not 0 <= dim < DIM_LIMIT:
             raise TensorSetError(
-                f"tensor {name!r}: shape dimension {_short(dim)} is not an integer of at most "
-                "18 digits",
+                f"tensor {_quote(name)}: shape dimension {_quote(dim)} is not an integer of "
+                "at most 18 digits",
                 name=name,
             )
     if not _dtypes.numpy_can_make(tuple(value)):
         raise TensorSetError(
-            f"tensor {name!r}: its shape {_short(value)} is beyond what numpy can make (its "
+            f"tensor {_quote(name)}: its shape {_quote(value)} is beyond what numpy can make (its "
             "non-zero dimensions multiply past 2**60)",
             name=name,
         )
@@ -217,31 +277,24 @@ def _parse_shape(value: Any, name: str) -> tuple[int, ...]:
 def parse_manifest(text: str) -> list[Entry]:
     """The entries of a manifest's JSON text, checked strictly; TensorSetError naming the
     first problem (and, where one is concerned, the tensor: ``.name``)."""
-    try:
-        doc = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
-    except _RepeatedKey as exc:
-        raise TensorSetError(
-            f"tensor set manifest repeats the key {_short(exc.key)} in one JSON object"
-        ) from None
-    except (ValueError, RecursionError) as exc:
-        raise TensorSetError(f"tensor set manifest is not valid JSON: {exc}") from None
+    doc = _load_json(text)
     if not isinstance(doc, dict):
         raise TensorSetError(f"tensor set manifest is a JSON {_kind(doc)}, not an object")
     _check_keys(doc, _KEYS, "tensor set manifest")
     if not isinstance(doc["format"], str) or doc["format"] != FORMAT:
         raise TensorSetError(
-            f"tensor set manifest format is {_short(doc['format'])}, not {FORMAT!r}"
+            f"tensor set manifest format is {_quote(doc['format'])}, not {_quote(FORMAT)}"
         )
     version = doc["version"]
     if type(version) is not int or version != VERSION:
         raise TensorSetError(
-            f"tensor set manifest version {_short(version)} is not supported (this "
+            f"tensor set manifest version {_quote(version)} is not supported (this "
             f"gradstream reads version {VERSION})"
         )
     tensors = doc["tensors"]
     if not isinstance(tensors, list):
         raise TensorSetError(
-            f"tensor set manifest 'tensors' is a JSON {_kind(tensors)}, not an array"
+            f"tensor set manifest {_quote('tensors')} is a JSON {_kind(tensors)}, not an array"
         )
     entries: list[Entry] = []
     seen: set[str] = set()
@@ -262,7 +315,7 @@ def parse_manifest(text: str) -> list[Entry]:
         dtype = item["dtype"]
         if not isinstance(dtype, str) or dtype not in _dtypes.DTYPES:
             raise TensorSetError(
-                f"tensor {name!r}: dtype {_short(dtype)} is not {_DTYPE_LIST}", name=name
+                f"tensor {_quote(name)}: dtype {_quote(dtype)} is not {_DTYPE_LIST}", name=name
             )
         entries.append(Entry(name, dtype, _parse_shape(item["shape"], name)))
     return entries
@@ -333,7 +386,7 @@ def _check_arrival(entry: Entry, values: Any) -> np.ndarray:
     got = _dtypes.dtype_name(values.dtype)
     if got != _dtypes.hand_back(entry.dtype) or values.shape != entry.shape:
         raise TensorSetError(
-            f"tensor {entry.name!r} arrived as {got} {_shape_text(values.shape)}; the "
+            f"tensor {_quote(entry.name)} arrived as {got} {_shape_text(values.shape)}; the "
             f"manifest says {entry.dtype} {_shape_text(entry.shape)}",
             name=entry.name,
         )
@@ -395,7 +448,7 @@ def _outgoing(tensors: Any, doing: str) -> list[_Outgoing]:
             values = prepared.values
             if values.ndim > MAX_DIMS:
                 raise TensorSetError(
-                    f"tensor {name!r} has {values.ndim} dimensions; a tensor set carries at "
+                    f"tensor {_quote(name)} has {values.ndim} dimensions; a tensor set carries at "
                     f"most {MAX_DIMS}",
                     name=name,
                 )

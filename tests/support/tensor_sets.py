@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import math
 import socket
 from collections.abc import Callable
@@ -172,7 +173,9 @@ def assert_error(got: Any, cls: type, text: str, name: Any = "skip", notes: Any 
 
 
 def note_of(name: str, k: int, n: int) -> str:
-    return f"while receiving tensor {name!r} ({k} of {n}) of a tensor set"
+    """The note of an error while receiving a tensor; the name quoted as JSON (short
+    names only: no clipping)."""
+    return f"while receiving tensor {json.dumps(name)} ({k} of {n}) of a tensor set"
 
 
 # The model of the done-when test (test_tensor_set_streams.py); benches/tensor_set.py

@@ -52,6 +52,12 @@ NOT_CHUNKED = (
 NO_MANIFEST = "not a tensor set: the first gradient has no gradstream_tensors manifest"
 
 
+NOT_JSON = "tensor set manifest is not valid JSON"
+
+
+TOO_DEEP = "tensor set manifest nests arrays or objects deeper than 32 levels"
+
+
 def manifest_for(impl: ModuleType, entries: list[Entry], **kwargs: Any) -> bytes:
     return bytes(session(impl, **kwargs)._encode_manifest(manifest_text(entries)))
 
@@ -118,43 +124,30 @@ def _entry(name: Any = "w", dtype: Any = "float32", shape: Any = (2,), **extra: 
 
 # (manifest text, TensorSetError text, .name)
 HOSTILE_MANIFESTS = [
-    (
-        "{",
-        "tensor set manifest is not valid JSON: Expecting property name enclosed in double "
-        "quotes: line 1 column 2 (char 1)",
-        None,
-    ),
-    ("", "tensor set manifest is not valid JSON: Expecting value: line 1 column 1 (char 0)", None),
-    (
-        '{"format":"gradstream.tensors","version":1,"tensors":[]} x',
-        "tensor set manifest is not valid JSON: Extra data: line 1 column 58 (char 57)",
-        None,
-    ),
+    ("{", NOT_JSON, None),
+    ("", NOT_JSON, None),
+    ('{"format":"gradstream.tensors","version":1,"tensors":[]} x', NOT_JSON, None),
     ("[1]", "tensor set manifest is a JSON array, not an object", None),
-    (
-        '{"format":"gradstream.tensors","version":NaN,"tensors":[]}',
-        "tensor set manifest is not valid JSON: NaN is not a JSON value",
-        None,
-    ),
-    ("[" * 100_000 + "]" * 100_000, None, None),  # nesting: not valid JSON, not a crash
+    ('{"format":"gradstream.tensors","version":NaN,"tensors":[]}', NOT_JSON, None),
+    ("[" * 100_000 + "]" * 100_000, TOO_DEEP, None),  # refused before parsing: no crash
     (
         '{"format":"gradstream.tensors","version":1}',
-        "tensor set manifest has no 'tensors' key",
+        'tensor set manifest has no "tensors" key',
         None,
     ),
     (
         _doc(extra=1),
-        "tensor set manifest has an unexpected key 'extra' (its keys are format, version, tensors)",
+        'tensor set manifest has an unexpected key "extra" (its keys are format, version, tensors)',
         None,
     ),
     (
         '{"format":"gradstream.tensors","format":"gradstream.tensors","version":1,"tensors":[]}',
-        "tensor set manifest repeats the key 'format' in one JSON object",
+        'tensor set manifest repeats the key "format" in one JSON object',
         None,
     ),
     (
         _doc(format="gradstream.gradients"),
-        "tensor set manifest format is 'gradstream.gradients', not 'gradstream.tensors'",
+        'tensor set manifest format is "gradstream.gradients", not "gradstream.tensors"',
         None,
     ),
     (
@@ -164,7 +157,7 @@ HOSTILE_MANIFESTS = [
     ),
     (
         _doc(version=True),
-        "tensor set manifest version True is not supported (this gradstream reads version 1)",
+        "tensor set manifest version true is not supported (this gradstream reads version 1)",
         None,
     ),
     (
@@ -174,25 +167,25 @@ HOSTILE_MANIFESTS = [
     ),
     (
         _doc(version="1"),
-        "tensor set manifest version '1' is not supported (this gradstream reads version 1)",
+        'tensor set manifest version "1" is not supported (this gradstream reads version 1)',
         None,
     ),
-    (_doc(tensors={"w": 1}), "tensor set manifest 'tensors' is a JSON object, not an array", None),
+    (_doc(tensors={"w": 1}), 'tensor set manifest "tensors" is a JSON object, not an array', None),
     (_doc(5), "tensor set manifest entry 1 of 1 is a JSON integer, not an object", None),
     (
         _doc(_entry(), {"name": "v", "dtype": "float32"}),
-        "tensor set manifest entry 2 of 2 has no 'shape' key",
+        'tensor set manifest entry 2 of 2 has no "shape" key',
         "v",
     ),
     (
         _doc(_entry(layout="seed")),
-        "tensor set manifest entry 1 of 1 has an unexpected key 'layout' (its keys are name, "
+        'tensor set manifest entry 1 of 1 has an unexpected key "layout" (its keys are name, '
         "dtype, shape)",
         "w",
     ),
     (
         '{"format":"gradstream.tensors","version":1,"tensors":[{"name":"w","name":"v","dtype":"float32","shape":[]}]}',
-        "tensor set manifest repeats the key 'name' in one JSON object",
+        'tensor set manifest repeats the key "name" in one JSON object',
         None,
     ),
     (
@@ -208,53 +201,52 @@ HOSTILE_MANIFESTS = [
     (_doc(_entry(name="")), "a tensor name is empty; names are non-empty strings", ""),
     (
         _doc(_entry(name="n" * 1025)),
-        "tensor name "
-        + repr("n" * 1025)[:77]
-        + "... takes 1025 UTF-8 bytes, above the limit of 1024",
+        'tensor name "' + "n" * 76 + "... takes 1025 UTF-8 bytes, above the limit of 1024",
         "n" * 1025,
     ),
+    # A lone surrogate escape: no UTF-8 form, refused after the parse as not JSON.
     (
         '{"format":"gradstream.tensors","version":1,"tensors":[{"name":"\\ud800","dtype":"float32","shape":[]}]}',
-        "tensor name '\\ud800' is not valid Unicode text (a lone surrogate): it has no UTF-8 form",
-        "\ud800",
+        NOT_JSON,
+        None,
     ),
-    (_doc(_entry(), _entry(shape=(1,))), "tensor name 'w' appears twice in the tensor set", "w"),
+    (_doc(_entry(), _entry(shape=(1,))), 'tensor name "w" appears twice in the tensor set', "w"),
     (
         _doc(_entry(dtype="int8")),
-        "tensor 'w': dtype 'int8' is not float16, bfloat16, float32 or float64",
+        'tensor "w": dtype "int8" is not float16, bfloat16, float32 or float64',
         "w",
     ),
     (
         _doc(_entry(dtype=["float32"])),
-        "tensor 'w': dtype ['float32'] is not float16, bfloat16, float32 or float64",
+        'tensor "w": dtype ["float32"] is not float16, bfloat16, float32 or float64',
         "w",
     ),
     (
         _doc(_entry(shape="[2]")),
-        "tensor 'w': its shape is a JSON string, not an array of integers",
+        'tensor "w": its shape is a JSON string, not an array of integers',
         "w",
     ),
     (
         _doc(_entry(shape=(-1,))),
-        "tensor 'w': shape dimension -1 is not an integer of at most 18 digits",
+        'tensor "w": shape dimension -1 is not an integer of at most 18 digits',
         "w",
     ),
     (
         _doc(_entry(shape=(2.0,))),
-        "tensor 'w': shape dimension 2.0 is not an integer of at most 18 digits",
+        'tensor "w": shape dimension 2.0 is not an integer of at most 18 digits',
         "w",
     ),
     (
         _doc(_entry(shape=(True,))),
-        "tensor 'w': shape dimension True is not an integer of at most 18 digits",
+        'tensor "w": shape dimension true is not an integer of at most 18 digits',
         "w",
     ),
     (
         _doc(_entry(shape=(10**18,))),
-        "tensor 'w': shape dimension 1000000000000000000 is not an integer of at most 18 digits",
+        'tensor "w": shape dimension 1000000000000000000 is not an integer of at most 18 digits',
         "w",
     ),
-    (_doc(_entry(shape=(1,) * 33)), "tensor 'w': its shape has 33 dimensions, more than 32", "w"),
+    (_doc(_entry(shape=(1,) * 33)), 'tensor "w": its shape has 33 dimensions, more than 32', "w"),
 ]
 
 
@@ -264,10 +256,7 @@ def test_parse_manifest_refuses(codec, text, message, name):
     _, parse_manifest = codec
     with pytest.raises(TensorSetError) as info:
         parse_manifest(text)
-    if message is None:
-        assert str(info.value).startswith("tensor set manifest is not valid JSON: ")
-    else:
-        assert str(info.value) == message
+    assert str(info.value) == message
     assert info.value.name == name
 
 
@@ -278,8 +267,7 @@ def test_hostile_manifests_everywhere(impl_name):
         data = bytes(session(impl)._encode_manifest(text))
         for got in everywhere(impl, data):
             assert type(got) is TensorSetError, (text[:50], got)
-            if message is not None:
-                assert str(got) == message
+            assert str(got) == message
             assert got.name == name
 
 
@@ -408,15 +396,15 @@ def test_tensor_arriving_other_than_its_manifest_entry(impl):
     cases = [
         (
             np.zeros((3, 4), np.float16),
-            "tensor 'fc.weight' arrived as float16 [3,4]; the manifest says float32 [4,3]",
+            'tensor "fc.weight" arrived as float16 [3,4]; the manifest says float32 [4,3]',
         ),
         (
             np.zeros((4, 3), np.float64)[:, :2],
-            "tensor 'fc.weight' arrived as float64 [4,2]; the manifest says float32 [4,3]",
+            'tensor "fc.weight" arrived as float64 [4,2]; the manifest says float32 [4,3]',
         ),
         (
             np.zeros(12, np.float32),
-            "tensor 'fc.weight' arrived as float32 [12]; the manifest says float32 [4,3]",
+            'tensor "fc.weight" arrived as float32 [12]; the manifest says float32 [4,3]',
         ),
     ]
     for value, text in cases:
@@ -508,7 +496,7 @@ def test_timeouts(impl):
             # ... or a tensor larger than them.
             with pytest.raises(StreamTimeoutError) as info:
                 await s.stream_tensors({"big": np.zeros(4_000_000, np.float32)}, a)
-            assert info.value.__notes__ == ["while sending tensor 'big' (1 of 1) of a tensor set"]
+            assert info.value.__notes__ == ['while sending tensor "big" (1 of 1) of a tensor set']
 
     run(main)
 

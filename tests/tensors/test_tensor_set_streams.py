@@ -303,6 +303,6 @@ def test_a_manifest_shape_numpy_cannot_make_is_refused(codec: Any) -> None:
         parse_manifest(bad)
     assert info.value.name == "e"
     assert str(info.value) == (
-        "tensor 'e': its shape [0, 2147483648, 1073741824] is beyond what numpy can make "
+        'tensor "e": its shape [0,2147483648,1073741824] is beyond what numpy can make '
         "(its non-zero dimensions multiply past 2**60)"
     )

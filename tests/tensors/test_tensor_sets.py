@@ -395,17 +395,18 @@ def test_bad_names(impl):
         ([("a", z), ("", z)], "a tensor name is empty; names are non-empty strings", ""),
         (
             [(long_name, z)],
-            f"tensor name {repr(long_name)[:77]}... takes 1026 UTF-8 bytes, above the limit "
-            "of 1024",
+            # The quote: '"' and 76 characters of \u00e9 escapes, then "...".
+            'tensor name "' + "\\u00e9" * 12 + "\\u00... takes 1026 UTF-8 bytes, above the "
+            "limit of 1024",
             long_name,
         ),
         (
             [("\ud800x", z)],
-            "tensor name '\\ud800x' is not valid Unicode text (a lone surrogate): it has no "
+            'tensor name "\\ud800x" is not valid Unicode text (a lone surrogate): it has no '
             "UTF-8 form",
             "\ud800x",
         ),
-        ([("a", z), ("b", z), ("a", z)], "tensor name 'a' appears twice in the tensor set", "a"),
+        ([("a", z), ("b", z), ("a", z)], 'tensor name "a" appears twice in the tensor set', "a"),
     ]
     for tensors, text, name in cases:
         with pytest.raises(TensorSetError) as info:
@@ -441,10 +442,10 @@ def test_sender_errors_name_the_tensor(impl):
     s = session(impl)
     with pytest.raises(TypeError) as info:
         s.encode_tensors({"ok": np.zeros(2, np.float32), "ints": np.zeros(3, np.int32)})
-    assert info.value.__notes__ == ["while encoding tensor 'ints' (2 of 2) of a tensor set"]
+    assert info.value.__notes__ == ['while encoding tensor "ints" (2 of 2) of a tensor set']
     with pytest.raises(TensorSetError) as deep:
         s.encode_tensors({"deep": np.zeros((1,) * 33, np.float32)})
-    assert str(deep.value) == "tensor 'deep' has 33 dimensions; a tensor set carries at most 32"
+    assert str(deep.value) == 'tensor "deep" has 33 dimensions; a tensor set carries at most 32'
     assert deep.value.name == "deep"
 
     async def main() -> None:
@@ -452,7 +453,7 @@ def test_sender_errors_name_the_tensor(impl):
         with a, b:
             with pytest.raises(TypeError) as info:
                 await s.stream_tensors({"x": np.zeros(1, np.float32), "y": None}, a)
-            assert info.value.__notes__ == ["while sending tensor 'y' (2 of 2) of a tensor set"]
+            assert info.value.__notes__ == ['while sending tensor "y" (2 of 2) of a tensor set']
             b.setblocking(False)
             with pytest.raises(BlockingIOError):
                 b.recv(1)

@@ -81,6 +81,11 @@ impl<'g> Gradient<'g> {
     pub fn raw(&self) -> &'g [u8] {
         self.raw
     }
+
+    /// The dtype of the values (not the one they travel in).
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
 }
 
 impl<'g> From<&'g [f32]> for Gradient<'g> {

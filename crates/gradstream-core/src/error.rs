@@ -2,7 +2,7 @@
 //! `GradientStreamError` (`ArrowIpc`, `ChecksumMismatch`, `IncompleteStream`, `Io`, so code
 //! written against the original keeps matching them); the others are ours, for the hostile
 //! or malformed input the original accepts silently and for what the original lacks
-//! (`out=` buffers, timeouts). `gradstream-py`'s `errors.rs` hands each variant's fields to
+//! (`out=` buffers, timeouts, tensor sets). `gradstream-py`'s `errors.rs` hands each variant's fields to
 //! a Python class of `gradstream.errors`, which builds the same text from them: the Python
 //! test `test_error_texts_agree` renders every variant on both sides and compares.
 //!
@@ -71,6 +71,25 @@ pub enum GradientStreamError {
         timeout: f64,
         received: usize,
         total: Option<u32>,
+    },
+
+    /// A tensor set that is not valid (README "Tensor sets"): a repeated or bad name, a
+    /// manifest that cannot be read or declares too much, a tensor arriving other than its
+    /// manifest entry says. `name` is the tensor concerned, when there is one.
+    #[error("{detail}")]
+    TensorSet {
+        detail: String,
+        name: Option<String>,
+    },
+
+    /// `error`, met while handling one tensor of a set, with the note that says which:
+    /// `while receiving tensor "fc.weight" (3 of 100) of a tensor set`. Python raises
+    /// `error` with the note added (`add_note`); the text here is what its traceback
+    /// shows, the error's text and then the note on a line of its own.
+    #[error("{error}\n{note}")]
+    Noted {
+        error: Box<GradientStreamError>,
+        note: String,
     },
 }
 
@@ -179,6 +198,10 @@ impl PartialEq for GradientStreamError {
                     total: z,
                 },
             ) => a.to_bits() == x.to_bits() && (b, c) == (y, z),
+            (E::TensorSet { detail: a, name: b }, E::TensorSet { detail: x, name: y }) => {
+                (a, b) == (x, y)
+            }
+            (E::Noted { error: a, note: b }, E::Noted { error: x, note: y }) => (a, b) == (x, y),
             _ => false,
         }
     }
@@ -259,6 +282,21 @@ impl GradientStreamError {
         })
     }
 
+    pub(crate) fn tensor_set(detail: impl Into<String>, name: Option<&str>) -> Self {
+        Self::TensorSet {
+            detail: detail.into(),
+            name: name.map(str::to_owned),
+        }
+    }
+
+    /// This error with a note saying what was being done when it happened.
+    pub(crate) fn noted(self, note: String) -> Self {
+        Self::Noted {
+            error: Box::new(self),
+            note,
+        }
+    }
+
     /// Attach the byte offset of the frame header an error is about.
     pub(crate) fn at_offset(mut self, at: u64) -> Self {
         if let Self::Frame { offset, .. } = &mut self {
@@ -325,6 +363,20 @@ impl GradientStreamError {
                 received: 1,
                 total: Some(1),
             },
+            Self::tensor_set(
+                "tensor \"fc.weight\" arrived as float16 [3,4]; the manifest says float32 [4,3]",
+                Some("fc.weight"),
+            ),
+            Self::tensor_set("tensor set manifest is not valid JSON", None),
+            Self::tensor_set("the tensor set ends after 2 of its 100 tensors", None)
+                .noted("while receiving tensor \"fc.weight\" (3 of 100) of a tensor set".into()),
+            Self::ChecksumMismatch {
+                chunk_index: 1,
+                expected: 7,
+                actual: 8,
+            }
+            .noted("while receiving tensor \"b\" (2 of 3) of a tensor set".into()),
+            io(32).noted("while sending tensor \"\\u00e9\" (1 of 1) of a tensor set".into()),
         ];
         samples
     }
@@ -343,6 +395,8 @@ impl GradientStreamError {
             Self::GradientSize { .. } => 5,
             Self::GradientDtype { .. } => 6,
             Self::Timeout { .. } => 7,
+            Self::TensorSet { .. } => 8,
+            Self::Noted { .. } => 9,
         }
     }
 }
@@ -359,7 +413,7 @@ mod tests {
             .iter()
             .map(|e| e.variant())
             .collect();
-        assert_eq!(seen, (0..8).collect());
+        assert_eq!(seen, (0..10).collect());
     }
 
     #[test]

@@ -7,6 +7,8 @@
 //! `compat`). The modules below it, each with one job, arrows pointing down (a module
 //! uses only those listed after it):
 //!
+//! - `tensors`: tensor sets, named tensors of any dtype and shape behind one manifest
+//!   (its JSON, the sender, the sans-I/O receiver, and, with `tokio`, the stream I/O);
 //! - `stream` (feature `tokio`): the sender and receiver over any tokio byte stream;
 //! - `receiver`: `FrameReceiver`, the sans-I/O push decoder of a frame stream, and
 //!   `decode_frames`;
@@ -36,6 +38,7 @@ pub mod shape;
 #[cfg(feature = "tokio")]
 pub mod stream;
 mod template;
+pub mod tensors;
 #[cfg(test)]
 mod testing;
 

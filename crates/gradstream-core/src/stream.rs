@@ -41,7 +41,7 @@ impl Progress {
 
 /// Run one I/O wait under the session's timeout; on expiry, the error says how far the
 /// gradient had got (`received` of `total` chunks).
-async fn within<T>(
+pub(crate) async fn within<T>(
     timeout: Option<Duration>,
     (received, total): (usize, Option<u32>),
     io: impl std::future::Future<Output = std::io::Result<T>>,
@@ -121,7 +121,7 @@ pub async fn send_gradient<'g, W: AsyncWrite + Unpin>(
 /// one vectored write where the writer takes it, and count it in `progress`. The timeout
 /// bounds each write call, not the frame: a slow reader that keeps taking bytes is
 /// progress. `at` is (chunks sent, total) for the timeout error.
-async fn write_frame<W: AsyncWrite + Unpin>(
+pub(crate) async fn write_frame<W: AsyncWrite + Unpin>(
     writer: &mut W,
     mut parts: [&[u8]; 4],
     timeout: Option<Duration>,
@@ -177,19 +177,9 @@ pub async fn receive_gradient<R: AsyncRead + Unpin>(
     let mut unit = Vec::with_capacity(HEADER_LEN);
     loop {
         let want = receiver.want();
-        unit.clear();
-        while unit.len() < want {
-            let remaining = want - unit.len();
-            // Grow with what arrives, not with what the header claims: a 16-byte header
-            // must not cost max_payload_len of memory before its payload shows up.
-            unit.reserve(remaining.min(unit.len().max(64 * 1024)));
-            let at = (receiver.received(), receiver.total());
-            let mut limited = (&mut *reader).take(remaining as u64);
-            let n = within(timeout, at, limited.read_buf(&mut unit)).await?;
-            if n == 0 {
-                return receiver.end_of_stream(unit.len());
-            }
-            progress.add(n, 0);
+        let at = (receiver.received(), receiver.total());
+        if !read_unit(reader, &mut unit, want, timeout, at, Some(progress)).await? {
+            return receiver.end_of_stream(unit.len());
         }
         let (before, known) = (receiver.received(), receiver.total().is_some());
         let done = receiver.feed(&unit)?;
@@ -201,6 +191,35 @@ pub async fn receive_gradient<R: AsyncRead + Unpin>(
             return receiver.finish().map(Ended::Gradient);
         }
     }
+}
+
+/// Read exactly `want` bytes into `unit` (emptied first); false when the stream ended
+/// first (`unit` then holds what came). `at` is (chunks received, total) for the timeout
+/// error; `progress`, when given, counts the bytes.
+pub(crate) async fn read_unit<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    unit: &mut Vec<u8>,
+    want: usize,
+    timeout: Option<Duration>,
+    at: (usize, Option<u32>),
+    progress: Option<&Progress>,
+) -> Result<bool> {
+    unit.clear();
+    while unit.len() < want {
+        let remaining = want - unit.len();
+        // Grow with what arrives, not with what the header claims: a 16-byte header
+        // must not cost max_payload_len of memory before its payload shows up.
+        unit.reserve(remaining.min(unit.len().max(64 * 1024)));
+        let mut limited = (&mut *reader).take(remaining as u64);
+        let n = within(timeout, at, limited.read_buf(unit)).await?;
+        if n == 0 {
+            return Ok(false);
+        }
+        if let Some(progress) = progress {
+            progress.add(n, 0);
+        }
+    }
+    Ok(true)
 }
 
 #[cfg(test)]

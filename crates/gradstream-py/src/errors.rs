@@ -21,6 +21,7 @@ static SIZE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static DTYPE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static STREAM_IO: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static TIMEOUT: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static TENSOR_SET: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
 const MODULE: &str = "gradstream.errors";
 
@@ -75,6 +76,19 @@ fn instantiate(py: Python<'_>, err: GradientStreamError) -> PyResult<PyErr> {
         } => TIMEOUT
             .import(py, MODULE, "StreamTimeoutError")?
             .call1((timeout, received, total))?,
+        GradientStreamError::TensorSet { detail, name } => TENSOR_SET
+            .import(py, MODULE, "TensorSetError")?
+            .call1((detail, name))?,
+        // The inner error's own class, with the note added (`exc.add_note`), as the
+        // Python set layers raise it.
+        GradientStreamError::Noted { error, note } => {
+            let inner = instantiate(py, *error)?
+                .into_value(py)
+                .into_bound(py)
+                .into_any();
+            inner.call_method1("add_note", (note,))?;
+            inner
+        }
         // The core adds variants; each needs its class here (the samples test sees one
         // that has none).
         other => PyValueError::new_err(other.to_string())

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any, NamedTuple, NoReturn
 
 from .. import _dtypes
@@ -29,7 +30,15 @@ MANIFEST_CAP = 16 * 1024 * 1024
 _TOP_KEYS = ("format", "version", "tensors")
 _ENTRY_KEYS = ("name", "dtype", "shape")
 _FOUR_DTYPES = "float16, bfloat16, float32 or float64"
-_REPR_LIMIT = 80
+# A quoted value is cut to this many characters: a hostile manifest's values can be huge.
+_QUOTE_LIMIT = 80
+# The deepest nesting of arrays and objects a manifest may have (the schema needs 3):
+# checked on the text before parsing, so that no parser recurses deeper.
+MAX_DEPTH = 32
+# The most digits of an integer literal (Python 3.11's default int limit), whatever
+# this interpreter's setting.
+MAX_INT_DIGITS = 4300
+_NOT_JSON = "tensor set manifest is not valid JSON"
 
 
 class Entry(NamedTuple):
@@ -45,11 +54,12 @@ class Entry(NamedTuple):
         return math.prod(self.shape)
 
 
-def _clipped(value: Any) -> str:
-    """``repr(value)``, at most 80 characters: a hostile manifest's values can be huge."""
-    text = repr(value)
-    if len(text) > _REPR_LIMIT:
-        text = text[: _REPR_LIMIT - 3] + "..."
+def quoted(value: Any) -> str:
+    """``value`` as it stands in a tensor-set message: compact ASCII JSON (a name is
+    ``"fc.weight"``), cut to at most 80 characters (the first 77, then ``...``)."""
+    text = json.dumps(value, ensure_ascii=True, separators=(",", ":"), allow_nan=True)
+    if len(text) > _QUOTE_LIMIT:
+        text = text[: _QUOTE_LIMIT - 3] + "..."
     return text
 
 
@@ -62,18 +72,20 @@ def check_name(name: str, taken: set[str]) -> None:
         encoded = name.encode("utf-8")
     except UnicodeEncodeError:
         raise TensorSetError(
-            f"tensor name {_clipped(name)} is not valid Unicode text (a lone surrogate): "
+            f"tensor name {quoted(name)} is not valid Unicode text (a lone surrogate): "
             "it has no UTF-8 form",
             name=name,
         ) from None
     if len(encoded) > MAX_NAME_BYTES:
         raise TensorSetError(
-            f"tensor name {_clipped(name)} takes {len(encoded)} UTF-8 bytes, above the "
+            f"tensor name {quoted(name)} takes {len(encoded)} UTF-8 bytes, above the "
             f"limit of {MAX_NAME_BYTES}",
             name=name,
         )
     if name in taken:
-        raise TensorSetError(f"tensor name {name!r} appears twice in the tensor set", name=name)
+        raise TensorSetError(
+            f"tensor name {quoted(name)} appears twice in the tensor set", name=name
+        )
     taken.add(name)
 
 
@@ -106,6 +118,63 @@ def _refuse_constant(token: str) -> NoReturn:
     raise ValueError(f"{token} is not a JSON value")
 
 
+def _integer(digits: str) -> int:
+    """An integer literal, refused above 4300 digits (whatever this interpreter's own
+    limit), as every implementation refuses it."""
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError("an integer literal of more than 4300 digits")
+    return int(digits)
+
+
+# The characters the depth scan looks at: brackets, quotes and backslashes.
+_SCANNED = re.compile(r'[\[\]{}"\\]')
+
+
+def _check_depth(text: str) -> None:
+    """The lexical depth scan, before any parsing: outside a string ``[`` and ``{`` go one
+    level down and ``]`` and ``}`` one up; ``"`` starts or ends a string; inside one, a
+    backslash skips the character after it. Deeper than 32 levels is refused."""
+    depth = 0
+    in_string = False
+    skip_to = 0  # the index after the character a backslash skipped
+    for match in _SCANNED.finditer(text):
+        at = match.start()
+        if at < skip_to:
+            continue
+        char = match.group()
+        if in_string:
+            if char == "\\":
+                skip_to = at + 2
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise TensorSetError(
+                    f"tensor set manifest nests arrays or objects deeper than {MAX_DEPTH} levels"
+                )
+        elif char in "]}":
+            depth -= 1
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    """Whether a string of the parsed document (a key or a value) holds a lone surrogate
+    (from a ``\\ud800``-style escape): text with no UTF-8 form."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_lone_surrogate(item) for item in value)
+    return False
+
+
 _JSON_KINDS: tuple[tuple[type, str], ...] = (
     (bool, "boolean"),  # before int: bool is an int subclass
     (dict, "object"),
@@ -125,25 +194,34 @@ def _kind(value: Any) -> str:
 
 
 def _load(text: str) -> Any:
+    """Rules 2 and 3 of the README's manifest reading: the depth scan, then a strict
+    parse (RFC 8259 JSON only, a repeated key refused when its object closes), then no
+    lone surrogate anywhere."""
+    _check_depth(text)
     try:
-        return json.loads(text, object_pairs_hook=_object, parse_constant=_refuse_constant)
+        document = json.loads(
+            text, object_pairs_hook=_object, parse_constant=_refuse_constant, parse_int=_integer
+        )
     except _DuplicateKey as exc:
         raise TensorSetError(
-            f"tensor set manifest repeats the key {_clipped(exc.args[0])} in one JSON object"
+            f"tensor set manifest repeats the key {quoted(exc.args[0])} in one JSON object"
         ) from None
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
-        raise TensorSetError(f"tensor set manifest is not valid JSON: {exc}") from None
+    except ValueError:  # JSONDecodeError is a ValueError; so are _integer's and NaN's
+        raise TensorSetError(_NOT_JSON) from None
+    if _has_lone_surrogate(document):
+        raise TensorSetError(_NOT_JSON)
+    return document
 
 
 def _keys_exactly(obj: dict[str, Any], keys: tuple[str, ...], what: str, name: Any) -> None:
     """Every key of ``keys`` present (the first missing one named), then no other."""
     missing = [key for key in keys if key not in obj]
     if missing:
-        raise TensorSetError(f"{what} has no {missing[0]!r} key", name=name)
+        raise TensorSetError(f"{what} has no {quoted(missing[0])} key", name=name)
     extra = [key for key in obj if key not in keys]
     if extra:
         raise TensorSetError(
-            f"{what} has an unexpected key {_clipped(extra[0])} (its keys are {', '.join(keys)})",
+            f"{what} has an unexpected key {quoted(extra[0])} (its keys are {', '.join(keys)})",
             name=name,
         )
 
@@ -155,18 +233,18 @@ def _header_fields(document: Any) -> list[Any]:
     _keys_exactly(document, _TOP_KEYS, "tensor set manifest", None)
     fmt = document["format"]
     if not (isinstance(fmt, str) and fmt == FORMAT):
-        raise TensorSetError(f"tensor set manifest format is {_clipped(fmt)}, not {FORMAT!r}")
+        raise TensorSetError(f"tensor set manifest format is {quoted(fmt)}, not {quoted(FORMAT)}")
     version = document["version"]
     # True == 1 and 1.0 == 1 in Python; neither is the integer 1 of JSON.
     if type(version) is not int or version != VERSION:
         raise TensorSetError(
-            f"tensor set manifest version {_clipped(version)} is not supported (this "
+            f"tensor set manifest version {quoted(version)} is not supported (this "
             f"gradstream reads version {VERSION})"
         )
     tensors = document["tensors"]
     if not isinstance(tensors, list):
         raise TensorSetError(
-            f"tensor set manifest 'tensors' is a JSON {_kind(tensors)}, not an array"
+            f"tensor set manifest {quoted('tensors')} is a JSON {_kind(tensors)}, not an array"
         )
     return tensors
 
@@ -176,25 +254,25 @@ def _dims(shape: Any, name: str) -> tuple[int, ...]:
     can make an array of (as gradient_shape allows)."""
     if not isinstance(shape, list):
         raise TensorSetError(
-            f"tensor {name!r}: its shape is a JSON {_kind(shape)}, not an array of integers",
+            f"tensor {quoted(name)}: its shape is a JSON {_kind(shape)}, not an array of integers",
             name=name,
         )
     if len(shape) > MAX_DIMS:
         raise TensorSetError(
-            f"tensor {name!r}: its shape has {len(shape)} dimensions, more than {MAX_DIMS}",
+            f"tensor {quoted(name)}: its shape has {len(shape)} dimensions, more than {MAX_DIMS}",
             name=name,
         )
     for dim in shape:
         if type(dim) is not int or dim < 0 or len(str(dim)) > DIM_DIGITS:
             raise TensorSetError(
-                f"tensor {name!r}: shape dimension {_clipped(dim)} is not an integer of at "
+                f"tensor {quoted(name)}: shape dimension {quoted(dim)} is not an integer of at "
                 f"most {DIM_DIGITS} digits",
                 name=name,
             )
     dims = tuple(shape)
     if not _dtypes.numpy_can_make(dims):
         raise TensorSetError(
-            f"tensor {name!r}: its shape {_clipped(shape)} is beyond what numpy can make "
+            f"tensor {quoted(name)}: its shape {quoted(shape)} is beyond what numpy can make "
             "(its non-zero dimensions multiply past 2**60)",
             name=name,
         )
@@ -213,7 +291,7 @@ def _entry(item: Any, where: str, taken: set[str]) -> Entry:
     dtype = item["dtype"]
     if not (isinstance(dtype, str) and dtype in _dtypes.DTYPES):
         raise TensorSetError(
-            f"tensor {name!r}: dtype {_clipped(dtype)} is not {_FOUR_DTYPES}", name=name
+            f"tensor {quoted(name)}: dtype {quoted(dtype)} is not {_FOUR_DTYPES}", name=name
         )
     return Entry(name, dtype, _dims(item["shape"], name))
 

@@ -38,7 +38,15 @@ from ._channels import (
     _send_all,
     _sending_channel,
 )
-from ._manifest import MANIFEST_CAP, MAX_DIMS, Entry, check_name, manifest_json, read_manifest
+from ._manifest import (
+    MANIFEST_CAP,
+    MAX_DIMS,
+    Entry,
+    check_name,
+    manifest_json,
+    quoted,
+    read_manifest,
+)
 from ._receiver import _decode_frame_stream, _FrameReceiver, _walk_frames
 from ._wire import HEADER, HEADER_LEN
 from ._writer import _Gradient, encode_payload
@@ -54,12 +62,12 @@ _PAIRS = "a mapping of name to tensor or an iterable of (name, tensor) pairs"
 
 @contextlib.contextmanager
 def _about(doing: str, name: str, k: int, n: int) -> Iterator[None]:
-    """Any error inside gets the note ``while <doing> tensor 'name' (k of n) of a tensor
+    """Any error inside gets the note ``while <doing> tensor "name" (k of n) of a tensor
     set`` (receiver rule 3; the sender's errors likewise)."""
     try:
         yield
     except Exception as exc:
-        text = f"while {doing} tensor {name!r} ({k} of {n}) of a tensor set"
+        text = f"while {doing} tensor {quoted(name)} ({k} of {n}) of a tensor set"
         exc.add_note(text)
         raise
 
@@ -117,7 +125,7 @@ def _take(tensors: Any, doing: str) -> list[_Tensor]:
             values = own.values
             if values.ndim > MAX_DIMS:
                 raise TensorSetError(
-                    f"tensor {name!r} has {values.ndim} dimensions; a tensor set carries "
+                    f"tensor {quoted(name)} has {values.ndim} dimensions; a tensor set carries "
                     f"at most {MAX_DIMS}",
                     name=name,
                 )
@@ -266,7 +274,7 @@ def _as_declared(entry: Entry, values: np.ndarray) -> np.ndarray:
     if dtype == _dtypes.hand_back(entry.dtype) and values.shape == entry.shape:
         return values
     raise TensorSetError(
-        f"tensor {entry.name!r} arrived as {dtype} {shape_text(values.shape)}; the "
+        f"tensor {quoted(entry.name)} arrived as {dtype} {shape_text(values.shape)}; the "
         f"manifest says {entry.dtype} {shape_text(entry.shape)}",
         name=entry.name,
     )

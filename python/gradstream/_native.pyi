@@ -24,8 +24,13 @@ __all__ = [
     "FrameEncoder",
     "FrameReceiver",
     "GradientChunk",
+    "TensorFrameEncoder",
+    "TensorSetReceiver",
     "TransferProgress",
     "_error_samples",
+    "manifest_json",
+    "read_manifest",
+    "tensor_note",
 ]
 
 _DtypeName = Literal["float16", "bfloat16", "float32", "float64"]
@@ -73,6 +78,7 @@ class GradientChunk:
 
 _GradientArgs = tuple[npt.NDArray[Any], str, str, str | None, tuple[int, ...] | None]
 _OutArgs = tuple[npt.NDArray[Any], str]
+_TensorArgs = tuple[str, npt.NDArray[Any], str, tuple[int, ...]]
 _Values = tuple[npt.NDArray[Any], str, list[int] | None]
 
 @final
@@ -147,6 +153,24 @@ class Engine:
         self, gradient: _GradientArgs, as_buffer: bool, out: memoryview | None
     ) -> bytes | pa.Buffer | int: ...
     def decode_frames(self, data: Buffer, out: _OutArgs | None) -> _Values | None: ...
+    def check_tensor_names(self, names: list[Any]) -> None: ...
+    def check_tensors(self, tensors: list[_TensorArgs], doing: str) -> None: ...
+    def encode_tensors(self, tensors: list[_TensorArgs], as_buffer: bool) -> bytes | pa.Buffer: ...
+    def decode_tensors(self, data: Buffer) -> list[tuple[str, _Values]]: ...
+    def stream_tensors_socket(
+        self,
+        completions: Completions,
+        tensors: list[_TensorArgs],
+        socket: socket.socket,
+        progress: TransferProgress | None,
+    ) -> int: ...
+    def receive_tensors_socket(
+        self, completions: Completions, socket: socket.socket, progress: TransferProgress | None
+    ) -> int: ...
+    def tensor_frame_encoder(
+        self, tensors: list[_TensorArgs], progress: TransferProgress | None
+    ) -> TensorFrameEncoder: ...
+    def tensor_set_receiver(self, progress: TransferProgress | None) -> TensorSetReceiver: ...
     def encode_manifest(self, text: str) -> bytes: ...
     def decode_manifest(self, data: Buffer) -> tuple[str | None, int]: ...
 
@@ -178,6 +202,27 @@ class FrameReceiver:
     def note(self) -> str | None: ...
 
 @final
+class TensorFrameEncoder:
+    """The frames of a tensor set, one bytes object per next() (asyncio streams)."""
+
+    def __iter__(self) -> TensorFrameEncoder: ...
+    def __next__(self) -> bytes: ...
+    def sent(self, nbytes: int, frames: int) -> None: ...
+    def timed_out(self, timeout: float) -> None: ...
+    def note(self) -> str | None: ...
+
+@final
+class TensorSetReceiver:
+    """Receives one tensor set from bytes the caller reads: want() says how many next."""
+
+    def want(self) -> int: ...
+    def feed(self, data: Buffer) -> bool: ...
+    def end(self, got: int) -> list[tuple[str, _Values]]: ...
+    def finish(self) -> list[tuple[str, _Values]]: ...
+    def timed_out(self, timeout: float) -> None: ...
+    def note(self) -> str | None: ...
+
+@final
 class TransferProgress:
     """Counters a transfer updates as it runs (read them from any thread or task)."""
 
@@ -198,6 +243,15 @@ class Completions:
     def drain(self) -> list[tuple[int, bool, Any]]: ...
     def abort(self, job: int) -> bool: ...
     def __len__(self) -> int: ...
+
+def tensor_note(doing: str, name: str, k: int, n: int) -> str:
+    """The note of an error met on tensor k of n: 'while <doing> tensor "name" (k of n) ...'."""
+
+def read_manifest(text: str) -> list[tuple[str, str, list[int]]]:
+    """A manifest's entries (name, dtype, shape) by the core's reader."""
+
+def manifest_json(entries: list[tuple[str, str, tuple[int, ...]]]) -> str:
+    """The manifest text a sender writes for these entries."""
 
 def _error_samples() -> list[tuple[GradientStreamError, str]]:
     """One core error of every variant: (its Python exception, the Rust Display text)."""

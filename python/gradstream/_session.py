@@ -9,14 +9,15 @@ plain (bytes, a flat array with its dtype name and shape, a job number for the e
 loop's hub), and is finished here.
 
 Uses ``_native`` (the engine), ``_convert`` and ``_dtypes`` (taking gradients and ``out=``),
-``_aio`` (the asyncio-streams half and the loop's hub) and ``_tensors`` (tensor sets).
+and ``_aio`` (the asyncio-streams half and the loop's hub). Tensor sets are the engine's
+too (gradstream-core's ``tensors``): only the (name, tensor) pairs are read here.
 """
 
 from __future__ import annotations
 
 import socket
 import ssl
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any, Literal, NamedTuple, overload
 
 import numpy as np
@@ -24,8 +25,8 @@ import numpy.typing as npt
 import pyarrow as pa
 from typing_extensions import Buffer
 
-from . import _aio, _dtypes, _tensors
-from ._convert import frame_buffer, value_buffer
+from . import _aio, _dtypes
+from ._convert import check_bool, frame_buffer, value_buffer
 from ._native import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_MAX_GRADIENT_LEN,
@@ -33,6 +34,7 @@ from ._native import (
     Engine,
     GradientChunk,
     TransferProgress,
+    tensor_note,
 )
 from .errors import StreamIOError
 
@@ -45,6 +47,7 @@ _DtypeName = Literal["float16", "bfloat16", "float32", "float64"]
 # an out= array as (its bytes, dtype), received values as (flat array, dtype, shape).
 _GradientArgs = tuple[np.ndarray, str, str, str | None, tuple[int, ...] | None]
 _OutArgs = tuple[np.ndarray, str]
+_TensorArgs = tuple[str, np.ndarray, str, tuple[int, ...]]
 _Values = tuple[np.ndarray, str, list[int] | None]
 _FLOAT32 = np.dtype(np.float32)  # native byte order
 
@@ -70,6 +73,39 @@ def _hand_back(values: _Values) -> np.ndarray:
     if flat.dtype == np.uint16:
         flat = flat.view(_dtypes.numpy_dtype(dtype))
     return flat if shape is None else flat.reshape(shape)
+
+
+_PAIRS = "a mapping of name to tensor or an iterable of (name, tensor) pairs"
+
+
+def _tensor_pairs(tensors: Any) -> list[tuple[Any, Any]]:
+    """The (name, tensor) pairs of a mapping or of an iterable of 2-item tuples/lists."""
+    if isinstance(tensors, Mapping):
+        return list(tensors.items())
+    refused = TypeError(f"tensors must be {_PAIRS}, not {type(tensors).__name__}")
+    if isinstance(tensors, (str, bytes, bytearray, memoryview)):
+        raise refused
+    try:
+        items = iter(tensors)
+    except TypeError:
+        raise refused from None
+    pairs = []
+    for k, item in enumerate(items, 1):
+        if not isinstance(item, (tuple, list)):
+            raise TypeError(
+                f"tensors item {k} is a {type(item).__name__}, not a (name, tensor) pair"
+            )
+        if len(item) != 2:
+            raise TypeError(
+                f"tensors item {k} is a {len(item)}-item {type(item).__name__}, not a "
+                "(name, tensor) pair"
+            )
+        pairs.append((item[0], item[1]))
+    return pairs
+
+
+def _tensor_dict(received: list[tuple[str, _Values]]) -> dict[str, np.ndarray]:
+    return {name: _hand_back(values) for name, values in received}
 
 
 def _stream_socket(stream: Any) -> socket.socket | None:
@@ -345,6 +381,26 @@ class GradientStreamSession:
 
     # ---- tensor sets (README "Tensor sets")
 
+    def _tensors(self, tensors: Any, doing: str) -> list[_TensorArgs]:
+        """The tensors of a set as the engine takes them: every name checked first (by the
+        engine, before any tensor is converted), then each tensor in its own dtype and
+        shape, as keep_dtype=True takes it. A conversion error carries the tensor's note,
+        unless an earlier tensor is refused (the first error of one pass is raised)."""
+        pairs = _tensor_pairs(tensors)
+        self._engine.check_tensor_names([name for name, _ in pairs])
+        taken: list[_TensorArgs] = []
+        for k, (name, tensor) in enumerate(pairs, 1):
+            try:
+                values, _, _, source = _dtypes.prepare(
+                    tensor, keep_dtype=True, wire_dtype=None, cast_here=False
+                )
+            except Exception as exc:
+                self._engine.check_tensors(taken, doing)
+                exc.add_note(tensor_note(doing, name, k, len(pairs)))
+                raise
+            taken.append((name, values.reshape(-1).view(np.uint8), source, values.shape))
+        return taken
+
     @overload
     def encode_tensors(self, tensors: Any, as_buffer: Literal[False] = False) -> bytes: ...
     @overload
@@ -352,24 +408,43 @@ class GradientStreamSession:
     @overload
     def encode_tensors(self, tensors: Any, as_buffer: bool = False) -> bytes | pa.Buffer: ...
     def encode_tensors(self, tensors: Any, as_buffer: bool = False) -> bytes | pa.Buffer:
-        """A named set of tensors as frames."""
-        return _tensors.encode_tensors(self, tensors, as_buffer)
+        """A named set of tensors as frames: the manifest's, then each tensor's."""
+        as_buffer = check_bool(as_buffer, "as_buffer")
+        return self._engine.encode_tensors(self._tensors(tensors, "encoding"), as_buffer)
 
     def decode_tensors(self, data: Buffer) -> dict[str, npt.NDArray[Any]]:
         """The named tensors of a set's frames, in the sender's order."""
-        return _tensors.decode_tensors(self, data)
+        return _tensor_dict(self._engine.decode_tensors(data))
 
     async def stream_tensors(
         self, tensors: Any, stream: Any, *, progress: TransferProgress | None = None
     ) -> int:
-        """Send a named set of tensors; the number of frames written."""
-        return await _tensors.stream_tensors(self, tensors, stream, progress=progress)
+        """Send a named set of tensors; the number of frames written, manifest included."""
+        sock = _stream_socket(stream)
+        if sock is None:
+            writer = _aio.writer_of(stream, "stream_tensors")
+            frames = self._engine.tensor_frame_encoder(self._tensors(tensors, "sending"), progress)
+            return await _aio.send(frames, writer, self._engine.timeout)
+        hub = _aio.hub()
+        taken = self._tensors(tensors, "sending")
+        job = self._engine.stream_tensors_socket(hub.native, taken, sock, progress)
+        sent: int = await hub.track(job)
+        return sent
 
     async def receive_tensors(
         self, stream: Any, *, progress: TransferProgress | None = None
     ) -> dict[str, npt.NDArray[Any]]:
-        """Receive a named set of tensors, in the sender's order."""
-        return await _tensors.receive_tensors(self, stream, progress=progress)
+        """Receive a named set of tensors, in the sender's order ({} when the stream ended
+        before its first byte)."""
+        sock = _stream_socket(stream)
+        if sock is None:
+            reader = _aio.reader_of(stream, "receive_tensors")
+            receiver = self._engine.tensor_set_receiver(progress)
+            got = await _aio.receive(receiver, reader, self._engine.timeout, False)
+        else:
+            hub = _aio.hub()
+            got = await hub.track(self._engine.receive_tensors_socket(hub.native, sock, progress))
+        return _tensor_dict(got)
 
     def _encode_manifest(self, text: str) -> bytes:
         """The frames of a tensor set's manifest carrying ``text``."""

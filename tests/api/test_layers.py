@@ -90,6 +90,7 @@ def test_the_readme_layout_names_every_source_file() -> None:
         for folder, pattern in [
             (ROOT / "crates" / "gradstream-core" / "src", "*.rs"),
             (ROOT / "crates" / "gradstream-core" / "src" / "codec", "*.rs"),
+            (ROOT / "crates" / "gradstream-core" / "src" / "tensors", "*.rs"),
             (BINDINGS, "*.rs"),
             (PACKAGE, "*.py"),
             (PACKAGE / "reference", "*.py"),

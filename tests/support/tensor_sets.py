@@ -221,10 +221,24 @@ def fake_model(target_bytes: int, seed: int) -> dict[str, Any]:
 def manifest_codecs() -> list[Any]:
     import pytest
 
-    from gradstream import _tensors
     from gradstream.reference import _manifest
 
     return [
-        pytest.param((_tensors.manifest_text, _tensors.parse_manifest), id="native-layer"),
+        pytest.param((native_manifest_json, native_read_manifest), id="native"),
         pytest.param((_manifest.manifest_json, _manifest.read_manifest), id="reference"),
     ]
+
+
+def native_manifest_json(entries: list[Any]) -> str:
+    """The native core's manifest writer, on reference ``Entry`` values."""
+    from gradstream import _native
+
+    return _native.manifest_json([(e.name, e.dtype, tuple(e.shape)) for e in entries])
+
+
+def native_read_manifest(text: str) -> list[Any]:
+    """The native core's manifest reader, its entries as reference ``Entry`` values."""
+    from gradstream import _native
+    from gradstream.reference._manifest import Entry
+
+    return [Entry(name, dtype, tuple(shape)) for name, dtype, shape in _native.read_manifest(text)]

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gradstream._tensors import Entry
 from gradstream.errors import TensorSetError
+from gradstream.reference._manifest import Entry
 from support.frames import HEADER, HEADER_LEN
 from support.tensor_sets import (
     assert_error,

@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gradstream._tensors import Entry, manifest_text
 from gradstream.errors import (
     ChecksumMismatchError,
     FrameError,
@@ -25,6 +24,8 @@ from gradstream.errors import (
     StreamTimeoutError,
     TensorSetError,
 )
+from gradstream.reference._manifest import Entry
+from gradstream.reference._manifest import manifest_json as manifest_text
 from support.frames import HEADER, HEADER_LEN
 from support.impls import IMPL_NAMES
 from support.impls import load_impl as module

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 import gradstream._dtypes as dt
-from gradstream._tensors import Entry
 from gradstream.errors import FrameError, IncompleteStreamError, TensorSetError
+from gradstream.reference._manifest import Entry
 from support.aio import tcp_socket_pair
 from support.frames import HEADER_LEN
 from support.impls import IMPL_NAMES, PAIRS

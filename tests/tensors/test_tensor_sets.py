@@ -3,9 +3,10 @@ and the sender's checks.
 
 A set is a manifest (a one-frame empty gradient whose schema metadata
 ``gradstream_tensors`` names each tensor with its dtype and shape) followed by one
-keep_shape/keep_dtype gradient per tensor. The logic is shared (``gradstream._tensors``);
-each implementation brings its own codec, so every round trip here also runs across the
-two (encode with one, decode with the other), and the failure cases compare both.
+keep_shape/keep_dtype gradient per tensor. Each implementation has its own set layer (the
+native one in gradstream-core's ``tensors``, the reference's in Python), so every round
+trip here also runs across the two (encode with one, decode with the other), and the
+failure cases compare both.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import pyarrow as pa
 import pytest
 
 import gradstream._dtypes as dt
-import gradstream._tensors as tensors_mod
 from gradstream.errors import StreamIOError, TensorSetError
 from support.aio import close_all
 from support.frames import HEADER_LEN
@@ -289,10 +289,7 @@ def test_sets_back_to_back_on_one_connection(impl, path):
         assert_set(g, expected(t))
 
 
-@pytest.mark.parametrize("dontwait", [True, False], ids=["msg-dontwait", "mode-switch"])
-def test_socket_modes_are_put_back(impl, dontwait, monkeypatch):
-    if not dontwait:
-        monkeypatch.setattr(tensors_mod, "_DONTWAIT", 0)
+def test_socket_modes_are_put_back(impl):
     s = session(impl, 2)
     t = mixed_set(3)
 

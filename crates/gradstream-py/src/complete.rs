@@ -10,7 +10,7 @@
 //! it to every native transfer it starts).
 //! The tasks still run on pyo3-async-runtimes' tokio runtime.
 //!
-//! Uses `convert` (values to numpy) and `errors`; used by `stream` and `session`.
+//! Uses `convert` and `tensors` (results to Python values) and `errors`; used by `session`.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -23,6 +23,7 @@ use tokio::task::AbortHandle;
 
 use super::convert::values_tuple;
 use super::errors::to_py_err;
+use super::tensors::set_list;
 use gradstream_core::error::GradientStreamError;
 use gradstream_core::output::Output;
 
@@ -35,6 +36,8 @@ pub enum Outcome {
     Filled(Py<PyAny>),
     /// The stream ended before the gradient's first byte.
     End,
+    /// A tensor set, in the sender's order.
+    Tensors(gradstream_core::tensors::TensorSet),
 }
 
 type Finished = (u64, Result<Outcome, GradientStreamError>);
@@ -132,6 +135,9 @@ impl Completions {
                     Ok(Outcome::Values(values)) => (job, true, values_tuple(py, values)?.unbind()),
                     Ok(Outcome::Filled(out)) => (job, true, out),
                     Ok(Outcome::End) => (job, true, py.None()),
+                    Ok(Outcome::Tensors(set)) => {
+                        (job, true, set_list(py, set)?.into_any().unbind())
+                    }
                     Err(e) => (job, false, to_py_err(py, e).into_value(py).into_any()),
                 })
             })

@@ -113,6 +113,18 @@ pub fn stream_io_error(
     }
 }
 
+/// `TensorSetError(detail, name)` with `name` a Python object: a sender's name that Rust
+/// cannot hold (a `str` with a lone surrogate).
+pub fn tensor_set_error(py: Python<'_>, detail: String, name: &Bound<'_, PyAny>) -> PyErr {
+    match TENSOR_SET
+        .import(py, MODULE, "TensorSetError")
+        .and_then(|class| class.call1((detail, name)))
+    {
+        Ok(instance) => PyErr::from_value(instance),
+        Err(e) => e,
+    }
+}
+
 static SETTING: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
 /// `gradstream.errors.SettingError(setting, detail)`: a session keyword out of range.

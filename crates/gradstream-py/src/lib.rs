@@ -6,7 +6,7 @@
 //!
 //! The arrows point one way: `session` uses `settings`, `stream`, `complete`, `convert`,
 //! `chunk`; `stream` and `complete` use `convert`; `convert` uses no sibling; `chunk` uses
-//! `buffers`; `settings`, `complete`, `stream` and `session` use `errors`.
+//! `buffers`; `tensors` uses `convert` and `stream`, `complete` uses `tensors`; `settings`, `complete`, `stream` and `session` use `errors`.
 
 mod buffers;
 mod chunk;
@@ -16,6 +16,7 @@ mod errors;
 mod session;
 mod settings;
 mod stream;
+mod tensors;
 
 use pyo3::prelude::*;
 
@@ -27,6 +28,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<session::Engine>()?;
     m.add_class::<stream::FrameEncoder>()?;
     m.add_class::<stream::PyFrameReceiver>()?;
+    m.add_class::<tensors::TensorFrameEncoder>()?;
+    m.add_class::<tensors::PyTensorSetReceiver>()?;
     m.add_class::<chunk::PyChunk>()?;
     m.add_class::<stream::TransferProgress>()?;
     m.add_class::<complete::Completions>()?;
@@ -41,6 +44,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MANIFEST_KEY", gradstream_core::codec::MANIFEST_KEY)?;
     m.add("BF16_EXTENSION", gradstream_core::dtype::BF16_EXTENSION)?;
     m.add_function(wrap_pyfunction!(error_samples, m)?)?;
+    m.add_function(wrap_pyfunction!(tensor_note, m)?)?;
+    m.add_function(wrap_pyfunction!(read_manifest, m)?)?;
+    m.add_function(wrap_pyfunction!(manifest_json, m)?)?;
     Ok(())
 }
 
@@ -56,4 +62,46 @@ fn error_samples(py: Python<'_>) -> Vec<(Py<PyAny>, String)> {
             (errors::to_py_err(py, e).into_value(py).into_any(), text)
         })
         .collect()
+}
+
+/// The note an error met on tensor `k` of `n` carries:
+/// `while encoding tensor "fc.weight" (3 of 100) of a tensor set` (for the conversion
+/// errors the Python session meets itself).
+#[pyfunction]
+fn tensor_note(doing: &str, name: &str, k: usize, n: usize) -> PyResult<String> {
+    Ok(gradstream_core::tensors::note(
+        tensors::doing_named(doing)?,
+        name,
+        k,
+        n,
+    ))
+}
+
+/// A tensor set manifest's entries as `(name, dtype, shape)`, read by the core's rules
+/// (receiver rule 2; `TensorSetError` for the first problem): the manifest reader on its
+/// own, for the differential tests of the two implementations' readers.
+#[pyfunction]
+fn read_manifest(py: Python<'_>, text: &str) -> PyResult<Vec<(String, &'static str, Vec<usize>)>> {
+    use errors::IntoPyResult;
+    let entries = gradstream_core::tensors::read_manifest(text).py_err(py)?;
+    Ok(entries
+        .into_iter()
+        .map(|e| (e.name, e.dtype.name(), e.shape))
+        .collect())
+}
+
+/// The manifest text a sender writes for `(name, dtype, shape)` entries.
+#[pyfunction]
+fn manifest_json(entries: Vec<(String, String, Vec<usize>)>) -> PyResult<String> {
+    let entries = entries
+        .into_iter()
+        .map(|(name, dtype, shape)| {
+            Ok(gradstream_core::tensors::Entry::new(
+                name,
+                convert::dtype_named(&dtype)?,
+                shape,
+            ))
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    Ok(gradstream_core::tensors::manifest_json(&entries))
 }

@@ -11,7 +11,7 @@
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyList};
 
 use super::buffers::{vec_to_pyarrow, ReadBuffer, WritableBytes};
 use super::chunk::{HeldChunk, PyChunk};
@@ -22,12 +22,17 @@ use super::settings::{Flag, SettingArgs, Settings};
 use super::stream::{
     progress_counters, FrameEncoder, PyFrameReceiver, SocketStream, TransferProgress,
 };
+use super::tensors::{
+    check_names, doing_named, set_list, HeldTensors, PyTensorSetReceiver, TensorArgs,
+    TensorFrameEncoder,
+};
 use gradstream_core::codec::Compression;
 use gradstream_core::dtype::Dtype;
 use gradstream_core::encoder::{Gradient, GradientMeta};
 use gradstream_core::receiver::Ended;
 use gradstream_core::session::SessionConfig;
 use gradstream_core::stream::{receive_gradient, send_gradient};
+use gradstream_core::tensors;
 
 /// An `out=` array as the Python session hands it over: its memory as a writeable 1-D
 /// uint8 view, and its dtype's name.
@@ -430,6 +435,121 @@ impl Engine {
             .detach(|| config.decode_frames_output(bytes.as_slice()))
             .py_err(py)?;
         values_tuple(py, values).map(Some)
+    }
+
+    /// Check a tensor set's names (str, UTF-8, the core's rules) before any tensor is
+    /// converted.
+    fn check_tensor_names(&self, names: &Bound<'_, PyList>) -> PyResult<()> {
+        check_names(names)
+    }
+
+    /// The checks `encode_tensors` makes first, on tensors converted so far: the first
+    /// error among them, noted with `doing` ("encoding" or "sending").
+    fn check_tensors(
+        &self,
+        py: Python<'_>,
+        tensors: Vec<TensorArgs<'_>>,
+        doing: &str,
+    ) -> PyResult<()> {
+        let held = HeldTensors::new(tensors)?;
+        tensors::encode::check_tensors(&held.gradients(), doing_named(doing)?).py_err(py)
+    }
+
+    /// A tensor set's frames, as `bytes` or a `pyarrow.Buffer`.
+    fn encode_tensors<'py>(
+        &self,
+        py: Python<'py>,
+        tensors: Vec<TensorArgs<'py>>,
+        as_buffer: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let held = HeldTensors::new(tensors)?;
+        let (config, wire) = (&self.config, self.wire_dtype);
+        let frames = py
+            .detach(|| tensors::encode_tensors(config, wire, &held.gradients()))
+            .py_err(py)?;
+        if as_buffer {
+            return vec_to_pyarrow(py, frames);
+        }
+        Ok(PyBytes::new(py, &frames).into_any())
+    }
+
+    /// The tensors of a set's frames: `[(name, values tuple), ...]` in the sender's order.
+    fn decode_tensors<'py>(
+        &self,
+        py: Python<'py>,
+        data: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let bytes = ReadBuffer::get(data)?;
+        let config = &self.config;
+        let set = py
+            .detach(|| tensors::decode_tensors(config, bytes.as_slice()))
+            .py_err(py)?;
+        set_list(py, set)
+    }
+
+    /// Send a tensor set over a checked stream socket; the job number (its result: the
+    /// frames written, the manifest's included).
+    fn stream_tensors_socket(
+        &self,
+        completions: &Bound<'_, Completions>,
+        tensors: Vec<TensorArgs<'_>>,
+        socket: &Bound<'_, PyAny>,
+        progress: Option<&Bound<'_, TransferProgress>>,
+    ) -> PyResult<u64> {
+        let counters = progress_counters(progress);
+        let socket = SocketStream::from_socket(socket)?;
+        let held = HeldTensors::new(tensors)?;
+        let (config, timeout, wire) = (self.config.clone(), self.timeout, self.wire_dtype);
+        Ok(completions.get().spawn(async move {
+            let mut io = socket.open()?;
+            let gradients = held.gradients();
+            tensors::send_tensors(&config, wire, &gradients, &mut io, timeout, &counters)
+                .await
+                .map(Outcome::Chunks)
+        }))
+    }
+
+    /// Receive a tensor set from a checked stream socket; the job number (its result:
+    /// `[(name, values tuple), ...]`).
+    fn receive_tensors_socket(
+        &self,
+        completions: &Bound<'_, Completions>,
+        socket: &Bound<'_, PyAny>,
+        progress: Option<&Bound<'_, TransferProgress>>,
+    ) -> PyResult<u64> {
+        let counters = progress_counters(progress);
+        let socket = SocketStream::from_socket(socket)?;
+        let (config, timeout) = (self.config.clone(), self.timeout);
+        Ok(completions.get().spawn(async move {
+            let mut io = socket.open()?;
+            tensors::receive_tensors(&config, &mut io, timeout, &counters)
+                .await
+                .map(Outcome::Tensors)
+        }))
+    }
+
+    /// The frames of a tensor set one at a time (the asyncio-streams sender).
+    fn tensor_frame_encoder(
+        &self,
+        py: Python<'_>,
+        tensors: Vec<TensorArgs<'_>>,
+        progress: Option<&Bound<'_, TransferProgress>>,
+    ) -> PyResult<TensorFrameEncoder> {
+        TensorFrameEncoder::new(
+            py,
+            self.config.clone(),
+            self.wire_dtype,
+            HeldTensors::new(tensors)?,
+            progress_counters(progress),
+        )
+    }
+
+    /// A receiver for one tensor set fed by the asyncio-streams reader.
+    fn tensor_set_receiver(
+        &self,
+        progress: Option<&Bound<'_, TransferProgress>>,
+    ) -> PyTensorSetReceiver {
+        PyTensorSetReceiver::new(&self.config, progress_counters(progress))
     }
 
     /// The frames of a tensor set's manifest: an empty gradient whose payload carries

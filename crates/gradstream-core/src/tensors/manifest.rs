@@ -90,6 +90,15 @@ impl Entry {
     }
 }
 
+/// The message for a sender's name that has no UTF-8 form (a Python `str` holding a lone
+/// surrogate, which a Rust `String` cannot hold): `units` is the name as UTF-16 code units.
+pub fn unencodable_name_detail(units: impl Iterator<Item = u16>) -> String {
+    format!(
+        "tensor name {} is not valid Unicode text (a lone surrogate): it has no UTF-8 form",
+        super::ascii::clip(super::ascii::quote_units(units))
+    )
+}
+
 /// A tensor name: non-empty, of at most 1024 UTF-8 bytes, not in `taken` (to which it is
 /// then added). `TensorSet` carrying the name otherwise.
 pub fn check_name<'n>(name: &'n str, taken: &mut HashSet<&'n str>) -> Result<()> {

@@ -127,12 +127,18 @@ impl TensorSetReceiver {
     /// `error`, met by the caller (a timeout, the connection) while this receiver is
     /// where it is: noted with the tensor concerned, if any.
     pub fn annotate(&self, error: GradientStreamError) -> GradientStreamError {
-        match (self.current(), &self.entries) {
-            (Some((k, entry)), Some(entries)) => {
-                error.noted(note(Doing::Receiving, &entry.name, k + 1, entries.len()))
-            }
-            _ => error,
+        match self.note() {
+            Some(text) => error.noted(text),
+            None => error,
         }
+    }
+
+    /// The note an error met now carries: `while receiving tensor "name" (k of n) of a
+    /// tensor set` for the tensor being read; None while the manifest is.
+    pub fn note(&self) -> Option<String> {
+        let entries = self.entries.as_ref()?;
+        let (k, entry) = self.current()?;
+        Some(note(Doing::Receiving, &entry.name, k + 1, entries.len()))
     }
 
     /// Take exactly `want()` bytes; `Ok(true)` once the set's last frame is in.

@@ -20,7 +20,6 @@ __all__ = [
     "check_bool",
     "dtype_name",
     "frame_buffer",
-    "shape_text",
     "to_ndarray",
     "value_buffer",
 ]
@@ -208,12 +207,6 @@ def byte_view(data: Any) -> memoryview:
     if view.ndim != 1 or view.format != "B":
         view = view.cast("B")
     return view
-
-
-def shape_text(shape: Any) -> str:
-    """A shape as compact JSON: ``[768,3072]``, ``[]`` for a 0-d array (the text of
-    ``gradient_shape`` and of the messages about shapes)."""
-    return "[" + ",".join(str(d) for d in shape) + "]"
 
 
 def check_bool(value: Any, name: str) -> bool:

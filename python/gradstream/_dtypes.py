@@ -33,7 +33,6 @@ __all__ = [
     "dtype_name",
     "hand_back",
     "is_bfloat16_type",
-    "numpy_can_make",
     "numpy_dtype",
     "prepare",
 ]
@@ -116,19 +115,6 @@ def numpy_dtype(name: str) -> np.dtype:
     """The numpy dtype a gradient of dtype ``name`` is handed back in."""
     back = hand_back(name)
     return BFLOAT16 if back == "bfloat16" and BFLOAT16 is not None else np.dtype(back)
-
-
-def numpy_can_make(dims: tuple[int, ...]) -> bool:
-    """Whether numpy can make an array of these dimensions in any of the four dtypes: it
-    refuses when the non-zero dimensions multiply past 2**63 bytes, even for an empty
-    array. README "Decoding rules": such a shape is refused, at most 2**60 values."""
-    product = 1
-    for dim in dims:
-        if dim:
-            product *= dim
-            if product > 1 << 60:
-                return False
-    return True
 
 
 def _bits(values: np.ndarray, name: str) -> np.ndarray:

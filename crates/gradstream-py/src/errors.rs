@@ -25,6 +25,9 @@ static TENSOR_SET: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
 const MODULE: &str = "gradstream.errors";
 
+/// The Python exception of `err`, built from its fields. One match with an arm a variant
+/// (over 60 lines only because each arm spreads its fields over lines): the whole mapping
+/// of variants to classes reads in one place.
 fn instantiate(py: Python<'_>, err: GradientStreamError) -> PyResult<PyErr> {
     let instance = match err {
         GradientStreamError::ArrowIpc(ArrowIpcDetail {

@@ -45,7 +45,7 @@ classes this package as their home.
 
 from __future__ import annotations
 
-from .. import _convert
+from . import _wire
 from ._channels import TransferProgress
 from ._chunk import GradientChunk
 from ._guard import _footer_blocks as _footer_blocks
@@ -64,7 +64,7 @@ from ._writer import payload_len as payload_len
 __all__ = ["GradientChunk", "GradientStreamSession", "TransferProgress"]
 
 # The tests compare the shape metadata with what the session writes, which is this.
-_shape_text = _convert.shape_text
+_shape_text = _wire.shape_text
 
 # The classes are defined in the submodules, but their public home is this package: so
 # reprs of the classes and pickles of their instances name gradstream.reference, as they

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple, NoReturn
 
 from .. import _dtypes
 from ..errors import TensorSetError
+from ._wire import numpy_can_make
 
 FORMAT = "gradstream.tensors"
 VERSION = 1
@@ -270,7 +271,7 @@ def _dims(shape: Any, name: str) -> tuple[int, ...]:
                 name=name,
             )
     dims = tuple(shape)
-    if not _dtypes.numpy_can_make(dims):
+    if not numpy_can_make(dims):
         raise TensorSetError(
             f"tensor {quoted(name)}: its shape {quoted(shape)} is beyond what numpy can make "
             "(its non-zero dimensions multiply past 2**60)",

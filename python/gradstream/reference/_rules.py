@@ -30,7 +30,6 @@ import numpy as np
 
 from .. import _dtypes
 from .._convert import byte_view as _byte_view
-from .._dtypes import numpy_can_make
 from ..errors import (
     ArrowIpcError,
     ChecksumMismatchError,
@@ -40,7 +39,7 @@ from ..errors import (
 )
 from ._reader import _concat, _Head, _open_payload, _read_values
 from ._settings import _check_u32
-from ._wire import _STORAGE
+from ._wire import _STORAGE, numpy_can_make
 
 
 def _empty_vector() -> np.ndarray:

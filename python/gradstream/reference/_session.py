@@ -25,7 +25,6 @@ from .. import _dtypes
 from .._convert import byte_view as _byte_view
 from .._convert import check_bool as _check_bool
 from .._convert import frame_buffer, value_buffer
-from .._convert import shape_text as _shape_text
 from .._io import Stalled
 from ..errors import FrameError, StreamTimeoutError
 from . import _tensors
@@ -58,6 +57,7 @@ from ._settings import (
     _check_wire_dtype,
 )
 from ._wire import HEADER, HEADER_LEN, U32_MAX
+from ._wire import shape_text as _shape_text
 from ._writer import _Gradient, _min_payload_len, encode_payload, payload_len
 
 

@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from .. import _dtypes
-from .._convert import byte_view, check_bool, shape_text
+from .._convert import byte_view, check_bool
 from .._io import Stalled
 from ..errors import StreamTimeoutError, TensorSetError
 from ._channels import (
@@ -48,7 +48,7 @@ from ._manifest import (
     read_manifest,
 )
 from ._receiver import _decode_frame_stream, _FrameReceiver, _walk_frames
-from ._wire import HEADER, HEADER_LEN
+from ._wire import HEADER, HEADER_LEN, shape_text
 from ._writer import _Gradient, encode_payload
 
 if TYPE_CHECKING:

@@ -9,6 +9,7 @@ out with them, the reader and the receiver hold payloads to them. Nothing here r
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -60,3 +61,27 @@ _STORAGE: dict[str, np.dtype] = {
     "float32": np.dtype(np.float32),
     "float64": np.dtype(np.float64),
 }
+
+
+# ---------------------------------------------------------------------------- shapes
+# The reference's own copy of the shape grammar's two facts (the native side's is
+# gradstream-core's shape.rs): how gradient_shape is written, and the largest shape.
+
+
+def shape_text(shape: Any) -> str:
+    """A shape as compact JSON: ``[768,3072]``, ``[]`` for a 0-d array (the text of
+    ``gradient_shape`` and of the messages about shapes)."""
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def numpy_can_make(dims: tuple[int, ...]) -> bool:
+    """Whether numpy can make an array of these dimensions in any of the four dtypes: it
+    refuses when the non-zero dimensions multiply past 2**63 bytes, even for an empty
+    array. README "Decoding rules": such a shape is refused, at most 2**60 values."""
+    product = 1
+    for dim in dims:
+        if dim:
+            product *= dim
+            if product > 1 << 60:
+                return False
+    return True

@@ -16,7 +16,7 @@ import warnings
 import weakref
 from typing import Any, TypeVar
 
-from ._io import Stalled, within
+from ._io import Clock, Stalled
 from .errors import StreamIOError
 
 T = TypeVar("T")
@@ -59,9 +59,12 @@ def _noted(error: BaseException, source: Any) -> BaseException:
 _PIECE = 64 * 1024
 
 
-async def send(frames: Any, writer: asyncio.StreamWriter, timeout: float | None) -> int:
+async def send(frames: Any, writer: asyncio.StreamWriter) -> int:
     """Write every frame of ``frames`` (the engine's FrameEncoder or TensorFrameEncoder)
-    to ``writer``; the number of frames."""
+    to ``writer``, under the waits it says (its ``waits``: the session's timeout and the
+    transfer's deadline, which runs from now); the number of frames."""
+    clock = Clock(*frames.waits)
+    clock.start()
     sent = 0
     for frame in frames:
         view = memoryview(frame)
@@ -69,10 +72,10 @@ async def send(frames: Any, writer: asyncio.StreamWriter, timeout: float | None)
             for start in range(0, len(view), _PIECE):
                 piece = view[start : start + _PIECE]
                 writer.write(piece)
-                await within(writer.drain(), timeout)
+                await clock.within(writer.drain())
                 frames.sent(len(piece), 0)
-        except Stalled:
-            frames.timed_out(timeout)
+        except Stalled as stalled:
+            frames.timed_out(stalled.limit, stalled.late)
             raise  # timed_out raised StreamTimeoutError; this line is never reached
         except OSError as exc:
             raise _noted(StreamIOError.from_os_error(exc), frames) from exc
@@ -81,12 +84,12 @@ async def send(frames: Any, writer: asyncio.StreamWriter, timeout: float | None)
     return sent
 
 
-async def receive(
-    receiver: Any, reader: asyncio.StreamReader, timeout: float | None, none_at_end: bool
-) -> Any:
+async def receive(receiver: Any, reader: asyncio.StreamReader, none_at_end: bool) -> Any:
     """Feed ``receiver`` (the engine's FrameReceiver or TensorSetReceiver) from
-    ``reader`` until it is done; what it gives. At a clean end before the first byte,
-    None, or with none_at_end False what the receiver gives for an empty stream."""
+    ``reader`` until it is done, under the waits it says (the deadline runs from the first
+    byte); what it gives. At a clean end before the first byte, None, or with
+    none_at_end False what the receiver gives for an empty stream."""
+    clock = Clock(*receiver.waits)
     while True:
         want = receiver.want()
         # Grown as bytes arrive, not sized by the header: a 16-byte header must not
@@ -94,15 +97,16 @@ async def receive(
         unit = bytearray()
         try:
             while len(unit) < want:
-                piece = await within(reader.read(want - len(unit)), timeout)
+                piece = await clock.within(reader.read(want - len(unit)))
                 if not piece:
                     got = receiver.end(len(unit))
                     if got is None and not none_at_end:
                         return receiver.finish()
                     return got
                 unit += piece
-        except Stalled:
-            receiver.timed_out(timeout)
+                clock.start()
+        except Stalled as stalled:
+            receiver.timed_out(stalled.limit, stalled.late)
             raise  # timed_out raised StreamTimeoutError; this line is never reached
         except OSError as exc:
             raise _noted(StreamIOError.from_os_error(exc), receiver) from exc

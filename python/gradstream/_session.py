@@ -144,6 +144,7 @@ class GradientStreamSession:
         max_payload_len: int = DEFAULT_MAX_PAYLOAD_LEN,
         max_gradient_len: int = DEFAULT_MAX_GRADIENT_LEN,
         timeout: float | None = None,
+        deadline: float | None = None,
         layout: Literal["seed", "compact"] = "seed",
         compression: bool | Literal["lz4", "zstd"] | None = None,
         keep_shape: bool = False,
@@ -156,6 +157,7 @@ class GradientStreamSession:
             max_payload_len=max_payload_len,
             max_gradient_len=max_gradient_len,
             timeout=timeout,
+            deadline=deadline,
             layout=layout,
             compression=compression,
             keep_shape=keep_shape,
@@ -204,6 +206,12 @@ class GradientStreamSession:
         return self._engine.timeout
 
     @property
+    def deadline(self) -> float | None:
+        """Longest, in seconds, a transfer (a gradient or a tensor set) may take from its
+        first byte; None: no bound. A call's ``deadline=`` overrides it."""
+        return self._engine.deadline
+
+    @property
     def layout(self) -> Literal["seed", "compact"]:
         """ "seed" (index + value columns, as the original) or "compact" (values only)."""
         return self._engine.layout
@@ -233,7 +241,8 @@ class GradientStreamSession:
         return (
             f"GradientStreamSession(session_id={e.session_id!r}, chunk_size={e.chunk_size}, "
             f"max_payload_len={e.max_payload_len}, max_gradient_len={e.max_gradient_len}, "
-            f"timeout={e.timeout!r}, layout={e.layout!r}, compression={e.compression!r}, "
+            f"timeout={e.timeout!r}, deadline={e.deadline!r}, layout={e.layout!r}, "
+            f"compression={e.compression!r}, "
             f"keep_shape={e.keep_shape}, keep_dtype={e.keep_dtype}, "
             f"wire_dtype={e.wire_dtype!r})"
         )
@@ -319,16 +328,22 @@ class GradientStreamSession:
     # ---- streaming (README "Streaming")
 
     async def stream_to(
-        self, gradient: Any, stream: Any, *, progress: TransferProgress | None = None
+        self,
+        gradient: Any,
+        stream: Any,
+        *,
+        progress: TransferProgress | None = None,
+        deadline: float | None = None,
     ) -> int:
         """Send one gradient over a socket or asyncio stream; the number of chunks."""
         sock = _stream_socket(stream)
         if sock is None:
             writer = _aio.writer_of(stream, "stream_to")
-            frames = self._engine.frame_encoder(self._take(gradient), progress)
-            return await _aio.send(frames, writer, self._engine.timeout)
+            frames = self._engine.frame_encoder(self._take(gradient), progress, deadline)
+            return await _aio.send(frames, writer)
         hub = _aio.hub()
-        job = self._engine.stream_to_socket(hub.native, self._take(gradient), sock, progress)
+        args = self._take(gradient)
+        job = self._engine.stream_to_socket(hub.native, args, sock, progress, deadline)
         sent: int = await hub.track(job)
         return sent
 
@@ -338,19 +353,25 @@ class GradientStreamSession:
         *,
         progress: TransferProgress | None = None,
         out: npt.NDArray[Any] | None = None,
+        deadline: float | None = None,
     ) -> npt.NDArray[Any]:
         """Receive one gradient from a socket or asyncio stream (``out`` itself, filled,
         when given). The end of the stream before any byte gives an empty array."""
-        got = await self._receive(stream, progress, False, out)
+        got = await self._receive(stream, progress, False, out, deadline)
         assert got is not None  # none_at_end=False gives the empty gradient instead
         return got
 
     async def receive_iter(
-        self, stream: Any, *, progress: TransferProgress | None = None
+        self,
+        stream: Any,
+        *,
+        progress: TransferProgress | None = None,
+        deadline: float | None = None,
     ) -> AsyncIterator[npt.NDArray[Any]]:
-        """Receive gradients until the peer closes the connection between two of them."""
+        """Receive gradients until the peer closes the connection between two of them
+        (each gradient's deadline runs from its own first byte)."""
         while True:
-            gradient = await self._receive(stream, progress, True, None)
+            gradient = await self._receive(stream, progress, True, None, deadline)
             if gradient is None:
                 return
             yield gradient
@@ -361,6 +382,7 @@ class GradientStreamSession:
         progress: TransferProgress | None,
         none_at_end: bool,
         out: npt.NDArray[Any] | None,
+        deadline: float | None,
     ) -> npt.NDArray[Any] | None:
         """One gradient, or None when the stream ended before its first byte and
         ``none_at_end`` (``receive_iter`` ends there)."""
@@ -368,12 +390,14 @@ class GradientStreamSession:
         lent = None if out is None else _lend(out)
         args = None if lent is None else lent.args
         if sock is None:
-            receiver = self._engine.frame_receiver(progress, args)
+            receiver = self._engine.frame_receiver(progress, args, deadline)
             reader = _aio.reader_of(stream, "receive_from")
-            values = await _aio.receive(receiver, reader, self._engine.timeout, none_at_end)
+            values = await _aio.receive(receiver, reader, none_at_end)
         else:
             hub = _aio.hub()
-            job = self._engine.receive_from_socket(hub.native, sock, progress, none_at_end, args)
+            job = self._engine.receive_from_socket(
+                hub.native, sock, progress, none_at_end, args, deadline
+            )
             values = await hub.track(job)
         if values is None:
             return None
@@ -417,33 +441,45 @@ class GradientStreamSession:
         return _tensor_dict(self._engine.decode_tensors(data))
 
     async def stream_tensors(
-        self, tensors: Any, stream: Any, *, progress: TransferProgress | None = None
+        self,
+        tensors: Any,
+        stream: Any,
+        *,
+        progress: TransferProgress | None = None,
+        deadline: float | None = None,
     ) -> int:
-        """Send a named set of tensors; the number of frames written, manifest included."""
+        """Send a named set of tensors; the number of frames written, manifest included.
+        ``deadline`` bounds the whole set."""
         sock = _stream_socket(stream)
         if sock is None:
             writer = _aio.writer_of(stream, "stream_tensors")
-            frames = self._engine.tensor_frame_encoder(self._tensors(tensors, "sending"), progress)
-            return await _aio.send(frames, writer, self._engine.timeout)
+            taken = self._tensors(tensors, "sending")
+            frames = self._engine.tensor_frame_encoder(taken, progress, deadline)
+            return await _aio.send(frames, writer)
         hub = _aio.hub()
         taken = self._tensors(tensors, "sending")
-        job = self._engine.stream_tensors_socket(hub.native, taken, sock, progress)
+        job = self._engine.stream_tensors_socket(hub.native, taken, sock, progress, deadline)
         sent: int = await hub.track(job)
         return sent
 
     async def receive_tensors(
-        self, stream: Any, *, progress: TransferProgress | None = None
+        self,
+        stream: Any,
+        *,
+        progress: TransferProgress | None = None,
+        deadline: float | None = None,
     ) -> dict[str, npt.NDArray[Any]]:
         """Receive a named set of tensors, in the sender's order ({} when the stream ended
-        before its first byte)."""
+        before its first byte). ``deadline`` bounds the whole set from its first byte."""
         sock = _stream_socket(stream)
         if sock is None:
             reader = _aio.reader_of(stream, "receive_tensors")
-            receiver = self._engine.tensor_set_receiver(progress)
-            got = await _aio.receive(receiver, reader, self._engine.timeout, False)
+            receiver = self._engine.tensor_set_receiver(progress, deadline)
+            got = await _aio.receive(receiver, reader, False)
         else:
             hub = _aio.hub()
-            got = await hub.track(self._engine.receive_tensors_socket(hub.native, sock, progress))
+            job = self._engine.receive_tensors_socket(hub.native, sock, progress, deadline)
+            got = await hub.track(job)
         return _tensor_dict(got)
 
     def _encode_manifest(self, text: str) -> bytes:

@@ -22,6 +22,7 @@ __all__ = [
     "GradientStreamError",
     "IncompleteStreamError",
     "SettingError",
+    "StreamDeadlineError",
     "StreamIOError",
     "StreamTimeoutError",
     "TensorSetError",
@@ -257,3 +258,26 @@ class StreamTimeoutError(StreamIOError, TimeoutError):
 
     def __reduce__(self) -> tuple[type, tuple[float, int, int | None]]:
         return (type(self), (self.timeout, self.received, self.total))
+
+
+class StreamDeadlineError(StreamTimeoutError):
+    """A transfer (one gradient, or one tensor set) took longer than its ``deadline``
+    seconds from its first byte, however steadily bytes moved (a slow drip).
+
+    A ``StreamTimeoutError`` (and so a ``TimeoutError``) too; its ``timeout`` is the
+    deadline. ``received`` and ``total`` count the chunks of the gradient in flight.
+    """
+
+    deadline: float
+
+    def __init__(self, deadline: float, received: int = 0, total: int | None = None) -> None:
+        super().__init__(deadline, received, total)
+        self.deadline = deadline
+        of = "" if total is None else f" of {total}"
+        self.args = (
+            f"the transfer took longer than its deadline of {deadline:g} s "
+            f"(after {received}{of} chunks)",
+        )
+
+    def __reduce__(self) -> tuple[type, tuple[float, int, int | None]]:
+        return (type(self), (self.deadline, self.received, self.total))

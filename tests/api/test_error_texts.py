@@ -24,6 +24,7 @@ def test_error_texts_agree() -> None:
         errors.GradientSizeError,
         errors.GradientDtypeError,
         errors.StreamTimeoutError,
+        errors.StreamDeadlineError,
         errors.TensorSetError,
     }
     noted = 0

@@ -73,6 +73,15 @@ pub enum GradientStreamError {
         total: Option<u32>,
     },
 
+    /// A transfer (one gradient, or one tensor set) took longer than its `deadline`
+    /// seconds from its first byte, however steadily bytes moved.
+    #[error("{}", deadline_message(*deadline, *received, *total))]
+    Deadline {
+        deadline: f64,
+        received: usize,
+        total: Option<u32>,
+    },
+
     /// A tensor set that is not valid (README "Tensor sets"): a repeated or bad name, a
     /// manifest that cannot be read or declares too much, a tensor arriving other than its
     /// manifest entry says. `name` is the tensor concerned, when there is one.
@@ -198,6 +207,18 @@ impl PartialEq for GradientStreamError {
                     total: z,
                 },
             ) => a.to_bits() == x.to_bits() && (b, c) == (y, z),
+            (
+                E::Deadline {
+                    deadline: a,
+                    received: b,
+                    total: c,
+                },
+                E::Deadline {
+                    deadline: x,
+                    received: y,
+                    total: z,
+                },
+            ) => a.to_bits() == x.to_bits() && (b, c) == (y, z),
             (E::TensorSet { detail: a, name: b }, E::TensorSet { detail: x, name: y }) => {
                 (a, b) == (x, y)
             }
@@ -224,6 +245,14 @@ fn timeout_message(timeout: f64, received: usize, total: Option<u32>) -> String 
     format!(
         "no progress for {} s (after {received}{of} chunks); the peer stalled",
         general_format(timeout)
+    )
+}
+
+fn deadline_message(deadline: f64, received: usize, total: Option<u32>) -> String {
+    let of = total.map_or_else(String::new, |t| format!(" of {t}"));
+    format!(
+        "the transfer took longer than its deadline of {} s (after {received}{of} chunks)",
+        general_format(deadline)
     )
 }
 
@@ -363,6 +392,16 @@ impl GradientStreamError {
                 received: 1,
                 total: Some(1),
             },
+            Self::Deadline {
+                deadline: 60.0,
+                received: 3,
+                total: Some(12),
+            },
+            Self::Deadline {
+                deadline: 0.5,
+                received: 0,
+                total: None,
+            },
             Self::tensor_set(
                 "tensor \"fc.weight\" arrived as float16 [3,4]; the manifest says float32 [4,3]",
                 Some("fc.weight"),
@@ -395,8 +434,9 @@ impl GradientStreamError {
             Self::GradientSize { .. } => 5,
             Self::GradientDtype { .. } => 6,
             Self::Timeout { .. } => 7,
-            Self::TensorSet { .. } => 8,
-            Self::Noted { .. } => 9,
+            Self::Deadline { .. } => 8,
+            Self::TensorSet { .. } => 9,
+            Self::Noted { .. } => 10,
         }
     }
 }
@@ -413,7 +453,7 @@ mod tests {
             .iter()
             .map(|e| e.variant())
             .collect();
-        assert_eq!(seen, (0..10).collect());
+        assert_eq!(seen, (0..11).collect());
     }
 
     #[test]

@@ -1,13 +1,14 @@
 //! Gradients over a byte stream with tokio: the sender writes chunk by chunk from one
 //! reusable frame buffer; the receiver reads exactly one gradient's bytes (never past its
 //! last frame) and checks each frame as it arrives. Every wait is bounded by the optional
-//! timeout; dropping the future (a cancelled Python task) stops the transfer there.
+//! timeout, and the whole transfer by the optional deadline (`Waits`, run by a `Clock`);
+//! dropping the future (a cancelled Python task) stops the transfer there.
 //!
 //! Uses `session`, `encoder`, `receiver`, `template`, `frame` and `error`; used by
 //! `compat` and the bindings.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -39,22 +40,101 @@ impl Progress {
     }
 }
 
-/// Run one I/O wait under the session's timeout; on expiry, the error says how far the
-/// gradient had got (`received` of `total` chunks).
-pub(crate) async fn within<T>(
-    timeout: Option<Duration>,
-    (received, total): (usize, Option<u32>),
-    io: impl std::future::Future<Output = std::io::Result<T>>,
-) -> Result<T> {
-    match timeout {
-        None => Ok(io.await?),
-        Some(limit) => match tokio::time::timeout(limit, io).await {
-            Ok(done) => Ok(done?),
-            Err(_) => Err(GradientStreamError::Timeout {
+/// How long a transfer may wait: `timeout`, the longest time without a byte moving, and
+/// `deadline`, the longest a whole transfer (one gradient, or one tensor set) may take
+/// from its first byte. Settings; the clock of one transfer is `Clock`.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Waits {
+    pub timeout: Option<Duration>,
+    pub deadline: Option<Duration>,
+}
+
+impl From<Option<Duration>> for Waits {
+    /// A timeout alone (the original's API has neither).
+    fn from(timeout: Option<Duration>) -> Self {
+        Self {
+            timeout,
+            deadline: None,
+        }
+    }
+}
+
+/// One transfer's clock: its waits, and when its deadline began (a sender's at once, a
+/// receiver's at the first byte that arrives, so that waiting for a gradient to begin is
+/// idle time, not the transfer's).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Clock {
+    waits: Waits,
+    since: Option<Instant>,
+}
+
+impl Clock {
+    /// A receiver's clock: the deadline starts with `start`.
+    pub(crate) fn idle(waits: impl Into<Waits>) -> Self {
+        Self {
+            waits: waits.into(),
+            since: None,
+        }
+    }
+
+    /// A sender's clock: the deadline runs from now.
+    pub(crate) fn running(waits: impl Into<Waits>) -> Self {
+        let mut clock = Self::idle(waits);
+        clock.start();
+        clock
+    }
+
+    /// Start the deadline, if it has not started.
+    pub(crate) fn start(&mut self) {
+        self.since.get_or_insert_with(Instant::now);
+    }
+
+    /// The next wait's bound and the error its expiry means, `at` (chunks moved, total)
+    /// saying how far the transfer had got.
+    fn bound(
+        &self,
+        (received, total): (usize, Option<u32>),
+    ) -> Option<(Duration, GradientStreamError)> {
+        let stall = self.waits.timeout.map(|limit| {
+            let error = GradientStreamError::Timeout {
                 timeout: limit.as_secs_f64(),
                 received,
                 total,
-            }),
+            };
+            (limit, error)
+        });
+        let late = self
+            .waits
+            .deadline
+            .zip(self.since)
+            .map(|(deadline, since)| {
+                let error = GradientStreamError::Deadline {
+                    deadline: deadline.as_secs_f64(),
+                    received,
+                    total,
+                };
+                (deadline.saturating_sub(since.elapsed()), error)
+            });
+        match (stall, late) {
+            (Some(stall), Some(late)) => Some(if late.0 < stall.0 { late } else { stall }),
+            (stall, late) => stall.or(late),
+        }
+    }
+}
+
+/// Run one I/O wait under the transfer's clock: the timeout, or what is left of the
+/// deadline when that is shorter; on expiry, the error says which, and how far the
+/// transfer had got (`at`: chunks moved, total).
+pub(crate) async fn within<T>(
+    clock: &Clock,
+    at: (usize, Option<u32>),
+    io: impl std::future::Future<Output = std::io::Result<T>>,
+) -> Result<T> {
+    match clock.bound(at) {
+        None => Ok(io.await?),
+        Some((limit, expired)) => match tokio::time::timeout(limit, io).await {
+            Ok(done) => Ok(done?),
+            Err(_) => Err(expired),
         },
     }
 }
@@ -68,12 +148,23 @@ pub async fn send_gradient<'g, W: AsyncWrite + Unpin>(
     config: &SessionConfig,
     gradient: impl Into<Gradient<'g>>,
     writer: &mut W,
-    timeout: Option<Duration>,
+    waits: impl Into<Waits>,
     progress: &Progress,
 ) -> Result<usize> {
-    let gradient = gradient.into();
+    let clock = Clock::running(waits);
+    send_gradient_on(config, gradient.into(), writer, &clock, progress).await
+}
+
+/// `send_gradient` under a clock already running (a tensor set's, for its tensors).
+pub(crate) async fn send_gradient_on<W: AsyncWrite + Unpin>(
+    config: &SessionConfig,
+    gradient: Gradient<'_>,
+    writer: &mut W,
+    clock: &Clock,
+    progress: &Progress,
+) -> Result<usize> {
     if config.writes_each_payload(&gradient) {
-        return send_each(config, gradient, writer, timeout, progress).await;
+        return send_each(config, gradient, writer, clock, progress).await;
     }
     let plan = config.plan_frames(gradient)?;
     let total = plan.total_chunks();
@@ -110,10 +201,10 @@ pub async fn send_gradient<'g, W: AsyncWrite + Unpin>(
                 [&frame[..], &[], &[], &[]]
             }
         };
-        write_frame(writer, parts, timeout, (sent, Some(total)), progress).await?;
+        write_frame(writer, parts, clock, (sent, Some(total)), progress).await?;
         sent += 1;
     }
-    within(timeout, (sent, Some(total)), writer.flush()).await?;
+    within(clock, (sent, Some(total)), writer.flush()).await?;
     Ok(sent)
 }
 
@@ -124,13 +215,13 @@ pub async fn send_gradient<'g, W: AsyncWrite + Unpin>(
 pub(crate) async fn write_frame<W: AsyncWrite + Unpin>(
     writer: &mut W,
     mut parts: [&[u8]; 4],
-    timeout: Option<Duration>,
+    clock: &Clock,
     at: (usize, Option<u32>),
     progress: &Progress,
 ) -> Result<()> {
     while parts.iter().any(|p| !p.is_empty()) {
         let slices = parts.map(std::io::IoSlice::new);
-        let n = within(timeout, at, writer.write_vectored(&slices)).await?;
+        let n = within(clock, at, writer.write_vectored(&slices)).await?;
         if n == 0 {
             return Err(std::io::Error::from(std::io::ErrorKind::WriteZero).into());
         }
@@ -152,7 +243,7 @@ async fn send_each<W: AsyncWrite + Unpin>(
     config: &SessionConfig,
     gradient: Gradient<'_>,
     writer: &mut W,
-    timeout: Option<Duration>,
+    clock: &Clock,
     progress: &Progress,
 ) -> Result<usize> {
     let total = config.chunk_count(gradient.len())?;
@@ -160,9 +251,9 @@ async fn send_each<W: AsyncWrite + Unpin>(
     for index in 0..total {
         let frame = config.encode_frame(gradient, index)?;
         let at = (index as usize, Some(total));
-        write_frame(writer, [&frame, &[], &[], &[]], timeout, at, progress).await?;
+        write_frame(writer, [&frame, &[], &[], &[]], clock, at, progress).await?;
     }
-    within(timeout, (total as usize, Some(total)), writer.flush()).await?;
+    within(clock, (total as usize, Some(total)), writer.flush()).await?;
     Ok(total as usize)
 }
 
@@ -170,15 +261,16 @@ async fn send_each<W: AsyncWrite + Unpin>(
 pub async fn receive_gradient<R: AsyncRead + Unpin>(
     mut receiver: FrameReceiver,
     reader: &mut R,
-    timeout: Option<Duration>,
+    waits: impl Into<Waits>,
     progress: &Progress,
 ) -> Result<Ended> {
+    let mut clock = Clock::idle(waits);
     // Holds a header or a payload (at most max_payload_len, checked from the header).
     let mut unit = Vec::with_capacity(HEADER_LEN);
     loop {
         let want = receiver.want();
         let at = (receiver.received(), receiver.total());
-        if !read_unit(reader, &mut unit, want, timeout, at, Some(progress)).await? {
+        if !read_unit(reader, &mut unit, want, &mut clock, at, Some(progress)).await? {
             return receiver.end_of_stream(unit.len());
         }
         let (before, known) = (receiver.received(), receiver.total().is_some());
@@ -200,7 +292,7 @@ pub(crate) async fn read_unit<R: AsyncRead + Unpin>(
     reader: &mut R,
     unit: &mut Vec<u8>,
     want: usize,
-    timeout: Option<Duration>,
+    clock: &mut Clock,
     at: (usize, Option<u32>),
     progress: Option<&Progress>,
 ) -> Result<bool> {
@@ -211,10 +303,11 @@ pub(crate) async fn read_unit<R: AsyncRead + Unpin>(
         // must not cost max_payload_len of memory before its payload shows up.
         unit.reserve(remaining.min(unit.len().max(64 * 1024)));
         let mut limited = (&mut *reader).take(remaining as u64);
-        let n = within(timeout, at, limited.read_buf(unit)).await?;
+        let n = within(clock, at, limited.read_buf(unit)).await?;
         if n == 0 {
             return Ok(false);
         }
+        clock.start();
         if let Some(progress) = progress {
             progress.add(n, 0);
         }
@@ -440,5 +533,68 @@ mod tests {
             err.to_string(),
             "gradient exceeds max_gradient_len 6: 8 values by chunk 1"
         );
+    }
+
+    #[tokio::test]
+    async fn a_slow_drip_meets_the_deadline_not_the_timeout() {
+        let s = session(256);
+        let wire = s.encode_frames(&gradient(4096)).unwrap();
+        let (mut a, mut b) = duplex(1 << 16);
+        let drip = async move {
+            for piece in wire.chunks(64) {
+                if a.write_all(piece).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        };
+        let waits = Waits {
+            timeout: Some(Duration::from_secs(5)),
+            deadline: Some(Duration::from_millis(60)),
+        };
+        let started = Instant::now();
+        let progress = Progress::default();
+        let (_, got) = tokio::join!(drip, async {
+            let got = receive_gradient(s.receiver(), &mut b, waits, &progress).await;
+            drop(b);
+            got
+        });
+        match got {
+            Err(GradientStreamError::Deadline {
+                deadline,
+                received,
+                total,
+            }) => {
+                assert_eq!(deadline, 0.06);
+                assert!(received < 16 && total.is_none_or(|t| t == 16));
+            }
+            other => panic!("expected the deadline, got {other:?}"),
+        }
+        assert!(started.elapsed() < Duration::from_secs(2));
+    }
+
+    #[tokio::test]
+    async fn idle_time_before_the_first_byte_is_not_the_transfers() {
+        let s = session(256);
+        let g = gradient(4096);
+        let wire = s.encode_frames(&g).unwrap();
+        let (mut a, mut b) = duplex(1 << 20);
+        let late = async move {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            a.write_all(&wire).await.unwrap();
+        };
+        let waits = Waits {
+            timeout: None,
+            deadline: Some(Duration::from_millis(100)),
+        };
+        let progress = Progress::default();
+        let (_, got) = tokio::join!(
+            late,
+            receive_gradient(s.receiver(), &mut b, waits, &progress)
+        );
+        match got {
+            Ok(Ended::Gradient(values)) => assert_eq!(values.into_vec(), g),
+            other => panic!("{other:?}"),
+        }
     }
 }

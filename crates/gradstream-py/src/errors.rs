@@ -21,6 +21,7 @@ static SIZE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static DTYPE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static STREAM_IO: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static TIMEOUT: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static DEADLINE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static TENSOR_SET: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
 const MODULE: &str = "gradstream.errors";
@@ -79,6 +80,13 @@ fn instantiate(py: Python<'_>, err: GradientStreamError) -> PyResult<PyErr> {
         } => TIMEOUT
             .import(py, MODULE, "StreamTimeoutError")?
             .call1((timeout, received, total))?,
+        GradientStreamError::Deadline {
+            deadline,
+            received,
+            total,
+        } => DEADLINE
+            .import(py, MODULE, "StreamDeadlineError")?
+            .call1((deadline, received, total))?,
         GradientStreamError::TensorSet { detail, name } => TENSOR_SET
             .import(py, MODULE, "TensorSetError")?
             .call1((detail, name))?,

@@ -18,7 +18,7 @@ use super::chunk::{HeldChunk, PyChunk};
 use super::complete::{Completions, Outcome};
 use super::convert::{values_tuple, GradientArgs, HeldGradient, Input, LentArray};
 use super::errors::IntoPyResult;
-use super::settings::{Flag, SettingArgs, Settings};
+use super::settings::{seconds_arg, Flag, SettingArgs, Settings};
 use super::stream::{
     progress_counters, FrameEncoder, PyFrameReceiver, SocketStream, TransferProgress,
 };
@@ -31,7 +31,7 @@ use gradstream_core::dtype::Dtype;
 use gradstream_core::encoder::{Gradient, GradientMeta};
 use gradstream_core::receiver::Ended;
 use gradstream_core::session::SessionConfig;
-use gradstream_core::stream::{receive_gradient, send_gradient};
+use gradstream_core::stream::{receive_gradient, send_gradient, Waits};
 use gradstream_core::tensors;
 
 /// An `out=` array as the Python session hands it over: its memory as a writeable 1-D
@@ -50,6 +50,8 @@ pub struct Engine {
     config: SessionConfig,
     /// Longest wait for a byte to move on a stream; None waits for ever.
     timeout: Option<std::time::Duration>,
+    /// Longest a transfer may take from its first byte (a call's `deadline=` overrides it).
+    deadline: Option<std::time::Duration>,
     /// Write each gradient's shape into its payloads (`gradient_shape`).
     keep_shape: bool,
     /// Take float16/bfloat16/float64 gradients and send them as they are.
@@ -63,6 +65,7 @@ impl From<Settings> for Engine {
         Self {
             config: settings.config,
             timeout: settings.timeout,
+            deadline: settings.deadline,
             keep_shape: settings.keep_shape,
             keep_dtype: settings.keep_dtype,
             wire_dtype: settings.wire_dtype,
@@ -71,6 +74,15 @@ impl From<Settings> for Engine {
 }
 
 impl Engine {
+    /// The waits of one transfer: the session's timeout, and the call's deadline (checked
+    /// as the setting is) or else the session's.
+    fn waits(&self, deadline: Option<&Bound<'_, PyAny>>) -> PyResult<Waits> {
+        Ok(Waits {
+            timeout: self.timeout,
+            deadline: seconds_arg(deadline, "deadline")?.or(self.deadline),
+        })
+    }
+
     /// Why the frames' length is not known before encoding, if it is not.
     fn sizes_unknown(&self) -> Option<String> {
         if self.config.compression.is_some() {
@@ -140,8 +152,8 @@ impl Engine {
 impl Engine {
     #[new]
     #[pyo3(signature = (
-        session_id, chunk_size, *, max_payload_len, max_gradient_len, timeout, layout,
-        compression, keep_shape, keep_dtype, wire_dtype, bf16_as_f32,
+        session_id, chunk_size, *, max_payload_len, max_gradient_len, timeout, deadline,
+        layout, compression, keep_shape, keep_dtype, wire_dtype, bf16_as_f32,
     ))]
     // The constructor's keywords are the session's settings, one argument each.
     #[allow(clippy::too_many_arguments)]
@@ -152,6 +164,7 @@ impl Engine {
         max_payload_len: i64,
         max_gradient_len: i128,
         timeout: Option<&Bound<'_, PyAny>>,
+        deadline: Option<&Bound<'_, PyAny>>,
         layout: &str,
         compression: Option<&Bound<'_, PyAny>>,
         keep_shape: Flag,
@@ -165,6 +178,7 @@ impl Engine {
             max_payload_len,
             max_gradient_len,
             timeout,
+            deadline,
             layout,
             compression,
             keep_shape,
@@ -182,6 +196,7 @@ impl Engine {
         Self {
             config,
             timeout: self.timeout,
+            deadline: self.deadline,
             keep_shape: self.keep_shape,
             keep_dtype: self.keep_dtype,
             wire_dtype: self.wire_dtype,
@@ -238,23 +253,30 @@ impl Engine {
         self.timeout.map(|t| t.as_secs_f64())
     }
 
+    #[getter]
+    fn deadline(&self) -> Option<f64> {
+        self.deadline.map(|t| t.as_secs_f64())
+    }
+
     /// Send one gradient over a checked stream socket under the loop's `completions`;
     /// the job number (its result: the number of chunks).
-    #[pyo3(signature = (completions, gradient, socket, progress))]
+    #[pyo3(signature = (completions, gradient, socket, progress, deadline))]
     fn stream_to_socket(
         &self,
         completions: &Bound<'_, Completions>,
         gradient: GradientArgs<'_>,
         socket: &Bound<'_, PyAny>,
         progress: Option<&Bound<'_, TransferProgress>>,
+        deadline: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<u64> {
         let counters = progress_counters(progress);
+        let waits = self.waits(deadline)?;
         let socket = SocketStream::from_socket(socket)?;
         let gradient = HeldGradient::new(&Input::try_from(gradient)?)?;
-        let (config, timeout) = (self.config.clone(), self.timeout);
+        let config = self.config.clone();
         Ok(completions.get().spawn(async move {
             let mut io = socket.open()?;
-            send_gradient(&config, gradient.gradient(), &mut io, timeout, &counters)
+            send_gradient(&config, gradient.gradient(), &mut io, waits, &counters)
                 .await
                 .map(Outcome::Chunks)
         }))
@@ -264,7 +286,7 @@ impl Engine {
     /// the job number. Its result: the values tuple, `out`'s bytes when `out` was given,
     /// or None when the stream ended before its first byte and `none_at_end` (else the
     /// empty gradient, as the original's "no network").
-    #[pyo3(signature = (completions, socket, progress, none_at_end, out))]
+    #[pyo3(signature = (completions, socket, progress, none_at_end, out, deadline))]
     fn receive_from_socket(
         &self,
         completions: &Bound<'_, Completions>,
@@ -272,18 +294,20 @@ impl Engine {
         progress: Option<&Bound<'_, TransferProgress>>,
         none_at_end: bool,
         out: Option<OutArgs<'_>>,
+        deadline: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<u64> {
         let counters = progress_counters(progress);
+        let waits = self.waits(deadline)?;
         let lent = out.as_ref().map(OutArgs::lend).transpose()?;
         let socket = SocketStream::from_socket(socket)?;
-        let (config, timeout) = (self.config.clone(), self.timeout);
+        let config = self.config.clone();
         Ok(completions.get().spawn(async move {
             let (receiver, owner) = match lent {
                 Some(lent) => (config.receiver_into(lent.slice), Some(lent.owner)),
                 None => (config.receiver(), None),
             };
             let mut io = socket.open()?;
-            let values = match receive_gradient(receiver, &mut io, timeout, &counters).await? {
+            let values = match receive_gradient(receiver, &mut io, waits, &counters).await? {
                 Ended::Gradient(values) => values,
                 Ended::BeforeFirstByte(_) if none_at_end => return Ok(Outcome::End),
                 // "No network": the empty gradient (which must fit `out`).
@@ -297,31 +321,37 @@ impl Engine {
     }
 
     /// The frames of a gradient one at a time (the asyncio-streams sender).
-    #[pyo3(signature = (gradient, progress))]
+    #[pyo3(signature = (gradient, progress, deadline))]
     fn frame_encoder(
         &self,
         gradient: GradientArgs<'_>,
         progress: Option<&Bound<'_, TransferProgress>>,
+        deadline: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<FrameEncoder> {
+        let waits = self.waits(deadline)?;
         FrameEncoder::new(
             self.config.clone(),
             Input::try_from(gradient)?,
             progress_counters(progress),
+            waits,
         )
     }
 
     /// A receiver for one gradient fed by the asyncio-streams reader.
-    #[pyo3(signature = (progress, out))]
+    #[pyo3(signature = (progress, out, deadline))]
     fn frame_receiver(
         &self,
         progress: Option<&Bound<'_, TransferProgress>>,
         out: Option<OutArgs<'_>>,
+        deadline: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyFrameReceiver> {
+        let waits = self.waits(deadline)?;
         let lent = out.as_ref().map(OutArgs::lend).transpose()?;
         Ok(PyFrameReceiver::new(
             &self.config,
             progress_counters(progress),
             lent,
+            waits,
         ))
     }
 
@@ -495,15 +525,17 @@ impl Engine {
         tensors: Vec<TensorArgs<'_>>,
         socket: &Bound<'_, PyAny>,
         progress: Option<&Bound<'_, TransferProgress>>,
+        deadline: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<u64> {
         let counters = progress_counters(progress);
+        let waits = self.waits(deadline)?;
         let socket = SocketStream::from_socket(socket)?;
         let held = HeldTensors::new(tensors)?;
-        let (config, timeout, wire) = (self.config.clone(), self.timeout, self.wire_dtype);
+        let (config, wire) = (self.config.clone(), self.wire_dtype);
         Ok(completions.get().spawn(async move {
             let mut io = socket.open()?;
             let gradients = held.gradients();
-            tensors::send_tensors(&config, wire, &gradients, &mut io, timeout, &counters)
+            tensors::send_tensors(&config, wire, &gradients, &mut io, waits, &counters)
                 .await
                 .map(Outcome::Chunks)
         }))
@@ -516,13 +548,15 @@ impl Engine {
         completions: &Bound<'_, Completions>,
         socket: &Bound<'_, PyAny>,
         progress: Option<&Bound<'_, TransferProgress>>,
+        deadline: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<u64> {
         let counters = progress_counters(progress);
+        let waits = self.waits(deadline)?;
         let socket = SocketStream::from_socket(socket)?;
-        let (config, timeout) = (self.config.clone(), self.timeout);
+        let config = self.config.clone();
         Ok(completions.get().spawn(async move {
             let mut io = socket.open()?;
-            tensors::receive_tensors(&config, &mut io, timeout, &counters)
+            tensors::receive_tensors(&config, &mut io, waits, &counters)
                 .await
                 .map(Outcome::Tensors)
         }))
@@ -534,13 +568,16 @@ impl Engine {
         py: Python<'_>,
         tensors: Vec<TensorArgs<'_>>,
         progress: Option<&Bound<'_, TransferProgress>>,
+        deadline: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<TensorFrameEncoder> {
+        let waits = self.waits(deadline)?;
         TensorFrameEncoder::new(
             py,
             self.config.clone(),
             self.wire_dtype,
             HeldTensors::new(tensors)?,
             progress_counters(progress),
+            waits,
         )
     }
 
@@ -548,8 +585,14 @@ impl Engine {
     fn tensor_set_receiver(
         &self,
         progress: Option<&Bound<'_, TransferProgress>>,
-    ) -> PyTensorSetReceiver {
-        PyTensorSetReceiver::new(&self.config, progress_counters(progress))
+        deadline: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyTensorSetReceiver> {
+        let waits = self.waits(deadline)?;
+        Ok(PyTensorSetReceiver::new(
+            &self.config,
+            progress_counters(progress),
+            waits,
+        ))
     }
 
     /// The frames of a tensor set's manifest: an empty gradient whose payload carries

@@ -20,6 +20,8 @@ pub struct Settings {
     /// Longest wait for a byte to move on a stream (the tokio I/O's argument; the core's
     /// settings have none).
     pub timeout: Option<std::time::Duration>,
+    /// Longest a whole transfer may take from its first byte.
+    pub deadline: Option<std::time::Duration>,
     /// Write each gradient's shape into its payloads (`gradient_shape`).
     pub keep_shape: bool,
     /// Take float16/bfloat16/float64 gradients and send them as they are.
@@ -35,6 +37,7 @@ pub struct SettingArgs<'a, 'py> {
     pub max_payload_len: i64,
     pub max_gradient_len: i128,
     pub timeout: Option<&'a Bound<'py, PyAny>>,
+    pub deadline: Option<&'a Bound<'py, PyAny>>,
     pub layout: &'a str,
     pub compression: Option<&'a Bound<'py, PyAny>>,
     pub keep_shape: Flag,
@@ -58,7 +61,8 @@ impl SettingArgs<'_, '_> {
             )
         })?;
         let limits = limits_arg(py, self.max_payload_len, self.max_gradient_len)?;
-        let timeout = timeout_arg(self.timeout)?;
+        let timeout = seconds_arg(self.timeout, "timeout")?;
+        let deadline = seconds_arg(self.deadline, "deadline")?;
         let compression = compression_arg(self.compression)?;
         let keep_shape = self.keep_shape.get("keep_shape")?;
         let keep_dtype = self.keep_dtype.get("keep_dtype")?;
@@ -71,6 +75,7 @@ impl SettingArgs<'_, '_> {
         Ok(Settings {
             config,
             timeout,
+            deadline,
             keep_shape,
             keep_dtype,
             wire_dtype,
@@ -215,9 +220,13 @@ fn wire_dtype_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Dtype>> {
     })
 }
 
-/// The `timeout=` argument: None, or a positive finite number of seconds (named by its
-/// repr when refused, as the reference names it).
-fn timeout_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<std::time::Duration>> {
+/// The `timeout=` or `deadline=` argument (`name`): None, or a positive finite number of
+/// seconds (named by its repr when refused, as the reference names it). Also what a
+/// per-call `deadline=` is checked by.
+pub fn seconds_arg(
+    value: Option<&Bound<'_, PyAny>>,
+    name: &str,
+) -> PyResult<Option<std::time::Duration>> {
     let Some(value) = value.filter(|v| !v.is_none()) else {
         return Ok(None);
     };
@@ -226,7 +235,7 @@ fn timeout_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<std::time::D
         Ok(seconds) if !value.is_instance_of::<pyo3::types::PyString>() => seconds,
         _ => {
             return Err(PyTypeError::new_err(format!(
-                "timeout must be None or a number, not {}",
+                "{name} must be None or a number, not {}",
                 type_name(value)
             )))
         }
@@ -236,9 +245,9 @@ fn timeout_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<std::time::D
     }
     Err(setting_error(
         value.py(),
-        "timeout",
+        name,
         format!(
-            "timeout must be None or a positive number of seconds, got {}",
+            "{name} must be None or a positive number of seconds, got {}",
             value.repr()?
         ),
     ))

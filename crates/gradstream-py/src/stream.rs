@@ -23,7 +23,7 @@ use gradstream_core::error::{GradientStreamError, Result};
 use gradstream_core::output::Output;
 use gradstream_core::receiver::{Ended, FrameReceiver};
 use gradstream_core::session::SessionConfig;
-use gradstream_core::stream::Progress;
+use gradstream_core::stream::{Progress, Waits};
 
 /// Progress counters of a transfer; what `progress=` was given, or fresh unobserved ones.
 #[pyclass(name = "TransferProgress", module = "gradstream", frozen)]
@@ -65,6 +65,34 @@ impl TransferProgress {
             self.chunks(),
             self.total_chunks()
         )
+    }
+}
+
+/// A transfer's waits as (timeout, deadline) seconds, for the Python side's clock.
+pub fn waits_in_seconds(waits: Waits) -> (Option<f64>, Option<f64>) {
+    let seconds = |d: Option<std::time::Duration>| d.map(|d| d.as_secs_f64());
+    (seconds(waits.timeout), seconds(waits.deadline))
+}
+
+/// The error of a wait that ran out after `seconds`: the deadline's when `late`, else the
+/// timeout's; `at` is (chunks moved, total).
+pub fn expired(
+    seconds: f64,
+    late: bool,
+    (received, total): (usize, Option<u32>),
+) -> GradientStreamError {
+    if late {
+        GradientStreamError::Deadline {
+            deadline: seconds,
+            received,
+            total,
+        }
+    } else {
+        GradientStreamError::Timeout {
+            timeout: seconds,
+            received,
+            total,
+        }
     }
 }
 
@@ -256,6 +284,7 @@ pub struct FrameEncoder {
     config: SessionConfig,
     gradient: HeldGradient,
     progress: Arc<Progress>,
+    waits: Waits,
     /// Frames encoded so far, and those the stream has taken whole (`sent`).
     next: u32,
     written: u32,
@@ -263,7 +292,12 @@ pub struct FrameEncoder {
 }
 
 impl FrameEncoder {
-    pub fn new(config: SessionConfig, input: Input<'_>, progress: Arc<Progress>) -> PyResult<Self> {
+    pub fn new(
+        config: SessionConfig,
+        input: Input<'_>,
+        progress: Arc<Progress>,
+        waits: Waits,
+    ) -> PyResult<Self> {
         let py = input.bytes.py();
         let gradient = HeldGradient::new(&input)?;
         let total = config.chunk_count(gradient.gradient().len()).py_err(py)?;
@@ -272,6 +306,7 @@ impl FrameEncoder {
             config,
             gradient,
             progress,
+            waits,
             next: 0,
             written: 0,
             total,
@@ -308,16 +343,17 @@ impl FrameEncoder {
         self.progress.add(nbytes, u64::from(frames));
     }
 
-    /// Raise the timeout error for the frames written so far.
-    fn timed_out(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
-        Err(super::errors::to_py_err(
-            py,
-            GradientStreamError::Timeout {
-                timeout,
-                received: self.written as usize,
-                total: Some(self.total),
-            },
-        ))
+    /// The session's timeout and the transfer's deadline, in seconds (the Python clock's).
+    #[getter]
+    fn waits(&self) -> (Option<f64>, Option<f64>) {
+        waits_in_seconds(self.waits)
+    }
+
+    /// Raise the timeout error (the deadline's when `late`) for the frames written so far.
+    #[pyo3(signature = (seconds, late = false))]
+    fn timed_out(&self, py: Python<'_>, seconds: f64, late: bool) -> PyResult<()> {
+        let at = (self.written as usize, Some(self.total));
+        Err(super::errors::to_py_err(py, expired(seconds, late, at)))
     }
 
     /// The note for an error met now: none for a single gradient.
@@ -331,12 +367,18 @@ impl FrameEncoder {
 pub struct PyFrameReceiver {
     inner: Option<FrameReceiver>,
     progress: Arc<Progress>,
+    waits: Waits,
     /// The caller's `out=` array the receiver writes into, returned by `finish`.
     out: Option<Py<PyAny>>,
 }
 
 impl PyFrameReceiver {
-    pub fn new(config: &SessionConfig, progress: Arc<Progress>, out: Option<LentArray>) -> Self {
+    pub fn new(
+        config: &SessionConfig,
+        progress: Arc<Progress>,
+        out: Option<LentArray>,
+        waits: Waits,
+    ) -> Self {
         let (inner, out) = match out {
             Some(lent) => (config.receiver_into(lent.slice), Some(lent.owner)),
             None => (config.receiver(), None),
@@ -344,6 +386,7 @@ impl PyFrameReceiver {
         Self {
             inner: Some(inner),
             progress,
+            waits,
             out,
         }
     }
@@ -425,16 +468,17 @@ impl PyFrameReceiver {
         None
     }
 
-    /// Raise the timeout error for this receiver's state.
-    fn timed_out(&mut self, py: Python<'_>, timeout: f64) -> PyResult<()> {
+    /// The session's timeout and the transfer's deadline, in seconds (the Python clock's).
+    #[getter]
+    fn waits(&self) -> (Option<f64>, Option<f64>) {
+        waits_in_seconds(self.waits)
+    }
+
+    /// Raise the timeout error (the deadline's when `late`) for this receiver's state.
+    #[pyo3(signature = (seconds, late = false))]
+    fn timed_out(&mut self, py: Python<'_>, seconds: f64, late: bool) -> PyResult<()> {
         let receiver = self.inner()?;
-        Err(super::errors::to_py_err(
-            py,
-            GradientStreamError::Timeout {
-                timeout,
-                received: receiver.received(),
-                total: receiver.total(),
-            },
-        ))
+        let at = (receiver.received(), receiver.total());
+        Err(super::errors::to_py_err(py, expired(seconds, late, at)))
     }
 }

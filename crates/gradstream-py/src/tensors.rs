@@ -18,11 +18,12 @@ use pyo3::types::{PyBytes, PyList, PyString};
 use super::buffers::ReadBuffer;
 use super::convert::{dtype_named, values_tuple};
 use super::errors::{tensor_set_error, to_py_err, type_name, IntoPyResult};
+use super::stream::{expired, waits_in_seconds};
 use gradstream_core::dtype::Dtype;
 use gradstream_core::encoder::{Gradient, GradientMeta};
 use gradstream_core::error::GradientStreamError;
 use gradstream_core::session::SessionConfig;
-use gradstream_core::stream::Progress;
+use gradstream_core::stream::{Progress, Waits};
 use gradstream_core::tensors::encode::{check_tensors, tensor_gradient, tensor_meta};
 use gradstream_core::tensors::manifest::unencodable_name_detail;
 use gradstream_core::tensors::{
@@ -163,6 +164,7 @@ pub struct TensorFrameEncoder {
     metas: Vec<GradientMeta>,
     manifest: Option<Vec<u8>>,
     progress: Arc<Progress>,
+    waits: Waits,
     /// The frame last handed out, and the frames of it the stream has taken whole.
     at: Sending,
     written: u32,
@@ -175,6 +177,7 @@ impl TensorFrameEncoder {
         wire_dtype: Option<Dtype>,
         tensors: HeldTensors,
         progress: Arc<Progress>,
+        waits: Waits,
     ) -> PyResult<Self> {
         let gradients = tensors.gradients();
         check_tensors(&gradients, Doing::Sending).py_err(py)?;
@@ -191,6 +194,7 @@ impl TensorFrameEncoder {
             metas,
             manifest: Some(manifest),
             progress,
+            waits,
             at: Sending::Manifest,
             written: 0,
         })
@@ -283,17 +287,21 @@ impl TensorFrameEncoder {
         }
     }
 
-    /// Raise the timeout error for where the set stands (the manifest: 0 of 1 chunks).
-    fn timed_out(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
+    /// The session's timeout and the set's deadline, in seconds (the Python clock's).
+    #[getter]
+    fn waits(&self) -> (Option<f64>, Option<f64>) {
+        waits_in_seconds(self.waits)
+    }
+
+    /// Raise the timeout error (the deadline's when `late`) for where the set stands (the
+    /// manifest: 0 of 1 chunks).
+    #[pyo3(signature = (seconds, late = false))]
+    fn timed_out(&self, py: Python<'_>, seconds: f64, late: bool) -> PyResult<()> {
         let (received, total) = match self.at {
             Sending::Manifest => (0, 1),
             Sending::Tensor { total, .. } => (self.written as usize, total),
         };
-        let error = GradientStreamError::Timeout {
-            timeout,
-            received,
-            total: Some(total),
-        };
+        let error = expired(seconds, late, (received, Some(total)));
         Err(to_py_err(py, self.noted(error)))
     }
 
@@ -308,13 +316,15 @@ impl TensorFrameEncoder {
 pub struct PyTensorSetReceiver {
     inner: Option<TensorSetReceiver>,
     progress: Arc<Progress>,
+    waits: Waits,
 }
 
 impl PyTensorSetReceiver {
-    pub fn new(config: &SessionConfig, progress: Arc<Progress>) -> Self {
+    pub fn new(config: &SessionConfig, progress: Arc<Progress>, waits: Waits) -> Self {
         Self {
             inner: Some(TensorSetReceiver::new(config)),
             progress,
+            waits,
         }
     }
 
@@ -371,15 +381,18 @@ impl PyTensorSetReceiver {
         set_list(py, set)
     }
 
-    /// Raise the timeout error for where the set stands, noted with its tensor.
-    fn timed_out(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
+    /// The session's timeout and the set's deadline, in seconds (the Python clock's).
+    #[getter]
+    fn waits(&self) -> (Option<f64>, Option<f64>) {
+        waits_in_seconds(self.waits)
+    }
+
+    /// Raise the timeout error (the deadline's when `late`) for where the set stands,
+    /// noted with its tensor.
+    #[pyo3(signature = (seconds, late = false))]
+    fn timed_out(&self, py: Python<'_>, seconds: f64, late: bool) -> PyResult<()> {
         let receiver = self.inner()?;
-        let (received, total) = receiver.at();
-        let error = GradientStreamError::Timeout {
-            timeout,
-            received,
-            total,
-        };
+        let error = expired(seconds, late, receiver.at());
         Err(to_py_err(py, receiver.annotate(error)))
     }
 

@@ -16,7 +16,7 @@ import socket
 import ssl
 from typing import Any
 
-from .._io import Stalled, within
+from .._io import Clock, Stalled
 from ..errors import StreamIOError
 
 # --------------------------------------------------------------------------- progress
@@ -88,10 +88,11 @@ _WRITE_SLICE = 65_536
 
 
 class _Channel:
-    """Moves bytes for one transfer; every wait is bounded by the timeout."""
+    """Moves bytes for one transfer; every wait is bounded by its clock (the timeout, and
+    what is left of the transfer's deadline)."""
 
-    def __init__(self, timeout: float | None) -> None:
-        self.timeout = timeout
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
 
     def __enter__(self) -> None:
         pass
@@ -115,8 +116,8 @@ _ACTIVE_SOCKETS: dict[socket.socket, list[Any]] = {}
 
 
 class _SocketChannel(_Channel):
-    def __init__(self, sock: socket.socket, timeout: float | None) -> None:
-        super().__init__(timeout)
+    def __init__(self, sock: socket.socket, clock: Clock) -> None:
+        super().__init__(clock)
         self.sock = sock
         self.loop = asyncio.get_running_loop()
 
@@ -145,7 +146,7 @@ class _SocketChannel(_Channel):
 
     async def recv_into(self, view: memoryview) -> int:
         try:
-            return await within(self.loop.sock_recv_into(self.sock, view), self.timeout)
+            return await self.clock.within(self.loop.sock_recv_into(self.sock, view))
         except OSError as exc:
             raise StreamIOError.from_os_error(exc) from exc
 
@@ -157,11 +158,11 @@ class _SocketChannel(_Channel):
                 except (BlockingIOError, InterruptedError):
                     pass
                 try:
-                    await within(self._writable(), self.timeout)
+                    await self.clock.within(self._writable())
                 except NotImplementedError:
                     # A loop without readiness callbacks (Windows' proactor): sendall, so
                     # the timeout bounds the whole piece rather than each byte.
-                    await within(self.loop.sock_sendall(self.sock, view), self.timeout)
+                    await self.clock.within(self.loop.sock_sendall(self.sock, view))
                     return len(view)
         except OSError as exc:
             raise StreamIOError.from_os_error(exc) from exc
@@ -186,9 +187,9 @@ class _StreamsChannel(_Channel):
         self,
         reader: asyncio.StreamReader | None,
         writer: asyncio.StreamWriter | None,
-        timeout: float | None,
+        clock: Clock,
     ) -> None:
-        super().__init__(timeout)
+        super().__init__(clock)
         self.reader = reader
         self.writer = writer
 
@@ -197,7 +198,7 @@ class _StreamsChannel(_Channel):
         try:
             # read(n) returns what is buffered, up to n, as soon as there is something:
             # never more than asked, so never past the gradient's last frame.
-            data = await within(self.reader.read(len(view)), self.timeout)
+            data = await self.clock.within(self.reader.read(len(view)))
         except OSError as exc:
             raise StreamIOError.from_os_error(exc) from exc
         view[: len(data)] = data
@@ -221,10 +222,10 @@ class _StreamsChannel(_Channel):
         while True:
             before = transport.get_write_buffer_size()
             try:
-                await within(self.writer.drain(), self.timeout)
+                await self.clock.within(self.writer.drain())
                 return
-            except Stalled:
-                if transport.get_write_buffer_size() >= before:
+            except Stalled as stalled:
+                if stalled.late or transport.get_write_buffer_size() >= before:
                     raise
 
 
@@ -249,12 +250,12 @@ def _not_a_stream(stream: Any, method: str | None, kind: str, default: str) -> T
     )
 
 
-def _sending_channel(stream: Any, timeout: float | None, method: str | None = None) -> _Channel:
+def _sending_channel(stream: Any, clock: Clock, method: str | None = None) -> _Channel:
     if isinstance(stream, socket.socket):
-        return _SocketChannel(_check_socket(stream), timeout)
+        return _SocketChannel(_check_socket(stream), clock)
     writer = stream[1] if isinstance(stream, tuple) and len(stream) == 2 else stream
     if isinstance(writer, asyncio.StreamWriter):
-        return _StreamsChannel(None, writer, timeout)
+        return _StreamsChannel(None, writer, clock)
     raise _not_a_stream(
         stream,
         method,
@@ -264,12 +265,12 @@ def _sending_channel(stream: Any, timeout: float | None, method: str | None = No
     )
 
 
-def _receiving_channel(stream: Any, timeout: float | None, method: str | None = None) -> _Channel:
+def _receiving_channel(stream: Any, clock: Clock, method: str | None = None) -> _Channel:
     if isinstance(stream, socket.socket):
-        return _SocketChannel(_check_socket(stream), timeout)
+        return _SocketChannel(_check_socket(stream), clock)
     reader = stream[0] if isinstance(stream, tuple) and len(stream) == 2 else stream
     if isinstance(reader, asyncio.StreamReader):
-        return _StreamsChannel(reader, None, timeout)
+        return _StreamsChannel(reader, None, clock)
     raise _not_a_stream(
         stream,
         method,
@@ -298,6 +299,7 @@ async def _recv_all(channel: _Channel, view: memoryview, progress: TransferProgr
         n = await channel.recv_into(view[got:])
         if n == 0:
             break
+        channel.clock.start()  # a receiver's deadline runs from its first byte
         got += n
         _count(progress, nbytes=n)
     return got

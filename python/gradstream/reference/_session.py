@@ -25,8 +25,8 @@ from .. import _dtypes
 from .._convert import byte_view as _byte_view
 from .._convert import check_bool as _check_bool
 from .._convert import frame_buffer, value_buffer
-from .._io import Stalled
-from ..errors import FrameError, StreamTimeoutError
+from .._io import Clock, Stalled
+from ..errors import FrameError
 from . import _tensors
 from ._channels import (
     TransferProgress,
@@ -67,6 +67,7 @@ class GradientStreamSession:
     __slots__ = (
         "_chunk_size",
         "_compression",
+        "_deadline",
         "_keep_dtype",
         "_keep_shape",
         "_layout",
@@ -85,6 +86,7 @@ class GradientStreamSession:
         max_payload_len: int = DEFAULT_MAX_PAYLOAD_LEN,
         max_gradient_len: int = DEFAULT_MAX_GRADIENT_LEN,
         timeout: float | None = None,
+        deadline: float | None = None,
         layout: str = "seed",
         compression: bool | str | None = None,
         keep_shape: bool = False,
@@ -98,6 +100,7 @@ class GradientStreamSession:
         self._max_payload_len = _check_max_payload_len(max_payload_len)
         self._max_gradient_len = _check_max_gradient_len(max_gradient_len)
         self._timeout = _check_timeout(timeout)
+        self._deadline = _check_timeout(deadline, "deadline")
         self._compression = _check_compression_setting(compression)
         self._keep_shape = _check_flag(keep_shape, "keep_shape")
         self._keep_dtype = _check_flag(keep_dtype, "keep_dtype")
@@ -117,6 +120,7 @@ class GradientStreamSession:
             max_payload_len=self._max_payload_len,
             max_gradient_len=self._max_gradient_len,
             timeout=self._timeout,
+            deadline=self._deadline,
             layout=self._layout,
             compression="lz4" if enabled else None,
             keep_shape=self._keep_shape,
@@ -153,6 +157,16 @@ class GradientStreamSession:
         return self._timeout
 
     @property
+    def deadline(self) -> float | None:
+        return self._deadline
+
+    def _clock(self, deadline: Any) -> Clock:
+        """The waits of one transfer: the timeout, and the call's deadline (checked as the
+        setting is) or else the session's."""
+        checked = _check_timeout(deadline, "deadline")
+        return Clock(self._timeout, self._deadline if checked is None else checked)
+
+    @property
     def layout(self) -> str:
         return self._layout
 
@@ -179,6 +193,7 @@ class GradientStreamSession:
             f"GradientStreamSession(session_id={self._session_id!r}, "
             f"chunk_size={self._chunk_size}, max_payload_len={self._max_payload_len}, "
             f"max_gradient_len={self._max_gradient_len}, timeout={self._timeout!r}, "
+            f"deadline={self._deadline!r}, "
             f"layout={self._layout!r}, compression={self._compression!r}, "
             f"keep_shape={self._keep_shape!r}, keep_dtype={self._keep_dtype!r}, "
             f"wire_dtype={self._wire_dtype!r})"
@@ -441,14 +456,19 @@ class GradientStreamSession:
     # ---- streaming (README "Streaming")
 
     async def stream_to(
-        self, gradient: Any, stream: Any, *, progress: TransferProgress | None = None
+        self,
+        gradient: Any,
+        stream: Any,
+        *,
+        progress: TransferProgress | None = None,
+        deadline: float | None = None,
     ) -> int:
         """Send one gradient over a socket or an asyncio stream; the number of chunks.
 
         The bytes are exactly encode_frames(gradient), encoded and written one chunk at a
         time. The gradient is read as the chunks are encoded: do not change it meanwhile.
         """
-        channel = _sending_channel(stream, self._timeout)
+        channel = _sending_channel(stream, self._clock(deadline))
         progress = _check_progress(progress)
         return await self._send(channel, self._input(gradient), progress)
 
@@ -460,6 +480,7 @@ class GradientStreamSession:
         frames = self._frames(grad)
         total = self._total_chunks(len(grad.values))  # FrameError before any byte is sent
         _count(progress, total_chunks=total)
+        channel.clock.start()  # a sender's deadline runs from now
         with channel:
             for k, _, payload, checksum in frames:
                 # One buffer per frame: two writes (header, payload) would meet Nagle's
@@ -467,8 +488,8 @@ class GradientStreamSession:
                 frame = memoryview(HEADER.pack(k, total, len(payload), checksum) + payload)
                 try:
                     await _send_all(channel, frame, progress)
-                except Stalled:
-                    raise StreamTimeoutError(self._timeout or 0.0, k, total) from None
+                except Stalled as stalled:
+                    raise stalled.error(k, total) from None
                 _count(progress, chunks=1)
                 await asyncio.sleep(0)  # a turn for the loop per frame, as on receipt
         return total
@@ -479,6 +500,7 @@ class GradientStreamSession:
         *,
         progress: TransferProgress | None = None,
         out: np.ndarray | None = None,
+        deadline: float | None = None,
     ) -> np.ndarray:
         """Receive one gradient from a socket or an asyncio stream.
 
@@ -487,7 +509,7 @@ class GradientStreamSession:
         gradient is written into it as its chunks arrive, and ``out`` is returned; it is
         checked before any byte is read, and holds unspecified values after an error.
         """
-        channel = _receiving_channel(stream, self._timeout)
+        channel = _receiving_channel(stream, self._clock(deadline))
         progress = _check_progress(progress)
         if out is not None:
             out = value_buffer(out)
@@ -495,10 +517,14 @@ class GradientStreamSession:
         return _zero_values(out) if values is None else values
 
     async def receive_iter(
-        self, stream: Any, *, progress: TransferProgress | None = None
+        self,
+        stream: Any,
+        *,
+        progress: TransferProgress | None = None,
+        deadline: float | None = None,
     ) -> AsyncIterator[np.ndarray]:
         """Receive gradients until the peer closes the stream between two of them."""
-        channel = _receiving_channel(stream, self._timeout)
+        channel = _receiving_channel(stream, self._clock(deadline))
         progress = _check_progress(progress)
         while True:
             values = await self._receive(channel, progress, None)
@@ -511,6 +537,7 @@ class GradientStreamSession:
     ) -> np.ndarray | None:
         """One gradient (written into ``out`` when given), or None when the stream ended
         before its first byte."""
+        channel.clock.reset()  # each gradient's deadline runs from its own first byte
         receiver = _FrameReceiver(
             self._max_payload_len, self._max_gradient_len, copy_values=True, out=out
         )
@@ -531,10 +558,8 @@ class GradientStreamSession:
                 unit = memoryview(bytearray(receiver.want))
                 try:
                     got = await _recv_all(channel, unit, progress)
-                except Stalled:
-                    raise StreamTimeoutError(
-                        self._timeout or 0.0, receiver.received, receiver.total
-                    ) from None
+                except Stalled as stalled:
+                    raise stalled.error(receiver.received, receiver.total) from None
                 if got < len(unit):
                     receiver.end_of_stream(got)  # raises, but before any byte
                     return None
@@ -559,14 +584,23 @@ class GradientStreamSession:
         return _tensors.decode_tensors(self, data)
 
     async def stream_tensors(
-        self, tensors: Any, stream: Any, *, progress: TransferProgress | None = None
+        self,
+        tensors: Any,
+        stream: Any,
+        *,
+        progress: TransferProgress | None = None,
+        deadline: float | None = None,
     ) -> int:
-        return await _tensors.stream_tensors(self, tensors, stream, progress)
+        return await _tensors.stream_tensors(self, tensors, stream, progress, deadline)
 
     async def receive_tensors(
-        self, stream: Any, *, progress: TransferProgress | None = None
+        self,
+        stream: Any,
+        *,
+        progress: TransferProgress | None = None,
+        deadline: float | None = None,
     ) -> dict[str, np.ndarray]:
-        return await _tensors.receive_tensors(self, stream, progress)
+        return await _tensors.receive_tensors(self, stream, progress, deadline)
 
     def _encode_manifest(self, text: str) -> bytes:
         """The frames of an empty gradient (one frame, chunk 0 of 1: a float32 value column

@@ -28,7 +28,7 @@ import pyarrow as pa
 from .. import _dtypes
 from .._convert import byte_view, check_bool
 from .._io import Stalled
-from ..errors import StreamTimeoutError, TensorSetError
+from ..errors import TensorSetError
 from ._channels import (
     TransferProgress,
     _Channel,
@@ -194,19 +194,21 @@ async def stream_tensors(
     tensors: Any,
     stream: Any,
     progress: TransferProgress | None = None,
+    deadline: float | None = None,
 ) -> int:
     """Send the set: the stream, the names and every tensor checked before a byte goes;
     the number of frames written, the manifest's included. ``progress`` counts the
     tensors' frames only."""
-    channel = _sending_channel(stream, session.timeout, "stream_tensors")
+    channel = _sending_channel(stream, session._clock(deadline), "stream_tensors")
     progress = _check_progress(progress)
     taken = _take(tensors, "sending")
     frame = _manifest_for(session, taken)
+    channel.clock.start()  # the set's deadline runs from now, over all its tensors
     with channel:  # the socket stays non-blocking from the manifest to the last tensor
         try:
             await _send_all(channel, memoryview(frame), None)
-        except Stalled:
-            raise StreamTimeoutError(session.timeout or 0.0, 0, 1) from None
+        except Stalled as stalled:
+            raise stalled.error(0, 1) from None
         sent = 1
         for k, tensor in enumerate(taken, 1):
             with _about("sending", tensor.entry.name, k, len(taken)):
@@ -325,13 +327,13 @@ def decode_tensors(session: GradientStreamSession, data: Any) -> dict[str, np.nd
     return result
 
 
-async def _fill(channel: _Channel, size: int, timeout: float | None, total: int | None) -> bytes:
+async def _fill(channel: _Channel, size: int, total: int | None) -> bytes:
     """``size`` bytes from ``channel``, or fewer when the stream ended first."""
     unit = memoryview(bytearray(size))
     try:
         got = await _recv_all(channel, unit, None)
-    except Stalled:
-        raise StreamTimeoutError(timeout or 0.0, 0, total) from None
+    except Stalled as stalled:
+        raise stalled.error(0, total) from None
     return bytes(unit[:got])
 
 
@@ -339,13 +341,13 @@ async def _stream_manifest(session: GradientStreamSession, channel: _Channel) ->
     """Rules 1, 2 and 4 over a stream: the manifest's entries, or None when the stream
     ended before its first byte. Reads exactly the manifest frame."""
     receiver = _manifest_receiver(session, copy=True)
-    header = await _fill(channel, HEADER_LEN, session.timeout, None)
+    header = await _fill(channel, HEADER_LEN, None)
     if len(header) < HEADER_LEN:
         receiver.end_of_stream(len(header))  # raises, but before any byte
         return None
     _first_header(memoryview(header))
     receiver.feed(memoryview(header))  # the capped max_payload_len, before any allocation
-    payload = await _fill(channel, receiver.want, session.timeout, 1)
+    payload = await _fill(channel, receiver.want, 1)
     if len(payload) < receiver.want:
         receiver.end_of_stream(len(payload))  # raises
     receiver.feed(memoryview(payload))
@@ -353,11 +355,14 @@ async def _stream_manifest(session: GradientStreamSession, channel: _Channel) ->
 
 
 async def receive_tensors(
-    session: GradientStreamSession, stream: Any, progress: TransferProgress | None = None
+    session: GradientStreamSession,
+    stream: Any,
+    progress: TransferProgress | None = None,
+    deadline: float | None = None,
 ) -> dict[str, np.ndarray]:
     """Receive one set; ``{}`` when the peer closed before its first byte. Nothing past
     the set's last frame is read. ``progress`` counts the tensors' frames only."""
-    channel = _receiving_channel(stream, session.timeout, "receive_tensors")
+    channel = _receiving_channel(stream, session._clock(deadline), "receive_tensors")
     progress = _check_progress(progress)
     result: dict[str, np.ndarray] = {}
     with channel:

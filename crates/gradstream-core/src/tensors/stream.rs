@@ -6,7 +6,6 @@
 //! Uses `encode`, `receive` and `crate::stream`; used by the bindings.
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
@@ -19,7 +18,7 @@ use crate::encoder::Gradient;
 use crate::error::Result;
 use crate::frame::HEADER_LEN;
 use crate::session::SessionConfig;
-use crate::stream::{read_unit, send_gradient, within, write_frame, Progress};
+use crate::stream::{read_unit, send_gradient_on, within, write_frame, Clock, Progress, Waits};
 
 /// Send a tensor set: every name and tensor checked before a byte goes, then the manifest
 /// frame, then each tensor as `send_gradient` sends it in a keep_shape, keep_dtype session
@@ -32,28 +31,29 @@ pub async fn send_tensors<W: AsyncWrite + Unpin>(
     wire_dtype: Option<Dtype>,
     tensors: &[(Entry, Gradient<'_>)],
     writer: &mut W,
-    timeout: Option<Duration>,
+    waits: impl Into<Waits>,
     progress: &Progress,
 ) -> Result<usize> {
     check_tensors(tensors, Doing::Sending)?;
+    let clock = Clock::running(waits);
     let entries: Vec<Entry> = tensors.iter().map(|(entry, _)| entry.clone()).collect();
     let frame = manifest_frame(config, &entries)?;
     let unseen = Progress::default();
     write_frame(
         writer,
         [&frame, &[], &[], &[]],
-        timeout,
+        &clock,
         (0, Some(1)),
         &unseen,
     )
     .await?;
-    within(timeout, (0, Some(1)), writer.flush()).await?;
+    within(&clock, (0, Some(1)), writer.flush()).await?;
     let mut sent = 1;
     let n = tensors.len();
     for (k, (entry, values)) in tensors.iter().enumerate() {
         let meta = tensor_meta(entry, wire_dtype.unwrap_or(entry.dtype));
         let gradient = tensor_gradient(entry, values, wire_dtype, &meta);
-        sent += send_gradient(config, gradient, writer, timeout, progress)
+        sent += send_gradient_on(config, gradient, writer, &clock, progress)
             .await
             .map_err(|e| e.noted(note(Doing::Sending, &entry.name, k + 1, n)))?;
     }
@@ -67,16 +67,17 @@ pub async fn send_tensors<W: AsyncWrite + Unpin>(
 pub async fn receive_tensors<R: AsyncRead + Unpin>(
     config: &SessionConfig,
     reader: &mut R,
-    timeout: Option<Duration>,
+    waits: impl Into<Waits>,
     progress: &Progress,
 ) -> Result<TensorSet> {
     let mut receiver = TensorSetReceiver::new(config);
+    let mut clock = Clock::idle(waits);
     // Holds a header or a payload (at most max_payload_len, checked from the header).
     let mut unit = Vec::with_capacity(HEADER_LEN);
     loop {
         let want = receiver.want();
         let counted = receiver.in_tensors().then_some(progress);
-        let read = read_unit(reader, &mut unit, want, timeout, receiver.at(), counted).await;
+        let read = read_unit(reader, &mut unit, want, &mut clock, receiver.at(), counted).await;
         if !read.map_err(|e| receiver.annotate(e))? {
             return receiver.end_of_stream(unit.len());
         }
@@ -100,6 +101,7 @@ mod tests {
     use super::super::testing::{gradients, manifest_of, mixed, set_of, unnoted};
     use super::*;
     use crate::error::GradientStreamError;
+    use std::time::Duration;
     use tokio::io::duplex;
 
     fn load(p: &Progress) -> (u64, u64, u64) {

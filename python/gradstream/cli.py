@@ -12,8 +12,10 @@ live in the repository's ``benches/``, run by ``make bench``.)
 picks a free port; the line gives the one bound), accepts one connection and receives
 ``--count`` gradients from it, one after the other. ``send`` connects and sends each file
 in turn over that one connection, so ``send`` with two files pairs with ``recv --count 2``.
-The wire carries values only: a received gradient is 1-D float32, whatever shape the sent
-array had.
+``send`` sends float32 values without their shape (a file of any shape arrives 1-D).
+``recv`` saves each gradient as it arrives: a Python peer may send float16, bfloat16 or
+float64 values (``keep_dtype=True``) or a shape (``keep_shape=True``), and those are kept.
+The line each prints for a gradient says the dtype and shape sent or received.
 
 Exit status: 0 on success; 1 when a transfer, a connection, a file or a verification
 fails; 2 for a command-line mistake (unknown option, bad HOST:PORT); 130 on Ctrl-C.
@@ -30,6 +32,7 @@ import argparse
 import asyncio
 import contextlib
 import importlib
+import math
 import os
 import socket
 import sys
@@ -80,12 +83,14 @@ class _Progress(Protocol):
 
 
 class _Session(Protocol):
+    @property
+    def keep_shape(self) -> bool: ...
     def stream_to(
         self, gradient: Any, stream: Any, /, *, progress: Any = None
     ) -> Awaitable[int]: ...
     def receive_from(
         self, stream: Any, /, *, progress: Any = None
-    ) -> Awaitable[npt.NDArray[np.float32]]: ...
+    ) -> Awaitable[npt.NDArray[Any]]: ...
 
 
 @dataclass(frozen=True)
@@ -217,6 +222,16 @@ def describe_transfer_error(exc: BaseException) -> str:
     return f"{_one_line(str(exc)) or 'no detail'} ({type(exc).__name__})"
 
 
+def describe_values(dtype: np.dtype[Any], shape: tuple[int, ...]) -> str:
+    """`3,000 float32 values, 1-D` or `24 float64 values, shape (2, 3, 4)`."""
+    form = "1-D" if len(shape) == 1 else f"shape {shape}"
+    return f"{_count(math.prod(shape), dtype.name + ' value')}, {form}"
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n:,} {what}{'' if n == 1 else 's'}"
+
+
 # --------------------------------------------------------------------------- progress
 
 
@@ -307,7 +322,7 @@ def output_paths(out: Path, count: int) -> list[Path]:
     return [out.with_name(f"{out.stem}-{i}{out.suffix}") for i in range(count)]
 
 
-def _save(path: Path, array: npt.NDArray[np.float32]) -> None:
+def _save(path: Path, array: npt.NDArray[Any]) -> None:
     """numpy.save to exactly `path` (no `.npy` appended), via a temporary file and rename."""
     part = path.with_name(path.name + ".part")
     try:
@@ -320,6 +335,10 @@ def _save(path: Path, array: npt.NDArray[np.float32]) -> None:
         raise CliError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
 
+def _values_of(array: npt.NDArray[Any]) -> str:
+    return describe_values(array.dtype, array.shape)
+
+
 async def _receive_all(
     impl: _Impl, conn: socket.socket, paths: list[Path], timeout: float | None, bar: bool
 ) -> None:
@@ -329,6 +348,7 @@ async def _receive_all(
     for i, path in enumerate(paths):
         progress = impl.progress()
         label = "recv" if count == 1 else f"recv {i + 1}/{count}"
+        which = "gradient" if count == 1 else f"gradient {i + 1}/{count}"
         start = time.perf_counter()
         grad = await _with_progress(
             session.receive_from(conn, progress=progress), progress, label, bar
@@ -340,9 +360,8 @@ async def _receive_all(
             raise CliError(f"the peer closed the connection {got}")
         _save(path, grad)
         total_chunks += progress.chunks
-        which = "gradient" if count == 1 else f"gradient {i + 1}/{count}"
         _say(
-            f"received {which}: {grad.size:,} float32 values ({grad.nbytes / MIB:,.1f} MiB), "
+            f"received {which}: {_values_of(grad)} ({grad.nbytes / MIB:,.1f} MiB), "
             f"{progress.chunks:,} chunks in {seconds:.3f} s, {_rate(grad.nbytes, seconds)} "
             f"-> {path}"
         )
@@ -430,9 +449,17 @@ async def _send_all(
         )
         seconds = time.perf_counter() - start
         _say(
-            f"sent {path}: {grad.size:,} float32 values ({grad.nbytes / MIB:,.1f} MiB), "
+            f"sent {path}: {_sent_values(session, grad)} ({grad.nbytes / MIB:,.1f} MiB), "
             f"{chunks:,} chunks in {seconds:.3f} s, {_rate(grad.nbytes, seconds)}"
         )
+
+
+def _sent_values(session: _Session, grad: npt.NDArray[np.float32]) -> str:
+    """What the peer receives of `grad`: its values, flat unless the session keeps shapes
+    (dtype.name is float32 for a big-endian file too: the values are sent swapped)."""
+    shape = grad.shape if session.keep_shape else (grad.size,)
+    what = describe_values(grad.dtype, shape)
+    return what if shape == grad.shape else f"{what} (flattened from shape {grad.shape})"
 
 
 def _cmd_send(args: argparse.Namespace) -> int:
@@ -554,8 +581,10 @@ def _add_recv(sub: Any) -> None:
         "printed is 'listening on HOST:PORT' with the port bound.",
         epilog="With --count 1 the gradient is saved to FILE as given; with --count N > 1 the "
         "i-th (from 0) goes to STEM-i.SUFFIX (out.npy -> out-0.npy, out-1.npy, ...).\n"
-        "Received gradients are 1-D float32 (the wire carries no shape). Every chunk's "
-        "CRC-32 is checked; a mismatch fails the command.\n"
+        "A gradient is saved in the dtype and shape it arrives in: 'gradstream send' sends "
+        "float32 values without a shape (1-D); a Python peer may send float16, bfloat16 or "
+        "float64, or a shape (keep_dtype=True, keep_shape=True). The line printed for each "
+        "says which. Every chunk's CRC-32 is checked; a mismatch fails the command.\n"
         "--timeout also bounds the wait for the connection.\n\n"
         "example:\n  gradstream recv 0 --out grad.npy\n  gradstream recv 0.0.0.0:9000 "
         "--out g.npy --count 2",

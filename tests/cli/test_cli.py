@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import gradstream
+import gradstream.reference as ref
 from gradstream.cli import CliError, output_paths, parse_address
 from support.frames import frame
 
@@ -32,7 +33,6 @@ needs_native = pytest.mark.skipif(
 )
 IMPLS = ["reference", pytest.param("native", marks=needs_native)]
 LISTENING = re.compile(r"^listening on 127\.0\.0\.1:(\d+)$")
-
 
 # --------------------------------------------------------------------------- helpers
 
@@ -148,6 +148,20 @@ def bit_equal(a: np.ndarray, b: np.ndarray) -> bool:
     return a.dtype == b.dtype == np.float32 and np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
+def python_frames(grad: np.ndarray, chunk_size: int = 65536) -> bytes:
+    """What a Python peer keeping dtypes and shapes sends for `grad`."""
+    s = ref.GradientStreamSession("peer", chunk_size, keep_dtype=True, keep_shape=True)
+    return bytes(s.encode_frames(grad))
+
+
+def feed(receiver: Child, port: int, wire: bytes) -> tuple[int, str, str]:
+    """Send `wire` to the receiver as a peer, half-close, and wait for its exit."""
+    with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT) as peer:
+        peer.sendall(wire)
+        peer.shutdown(socket.SHUT_WR)
+        return receiver.finish()
+
+
 def free_port() -> int:
     """A port nothing listens on (bound then closed without listening)."""
     with socket.socket() as s:
@@ -177,11 +191,12 @@ def test_send_recv_bit_equal(
     receiver, port = start_receiver(spawn, "--out", str(out), "--impl", recv_impl)
     sent = run("send", f"127.0.0.1:{port}", str(src), "--impl", send_impl, "--chunk-size", "256")
     assert sent.returncode == 0, sent.stderr
-    assert "12 chunks" in sent.stdout and "3,000 float32 values" in sent.stdout
+    assert "12 chunks" in sent.stdout
+    assert "3,000 float32 values, 1-D (flattened from shape (3, 1000)) (" in sent.stdout
     status, stdout, stderr = receiver.finish()
     assert status == 0, stderr
     assert stderr == ""
-    assert "received gradient: 3,000 float32 values" in stdout
+    assert "received gradient: 3,000 float32 values, 1-D (" in stdout
     assert "all 12 chunk CRC-32 checks passed" in stdout
     back = np.load(out)
     assert back.shape == (3000,)
@@ -427,6 +442,32 @@ def test_bench_is_not_a_subcommand(args: list[str]) -> None:
     assert result.returncode == 2
     assert_one_line_error(result.stderr, "invalid choice: 'bench'")
     assert "bench" not in run("--help").stdout
+
+
+# --------------------------------------------------------------------------- what arrives
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_recv_says_the_dtype_and_shape_that_arrived(
+    tmp_path: Path, spawn: list[Child], impl: str
+) -> None:
+    grads = [
+        gradient(24).astype(np.float64).reshape(2, 3, 4),
+        gradient(5).astype(np.float16),
+        np.array(1.5, np.float32),
+    ]
+    receiver, port = start_receiver(
+        spawn, "--out", str(tmp_path / "o.npy"), "--count", "3", "--impl", impl
+    )
+    status, stdout, stderr = feed(receiver, port, b"".join(python_frames(g) for g in grads))
+    assert status == 0, stderr
+    assert "received gradient 1/3: 24 float64 values, shape (2, 3, 4) (" in stdout
+    assert "received gradient 2/3: 5 float16 values, 1-D (" in stdout
+    assert "received gradient 3/3: 1 float32 value, shape () (" in stdout
+    for i, grad in enumerate(grads):
+        back = np.load(tmp_path / f"o-{i}.npy")
+        assert back.dtype == grad.dtype and back.shape == grad.shape
+        assert np.array_equal(back, grad, equal_nan=True)
 
 
 # --------------------------------------------------------------------------- demo

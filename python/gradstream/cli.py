@@ -1,6 +1,7 @@
 """The ``gradstream`` command: send and receive gradients over TCP, and the demo.
 
-    gradstream recv [HOST:]PORT --out FILE.npy [--count N] [--impl native|reference] [--timeout S]
+    gradstream recv [HOST:]PORT --out FILE.npy [--count N] [--max-bytes B]
+                    [--impl native|reference] [--timeout S]
     gradstream send HOST:PORT FILE.npy [FILE.npy ...] [--chunk-size N] [--layout L]
                     [--compression C] [--impl ...] [--timeout S]
     gradstream demo [--elements N] [--impl-only native|reference] [--chunk-size N]
@@ -12,8 +13,20 @@ live in the repository's ``benches/``, run by ``make bench``.)
 picks a free port; the line gives the one bound), accepts one connection and receives
 ``--count`` gradients from it, one after the other. ``send`` connects and sends each file
 in turn over that one connection, so ``send`` with two files pairs with ``recv --count 2``.
-The wire carries values only: a received gradient is 1-D float32, whatever shape the sent
-array had.
+``send`` sends float32 values without their shape (a file of any shape arrives 1-D).
+``recv`` saves each gradient as it arrives: a Python peer may send float16, bfloat16 or
+float64 values (``keep_dtype=True``) or a shape (``keep_shape=True``), and those are kept.
+The line each prints for a gradient says the dtype and shape sent or received.
+
+``recv --max-bytes B`` (default 4G; a number of bytes, or with a K, M or G suffix, binary)
+bounds the bytes of values the whole run accepts: each gradient's bytes count against it,
+so with ``--count N`` the N gradients together. Each gradient is received with room for
+the bytes left counted at the widest value a peer can send (8 bytes, float64), so that
+whatever a peer sends the values ``recv`` holds stay within the bound (decoding a
+compressed chunk also takes, for a moment, a buffer of its uncompressed size); a float32
+gradient can therefore take at most half of what is left. A gradient that would pass the
+bound fails the command (exit 1, one line naming the bound) and nothing of it is written;
+the gradients before it stay saved.
 
 Exit status: 0 on success; 1 when a transfer, a connection, a file or a verification
 fails; 2 for a command-line mistake (unknown option, bad HOST:PORT); 130 on Ctrl-C.
@@ -30,7 +43,9 @@ import argparse
 import asyncio
 import contextlib
 import importlib
+import math
 import os
+import re
 import socket
 import sys
 import textwrap
@@ -43,9 +58,10 @@ from typing import Any, NoReturn, Protocol, TypeVar, cast
 import numpy as np
 import numpy.typing as npt
 
+from ._dtypes import DTYPES, numpy_dtype
 from .errors import GradientStreamError
 
-__all__ = ["CliError", "main", "output_paths", "parse_address"]
+__all__ = ["CliError", "format_size", "main", "output_paths", "parse_address", "parse_size"]
 
 T = TypeVar("T")
 
@@ -57,6 +73,12 @@ LISTENING_PREFIX = "listening on "
 IMPLS = ("native", "reference")
 PROGRESS_POLL_S = 0.1
 PROGRESS_DELAY_S = 1.0
+SIZE_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+MAX_SIZE = 2**63 - 2**30  # a whole number of G, and far beyond any machine's memory
+DEFAULT_MAX_BYTES = "4G"
+# The widest value a receiving session can hand back (float64, from a peer that keeps its
+# dtype): recv's room for values is the bytes left over this.
+WIDEST_VALUE = max(numpy_dtype(name).itemsize for name in DTYPES)
 
 
 class CliError(Exception):
@@ -80,12 +102,14 @@ class _Progress(Protocol):
 
 
 class _Session(Protocol):
+    @property
+    def keep_shape(self) -> bool: ...
     def stream_to(
         self, gradient: Any, stream: Any, /, *, progress: Any = None
     ) -> Awaitable[int]: ...
     def receive_from(
         self, stream: Any, /, *, progress: Any = None
-    ) -> Awaitable[npt.NDArray[np.float32]]: ...
+    ) -> Awaitable[npt.NDArray[Any]]: ...
 
 
 @dataclass(frozen=True)
@@ -100,6 +124,7 @@ class _Impl:
         timeout: float | None = None,
         layout: str = "seed",
         compression: str | None = None,
+        max_gradient_len: int | None = None,
     ) -> _Session:
         args: list[Any] = [SESSION_ID]
         if chunk_size is not None:
@@ -107,6 +132,8 @@ class _Impl:
         kwargs: dict[str, Any] = {"layout": layout}
         if compression is not None:
             kwargs["compression"] = compression
+        if max_gradient_len is not None:
+            kwargs["max_gradient_len"] = max_gradient_len
         if timeout is not None:
             kwargs["timeout"] = timeout
         try:
@@ -187,6 +214,28 @@ def format_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def parse_size(text: str) -> int:
+    """``4096``, ``64K``, ``512M``, ``4G`` (binary units, either case) as a number of bytes.
+
+    Raises ``ValueError`` for anything else, and for 0 or more than ``MAX_SIZE``.
+    """
+    match = re.fullmatch(r"([0-9]+)([KMG]?)", text, re.ASCII | re.IGNORECASE)
+    if match is None:
+        raise ValueError(f"not a number of bytes: {text!r} (expected e.g. 1048576, 64K, 512M, 4G)")
+    size = int(match[1]) * SIZE_UNITS[match[2].upper()]
+    if not 0 < size <= MAX_SIZE:
+        raise ValueError(f"must be from 1 byte to {format_size(MAX_SIZE)}, got {text}")
+    return size
+
+
+def format_size(size: int) -> str:
+    """The shortest ``parse_size`` text for ``size``: ``4G``, ``1536M``, ``1000``."""
+    for unit in ("G", "M", "K"):
+        if size % SIZE_UNITS[unit] == 0:
+            return f"{size // SIZE_UNITS[unit]}{unit}"
+    return str(size)
+
+
 def _resolve(host: str, port: int, *, passive: bool) -> list[tuple[Any, ...]]:
     try:
         return socket.getaddrinfo(
@@ -215,6 +264,16 @@ def _one_line(text: str) -> str:
 def describe_transfer_error(exc: BaseException) -> str:
     """`Checksum mismatch on chunk 3: ... (ChecksumMismatchError)`."""
     return f"{_one_line(str(exc)) or 'no detail'} ({type(exc).__name__})"
+
+
+def describe_values(dtype: np.dtype[Any], shape: tuple[int, ...]) -> str:
+    """`3,000 float32 values, 1-D` or `24 float64 values, shape (2, 3, 4)`."""
+    form = "1-D" if len(shape) == 1 else f"shape {shape}"
+    return f"{_count(math.prod(shape), dtype.name + ' value')}, {form}"
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n:,} {what}{'' if n == 1 else 's'}"
 
 
 # --------------------------------------------------------------------------- progress
@@ -307,7 +366,7 @@ def output_paths(out: Path, count: int) -> list[Path]:
     return [out.with_name(f"{out.stem}-{i}{out.suffix}") for i in range(count)]
 
 
-def _save(path: Path, array: npt.NDArray[np.float32]) -> None:
+def _save(path: Path, array: npt.NDArray[Any]) -> None:
     """numpy.save to exactly `path` (no `.npy` appended), via a temporary file and rename."""
     part = path.with_name(path.name + ".part")
     try:
@@ -320,29 +379,81 @@ def _save(path: Path, array: npt.NDArray[np.float32]) -> None:
         raise CliError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
 
+@dataclass
+class _Budget:
+    """What ``--max-bytes`` (``limit`` bytes) still allows in this run."""
+
+    limit: int
+    used: int = 0
+
+    @property
+    def left(self) -> int:
+        return self.limit - self.used
+
+    def room(self) -> int:
+        """The values the next gradient may hold: every one might be of the widest dtype.
+        At least 1, the least a session takes (`admit` then refuses a value too wide)."""
+        return max(self.left // WIDEST_VALUE, 1)
+
+    def refusal(self, which: str, why: str) -> CliError:
+        return CliError(
+            f"{which} refused: it would pass --max-bytes {format_size(self.limit)} "
+            f"({self.limit:,} bytes in all, {self.left:,} left, room for "
+            f"{_count(self.room(), 'value')} of up to {WIDEST_VALUE} bytes): {why}"
+        )
+
+    def admit(self, which: str, grad: npt.NDArray[Any]) -> None:
+        """Count `grad` against the bound, or refuse it (before it is written)."""
+        if grad.nbytes > self.left:
+            raise self.refusal(which, f"it arrived as {grad.nbytes:,} bytes ({_values_of(grad)})")
+        self.used += grad.nbytes
+
+
+def _values_of(array: npt.NDArray[Any]) -> str:
+    return describe_values(array.dtype, array.shape)
+
+
+def _over_room(exc: GradientStreamError) -> bool:
+    """Whether a receive stopped at the session's max_gradient_len (the budget's room):
+    a header's total_chunks, a compressed batch's rows, or the values counted so far."""
+    return "max_gradient_len" in str(exc)
+
+
 async def _receive_all(
-    impl: _Impl, conn: socket.socket, paths: list[Path], timeout: float | None, bar: bool
+    impl: _Impl,
+    conn: socket.socket,
+    paths: list[Path],
+    timeout: float | None,
+    bar: bool,
+    budget: _Budget,
 ) -> None:
-    session = impl.session(timeout=timeout)
     count = len(paths)
     total_chunks = 0
     for i, path in enumerate(paths):
+        # A session per gradient, so that the values it may hold are what the run has left.
+        session = impl.session(timeout=timeout, max_gradient_len=budget.room())
         progress = impl.progress()
         label = "recv" if count == 1 else f"recv {i + 1}/{count}"
+        which = "gradient" if count == 1 else f"gradient {i + 1}/{count}"
         start = time.perf_counter()
-        grad = await _with_progress(
-            session.receive_from(conn, progress=progress), progress, label, bar
-        )
+        try:
+            grad = await _with_progress(
+                session.receive_from(conn, progress=progress), progress, label, bar
+            )
+        except GradientStreamError as exc:
+            if _over_room(exc):
+                raise budget.refusal(which, describe_transfer_error(exc)) from exc
+            raise
         seconds = time.perf_counter() - start
         if grad.size == 0 and progress.chunks == 0:
             # receive_from's empty array for a peer that closed before a gradient's first byte.
             got = f"after {i} of {count} gradients" if count > 1 else "before sending a gradient"
             raise CliError(f"the peer closed the connection {got}")
+        budget.admit(which, grad)
         _save(path, grad)
         total_chunks += progress.chunks
-        which = "gradient" if count == 1 else f"gradient {i + 1}/{count}"
         _say(
-            f"received {which}: {grad.size:,} float32 values ({grad.nbytes / MIB:,.1f} MiB), "
+            f"received {which}: {_values_of(grad)} ({grad.nbytes / MIB:,.1f} MiB), "
             f"{progress.chunks:,} chunks in {seconds:.3f} s, {_rate(grad.nbytes, seconds)} "
             f"-> {path}"
         )
@@ -378,7 +489,8 @@ def _cmd_recv(args: argparse.Namespace) -> int:
     _say(f"connection from {format_address(peer[0], peer[1])}")
     with conn:
         conn.setblocking(True)
-        _run_transfer(_receive_all(impl, conn, paths, args.timeout, _want_progress(args)))
+        budget = _Budget(args.max_bytes)
+        _run_transfer(_receive_all(impl, conn, paths, args.timeout, _want_progress(args), budget))
     return 0
 
 
@@ -430,9 +542,17 @@ async def _send_all(
         )
         seconds = time.perf_counter() - start
         _say(
-            f"sent {path}: {grad.size:,} float32 values ({grad.nbytes / MIB:,.1f} MiB), "
+            f"sent {path}: {_sent_values(session, grad)} ({grad.nbytes / MIB:,.1f} MiB), "
             f"{chunks:,} chunks in {seconds:.3f} s, {_rate(grad.nbytes, seconds)}"
         )
+
+
+def _sent_values(session: _Session, grad: npt.NDArray[np.float32]) -> str:
+    """What the peer receives of `grad`: its values, flat unless the session keeps shapes
+    (dtype.name is float32 for a big-endian file too: the values are sent swapped)."""
+    shape = grad.shape if session.keep_shape else (grad.size,)
+    what = describe_values(grad.dtype, shape)
+    return what if shape == grad.shape else f"{what} (flattened from shape {grad.shape})"
 
 
 def _cmd_send(args: argparse.Namespace) -> int:
@@ -507,6 +627,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--impl",
@@ -554,8 +681,17 @@ def _add_recv(sub: Any) -> None:
         "printed is 'listening on HOST:PORT' with the port bound.",
         epilog="With --count 1 the gradient is saved to FILE as given; with --count N > 1 the "
         "i-th (from 0) goes to STEM-i.SUFFIX (out.npy -> out-0.npy, out-1.npy, ...).\n"
-        "Received gradients are 1-D float32 (the wire carries no shape). Every chunk's "
-        "CRC-32 is checked; a mismatch fails the command.\n"
+        "A gradient is saved in the dtype and shape it arrives in: 'gradstream send' sends "
+        "float32 values without a shape (1-D); a Python peer may send float16, bfloat16 or "
+        "float64, or a shape (keep_dtype=True, keep_shape=True). The line printed for each "
+        "says which. Every chunk's CRC-32 is checked; a mismatch fails the command.\n"
+        "--max-bytes bounds the bytes of values the run accepts in all (with --count N, the "
+        "N gradients together). While a gradient arrives, its room is what is left counted "
+        f"at {WIDEST_VALUE} bytes a value (float64, the widest a peer can send), so that the "
+        "values recv holds stay within the bound whatever a peer sends; a float32 gradient "
+        "can therefore take at most half of what is left. A gradient that would pass the "
+        "bound fails the command and nothing of it is written (the ones before it stay "
+        "saved).\n"
         "--timeout also bounds the wait for the connection.\n\n"
         "example:\n  gradstream recv 0 --out grad.npy\n  gradstream recv 0.0.0.0:9000 "
         "--out g.npy --count 2",
@@ -565,6 +701,14 @@ def _add_recv(sub: Any) -> None:
     recv.add_argument("--out", required=True, metavar="FILE.npy", help="where to save")
     recv.add_argument(
         "--count", type=int, default=1, metavar="N", help="gradients to receive (default 1)"
+    )
+    recv.add_argument(
+        "--max-bytes",
+        type=_size,
+        default=DEFAULT_MAX_BYTES,
+        metavar="B",
+        help="the most bytes of values the whole run accepts: bytes, or with a K, M or G "
+        f"suffix (binary: 1K = 1024); default {DEFAULT_MAX_BYTES}",
     )
     _add_common(recv)
     recv.set_defaults(func=_cmd_recv)

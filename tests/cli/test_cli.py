@@ -5,6 +5,7 @@ Every child process runs under a timeout and is killed when a test ends, pass or
 
 from __future__ import annotations
 
+import functools
 import queue
 import re
 import signal
@@ -21,7 +22,8 @@ import numpy as np
 import pytest
 
 import gradstream
-from gradstream.cli import CliError, output_paths, parse_address
+import gradstream.reference as ref
+from gradstream.cli import CliError, format_size, output_paths, parse_address, parse_size
 from support.frames import frame
 
 CLI = [sys.executable, "-m", "gradstream"]
@@ -32,6 +34,24 @@ needs_native = pytest.mark.skipif(
 )
 IMPLS = ["reference", pytest.param("native", marks=needs_native)]
 LISTENING = re.compile(r"^listening on 127\.0\.0\.1:(\d+)$")
+# The CLI, writing its own peak RSS (VmHWM, in KiB) at its exit to the file named first.
+# Not the child's rusage: Linux counts the parent's peak, met at fork and exec, into that.
+PEAK_CLI = [
+    sys.executable,
+    "-c",
+    "import atexit, sys\n"
+    "def peak():\n"
+    "    with open('/proc/self/status') as f:\n"
+    "        hwm = next(line for line in f if line.startswith('VmHWM:'))\n"
+    "    with open(sys.argv[1], 'w') as out:\n"
+    "        out.write(hwm.split()[1])\n"
+    "atexit.register(peak)\n"
+    "from gradstream.cli import main\n"
+    "sys.exit(main(sys.argv[2:]))\n",
+]
+needs_proc = pytest.mark.skipif(
+    not Path("/proc/self/status").exists(), reason="peak RSS is read from /proc"
+)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -40,9 +60,9 @@ LISTENING = re.compile(r"^listening on 127\.0\.0\.1:(\d+)$")
 class Child:
     """A CLI process whose stdout and stderr are read in threads (reads can time out)."""
 
-    def __init__(self, args: list[str]) -> None:
+    def __init__(self, args: list[str], command: list[str] = CLI) -> None:
         self.proc = subprocess.Popen(
-            [*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            [*command, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
         self._lines: queue.Queue[str | None] = queue.Queue()
         self._stderr: list[str] = []
@@ -106,14 +126,14 @@ def spawn() -> Iterator[list[Child]]:
         child.kill()
 
 
-def start(spawn: list[Child], *args: str) -> Child:
-    child = Child(list(args))
+def start(spawn: list[Child], *args: str, command: list[str] = CLI) -> Child:
+    child = Child(list(args), command)
     spawn.append(child)
     return child
 
 
-def start_receiver(spawn: list[Child], *args: str) -> tuple[Child, int]:
-    child = start(spawn, "recv", "127.0.0.1:0", *args)
+def start_receiver(spawn: list[Child], *args: str, command: list[str] = CLI) -> tuple[Child, int]:
+    child = start(spawn, "recv", "127.0.0.1:0", *args, command=command)
     line = child.first_line()
     match = LISTENING.match(line)
     assert match, line
@@ -148,6 +168,20 @@ def bit_equal(a: np.ndarray, b: np.ndarray) -> bool:
     return a.dtype == b.dtype == np.float32 and np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
+def python_frames(grad: np.ndarray, chunk_size: int = 65536) -> bytes:
+    """What a Python peer keeping dtypes and shapes sends for `grad`."""
+    s = ref.GradientStreamSession("peer", chunk_size, keep_dtype=True, keep_shape=True)
+    return bytes(s.encode_frames(grad))
+
+
+def feed(receiver: Child, port: int, wire: bytes) -> tuple[int, str, str]:
+    """Send `wire` to the receiver as a peer, half-close, and wait for its exit."""
+    with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT) as peer:
+        peer.sendall(wire)
+        peer.shutdown(socket.SHUT_WR)
+        return receiver.finish()
+
+
 def free_port() -> int:
     """A port nothing listens on (bound then closed without listening)."""
     with socket.socket() as s:
@@ -177,11 +211,12 @@ def test_send_recv_bit_equal(
     receiver, port = start_receiver(spawn, "--out", str(out), "--impl", recv_impl)
     sent = run("send", f"127.0.0.1:{port}", str(src), "--impl", send_impl, "--chunk-size", "256")
     assert sent.returncode == 0, sent.stderr
-    assert "12 chunks" in sent.stdout and "3,000 float32 values" in sent.stdout
+    assert "12 chunks" in sent.stdout
+    assert "3,000 float32 values, 1-D (flattened from shape (3, 1000)) (" in sent.stdout
     status, stdout, stderr = receiver.finish()
     assert status == 0, stderr
     assert stderr == ""
-    assert "received gradient: 3,000 float32 values" in stdout
+    assert "received gradient: 3,000 float32 values, 1-D (" in stdout
     assert "all 12 chunk CRC-32 checks passed" in stdout
     back = np.load(out)
     assert back.shape == (3000,)
@@ -429,6 +464,194 @@ def test_bench_is_not_a_subcommand(args: list[str]) -> None:
     assert "bench" not in run("--help").stdout
 
 
+# --------------------------------------------------------------------------- what arrives
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_recv_says_the_dtype_and_shape_that_arrived(
+    tmp_path: Path, spawn: list[Child], impl: str
+) -> None:
+    grads = [
+        gradient(24).astype(np.float64).reshape(2, 3, 4),
+        gradient(5).astype(np.float16),
+        np.array(1.5, np.float32),
+    ]
+    receiver, port = start_receiver(
+        spawn, "--out", str(tmp_path / "o.npy"), "--count", "3", "--impl", impl
+    )
+    status, stdout, stderr = feed(receiver, port, b"".join(python_frames(g) for g in grads))
+    assert status == 0, stderr
+    assert "received gradient 1/3: 24 float64 values, shape (2, 3, 4) (" in stdout
+    assert "received gradient 2/3: 5 float16 values, 1-D (" in stdout
+    assert "received gradient 3/3: 1 float32 value, shape () (" in stdout
+    for i, grad in enumerate(grads):
+        back = np.load(tmp_path / f"o-{i}.npy")
+        assert back.dtype == grad.dtype and back.shape == grad.shape
+        assert np.array_equal(back, grad, equal_nan=True)
+
+
+# --------------------------------------------------------------------------- --max-bytes
+
+# Compressed zeros: a few KB on the wire that decode to many MiB. (dtype, values, chunk
+# size, --max-bytes.)
+BOMBS = {
+    # 64 MiB in one chunk, refused from its declared rows before it is decompressed.
+    "one-chunk": (np.float32, 2**24, 2**24, "1M"),
+    # 128 MiB of float64 in 32 chunks of 4 MiB: the values pile up to the room (32 MiB at
+    # 8 bytes a value) and no further.
+    "float64-chunks": (np.float64, 2**24, 2**19, "32M"),
+}
+# Beyond --max-bytes, what one chunk's decoding and the allocator may add to the peak.
+PEAK_SLACK = 16 * 2**20
+
+
+@functools.cache
+def bomb_wire(name: str) -> bytes:
+    dtype, n, chunk_size, _ = BOMBS[name]
+    s = gradstream.GradientStreamSession(
+        "bomb", chunk_size, layout="compact", compression="zstd", keep_dtype=True
+    )
+    return bytes(s.encode_frames(np.zeros(n, dtype)))
+
+
+def receive_measured(
+    spawn: list[Child], where: Path, impl: str, wire: bytes, *args: str
+) -> tuple[int, str, int]:
+    """A receiver into the empty directory `where` fed `wire`: (status, stderr, peak RSS)."""
+    where.mkdir()
+    peak = where.parent / f"{where.name}.peak"
+    receiver, port = start_receiver(
+        spawn, "--out", str(where / "o.npy"), "--impl", impl, *args,
+        command=[*PEAK_CLI, str(peak)],
+    )  # fmt: skip
+    status, _, stderr = feed(receiver, port, wire)
+    return status, stderr, int(peak.read_text()) * 1024
+
+
+@needs_proc
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("bomb", list(BOMBS))
+def test_max_bytes_stops_a_compression_bomb(
+    tmp_path: Path, spawn: list[Child], impl: str, bomb: str
+) -> None:
+    dtype, n, _, max_bytes = BOMBS[bomb]
+    size = n * np.dtype(dtype).itemsize
+    wire = bomb_wire(bomb)
+    assert len(wire) * 1000 < size
+    # The same receiver taking a small compressed gradient: the process's own footprint.
+    small = gradstream.GradientStreamSession("s", compression="zstd").encode_frames(
+        np.zeros(1000, np.float32)
+    )
+    base_status, base_err, base = receive_measured(
+        spawn, tmp_path / "base", impl, small, "--max-bytes", max_bytes
+    )
+    assert base_status == 0, base_err
+    status, stderr, peak = receive_measured(
+        spawn, tmp_path / "bomb", impl, wire, "--max-bytes", max_bytes
+    )
+    assert status == 1
+    assert_one_line_error(stderr, f"gradient refused: it would pass --max-bytes {max_bytes} (")
+    assert list((tmp_path / "bomb").iterdir()) == []
+    grown = peak - base
+    assert grown < parse_size(max_bytes) + PEAK_SLACK, (grown, base)
+    assert grown < size / 2, (grown, base)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize(
+    ("dtype", "n", "fits"),
+    [
+        (np.float64, 8192, True),  # 64 KiB exactly
+        (np.float64, 8193, False),
+        # Room is counted at 8 bytes a value, so float32 gets half of it.
+        (np.float32, 8192, True),
+        (np.float32, 8193, False),
+    ],
+)
+def test_max_bytes_exact_fit(
+    tmp_path: Path, spawn: list[Child], impl: str, dtype: type, n: int, fits: bool
+) -> None:
+    grad = gradient(n).astype(dtype)
+    out = tmp_path / "o.npy"
+    receiver, port = start_receiver(spawn, "--out", str(out), "--impl", impl, "--max-bytes", "64K")
+    status, _, stderr = feed(receiver, port, python_frames(grad, chunk_size=1000))
+    if fits:
+        assert status == 0, stderr
+        back = np.load(out)
+        assert back.dtype == grad.dtype and np.array_equal(back, grad, equal_nan=True)
+    else:
+        assert status == 1
+        assert_one_line_error(
+            stderr,
+            "gradient refused: it would pass --max-bytes 64K (65,536 bytes in all, 65,536 "
+            "left, room for 8,192 values of up to 8 bytes): ",
+            "max_gradient_len 8192",
+        )
+        assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize(("dtype", "fits"), [(np.float32, True), (np.float64, False)])
+def test_max_bytes_below_one_wide_value(
+    tmp_path: Path, spawn: list[Child], impl: str, dtype: type, fits: bool
+) -> None:
+    # Room for less than one float64: the session still takes one value (its least), and
+    # the gradient's bytes decide before it is written.
+    out = tmp_path / "o.npy"
+    receiver, port = start_receiver(spawn, "--out", str(out), "--impl", impl, "--max-bytes", "4")
+    status, _, stderr = feed(receiver, port, python_frames(np.ones(1, dtype)))
+    if fits:
+        assert status == 0, stderr
+        assert np.load(out).dtype == dtype
+    else:
+        assert status == 1
+        assert_one_line_error(
+            stderr, "--max-bytes 4 (4 bytes in all, 4 left", "it arrived as 8 bytes (1 float64"
+        )
+        assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_max_bytes_counts_the_whole_run(tmp_path: Path, spawn: list[Child], impl: str) -> None:
+    a, b = gradient(1024, seed=1), gradient(1100, seed=2)  # 4 KiB, then 4,400 bytes
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    out = tmp_path / "out"
+    out.mkdir()
+    receiver, port = start_receiver(
+        spawn, "--out", str(out / "o.npy"), "--count", "2", "--impl", impl, "--max-bytes", "8K"
+    )
+    # The sender may see the receiver go away while it sends b: its status is not the point.
+    run("send", f"127.0.0.1:{port}", str(tmp_path / "a.npy"), str(tmp_path / "b.npy"),
+        "--impl", impl, "--chunk-size", "100")  # fmt: skip
+    status, stdout, stderr = receiver.finish()
+    assert status == 1
+    assert "received gradient 1/2: 1,024 float32 values, 1-D" in stdout
+    assert_one_line_error(
+        stderr,
+        "gradient 2/2 refused: it would pass --max-bytes 8K (8,192 bytes in all, 4,096 left, "
+        "room for 512 values of up to 8 bytes): ",
+    )
+    assert sorted(p.name for p in out.iterdir()) == ["o-0.npy"]
+    assert bit_equal(np.load(out / "o-0.npy"), a)
+
+
+@pytest.mark.parametrize(
+    "value", ["0", "0K", "-1", "-4G", "1.5G", "4 G", "4GiB", "1T", "G", "abc", "", "0x10", "١٢"]
+)
+def test_max_bytes_usage_errors(tmp_path: Path, value: str) -> None:
+    result = run("recv", "0", "--out", str(tmp_path / "o.npy"), f"--max-bytes={value}")
+    assert result.returncode == 2
+    assert_one_line_error(result.stderr, "argument --max-bytes: ")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_max_bytes_in_help() -> None:
+    help_text = " ".join(run("recv", "--help").stdout.split())
+    assert "--max-bytes B" in help_text and "default 4G" in help_text
+    assert "8 bytes a value" in help_text
+
+
 # --------------------------------------------------------------------------- demo
 
 
@@ -462,3 +685,19 @@ def test_output_paths() -> None:
     assert output_paths(Path("d/g.npy"), 1) == [Path("d/g.npy")]
     assert output_paths(Path("d/g.npy"), 3) == [Path(f"d/g-{i}.npy") for i in range(3)]
     assert output_paths(Path("g"), 2) == [Path("g-0"), Path("g-1")]
+
+
+def test_parse_size() -> None:
+    assert parse_size("1") == 1
+    assert parse_size("4096") == 4096
+    assert parse_size("64K") == parse_size("64k") == 64 * 2**10
+    assert parse_size("512M") == 512 * 2**20
+    assert parse_size("4G") == 4 * 2**30
+    for bad in ["0", "-1", "1.5G", " 1", "1 ", "+1", "1_000", "1e6", "1KB", "K", "\uff12"]:
+        with pytest.raises(ValueError):
+            parse_size(bad)
+    assert format_size(4 * 2**30) == "4G"
+    assert format_size(1536 * 2**20) == "1536M"
+    assert format_size(1000) == "1000"
+    for size in [1, 1000, 2**10, 3 * 2**20 + 2**10, 2**40]:
+        assert parse_size(format_size(size)) == size

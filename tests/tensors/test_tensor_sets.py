@@ -514,3 +514,26 @@ def test_manifest_too_big_for_a_frame_is_refused_before_sending(impl):
     run(main)
     # Under the cap it goes through, and a receiver with the same cap takes it.
     assert list(s.decode_tensors(s.encode_tensors(t[:5]))) == [n for n, _ in t[:5]]
+
+
+@pytest.mark.parametrize(
+    ("shape", "detail"),
+    [
+        ((0, 10**18), "shape dimension 1000000000000000000 is not an integer of at most 18 digits"),
+        (
+            (0, 1 << 31, 1 << 30),
+            "its shape [0,2147483648,1073741824] is beyond what numpy can make (its non-zero "
+            "dimensions multiply past 2**60)",
+        ),
+    ],
+)
+def test_a_sender_refuses_a_shape_every_receiver_refuses(impl, shape, detail):
+    # An empty tensor numpy can make, but whose shape no receiver takes: refused before
+    # anything is encoded, in the receiver's words, by both senders alike.
+    s = session(impl, 4)
+    with pytest.raises(TensorSetError) as info:
+        # float16: numpy makes (0, 2**31, 2**30) of 2-byte values (its bound is 2**63 bytes).
+        s.encode_tensors({"ok": np.zeros(2, np.float32), "e": np.empty(shape, np.float16)})
+    assert str(info.value) == f'tensor "e": {detail}'
+    assert info.value.name == "e"
+    assert info.value.__notes__ == ['while encoding tensor "e" (2 of 2) of a tensor set']

@@ -42,6 +42,7 @@ from ._manifest import (
     MANIFEST_CAP,
     MAX_DIMS,
     Entry,
+    _dims,
     check_name,
     manifest_json,
     quoted,
@@ -129,6 +130,9 @@ def _take(tensors: Any, doing: str) -> list[_Tensor]:
                     f"at most {MAX_DIMS}",
                     name=name,
                 )
+            # A shape any receiver would refuse (a dimension of 19 digits, more than
+            # 2**60 values beside a zero) is refused here, in the receiver's words.
+            _dims(list(values.shape), name)
             out.append(_Tensor(Entry(name, own.wire, values.shape), values))
     return out
 

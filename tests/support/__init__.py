@@ -10,6 +10,7 @@ here: they are in tests/conftest.py.
     aio       asyncio under a deadline, transfers over socketpairs and TCP
     memory    this process's RSS figures
     payloads  payload surgery: Arrow IPC record batches read and rewritten byte by byte
+    bomb      compressed-buffer bombs, and a receive of one measured for peak RSS
 
 and one module per group of tests that share more (cases, compressed, differential, dtypes,
 links, outputs, shapes, streams, tensor_sets).

@@ -7,8 +7,10 @@ reads only: it holds payloads to what arrow-rs (and the native decoder) check an
 does not (the ARROW1 magic, a record batch list, no dictionary batches, blocks that do
 not overlap), and holds each compressed batch to bounds before pyarrow decompresses it,
 since an Arrow reader allocates whatever uncompressed length a compressed buffer
-declares. Numbers that point outside the payload give no verdict here: the Arrow reader,
-whose flatbuffer verifier refuses them, judges those.
+declares: its rows against max_gradient_len, and each buffer against what its column of
+the footer's schema can need. Numbers that point outside the payload give no verdict
+here: the Arrow reader, whose flatbuffer verifier refuses them, judges those (a schema
+the walk cannot read counts as one of no columns, whose buffers may declare nothing).
 """
 
 from __future__ import annotations
@@ -106,10 +108,30 @@ _METHODS = (0,)  # BodyCompressionMethod: BUFFER
 _NO_COMPRESSION_PREFIX = -1  # a buffer's length prefix when it is stored uncompressed
 
 
-# What a compressed batch may declare uncompressed, in bytes a row: each buffer alone (a
-# float64 value is the widest), and all of a batch's buffers together.
-_BUFFER_BYTES_PER_ROW = 8
+# What all of a compressed batch's buffers together may declare uncompressed, in bytes a
+# row (each buffer alone is bounded by its column, see _Column).
 _ALL_BUFFERS_BYTES_PER_ROW = 16
+
+# The Type union's members with a width (Schema.fbs), and FloatingPoint's precisions.
+_TYPE_INT = 2
+_TYPE_FLOATING_POINT = 3
+_INT_WIDTHS = {8: 1, 16: 2, 32: 4, 64: 8}  # Int.bitWidth: bytes a row
+_FLOAT_WIDTHS = {0: 2, 1: 4, 2: 8}  # Precision HALF, SINGLE, DOUBLE: bytes a row
+
+UNBOUNDED_COLUMN = (
+    "compressed record batch has column {position} of a type other than integer or floating point"
+)
+BUFFER_OUT_OF_BOUNDS = (
+    "compressed IPC buffer {index} ({what}) declares {declared} bytes uncompressed; "
+    "{rows} rows need at most {bound}"
+)
+
+
+class _Column(NamedTuple):
+    """A top-level column of the footer's schema, as far as the bounds go."""
+
+    width: int  # bytes a row of its data buffer
+    nullable: bool  # whether it may carry a validity bitmap
 
 
 class _CompressedBatch(NamedTuple):
@@ -170,6 +192,90 @@ class _Flat:
         return self.read(fmt, pos) if present else default
 
 
+def _field_column(flat: _Flat, field: int | None) -> _Column | bool:
+    """The column of the Field table at ``field``; False when its buffers have no bound
+    (not a flat integer or floating-point column); True when it cannot be read."""
+    # Field: 1 nullable, 2 type_type, 3 type, 4 dictionary, 5 children.
+    nullable = flat.scalar("<B", field, 1, 0)
+    type_type = flat.scalar("<B", field, 2, 0)
+    present, type_at = flat.field(field, 3)
+    table = flat.deref(type_at) if present else None
+    if nullable is None or type_type is None or (present and table is None):
+        return True
+    width = None
+    if table is not None and type_type == _TYPE_INT:
+        bits = flat.scalar("<i", table, 0, 0)  # Int: 0 bitWidth
+        if bits is None:
+            return True
+        width = _INT_WIDTHS.get(bits)
+    elif table is not None and type_type == _TYPE_FLOATING_POINT:
+        precision = flat.scalar("<h", table, 0, 0)  # FloatingPoint: 0 precision
+        if precision is None:
+            return True
+        width = _FLOAT_WIDTHS.get(precision)
+    dictionary, _ = flat.field(field, 4)
+    present, children_at = flat.field(field, 5)
+    children = flat.read("<I", flat.deref(children_at)) if present else 0
+    if children is None:
+        return True
+    if width is None or dictionary or children:
+        return False
+    return _Column(width, nullable != 0)
+
+
+def _footer_columns(payload: memoryview) -> list[_Column] | int:
+    """The columns of the footer's schema (none without a schema), or the position of the
+    first whose buffers have no bound. A schema that cannot be read counts as none: pyarrow
+    refuses it before reading any batch, and meanwhile no compressed buffer may declare
+    anything."""
+    size = len(payload)
+    (footer_len,) = struct.unpack_from("<i", payload, size - 10)
+    start = size - 10 - footer_len
+    if footer_len < 4 or start < 8:
+        return []
+    flat = _Flat(payload[start : size - 10])
+    # Footer: 1 schema. Schema: 1 fields.
+    present, schema_at = flat.field(flat.deref(0), 1)
+    present, fields_at = flat.field(flat.deref(schema_at), 1) if present else (False, None)
+    vector = flat.deref(fields_at) if present else None
+    count = flat.read("<I", vector)
+    if vector is None or count is None or not flat.holds(vector + 4, 4 * count):
+        return []
+    columns = []
+    for position in range(count):
+        column = _field_column(flat, flat.deref(vector + 4 + 4 * position))
+        if column is True:
+            return []
+        if column is False:
+            return position
+        columns.append(column)
+    return columns
+
+
+def _check_declared(
+    columns: list[_Column], index: int, rows: int, declared: int, chunk_index: int
+) -> None:
+    """Buffer ``index`` of a ``rows``-row batch declares ``declared`` bytes uncompressed:
+    at most its column's width times the rows for its data, the rows over 8 rounded up for
+    the validity bitmap of a nullable column, nothing for that of a non-nullable one (it
+    holds no null) or for a buffer past the last column. The buffers of flat columns come
+    in pairs, validity bitmap then data, column by column."""
+    position = index // 2
+    if position >= len(columns):
+        bound, what = 0, "past the last column"
+    elif index % 2:
+        bound, what = columns[position].width * rows, f"data of column {position}"
+    elif columns[position].nullable:
+        bound, what = -(-rows // 8), f"validity bitmap of column {position}"
+    else:
+        bound, what = 0, f"validity bitmap of non-nullable column {position}"
+    if not 0 <= declared <= bound:
+        detail = BUFFER_OUT_OF_BOUNDS.format(
+            index=index, what=what, declared=declared, rows=rows, bound=bound
+        )
+        raise ArrowIpcError(detail, chunk_index)
+
+
 def _compressed_batch(flat: _Flat, offset: int) -> _CompressedBatch | None:
     """The compression facts of the record batch message at ``offset`` (a footer block's),
     or None when it is not a compressed record batch, or when some number needed points
@@ -221,21 +327,31 @@ def _check_compressed_batches(
     allocate terabytes. ``room``: the values max_gradient_len still allows for this chunk.
     """
     flat = _Flat(payload)
+    columns: list[_Column] | int | None = None  # read at the first compressed batch
     for offset, meta_len, _body_len in blocks:
         batch = _compressed_batch(flat, offset)
         if batch is None:
             continue
-        _check_compressed_batch(flat, batch, offset + meta_len, room, chunk_index)
+        if columns is None:
+            columns = _footer_columns(payload)
+        _check_compressed_batch(flat, batch, offset + meta_len, room, columns, chunk_index)
         # The compressed batches of one payload share the room.
         room -= batch.rows
 
 
 def _check_compressed_batch(
-    flat: _Flat, batch: _CompressedBatch, body: int, room: int, chunk_index: int
+    flat: _Flat,
+    batch: _CompressedBatch,
+    body: int,
+    room: int,
+    columns: list[_Column] | int,
+    chunk_index: int,
 ) -> None:
     """One compressed batch of ``_check_compressed_batches``, whose body starts at
-    ``body``: its codec, its method, its rows against ``room``, then each buffer's
-    declared uncompressed length, and all of them together, against its rows."""
+    ``body``: its codec, its method, its rows against ``room``, the schema's ``columns``
+    (or the position of the first without a bound), then each buffer's declared
+    uncompressed length against what its column needs, and all of them together against
+    the rows."""
     # In this order: the codec and method say how to read the buffers at all; then the
     # rows; then each buffer's declared length against them.
     if batch.codec not in _CODECS:
@@ -250,8 +366,10 @@ def _check_compressed_batch(
             "max_gradient_len still allows",
             chunk_index,
         )
+    if isinstance(columns, int):
+        raise ArrowIpcError(UNBOUNDED_COLUMN.format(position=columns), chunk_index)
     total = 0
-    for buf_offset, length in batch.buffers:
+    for index, (buf_offset, length) in enumerate(batch.buffers):
         if length <= 0:
             continue
         if length < 8:
@@ -263,12 +381,7 @@ def _check_compressed_batch(
         declared = flat.read("<q", body + buf_offset)
         if declared is None or declared == _NO_COMPRESSION_PREFIX:
             continue
-        if not 0 <= declared <= _BUFFER_BYTES_PER_ROW * rows:
-            raise ArrowIpcError(
-                f"compressed IPC buffer declares {declared} bytes uncompressed, more than "
-                f"its {rows}-row batch can hold",
-                chunk_index,
-            )
+        _check_declared(columns, index, rows, declared, chunk_index)
         total += declared
     # All buffers together, too: a schema of many columns must not multiply the bound.
     # 16 bytes a row: a seed float64 batch needs 12 (a 4-byte index and an 8-byte value).

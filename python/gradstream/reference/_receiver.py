@@ -270,7 +270,10 @@ class _FrameReceiver:
         assert self._first is not None and self.done and not self._held
         self._shape.finish(self._pos)
         if self._out is None:
-            values = _concat(self._placed, self._dtype.storage)
+            # One chunk's values are a copy of their own already (``_place``): handed back
+            # as they are, so that a one-chunk gradient is not held twice.
+            placed = self._placed
+            values = placed[0] if len(placed) == 1 else _concat(placed, self._dtype.storage)
             return self._shape.shape(self._dtype.hand_back(values))
         if self._pos != self._out.size:
             raise GradientSizeError(self._out.size, self._pos, None)

@@ -3,12 +3,13 @@
 //! numbers and would panic on a lie, and allocates whatever a compressed buffer declares).
 //! The reference's `_guard` makes the same checks in the same order.
 //!
-//! Uses `shared` and `error`; used by `reader`.
+//! Uses `bounds`, `shared` and `error`; used by `reader`.
 
 use arrow_buffer::Buffer;
 use arrow_ipc::reader::read_footer_length;
 use arrow_ipc::{Block, CompressionType, Footer, MessageHeader};
 
+use super::bounds::{self, Column};
 use super::shared::{arrow_err, MAGIC};
 use crate::error::{GradientStreamError, Result};
 
@@ -56,7 +57,8 @@ pub(super) fn open_footer(buf: &Buffer) -> Result<(Footer<'_>, usize)> {
 /// The structure first, in the reference's order (README "Decoding rules"): the
 /// record-batch list, no dictionary batches, blocks in order without overlap, each
 /// batch message checked (compressed ones bounded by `room`, the values the gradient may
-/// still take) before anything is decoded.
+/// still take, and each of their buffers by what its column of the schema can need)
+/// before anything is decoded.
 pub(super) fn check_blocks<'f>(
     buf: &Buffer,
     footer: Footer<'f>,
@@ -79,8 +81,12 @@ pub(super) fn check_blocks<'f>(
     // a footer naming one block many times would otherwise multiply its values, making a
     // small payload decode to gigabytes.
     let mut free_from = 8usize;
-    // The compressed batches of one payload share the room.
-    let mut room = room;
+    // The compressed batches of one payload share the room; their buffers are bounded by
+    // the columns of the footer's schema, which the decoder reads them with.
+    let mut bounds = Bounds {
+        room,
+        columns: bounds::columns(&footer),
+    };
     let mut checked = Vec::with_capacity(blocks.len());
     for block in blocks {
         let data = block_data(buf, block, footer_start)?;
@@ -91,7 +97,7 @@ pub(super) fn check_blocks<'f>(
             )));
         }
         free_from = start + data.len();
-        let declared_rows = check_batch_message(&data, block, &mut room)?;
+        let declared_rows = check_batch_message(&data, block, &mut bounds)?;
         checked.push(CheckedBlock {
             block,
             data,
@@ -126,10 +132,17 @@ fn block_data(buf: &Buffer, block: &Block, limit: usize) -> Result<Buffer> {
     }
 }
 
+/// What a compressed batch is held to: the values the gradient may still take, and the
+/// schema's columns (or the position of the first without a bound, see `bounds`).
+struct Bounds {
+    room: usize,
+    columns: std::result::Result<Vec<Column>, usize>,
+}
+
 /// Check a record batch message against its block before arrow-rs reads it: the body
 /// length must be the block's, and every buffer must lie inside the body. Returns the
 /// row count the message declares (None when the message is not a record batch).
-fn check_batch_message(data: &Buffer, block: &Block, room: &mut usize) -> Result<Option<i64>> {
+fn check_batch_message(data: &Buffer, block: &Block, bounds: &mut Bounds) -> Result<Option<i64>> {
     let meta_len = usize::try_from(block.metaDataLength()).unwrap_or(usize::MAX);
     let body_len = data.len().saturating_sub(meta_len) as u64;
     let meta = data.get(..meta_len).unwrap_or(&[]);
@@ -176,20 +189,21 @@ fn check_batch_message(data: &Buffer, block: &Block, room: &mut usize) -> Result
     }
     if let Some(compression) = batch.compression() {
         let body = data.get(meta_len..).unwrap_or(&[]);
-        let rows = check_compressed(&batch, compression, body, *room)?;
-        *room -= rows;
+        let rows = check_compressed(&batch, compression, body, bounds)?;
+        bounds.room -= rows;
     }
     Ok(Some(batch.length()))
 }
 
 /// A compressed batch, before anything is decompressed: a known codec, no more rows than
-/// the gradient has room for, and no buffer (nor all of them together) declaring more
-/// bytes than its rows can hold. Its row count.
+/// the gradient has room for, columns whose buffers have a bound, no buffer declaring
+/// more bytes than its column can need, nor all of them together more than 16 bytes a
+/// row. Its row count.
 fn check_compressed(
     batch: &arrow_ipc::RecordBatch<'_>,
     compression: arrow_ipc::BodyCompression<'_>,
     body: &[u8],
-    room: usize,
+    bounds: &Bounds,
 ) -> Result<usize> {
     let codec = compression.codec();
     if codec != CompressionType::LZ4_FRAME && codec != CompressionType::ZSTD {
@@ -206,13 +220,18 @@ fn check_compressed(
         )));
     }
     let rows = batch.length();
+    let room = bounds.room;
     let Some(count) = usize::try_from(rows).ok().filter(|&r| r <= room) else {
         return Err(GradientStreamError::arrow(format!(
             "compressed record batch declares {rows} rows, more than the {room} values \
              max_gradient_len still allows"
         )));
     };
-    let total = declared_bytes(batch, body, rows)?;
+    let columns = bounds
+        .columns
+        .as_deref()
+        .map_err(|&c| bounds::unbounded_column(c))?;
+    let total = declared_bytes(batch, body, rows, columns)?;
     // All buffers together, too: a schema of many columns must not multiply the bound
     // (a seed float64 batch has 12 bytes a row).
     if total > rows.saturating_mul(16) {
@@ -225,10 +244,16 @@ fn check_compressed(
 }
 
 /// The uncompressed bytes a compressed batch's buffers declare in all, each checked to
-/// have a length prefix and to declare no more than its `rows` rows can hold.
-fn declared_bytes(batch: &arrow_ipc::RecordBatch<'_>, body: &[u8], rows: i64) -> Result<i64> {
+/// have a length prefix and to declare no more than its column of `columns` can need
+/// in `rows` rows.
+fn declared_bytes(
+    batch: &arrow_ipc::RecordBatch<'_>,
+    body: &[u8],
+    rows: i64,
+    columns: &[Column],
+) -> Result<i64> {
     let mut total = 0i64;
-    for b in batch.buffers().iter().flatten() {
+    for (index, b) in batch.buffers().iter().flatten().enumerate() {
         let length = b.length();
         if length == 0 {
             continue;
@@ -248,12 +273,7 @@ fn declared_bytes(batch: &arrow_ipc::RecordBatch<'_>, body: &[u8], rows: i64) ->
         if declared == -1 {
             continue;
         }
-        if !(0..=rows.saturating_mul(8)).contains(&declared) {
-            return Err(GradientStreamError::arrow(format!(
-                "compressed IPC buffer declares {declared} bytes uncompressed, more than its \
-                 {rows}-row batch can hold"
-            )));
-        }
+        bounds::check_declared(columns, index, rows, declared)?;
         total = total.saturating_add(declared);
     }
     Ok(total)
@@ -418,13 +438,22 @@ mod tests {
         bomb[at..at + 8].copy_from_slice(&(1i64 << 40).to_le_bytes());
         let err = decode(&bomb).unwrap_err().to_string();
         assert!(
-            err.contains("declares 1099511627776 bytes uncompressed, more than its 1000-row"),
+            err.ends_with(
+                "compressed IPC buffer 1 (data of column 0) declares 1099511627776 bytes \
+                 uncompressed; 1000 rows need at most 4000"
+            ),
             "{err}"
         );
-        // 8 bytes a row is the most a buffer of ours can take; exactly that passes the
-        // check (and then fails to decompress to that size, an ordinary Arrow error).
-        bomb[at..at + 8].copy_from_slice(&8000i64.to_le_bytes());
-        assert!(decode(&bomb).is_err());
+        // The column's width times the rows is the most its data can declare: one byte
+        // more is refused before decompressing, as 8 bytes a row (once the bound) is.
+        for declared in [4001i64, 8000] {
+            bomb[at..at + 8].copy_from_slice(&declared.to_le_bytes());
+            let err = decode(&bomb).unwrap_err().to_string();
+            assert!(err.contains("1000 rows need at most 4000"), "{err}");
+        }
+        // Exactly that passes the check (and decodes: it is what the writer declared).
+        bomb[at..at + 8].copy_from_slice(&4000i64.to_le_bytes());
+        assert_eq!(decode(&bomb).unwrap(), values);
         // More rows than the gradient has room for: refused, whatever the buffers say.
         let mut out = Vec::new();
         let err = decode_payload(&payload, &mut out, 999)

@@ -11,12 +11,14 @@
 //!
 //! - `reader`: `decode_payload` (footer, schema and `value` column into a `ValueSink`),
 //!   using `guard` (the checks on footer, blocks and compressed buffers before arrow-rs
-//!   sees them);
+//!   sees them), which uses `bounds` (what each compressed buffer may declare, from the
+//!   schema's columns);
 //! - `writer`: `encode_payload*`, the schemas, `Layout`, `Compression`, `Encoding`;
 //! - `shared`: what both sides use (the CRC, metadata keys, the borrowed Arrow buffer).
 //!
 //! Outside the codec it uses `dtype`, `error` and `output` (`Head`, `ValueSink`).
 
+mod bounds;
 mod guard;
 mod reader;
 mod shared;

@@ -125,15 +125,19 @@ impl HeldTensors {
 
     /// Each tensor's entry and values, as the core's set functions take them.
     pub fn gradients(&self) -> Vec<(Entry, Gradient<'_>)> {
-        self.entries
-            .iter()
-            .zip(&self.raws)
-            .map(|(entry, &(ptr, len))| {
-                // SAFETY: see the Send impl; `ptr`/`len` came from a live slice.
-                let raw = unsafe { std::slice::from_raw_parts(ptr, len) };
-                (entry.clone(), Gradient::new(raw, entry.dtype))
-            })
+        (0..self.entries.len())
+            .filter_map(|k| self.tensor(k))
+            .map(|(entry, values)| (entry.clone(), values))
             .collect()
+    }
+
+    /// Tensor `k`'s entry and values (a frame encoder's, without copying every entry).
+    pub fn tensor(&self, k: usize) -> Option<(&Entry, Gradient<'_>)> {
+        let entry = self.entries.get(k)?;
+        let &(ptr, len) = self.raws.get(k)?;
+        // SAFETY: see the Send impl; `ptr`/`len` came from a live slice.
+        let raw = unsafe { std::slice::from_raw_parts(ptr, len) };
+        Some((entry, Gradient::new(raw, entry.dtype)))
     }
 }
 
@@ -268,9 +272,10 @@ impl TensorFrameEncoder {
         let Sending::Tensor { k, next, .. } = at else {
             return Ok(None);
         };
-        let gradients = self.tensors.gradients();
-        let (entry, values) = &gradients[k];
-        let gradient = tensor_gradient(entry, values, self.wire_dtype, &self.metas[k]);
+        let Some((entry, values)) = self.tensors.tensor(k) else {
+            return Ok(None);
+        };
+        let gradient = tensor_gradient(entry, &values, self.wire_dtype, &self.metas[k]);
         let config = &self.config;
         let frame = py
             .detach(|| config.encode_frame(gradient, next - 1))

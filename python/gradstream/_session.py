@@ -15,6 +15,7 @@ too (gradstream-core's ``tensors``): only the (name, tensor) pairs are read here
 
 from __future__ import annotations
 
+import errno
 import socket
 import ssl
 from collections.abc import AsyncIterator, Iterable, Mapping
@@ -118,7 +119,7 @@ def _stream_socket(stream: Any) -> socket.socket | None:
         # be plaintext, and what we read would be ciphertext.
         raise TypeError("an ssl.SSLSocket cannot carry frames; use asyncio streams over TLS")
     if stream.fileno() < 0:
-        raise StreamIOError(9, "the socket is closed")  # EBADF, as the reference says it
+        raise StreamIOError(errno.EBADF, "the socket is closed")  # as the reference says it
     if stream.type != socket.SOCK_STREAM:
         raise ValueError(
             f"stream must be a connected stream socket (SOCK_STREAM), not {stream.type!r}"
@@ -419,7 +420,7 @@ class GradientStreamSession:
                     tensor, keep_dtype=True, wire_dtype=None, cast_here=False
                 )
             except Exception as exc:
-                self._engine.check_tensors(taken, doing)
+                self._engine.check_tensors(taken, doing, len(pairs))
                 exc.add_note(tensor_note(doing, name, k, len(pairs)))
                 raise
             taken.append((name, values.reshape(-1).view(np.uint8), source, values.shape))

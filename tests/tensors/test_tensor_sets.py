@@ -537,3 +537,18 @@ def test_a_sender_refuses_a_shape_every_receiver_refuses(impl, shape, detail):
     assert str(info.value) == f'tensor "e": {detail}'
     assert info.value.name == "e"
     assert info.value.__notes__ == ['while encoding tensor "e" (2 of 2) of a tensor set']
+
+
+def test_an_earlier_tensors_refusal_comes_before_a_later_ones_conversion_error(impl):
+    # One pass over the set meets tensor "a"'s shape before tensor "b"'s conversion: the
+    # native session converts in Python and checks in Rust, so it must still raise "a"'s.
+    s = session(impl, 4)
+    bad_shape = np.empty((0, 10**18), np.float32)
+    with pytest.raises(TensorSetError) as info:
+        s.encode_tensors({"a": bad_shape, "b": "not a tensor"})
+    assert info.value.name == "a"
+    assert info.value.__notes__ == ['while encoding tensor "a" (1 of 2) of a tensor set']
+    # Without the earlier refusal, the conversion error itself, noted with its tensor.
+    with pytest.raises(TypeError) as conversion:
+        s.encode_tensors({"a": np.zeros(2, np.float32), "b": "not a tensor"})
+    assert conversion.value.__notes__ == ['while encoding tensor "b" (2 of 2) of a tensor set']

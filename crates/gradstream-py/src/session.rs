@@ -473,16 +473,18 @@ impl Engine {
         check_names(names)
     }
 
-    /// The checks `encode_tensors` makes first, on tensors converted so far: the first
-    /// error among them, noted with `doing` ("encoding" or "sending").
+    /// The checks `encode_tensors` makes first, on the tensors of a set of `of` converted
+    /// so far: the first error among them, noted with `doing` ("encoding" or "sending").
     fn check_tensors(
         &self,
         py: Python<'_>,
         tensors: Vec<TensorArgs<'_>>,
         doing: &str,
+        of: usize,
     ) -> PyResult<()> {
         let held = HeldTensors::new(tensors)?;
-        tensors::encode::check_tensors(&held.gradients(), doing_named(doing)?).py_err(py)
+        let doing = doing_named(doing)?;
+        tensors::encode::check_first_tensors(&held.gradients(), doing, of).py_err(py)
     }
 
     /// A tensor set's frames, as `bytes` or a `pyarrow.Buffer`.

@@ -90,11 +90,20 @@ pub fn tensor_gradient<'g>(
 /// The checks made before anything is encoded or sent: every name (none noted), then each
 /// tensor's shape and values against its entry, noted with `doing`.
 pub fn check_tensors(tensors: &[(Entry, Gradient<'_>)], doing: Doing) -> Result<()> {
+    check_first_tensors(tensors, doing, tensors.len())
+}
+
+/// `check_tensors` on the first tensors of a set of `n` (those converted so far, when a
+/// binding's conversion of the next one failed): the notes count the whole set.
+pub fn check_first_tensors(
+    tensors: &[(Entry, Gradient<'_>)],
+    doing: Doing,
+    n: usize,
+) -> Result<()> {
     let mut taken = HashSet::with_capacity(tensors.len());
     for (entry, _) in tensors {
         check_name(&entry.name, &mut taken)?;
     }
-    let n = tensors.len();
     for (k, (entry, values)) in tensors.iter().enumerate() {
         check_tensor(entry, values).map_err(|e| e.noted(note(doing, &entry.name, k + 1, n)))?;
     }

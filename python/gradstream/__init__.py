@@ -20,6 +20,10 @@ from ._native import (
 from ._session import GradientStreamSession
 from .errors import (
     ArrowIpcError,
+    AuthenticationError,
+    DeliveryError,
+    ProtocolError,
+    TlsError,
     ChecksumMismatchError,
     FrameError,
     GradientDtypeError,
@@ -41,6 +45,10 @@ __all__ = [
     "DEFAULT_MAX_PAYLOAD_LEN",
     "HEADER_LEN",
     "ArrowIpcError",
+    "AuthenticationError",
+    "DeliveryError",
+    "ProtocolError",
+    "TlsError",
     "BFloat16Type",
     "ChecksumMismatchError",
     "FrameError",

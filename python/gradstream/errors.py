@@ -15,6 +15,10 @@ import os as _os
 
 __all__ = [
     "ArrowIpcError",
+    "AuthenticationError",
+    "DeliveryError",
+    "ProtocolError",
+    "TlsError",
     "ChecksumMismatchError",
     "FrameError",
     "GradientDtypeError",
@@ -281,3 +285,94 @@ class StreamDeadlineError(StreamTimeoutError):
 
     def __reduce__(self) -> tuple[type, tuple[float, int, int | None]]:
         return (type(self), (self.deadline, self.received, self.total))
+
+
+Address = tuple[str, int]
+
+
+def _peer_text(peer: Address | None) -> str:
+    """How messages name a connection's peer: ``host:port`` (``[v6]:port``), or
+    ``the peer``."""
+    if peer is None:
+        return "the peer"
+    host, port = peer
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class ProtocolError(GradientStreamError):
+    """A connection's peer does not speak this side's protocol (README "Protocol"): an
+    HTTP client, a TLS client at a plaintext listener, an ipfrs-transport peer (use
+    ``protocol="seed"``), another version, a malformed message.
+
+    ``expected`` and ``seen`` say what this side waited for and what came; ``peer`` is the
+    peer's ``(host, port)`` when known.
+    """
+
+    expected: str
+    seen: str
+    peer: Address | None
+
+    def __init__(self, expected: str, seen: str, peer: Address | None = None) -> None:
+        self.expected = expected
+        self.seen = seen
+        self.peer = None if peer is None else (str(peer[0]), int(peer[1]))
+        super().__init__(
+            f"protocol error with {_peer_text(self.peer)}: expected {expected}, got {seen}"
+        )
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, Address | None]]:
+        return (type(self), (self.expected, self.seen, self.peer))
+
+
+class AuthenticationError(GradientStreamError):
+    """The authkey check of a connection failed: a wrong or missing key, or a hello
+    changed on the way. Raised on both sides, before any gradient byte is read."""
+
+    detail: str
+    peer: Address | None
+
+    def __init__(self, detail: str, peer: Address | None = None) -> None:
+        self.detail = detail
+        self.peer = None if peer is None else (str(peer[0]), int(peer[1]))
+        super().__init__(f"authentication with {_peer_text(self.peer)} failed: {detail}")
+
+    def __reduce__(self) -> tuple[type, tuple[str, Address | None]]:
+        return (type(self), (self.detail, self.peer))
+
+
+class TlsError(GradientStreamError):
+    """The TLS handshake of a connection failed, or the peer's certificate was refused
+    (an unknown issuer, a name that does not match, no client certificate under mutual
+    TLS, no ``gradstream/1`` ALPN)."""
+
+    detail: str
+    peer: Address | None
+
+    def __init__(self, detail: str, peer: Address | None = None) -> None:
+        self.detail = detail
+        self.peer = None if peer is None else (str(peer[0]), int(peer[1]))
+        super().__init__(f"TLS with {_peer_text(self.peer)} failed: {detail}")
+
+    def __reduce__(self) -> tuple[type, tuple[str, Address | None]]:
+        return (type(self), (self.detail, self.peer))
+
+
+class DeliveryError(GradientStreamError):
+    """A gradient (or tensor set) sent on a connection was not acknowledged: the peer
+    refused it (``reason`` holds the peer's error message), closed before acknowledging,
+    or acknowledged other bytes than were sent. The connection is closed."""
+
+    detail: str
+    peer: Address | None
+    reason: str | None
+
+    def __init__(
+        self, detail: str, peer: Address | None = None, reason: str | None = None
+    ) -> None:
+        self.detail = detail
+        self.peer = None if peer is None else (str(peer[0]), int(peer[1]))
+        self.reason = reason
+        super().__init__(f"gradient not delivered to {_peer_text(self.peer)}: {detail}")
+
+    def __reduce__(self) -> tuple[type, tuple[str, Address | None, str | None]]:
+        return (type(self), (self.detail, self.peer, self.reason))

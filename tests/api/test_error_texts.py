@@ -26,6 +26,10 @@ def test_error_texts_agree() -> None:
         errors.StreamTimeoutError,
         errors.StreamDeadlineError,
         errors.TensorSetError,
+        errors.ProtocolError,
+        errors.AuthenticationError,
+        errors.TlsError,
+        errors.DeliveryError,
     }
     noted = 0
     for exc, rust_text in samples:

@@ -9,6 +9,7 @@
 //! Uses nothing of the crate; every other file uses it.
 
 use std::fmt;
+use std::net::SocketAddr;
 
 /// Everything that can go wrong encoding, decoding or streaming a gradient.
 ///
@@ -100,6 +101,48 @@ pub enum GradientStreamError {
         error: Box<GradientStreamError>,
         note: String,
     },
+
+    /// A connection's peer does not speak this side's protocol (README "Protocol"): an
+    /// HTTP client, a TLS client at a plaintext listener, an ipfrs-transport peer, another
+    /// version, a malformed message, a message where a frame belongs.
+    #[error(
+        "protocol error with {}: expected {expected}, got {seen}",
+        peer_text(peer)
+    )]
+    Protocol {
+        expected: String,
+        seen: String,
+        peer: Option<SocketAddr>,
+    },
+
+    /// The authkey check failed (a wrong or missing key, or a hello changed on the way).
+    #[error("authentication with {} failed: {detail}", peer_text(peer))]
+    Authentication {
+        detail: String,
+        peer: Option<SocketAddr>,
+    },
+
+    /// The TLS handshake failed, or the peer's certificate was refused.
+    #[error("TLS with {} failed: {detail}", peer_text(peer))]
+    Tls {
+        detail: String,
+        peer: Option<SocketAddr>,
+    },
+
+    /// A gradient (or tensor set) sent on a connection was not acknowledged: the peer
+    /// refused it (`reason` is its error message), closed first, or acknowledged other
+    /// bytes than were sent.
+    #[error("gradient not delivered to {}: {detail}", peer_text(peer))]
+    Delivery {
+        detail: String,
+        reason: Option<String>,
+        peer: Option<SocketAddr>,
+    },
+}
+
+/// How messages name a connection's peer: `host:port` (`[v6]:port`), or `the peer`.
+fn peer_text(peer: &Option<SocketAddr>) -> String {
+    peer.map_or_else(|| "the peer".to_string(), |p| p.to_string())
 }
 
 /// What the Arrow IPC reader or writer refused, and in which chunk (where the original
@@ -223,6 +266,35 @@ impl PartialEq for GradientStreamError {
                 (a, b) == (x, y)
             }
             (E::Noted { error: a, note: b }, E::Noted { error: x, note: y }) => (a, b) == (x, y),
+            (
+                E::Protocol {
+                    expected: a,
+                    seen: b,
+                    peer: c,
+                },
+                E::Protocol {
+                    expected: x,
+                    seen: y,
+                    peer: z,
+                },
+            ) => (a, b, c) == (x, y, z),
+            (
+                E::Authentication { detail: a, peer: b },
+                E::Authentication { detail: x, peer: y },
+            ) => (a, b) == (x, y),
+            (E::Tls { detail: a, peer: b }, E::Tls { detail: x, peer: y }) => (a, b) == (x, y),
+            (
+                E::Delivery {
+                    detail: a,
+                    reason: b,
+                    peer: c,
+                },
+                E::Delivery {
+                    detail: x,
+                    reason: y,
+                    peer: z,
+                },
+            ) => (a, b, c) == (x, y, z),
             _ => false,
         }
     }
@@ -416,6 +488,34 @@ impl GradientStreamError {
             }
             .noted("while receiving tensor \"b\" (2 of 3) of a tensor set".into()),
             io(32).noted("while sending tensor \"\\u00e9\" (1 of 1) of a tensor set".into()),
+            Self::Protocol {
+                expected: "a gradstream hello".into(),
+                seen: "an HTTP request (\"GET / HTTP/1.1\")".into(),
+                peer: Some(SocketAddr::from(([127, 0, 0, 1], 7000))),
+            },
+            Self::Protocol {
+                expected: "an ack".into(),
+                seen: "a frame header".into(),
+                peer: None,
+            },
+            Self::Authentication {
+                detail: "the peer's tag does not match this side's authkey".into(),
+                peer: Some("[::1]:41000".parse().expect("a literal address")),
+            },
+            Self::Tls {
+                detail: "invalid peer certificate: UnknownIssuer".into(),
+                peer: Some(SocketAddr::from(([10, 0, 0, 5], 443))),
+            },
+            Self::Delivery {
+                detail: "the peer refused it: chunk 1 failed its CRC check".into(),
+                reason: Some("chunk 1 failed its CRC check".into()),
+                peer: Some(SocketAddr::from(([127, 0, 0, 1], 7000))),
+            },
+            Self::Delivery {
+                detail: "the connection closed before the peer acknowledged it".into(),
+                reason: None,
+                peer: None,
+            },
         ];
         samples
     }
@@ -437,6 +537,10 @@ impl GradientStreamError {
             Self::Deadline { .. } => 8,
             Self::TensorSet { .. } => 9,
             Self::Noted { .. } => 10,
+            Self::Protocol { .. } => 11,
+            Self::Authentication { .. } => 12,
+            Self::Tls { .. } => 13,
+            Self::Delivery { .. } => 14,
         }
     }
 }
@@ -453,7 +557,7 @@ mod tests {
             .iter()
             .map(|e| e.variant())
             .collect();
-        assert_eq!(seen, (0..11).collect());
+        assert_eq!(seen, (0..15).collect());
     }
 
     #[test]

@@ -23,6 +23,10 @@ static STREAM_IO: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static TIMEOUT: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static DEADLINE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static TENSOR_SET: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static PROTOCOL: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static AUTHENTICATION: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static TLS: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static DELIVERY: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
 const MODULE: &str = "gradstream.errors";
 
@@ -100,6 +104,30 @@ fn instantiate(py: Python<'_>, err: GradientStreamError) -> PyResult<PyErr> {
             inner.call_method1("add_note", (note,))?;
             inner
         }
+        GradientStreamError::Protocol {
+            expected,
+            seen,
+            peer,
+        } => PROTOCOL.import(py, MODULE, "ProtocolError")?.call1((
+            expected,
+            seen,
+            peer_tuple(peer),
+        ))?,
+        GradientStreamError::Authentication { detail, peer } => AUTHENTICATION
+            .import(py, MODULE, "AuthenticationError")?
+            .call1((detail, peer_tuple(peer)))?,
+        GradientStreamError::Tls { detail, peer } => TLS
+            .import(py, MODULE, "TlsError")?
+            .call1((detail, peer_tuple(peer)))?,
+        GradientStreamError::Delivery {
+            detail,
+            reason,
+            peer,
+        } => DELIVERY.import(py, MODULE, "DeliveryError")?.call1((
+            detail,
+            peer_tuple(peer),
+            reason,
+        ))?,
         // The core adds variants; each needs its class here (the samples test sees one
         // that has none).
         other => PyValueError::new_err(other.to_string())
@@ -108,6 +136,11 @@ fn instantiate(py: Python<'_>, err: GradientStreamError) -> PyResult<PyErr> {
             .into_any(),
     };
     Ok(PyErr::from_value(instance))
+}
+
+/// A peer's address as Python's socket module gives it: `(host, port)`.
+fn peer_tuple(peer: Option<std::net::SocketAddr>) -> Option<(String, u16)> {
+    peer.map(|p| (p.ip().to_string(), p.port()))
 }
 
 /// `StreamIOError(errno, strerror)` (which fills `.errno` and `.strerror`), or

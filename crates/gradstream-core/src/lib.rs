@@ -7,6 +7,10 @@
 //! `compat`). The modules below it, each with one job, arrows pointing down (a module
 //! uses only those listed after it):
 //!
+//! - `connection` (feature `tokio`): connections between two gradstream peers (dialling,
+//!   listening, the handshake, sealed and acknowledged transfers), over TCP or `tls`;
+//! - `tls` (feature `tokio`): TLS 1.3 with rustls, and certificate subjects;
+//! - `protocol`: the connection protocol's messages (hello, authentication, ack), sans-I/O;
 //! - `tensors`: tensor sets, named tensors of any dtype and shape behind one manifest
 //!   (its JSON, the sender, the sans-I/O receiver, and, with `tokio`, the stream I/O);
 //! - `stream` (feature `tokio`): the sender and receiver over any tokio byte stream;
@@ -25,6 +29,8 @@
 
 pub mod codec;
 mod compat;
+#[cfg(feature = "tokio")]
+pub mod connection;
 pub mod dtype;
 pub mod encoder;
 pub mod error;

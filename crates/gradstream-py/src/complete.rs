@@ -38,7 +38,12 @@ pub enum Outcome {
     End,
     /// A tensor set, in the sender's order.
     Tensors(gradstream_core::tensors::TensorSet),
+    /// A Python object to make on the loop's thread (a new connection or listener).
+    Object(MakeObject),
 }
+
+/// Makes a result's Python object, with the GIL, on the loop's thread.
+pub type MakeObject = Box<dyn FnOnce(Python<'_>) -> PyResult<Py<PyAny>> + Send>;
 
 type Finished = (u64, Result<Outcome, GradientStreamError>);
 
@@ -138,6 +143,10 @@ impl Completions {
                     Ok(Outcome::Tensors(set)) => {
                         (job, true, set_list(py, set)?.into_any().unbind())
                     }
+                    Ok(Outcome::Object(make)) => match make(py) {
+                        Ok(object) => (job, true, object),
+                        Err(e) => (job, false, e.into_value(py).into_any()),
+                    },
                     Err(e) => (job, false, to_py_err(py, e).into_value(py).into_any()),
                 })
             })

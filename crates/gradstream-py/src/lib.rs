@@ -11,6 +11,7 @@
 mod buffers;
 mod chunk;
 mod complete;
+mod connection;
 mod convert;
 mod errors;
 mod session;
@@ -33,6 +34,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<chunk::PyChunk>()?;
     m.add_class::<stream::TransferProgress>()?;
     m.add_class::<complete::Completions>()?;
+    m.add_class::<connection::PyLink>()?;
+    m.add_class::<connection::PyListener>()?;
     m.add("DEFAULT_CHUNK_SIZE", DEFAULT_CHUNK_SIZE)?;
     m.add("DEFAULT_MAX_PAYLOAD_LEN", DEFAULT_MAX_PAYLOAD_LEN)?;
     m.add("DEFAULT_MAX_GRADIENT_LEN", DEFAULT_MAX_GRADIENT_LEN)?;

@@ -16,6 +16,7 @@ use pyo3::types::{PyBytes, PyList};
 use super::buffers::{vec_to_pyarrow, ReadBuffer, WritableBytes};
 use super::chunk::{HeldChunk, PyChunk};
 use super::complete::{Completions, Outcome};
+use super::connection::{self, LinkArgs};
 use super::convert::{values_tuple, GradientArgs, HeldGradient, Input, LentArray};
 use super::errors::IntoPyResult;
 use super::settings::{seconds_arg, Flag, SettingArgs, Settings};
@@ -40,7 +41,7 @@ use gradstream_core::tensors;
 pub struct OutArgs<'py>(Bound<'py, PyAny>, String);
 
 impl OutArgs<'_> {
-    fn lend(&self) -> PyResult<LentArray> {
+    pub(crate) fn lend(&self) -> PyResult<LentArray> {
         LentArray::new(&self.0, &self.1)
     }
 }
@@ -74,6 +75,16 @@ impl From<Settings> for Engine {
 }
 
 impl Engine {
+    /// The session's settings (a connection's transfers use them).
+    pub(crate) fn config(&self) -> &SessionConfig {
+        &self.config
+    }
+
+    /// The dtype every gradient is cast to for transfer, if any.
+    pub(crate) fn wire_dtype(&self) -> Option<Dtype> {
+        self.wire_dtype
+    }
+
     /// The waits of one transfer: the session's timeout, and the call's deadline (checked
     /// as the setting is) or else the session's.
     fn waits(&self, deadline: Option<&Bound<'_, PyAny>>) -> PyResult<Waits> {
@@ -256,6 +267,31 @@ impl Engine {
     #[getter]
     fn deadline(&self) -> Option<f64> {
         self.deadline.map(|t| t.as_secs_f64())
+    }
+
+    /// Connect to `host:port` with these settings (README "Connections"); a job whose
+    /// result is a `Link`, after the handshake.
+    fn connect(
+        slf: &Bound<'_, Self>,
+        completions: &Bound<'_, Completions>,
+        host: String,
+        port: u16,
+        args: LinkArgs,
+    ) -> PyResult<u64> {
+        connection::connect(slf, completions, host, port, args)
+    }
+
+    /// Listen on `host:port`; a job whose result is a `Listener`. `caps` are
+    /// (max_pending_handshakes, max_connections).
+    fn listen(
+        slf: &Bound<'_, Self>,
+        completions: &Bound<'_, Completions>,
+        host: String,
+        port: u16,
+        args: LinkArgs,
+        caps: (usize, usize),
+    ) -> PyResult<u64> {
+        connection::listen(slf, completions, host, port, args, caps)
     }
 
     /// Send one gradient over a checked stream socket under the loop's `completions`;

@@ -1,0 +1,87 @@
+//! The client side of a connection: TCP connect, TLS, the handshake, bounded in time.
+//!
+//! Uses `handshake`, `link`, `tls`; used by the bindings.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpStream;
+
+use super::handshake::handshake;
+use super::link::{Link, Peer};
+use super::Protocol;
+use crate::error::{GradientStreamError, Result};
+use crate::frame::Limits;
+use crate::protocol::Role;
+use crate::tls::{peer_subject, TlsConnector};
+
+/// How a client connects: settings, shared by every connection made with them.
+#[derive(Clone)]
+pub struct DialSettings {
+    pub protocol: Protocol,
+    pub tls: Option<Arc<TlsConnector>>,
+    pub authkey: Option<Vec<u8>>,
+    /// Bounds the TCP connect, TLS and the hello together.
+    pub handshake_timeout: Duration,
+    /// What this side accepts, told to the peer in its hello.
+    pub limits: Limits,
+}
+
+/// Connect to `host:port` and do the handshake the settings say.
+pub async fn connect(host: &str, port: u16, settings: &DialSettings) -> Result<Link> {
+    let limit = settings.handshake_timeout;
+    match tokio::time::timeout(limit, establish(host, port, settings)).await {
+        Ok(done) => done,
+        Err(_) => Err(GradientStreamError::Protocol {
+            expected: "a finished handshake".into(),
+            seen: format!(
+                "none within the handshake timeout of {} s",
+                crate::error::general_format(limit.as_secs_f64())
+            ),
+            peer: None,
+        }),
+    }
+}
+
+async fn establish(host: &str, port: u16, settings: &DialSettings) -> Result<Link> {
+    let tcp = TcpStream::connect((host, port)).await?;
+    // Frames go out whole; Nagle would hold each one's tail for the peer's delayed ack.
+    tcp.set_nodelay(true)?;
+    let address = tcp.peer_addr()?;
+    let peer = Some(address);
+    if let Protocol::Seed = settings.protocol {
+        let who = Peer {
+            address,
+            tls_subject: None,
+            authenticated: false,
+        };
+        return Ok(Link::seed(Box::new(tcp), who));
+    }
+    let authkey = settings.authkey.as_deref();
+    match &settings.tls {
+        None => {
+            let mut stream = tcp;
+            let established =
+                handshake(&mut stream, Role::Client, authkey, settings.limits, peer).await?;
+            let who = Peer {
+                address,
+                tls_subject: None,
+                authenticated: established.authenticated,
+            };
+            Ok(Link::sealed(Box::new(stream), established, who))
+        }
+        Some(tls) => {
+            let mut stream = tls.connect(host, tcp, peer).await?;
+            let tls_subject = peer_subject(stream.get_ref().1.peer_certificates());
+            let established =
+                handshake(&mut stream, Role::Client, authkey, settings.limits, peer).await?;
+            // The server's certificate was verified against `ca`, for the name dialled.
+            let who = Peer {
+                address,
+                tls_subject,
+                authenticated: true,
+            };
+            Ok(Link::sealed(Box::new(stream), established, who))
+        }
+    }
+}

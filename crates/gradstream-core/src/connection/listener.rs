@@ -1,0 +1,183 @@
+//! The server side: a TCP listener whose peers become `Link`s only after TLS, the hello
+//! and authentication, each under `handshake_timeout`, and at most
+//! `max_pending_handshakes` at a time; at most `max_connections` links live at once (the
+//! listener takes no more from the kernel's backlog until one goes). A peer that fails
+//! becomes a `Refused` event (the caller logs it) and never a link.
+//!
+//! Uses `handshake`, `link`, `tls`; used by the bindings.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, Semaphore};
+use tokio::task::JoinHandle;
+
+use super::handshake::handshake;
+use super::link::{Link, Peer};
+use super::Protocol;
+use crate::error::{general_format, GradientStreamError, Result};
+use crate::frame::Limits;
+use crate::protocol::Role;
+use crate::tls::TlsAcceptor;
+
+/// How a listener admits peers: settings, shared by its handshakes.
+#[derive(Clone)]
+pub struct ListenSettings {
+    pub protocol: Protocol,
+    pub tls: Option<Arc<TlsAcceptor>>,
+    pub authkey: Option<Vec<u8>>,
+    /// Bounds each peer's TLS handshake, hello and authentication together.
+    pub handshake_timeout: Duration,
+    pub max_pending_handshakes: usize,
+    pub max_connections: usize,
+    /// What this side accepts, told to each peer in its hello.
+    pub limits: Limits,
+}
+
+/// What happened at the listener.
+pub enum Event {
+    /// A peer through the handshake.
+    Connected(Link),
+    /// A peer dropped, and why.
+    Refused {
+        address: SocketAddr,
+        error: GradientStreamError,
+    },
+}
+
+/// A bound listener: its events arrive in `next`; dropping it stops accepting.
+pub struct Listener {
+    events: mpsc::Receiver<Event>,
+    address: SocketAddr,
+    accepting: JoinHandle<()>,
+}
+
+impl Listener {
+    pub async fn bind(host: &str, port: u16, settings: ListenSettings) -> Result<Self> {
+        let tcp = TcpListener::bind((host, port)).await?;
+        let address = tcp.local_addr()?;
+        let (sender, events) = mpsc::channel(settings.max_pending_handshakes.max(1));
+        let accepting = tokio::spawn(accept_loop(tcp, settings, sender));
+        Ok(Self {
+            events,
+            address,
+            accepting,
+        })
+    }
+
+    /// The address actually bound (its port, for port 0).
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// A handle that stops the accept loop from anywhere (the next `next` then ends once
+    /// the handshakes under way have).
+    pub fn stopper(&self) -> tokio::task::AbortHandle {
+        self.accepting.abort_handle()
+    }
+
+    /// The next connection or refusal; None once closed.
+    pub async fn next(&mut self) -> Option<Event> {
+        self.events.recv().await
+    }
+
+    /// Stop accepting; handshakes under way are dropped.
+    pub fn close(&mut self) {
+        self.accepting.abort();
+        self.events.close();
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.accepting.abort();
+    }
+}
+
+async fn accept_loop(tcp: TcpListener, settings: ListenSettings, events: mpsc::Sender<Event>) {
+    let connections = Arc::new(Semaphore::new(settings.max_connections.max(1)));
+    let handshakes = Arc::new(Semaphore::new(settings.max_pending_handshakes.max(1)));
+    let settings = Arc::new(settings);
+    loop {
+        // Both permits before the accept: past either cap, peers wait in the kernel's
+        // backlog and cost this process nothing.
+        let (Ok(slot), Ok(pending)) = (
+            connections.clone().acquire_owned().await,
+            handshakes.clone().acquire_owned().await,
+        ) else {
+            return;
+        };
+        let (stream, address) = match tcp.accept().await {
+            Ok(accepted) => accepted,
+            Err(_) => {
+                // Out of descriptors, or a peer gone before its accept: wait, go on.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let (events, settings) = (events.clone(), settings.clone());
+        tokio::spawn(async move {
+            let limit = settings.handshake_timeout;
+            let admitted = tokio::time::timeout(limit, admit(stream, address, &settings)).await;
+            drop(pending);
+            let event = match admitted {
+                Ok(Ok(link)) => Event::Connected(link.holding(slot)),
+                Ok(Err(error)) => Event::Refused { address, error },
+                Err(_) => Event::Refused {
+                    address,
+                    error: GradientStreamError::Protocol {
+                        expected: "a finished handshake".into(),
+                        seen: format!(
+                            "none within the handshake timeout of {} s",
+                            general_format(limit.as_secs_f64())
+                        ),
+                        peer: Some(address),
+                    },
+                },
+            };
+            // A closed listener drops what is still arriving.
+            let _ = events.send(event).await;
+        });
+    }
+}
+
+/// TLS, the hello and authentication for one accepted peer.
+async fn admit(tcp: TcpStream, address: SocketAddr, settings: &ListenSettings) -> Result<Link> {
+    tcp.set_nodelay(true)?;
+    let peer = Some(address);
+    if let Protocol::Seed = settings.protocol {
+        let who = Peer {
+            address,
+            tls_subject: None,
+            authenticated: false,
+        };
+        return Ok(Link::seed(Box::new(tcp), who));
+    }
+    let authkey = settings.authkey.as_deref();
+    match &settings.tls {
+        None => {
+            let mut stream = tcp;
+            let established =
+                handshake(&mut stream, Role::Server, authkey, settings.limits, peer).await?;
+            let who = Peer {
+                address,
+                tls_subject: None,
+                authenticated: established.authenticated,
+            };
+            Ok(Link::sealed(Box::new(stream), established, who))
+        }
+        Some(tls) => {
+            let (mut stream, tls_subject) = tls.accept(tcp, peer).await?;
+            let established =
+                handshake(&mut stream, Role::Server, authkey, settings.limits, peer).await?;
+            let who = Peer {
+                address,
+                authenticated: established.authenticated || tls_subject.is_some(),
+                tls_subject,
+            };
+            Ok(Link::sealed(Box::new(stream), established, who))
+        }
+    }
+}

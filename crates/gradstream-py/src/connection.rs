@@ -1,0 +1,391 @@
+//! `gradstream._native.Link` and `Listener`: the core's connections (`gradstream_core::
+//! connection`) for `gradstream/_connection.py`. Each async operation is a job on the
+//! loop's `Completions`, as the socket transfers are; a link's operations hold its lock
+//! for their whole run, so a second call while one runs is refused at once, never queued.
+//!
+//! Uses `session` (the engine's settings), `convert`, `tensors`, `stream` (progress),
+//! `complete` and `errors`; used by `session` (`Engine.connect`, `Engine.listen`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use tokio::sync::Mutex as AsyncMutex;
+
+use super::complete::{Completions, Outcome};
+use super::convert::{GradientArgs, HeldGradient, Input};
+use super::errors::{setting_error, to_py_err};
+use super::session::{Engine, OutArgs};
+use super::settings::seconds_arg;
+use super::stream::{progress_counters, TransferProgress};
+use super::tensors::{HeldTensors, TensorArgs};
+use gradstream_core::connection::{
+    self, DialSettings, Event, Link, ListenSettings, Listener, Peer, Protocol, Received,
+};
+use gradstream_core::error::GradientStreamError;
+use gradstream_core::stream::Waits;
+use gradstream_core::tls::{TlsAcceptor, TlsConnector, TlsFiles};
+
+/// `tls=` as the Python side hands it over: (cert, key, ca) paths, each optional.
+#[derive(FromPyObject)]
+pub struct TlsArgs(Option<PathBuf>, Option<PathBuf>, Option<PathBuf>);
+
+impl From<TlsArgs> for TlsFiles {
+    fn from(TlsArgs(cert, key, ca): TlsArgs) -> Self {
+        TlsFiles { cert, key, ca }
+    }
+}
+
+/// What a connection is made with, checked by the Python side: the protocol's name,
+/// TLS files, the authkey, the handshake's bound, and the waits of its transfers.
+#[derive(FromPyObject)]
+pub struct LinkArgs {
+    #[pyo3(item)]
+    protocol: String,
+    #[pyo3(item)]
+    tls: Option<TlsArgs>,
+    #[pyo3(item)]
+    authkey: Option<Vec<u8>>,
+    #[pyo3(item)]
+    handshake_timeout: f64,
+    #[pyo3(item)]
+    timeout: Option<f64>,
+    #[pyo3(item)]
+    deadline: Option<f64>,
+}
+
+impl LinkArgs {
+    fn protocol(&self, py: Python<'_>) -> PyResult<Protocol> {
+        match self.protocol.as_str() {
+            "gradstream" => Ok(Protocol::Gradstream),
+            "seed" => Ok(Protocol::Seed),
+            other => Err(setting_error(
+                py,
+                "protocol",
+                format!("protocol must be 'gradstream' or 'seed', not {other:?}"),
+            )),
+        }
+    }
+
+    fn waits(&self) -> Waits {
+        let seconds = |s: Option<f64>| s.map(Duration::from_secs_f64);
+        Waits {
+            timeout: seconds(self.timeout),
+            deadline: seconds(self.deadline),
+        }
+    }
+}
+
+/// `(host, port)` of an address.
+fn address_tuple(address: SocketAddr) -> (String, u16) {
+    (address.ip().to_string(), address.port())
+}
+
+/// A new Python `Link` for `link`, made on the loop's thread.
+fn link_outcome(link: Link, engine: Py<Engine>, waits: Waits) -> Outcome {
+    Outcome::Object(Box::new(move |py| {
+        let link = PyLink::new(link, engine, waits);
+        Ok(Py::new(py, link)?.into_any())
+    }))
+}
+
+/// `Engine.connect`: a job whose result is a `Link`.
+pub fn connect(
+    engine: &Bound<'_, Engine>,
+    completions: &Bound<'_, Completions>,
+    host: String,
+    port: u16,
+    args: LinkArgs,
+) -> PyResult<u64> {
+    let py = engine.py();
+    let protocol = args.protocol(py)?;
+    let tls = match args.tls {
+        Some(files) => Some(Arc::new(
+            TlsConnector::new(&files.into()).map_err(|e| to_py_err(py, e))?,
+        )),
+        None => None,
+    };
+    let settings = DialSettings {
+        protocol,
+        tls,
+        authkey: args.authkey.clone(),
+        handshake_timeout: Duration::from_secs_f64(args.handshake_timeout),
+        limits: engine.get().config().limits,
+    };
+    let waits = args.waits();
+    let engine = engine.clone().unbind();
+    Ok(completions.get().spawn(async move {
+        let link = connection::connect(&host, port, &settings).await?;
+        Ok(link_outcome(link, engine, waits))
+    }))
+}
+
+/// `Engine.listen`: a job whose result is a `Listener`.
+pub fn listen(
+    engine: &Bound<'_, Engine>,
+    completions: &Bound<'_, Completions>,
+    host: String,
+    port: u16,
+    args: LinkArgs,
+    caps: (usize, usize),
+) -> PyResult<u64> {
+    let py = engine.py();
+    let protocol = args.protocol(py)?;
+    let tls = match args.tls {
+        Some(files) => Some(Arc::new(
+            TlsAcceptor::new(&files.into()).map_err(|e| to_py_err(py, e))?,
+        )),
+        None => None,
+    };
+    let (max_pending_handshakes, max_connections) = caps;
+    let settings = ListenSettings {
+        protocol,
+        tls,
+        authkey: args.authkey.clone(),
+        handshake_timeout: Duration::from_secs_f64(args.handshake_timeout),
+        max_pending_handshakes,
+        max_connections,
+        limits: engine.get().config().limits,
+    };
+    let waits = args.waits();
+    let engine = engine.clone().unbind();
+    Ok(completions.get().spawn(async move {
+        let listener = Listener::bind(&host, port, settings).await?;
+        Ok(Outcome::Object(Box::new(move |py| {
+            let address = address_tuple(listener.address());
+            let stopper = listener.stopper();
+            let listener = PyListener {
+                listener: Arc::new(AsyncMutex::new(listener)),
+                stopper,
+                engine,
+                waits,
+                address,
+            };
+            Ok(Py::new(py, listener)?.into_any())
+        })))
+    }))
+}
+
+/// One connection, its peer, and the waits of its transfers.
+#[pyclass(name = "Link", module = "gradstream._native", frozen)]
+pub struct PyLink {
+    link: Arc<AsyncMutex<Link>>,
+    engine: Py<Engine>,
+    waits: Waits,
+    peer: Peer,
+}
+
+impl PyLink {
+    fn new(link: Link, engine: Py<Engine>, waits: Waits) -> Self {
+        let peer = link.peer().clone();
+        Self {
+            link: Arc::new(AsyncMutex::new(link)),
+            engine,
+            waits,
+            peer,
+        }
+    }
+
+    /// The link, for one operation; refused while another runs.
+    fn take(&self, py: Python<'_>) -> PyResult<tokio::sync::OwnedMutexGuard<Link>> {
+        self.link.clone().try_lock_owned().map_err(|_| {
+            setting_error(
+                py,
+                "connection",
+                "another send or recv is running on this connection: one transfer at a time"
+                    .into(),
+            )
+        })
+    }
+
+    /// This call's waits: the connection's timeout, and the call's deadline or else the
+    /// connection's.
+    fn waits(&self, deadline: Option<&Bound<'_, PyAny>>) -> PyResult<Waits> {
+        Ok(Waits {
+            timeout: self.waits.timeout,
+            deadline: seconds_arg(deadline, "deadline")?.or(self.waits.deadline),
+        })
+    }
+}
+
+/// A receive's result: the values, `out`'s owner, or None at the peer's close.
+fn received(got: Received<gradstream_core::output::Output>, owner: Option<Py<PyAny>>) -> Outcome {
+    match (got, owner) {
+        (Received::End, _) => Outcome::End,
+        (Received::Transfer(_), Some(owner)) => Outcome::Filled(owner),
+        (Received::Transfer(values), None) => Outcome::Values(values),
+    }
+}
+
+#[pymethods]
+impl PyLink {
+    /// `((host, port), tls_subject, authenticated)`.
+    fn peer(&self) -> ((String, u16), Option<String>, bool) {
+        (
+            address_tuple(self.peer.address),
+            self.peer.tls_subject.clone(),
+            self.peer.authenticated,
+        )
+    }
+
+    /// Send one gradient; a job whose result is the chunk count, once acknowledged.
+    #[pyo3(signature = (completions, gradient, progress, deadline))]
+    fn send(
+        &self,
+        py: Python<'_>,
+        completions: &Bound<'_, Completions>,
+        gradient: GradientArgs<'_>,
+        progress: Option<&Bound<'_, TransferProgress>>,
+        deadline: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<u64> {
+        let counters = progress_counters(progress);
+        let waits = self.waits(deadline)?;
+        let gradient = HeldGradient::new(&Input::try_from(gradient)?)?;
+        let config = self.engine.get().config().clone();
+        let mut link = self.take(py)?;
+        Ok(completions.get().spawn(async move {
+            link.send_gradient(&config, gradient.gradient(), waits, &counters)
+                .await
+                .map(Outcome::Chunks)
+        }))
+    }
+
+    /// Receive one gradient; a job whose result is the values tuple, `out`'s array when
+    /// given, or None when the peer closed before a gradient began.
+    #[pyo3(signature = (completions, progress, out, deadline))]
+    fn recv(
+        &self,
+        py: Python<'_>,
+        completions: &Bound<'_, Completions>,
+        progress: Option<&Bound<'_, TransferProgress>>,
+        out: Option<OutArgs<'_>>,
+        deadline: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<u64> {
+        let counters = progress_counters(progress);
+        let waits = self.waits(deadline)?;
+        let lent = out.as_ref().map(OutArgs::lend).transpose()?;
+        let config = self.engine.get().config().clone();
+        let mut link = self.take(py)?;
+        Ok(completions.get().spawn(async move {
+            let (receiver, owner) = match lent {
+                Some(lent) => (config.receiver_into(lent.slice), Some(lent.owner)),
+                None => (config.receiver(), None),
+            };
+            let got = link.recv_gradient(receiver, waits, &counters).await?;
+            Ok(received(got, owner))
+        }))
+    }
+
+    /// Send a tensor set; a job whose result is the frame count, once acknowledged.
+    #[pyo3(signature = (completions, tensors, progress, deadline))]
+    fn send_tensors(
+        &self,
+        py: Python<'_>,
+        completions: &Bound<'_, Completions>,
+        tensors: Vec<TensorArgs<'_>>,
+        progress: Option<&Bound<'_, TransferProgress>>,
+        deadline: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<u64> {
+        let counters = progress_counters(progress);
+        let waits = self.waits(deadline)?;
+        let held = HeldTensors::new(tensors)?;
+        let engine = self.engine.get();
+        let (config, wire) = (engine.config().clone(), engine.wire_dtype());
+        let mut link = self.take(py)?;
+        Ok(completions.get().spawn(async move {
+            let gradients = held.gradients();
+            link.send_tensors(&config, wire, &gradients, waits, &counters)
+                .await
+                .map(Outcome::Chunks)
+        }))
+    }
+
+    /// Receive a tensor set; a job whose result is `[(name, values tuple), ...]`, or
+    /// None when the peer closed before a set began.
+    #[pyo3(signature = (completions, progress, deadline))]
+    fn recv_tensors(
+        &self,
+        py: Python<'_>,
+        completions: &Bound<'_, Completions>,
+        progress: Option<&Bound<'_, TransferProgress>>,
+        deadline: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<u64> {
+        let counters = progress_counters(progress);
+        let waits = self.waits(deadline)?;
+        let config = self.engine.get().config().clone();
+        let mut link = self.take(py)?;
+        Ok(completions.get().spawn(async move {
+            Ok(match link.recv_tensors(&config, waits, &counters).await? {
+                Received::Transfer(set) => Outcome::Tensors(set),
+                Received::End => Outcome::End,
+            })
+        }))
+    }
+
+    /// Close the connection; a job (its result None). Waits for a running transfer's
+    /// end (the Python side cancels it first).
+    fn close(&self, completions: &Bound<'_, Completions>) -> u64 {
+        let link = self.link.clone();
+        completions.get().spawn(async move {
+            link.lock().await.close().await;
+            Ok(Outcome::End)
+        })
+    }
+}
+
+/// A bound listener.
+#[pyclass(name = "Listener", module = "gradstream._native", frozen)]
+pub struct PyListener {
+    listener: Arc<AsyncMutex<Listener>>,
+    /// Stops the accept loop without waiting for the lock a pending `next` holds.
+    stopper: tokio::task::AbortHandle,
+    engine: Py<Engine>,
+    waits: Waits,
+    address: (String, u16),
+}
+
+#[pymethods]
+impl PyListener {
+    /// The address bound: `(host, port)`.
+    #[getter]
+    fn address(&self) -> (String, u16) {
+        self.address.clone()
+    }
+
+    /// The next event; a job whose result is `("connection", Link)`,
+    /// `("refused", (host, port), exception)`, or None once closed.
+    fn next(&self, py: Python<'_>, completions: &Bound<'_, Completions>) -> u64 {
+        let listener = self.listener.clone();
+        let engine = self.engine.clone_ref(py);
+        let waits = self.waits;
+        completions.get().spawn(async move {
+            let event = listener.lock().await.next().await;
+            Ok(match event {
+                None => Outcome::End,
+                Some(Event::Connected(link)) => Outcome::Object(Box::new(move |py| {
+                    let link = Py::new(py, PyLink::new(link, engine, waits))?;
+                    Ok(("connection", link).into_pyobject(py)?.into_any().unbind())
+                })),
+                Some(Event::Refused { address, error }) => {
+                    Outcome::Object(Box::new(move |py| refused(py, address, error)))
+                }
+            })
+        })
+    }
+
+    /// Stop accepting (handshakes under way are dropped; accepted links live on).
+    fn close(&self) {
+        self.stopper.abort();
+    }
+}
+
+/// `("refused", (host, port), exception)`.
+fn refused(py: Python<'_>, address: SocketAddr, error: GradientStreamError) -> PyResult<Py<PyAny>> {
+    let exception = to_py_err(py, error).into_value(py);
+    Ok(("refused", address_tuple(address), exception)
+        .into_pyobject(py)?
+        .into_any()
+        .unbind())
+}

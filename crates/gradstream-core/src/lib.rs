@@ -7,6 +7,8 @@
 //! `compat`). The modules below it, each with one job, arrows pointing down (a module
 //! uses only those listed after it):
 //!
+//! - `protocol`: the connection protocol's messages, sans-I/O (hello, auth, ack, transfer
+//!   ids, and what foreign first bytes are), over `frame` and `error` only;
 //! - `tensors`: tensor sets, named tensors of any dtype and shape behind one manifest
 //!   (its JSON, the sender, the sans-I/O receiver, and, with `tokio`, the stream I/O);
 //! - `stream` (feature `tokio`): the sender and receiver over any tokio byte stream;
@@ -30,6 +32,7 @@ pub mod encoder;
 pub mod error;
 pub mod frame;
 pub mod output;
+pub mod protocol;
 mod reassembler;
 pub mod receiver;
 mod rules;

@@ -10,7 +10,8 @@
 //! - `connection` (feature `tokio`): connections between two gradstream peers (dialling,
 //!   listening, the handshake, sealed and acknowledged transfers), over TCP or `tls`;
 //! - `tls` (feature `tokio`): TLS 1.3 with rustls, and certificate subjects;
-//! - `protocol`: the connection protocol's messages (hello, authentication, ack), sans-I/O;
+//! - `protocol`: the connection protocol's messages, sans-I/O (hello, auth, ack, transfer
+//!   ids, and what foreign first bytes are), over `frame` and `error` only;
 //! - `tensors`: tensor sets, named tensors of any dtype and shape behind one manifest
 //!   (its JSON, the sender, the sans-I/O receiver, and, with `tokio`, the stream I/O);
 //! - `stream` (feature `tokio`): the sender and receiver over any tokio byte stream;
@@ -36,6 +37,7 @@ pub mod encoder;
 pub mod error;
 pub mod frame;
 pub mod output;
+pub mod protocol;
 mod reassembler;
 pub mod receiver;
 mod rules;

@@ -46,6 +46,8 @@ pub mod shape;
 #[cfg(feature = "tokio")]
 pub mod stream;
 mod template;
+#[cfg(feature = "tokio")]
+pub mod tls;
 pub mod tensors;
 #[cfg(test)]
 mod testing;

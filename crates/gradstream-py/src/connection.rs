@@ -101,6 +101,7 @@ pub fn connect(
 ) -> PyResult<u64> {
     let py = engine.py();
     let protocol = args.protocol(py)?;
+    let waits = args.waits();
     let tls = match args.tls {
         Some(files) => Some(Arc::new(
             TlsConnector::new(&files.into()).map_err(|e| to_py_err(py, e))?,
@@ -110,11 +111,10 @@ pub fn connect(
     let settings = DialSettings {
         protocol,
         tls,
-        authkey: args.authkey.clone(),
+        authkey: args.authkey,
         handshake_timeout: Duration::from_secs_f64(args.handshake_timeout),
         limits: engine.get().config().limits,
     };
-    let waits = args.waits();
     let engine = engine.clone().unbind();
     Ok(completions.get().spawn(async move {
         let link = connection::connect(&host, port, &settings).await?;
@@ -133,6 +133,7 @@ pub fn listen(
 ) -> PyResult<u64> {
     let py = engine.py();
     let protocol = args.protocol(py)?;
+    let waits = args.waits();
     let tls = match args.tls {
         Some(files) => Some(Arc::new(
             TlsAcceptor::new(&files.into()).map_err(|e| to_py_err(py, e))?,
@@ -143,13 +144,12 @@ pub fn listen(
     let settings = ListenSettings {
         protocol,
         tls,
-        authkey: args.authkey.clone(),
+        authkey: args.authkey,
         handshake_timeout: Duration::from_secs_f64(args.handshake_timeout),
         max_pending_handshakes,
         max_connections,
         limits: engine.get().config().limits,
     };
-    let waits = args.waits();
     let engine = engine.clone().unbind();
     Ok(completions.get().spawn(async move {
         let listener = Listener::bind(&host, port, settings).await?;
@@ -292,7 +292,7 @@ impl PyLink {
         let waits = self.waits(deadline)?;
         let held = HeldTensors::new(tensors)?;
         let engine = self.engine.get();
-        let (config, wire) = (engine.config().clone(), engine.wire_dtype());
+        let (config, wire) = (engine.config().clone(), engine.wire());
         let mut link = self.take(py)?;
         Ok(completions.get().spawn(async move {
             let gradients = held.gradients();

@@ -81,7 +81,7 @@ impl Engine {
     }
 
     /// The dtype every gradient is cast to for transfer, if any.
-    pub(crate) fn wire_dtype(&self) -> Option<Dtype> {
+    pub(crate) fn wire(&self) -> Option<Dtype> {
         self.wire_dtype
     }
 

@@ -65,7 +65,7 @@ pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     limits: Limits,
     peer: Option<SocketAddr>,
 ) -> Result<Established> {
-    let mine = Hello::new(role, authkey.is_some(), limits);
+    let mine = Hello::new(role, authkey.is_some(), limits)?;
     let mine_bytes = mine.to_bytes();
     // Both sides write first: 80 bytes fit any socket buffer, so neither waits on the other.
     stream.write_all(&mine_bytes).await?;
@@ -82,20 +82,15 @@ pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
         Role::Client => (&mine_bytes, &theirs_bytes),
         Role::Server => (&theirs_bytes, &mine_bytes),
     };
-    let refuse = |detail: &str| GradientStreamError::Authentication {
-        detail: detail.to_string(),
-        peer,
-    };
-    let authenticated = match (authkey, theirs.auth) {
-        (None, false) => false,
-        (Some(_), false) => return Err(refuse("the peer has no authkey; this side requires one")),
-        (None, true) => return Err(refuse("the peer requires an authkey; none is set here")),
-        (Some(key), true) => {
+    auth::check_modes(authkey.is_some(), theirs.auth, peer)?;
+    let authenticated = match authkey {
+        None => false,
+        Some(key) => {
             let tag = auth::tag(key, role, client, server);
-            stream.write_all(&auth::auth_message(&tag)).await?;
+            stream.write_all(&auth::auth_message(tag)).await?;
             stream.flush().await?;
             let mut message = [0u8; auth::AUTH_LEN];
-            read_message(stream, &mut message, "the peer's authkey tag", peer).await?;
+            read_message(stream, &mut message, "the peer's auth message", peer).await?;
             let peer_tag = auth::parse_auth(&message, peer)?;
             auth::verify(key, role.peer(), client, server, &peer_tag, peer)?;
             true

@@ -21,9 +21,9 @@ use crate::dtype::Dtype;
 use crate::encoder::Gradient;
 use crate::error::{GradientStreamError, Result};
 use crate::frame::HEADER_LEN;
-use crate::protocol::{transfer_id, Ack, AckHead, Digest, Direction, Role, Verdict, ACK_HEAD_LEN};
+use crate::protocol::describe::{describe, Kind};
+use crate::protocol::{transfer_id, Ack, Digest, Direction, Verdict, ACK_HEAD_LEN};
 use crate::receiver::{Ended, FrameReceiver};
-use crate::seal::{Position, Seal, SealCheck, TransferId};
 use crate::session::SessionConfig;
 use crate::stream::{receive_gradient, send_gradient_on, within, Clock, Progress, Waits};
 use crate::tensors::{self, Entry, TensorSet};
@@ -64,21 +64,19 @@ struct Keys {
 
 impl Keys {
     fn direction(&self, outgoing: bool) -> Direction {
-        match (self.established.role, outgoing) {
-            (Role::Client, true) | (Role::Server, false) => Direction::ClientToServer,
-            (Role::Client, false) | (Role::Server, true) => Direction::ServerToClient,
-        }
+        let role = self.established.role;
+        Direction::sent_by(if outgoing { role } else { role.peer() })
     }
 
-    fn id(&self, outgoing: bool) -> TransferId {
+    fn id(&self, outgoing: bool) -> [u8; 16] {
         let counter = if outgoing { self.sent } else { self.received };
         let e = &self.established;
-        TransferId(transfer_id(
+        transfer_id(
             &e.client_nonce,
             &e.server_nonce,
             self.direction(outgoing),
             counter,
-        ))
+        )
     }
 }
 
@@ -227,8 +225,8 @@ impl Link {
             };
         };
         let id = keys.id(true);
-        let sealed = gradient.sealed(Seal::new(id, Position::Lone));
-        let mut tap = Tap::new(&mut self.stream, Digest::new(&id.0));
+        let sealed = gradient; // SEAL: sealed with `id`
+        let mut tap = Tap::new(&mut self.stream, Digest::new(&id));
         let sent = send_gradient_on(config, sealed, &mut tap, &clock, progress).await;
         let digest = tap.finish();
         self.acknowledged(sent, digest, &clock).await
@@ -258,10 +256,9 @@ impl Link {
         };
         let clock = Clock::running(waits);
         let id = keys.id(true);
-        let mut tap = Tap::new(&mut self.stream, Digest::new(&id.0));
-        let sent =
-            tensors::send_tensors_sealed(config, wire_dtype, tensors, &mut tap, &clock, progress, id)
-                .await;
+        let mut tap = Tap::new(&mut self.stream, Digest::new(&id));
+        // SEAL: sealed with `id`
+        let sent = tensors::send_tensors(config, wire_dtype, tensors, &mut tap, waits, progress).await;
         let digest = tap.finish();
         self.acknowledged(sent, digest, &clock).await
     }
@@ -274,65 +271,51 @@ impl Link {
         digest: [u8; 32],
         clock: &Clock,
     ) -> Result<usize> {
+        let peer = Some(self.peer.address);
         let sent = match sent {
             Ok(n) => n,
             // A stall is the caller's to see as such; anything else (a reset, a closed
             // pipe) may be the peer refusing mid-way: its refusal may be waiting.
-            Err(e @ (GradientStreamError::Timeout { .. } | GradientStreamError::Deadline { .. })) => {
-                return self.fail(e).await
-            }
             Err(GradientStreamError::Io(io)) => {
-                let refusal = tokio::time::timeout(LINGER, self.read_ack()).await;
-                let error = match refusal {
-                    Ok(Ok((_, Verdict::Refused { reason }))) => self.refused(reason),
-                    _ => self.delivery(
+                let error = match tokio::time::timeout(LINGER, self.read_ack()).await {
+                    Ok(Ok(ack @ Ack {
+                        verdict: Verdict::Refused { .. },
+                        ..
+                    })) => ack.confirm(0, &digest, peer).err(),
+                    _ => None,
+                };
+                let error = error.unwrap_or_else(|| {
+                    self.delivery(
                         format!("the connection failed before the peer acknowledged it: {io}"),
                         None,
-                    ),
-                };
+                    )
+                });
                 return self.fail(error).await;
             }
             Err(e) => return self.fail(e).await,
         };
-        let counter = match &self.mode {
-            Mode::Sealed(keys) => keys.sent,
-            Mode::Seed => return Ok(sent),
+        let Mode::Sealed(keys) = &self.mode else {
+            return Ok(sent);
         };
+        let counter = keys.sent;
         let read = within(clock, (sent, None), async { Ok(self.read_ack().await) }).await;
-        let error = match read {
-            Err(stalled) => stalled,
-            Ok(Err(e)) => e,
-            Ok(Ok((head, verdict))) => match verdict {
-                Verdict::Refused { reason } => self.refused(reason),
-                Verdict::Accepted { digest: theirs } if head.counter != counter => self.delivery(
-                    format!(
-                        "the peer acknowledged transfer {} where {counter} was sent",
-                        head.counter
-                    ),
-                    None,
-                ),
-                Verdict::Accepted { digest: theirs } if theirs != digest => self.delivery(
-                    "the peer acknowledged other frames than were sent (its digest differs)"
-                        .into(),
-                    None,
-                ),
-                Verdict::Accepted { .. } => {
-                    if let Mode::Sealed(keys) = &mut self.mode {
-                        keys.sent += 1;
-                    }
-                    return Ok(sent);
-                }
-            },
+        let checked = match read {
+            Ok(Ok(ack)) => ack.confirm(counter, &digest, peer),
+            Ok(Err(e)) | Err(e) => Err(e),
         };
-        self.fail(error).await
+        match checked {
+            Ok(()) => {
+                if let Mode::Sealed(keys) = &mut self.mode {
+                    keys.sent += 1;
+                }
+                Ok(sent)
+            }
+            Err(e) => self.fail(e).await,
+        }
     }
 
-    fn refused(&self, reason: String) -> GradientStreamError {
-        self.delivery(format!("the peer refused it: {reason}"), Some(reason))
-    }
-
-    /// The peer's next ack: its head, and its verdict.
-    async fn read_ack(&mut self) -> Result<(AckHead, Verdict)> {
+    /// The peer's next ack.
+    async fn read_ack(&mut self) -> Result<Ack> {
         let peer = Some(self.peer.address);
         let mut head = [0u8; ACK_HEAD_LEN];
         if read_full(&mut self.stream, &mut head).await?.is_err() {
@@ -349,8 +332,7 @@ impl Link {
                 None,
             ));
         }
-        let verdict = head.verdict(&reason, peer)?;
-        Ok((head, verdict))
+        head.finish(&reason, peer)
     }
 
     /// Receive one gradient through `receiver` (`config.receiver()` or `receiver_into`).
@@ -372,8 +354,8 @@ impl Link {
             };
         };
         let id = keys.id(false);
-        let receiver = receiver.expecting(SealCheck::Exact(id), Position::Lone);
-        let mut tap = Tap::new(&mut self.stream, Digest::new(&id.0));
+        // SEAL: expecting `id`
+        let mut tap = Tap::new(&mut self.stream, Digest::new(&id));
         let got = receive_gradient(receiver, &mut tap, waits, progress).await;
         let first = tap.first_header();
         let digest = tap.finish();
@@ -412,8 +394,9 @@ impl Link {
             };
         };
         let id = keys.id(false);
-        let mut tap = Tap::new(&mut self.stream, Digest::new(&id.0));
-        let got = tensors::receive_tensors_sealed(config, &mut tap, waits, progress, id).await;
+        let mut tap = Tap::new(&mut self.stream, Digest::new(&id));
+        // SEAL: expecting `id`
+        let got = tensors::receive_tensors(config, &mut tap, waits, progress).await;
         let first = tap.first_header();
         let digest = tap.finish();
         match got {
@@ -434,10 +417,7 @@ impl Link {
         let Mode::Sealed(keys) = &mut self.mode else {
             return Ok(());
         };
-        let ack = Ack {
-            counter: keys.received,
-            verdict: Verdict::Accepted { digest },
-        };
+        let ack = Ack::accepted(keys.received, digest);
         keys.received += 1;
         let sent = async {
             self.stream.write_all(&ack.to_bytes()).await?;
@@ -452,12 +432,7 @@ impl Link {
     /// Tell the sender why its transfer was refused, let it reach the refusal, close.
     async fn refuse<T>(&mut self, error: GradientStreamError) -> Result<T> {
         if let (Mode::Sealed(keys), false) = (&self.mode, is_io(&error)) {
-            let ack = Ack {
-                counter: keys.received,
-                verdict: Verdict::Refused {
-                    reason: error.to_string(),
-                },
-            };
+            let ack = Ack::refused(keys.received, error.to_string());
             let told = async {
                 self.stream.write_all(&ack.to_bytes()).await?;
                 self.stream.flush().await?;
@@ -491,10 +466,18 @@ fn message_instead(
     first: Option<[u8; HEADER_LEN]>,
     peer: SocketAddr,
 ) -> GradientStreamError {
-    match first.and_then(|head| crate::protocol::message_kind(&head)) {
-        Some(kind) => GradientStreamError::Protocol {
+    let is_message = |head: &[u8; HEADER_LEN]| {
+        [Kind::Hello, Kind::Auth, Kind::Ack]
+            .iter()
+            .any(|kind| kind.magic() == head[..4])
+    };
+    match first.filter(is_message) {
+        Some(head) => GradientStreamError::Protocol {
             expected: "a gradient's frames".into(),
-            seen: format!("{kind}: both sides wait; one transfer at a time on a connection"),
+            seen: format!(
+                "{}: both sides wait for the other (one transfer at a time on a connection)",
+                describe(&head, Kind::Hello)
+            ),
             peer: Some(peer),
         },
         None => error,

@@ -58,11 +58,6 @@ impl<'s, S> Tap<'s, S> {
         self.first
     }
 
-    /// The stream underneath, for what follows the transfer (the ack).
-    pub fn inner(&mut self) -> &mut S {
-        self.inner
-    }
-
     /// Walk `passed`, bytes that just moved.
     fn observe(&mut self, mut passed: &[u8]) {
         while !passed.is_empty() {

@@ -16,20 +16,20 @@ import os as _os
 __all__ = [
     "ArrowIpcError",
     "AuthenticationError",
-    "DeliveryError",
-    "ProtocolError",
-    "TlsError",
     "ChecksumMismatchError",
+    "DeliveryError",
     "FrameError",
     "GradientDtypeError",
     "GradientSizeError",
     "GradientStreamError",
     "IncompleteStreamError",
+    "ProtocolError",
     "SettingError",
     "StreamDeadlineError",
     "StreamIOError",
     "StreamTimeoutError",
     "TensorSetError",
+    "TlsError",
 ]
 
 
@@ -366,9 +366,7 @@ class DeliveryError(GradientStreamError):
     peer: Address | None
     reason: str | None
 
-    def __init__(
-        self, detail: str, peer: Address | None = None, reason: str | None = None
-    ) -> None:
+    def __init__(self, detail: str, peer: Address | None = None, reason: str | None = None) -> None:
         self.detail = detail
         self.peer = None if peer is None else (str(peer[0]), int(peer[1]))
         self.reason = reason

@@ -1,0 +1,386 @@
+"""What both implementations of connections (README "Connections") share, in plain Python:
+the ``TLS`` settings, the ``Peer`` a connection names, addresses, the defaults, the checks
+of the connection keywords, the text of a certificate's subject, and the rate limit on a
+listener's refusal logs.
+
+Plain Python like ``errors.py``, for the same reason: the native connection layer and
+``gradstream.reference`` both import it, so it imports neither (only ``errors``), and
+the two implementations refuse the same arguments with the same words.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import math
+import operator
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .errors import SettingError, _peer_text
+
+__all__ = [
+    "HANDSHAKE_TIMEOUT",
+    "LISTENER_DEADLINE",
+    "MAX_CONNECTIONS",
+    "MAX_PENDING_HANDSHAKES",
+    "MIN_AUTHKEY_LEN",
+    "REFUSAL_LOGS_PER_SECOND",
+    "TLS",
+    "Address",
+    "Peer",
+    "Protocol",
+    "RefusalLog",
+    "check_authkey",
+    "check_count",
+    "check_handshake_timeout",
+    "check_protocol",
+    "client_tls",
+    "listener_tls",
+    "parse_address",
+    "peer_text",
+    "subject_text",
+]
+
+Address = tuple[str, int]
+Protocol = Literal["gradstream", "seed"]
+
+# README "Connections": the listener's defaults and the shortest authkey.
+HANDSHAKE_TIMEOUT = 10.0  # seconds for TLS, hello and authentication together
+MAX_PENDING_HANDSHAKES = 64
+MAX_CONNECTIONS = 256
+LISTENER_DEADLINE = 300.0  # seconds for a gradient, once begun, on a listener's connections
+MIN_AUTHKEY_LEN = 16
+REFUSAL_LOGS_PER_SECOND = 10  # per listener; the rest are counted in the next line
+
+# The logger of the whole library (README "Logging").
+logger = logging.getLogger("gradstream")
+
+
+def peer_text(address: Address | None) -> str:
+    """How messages and logs name a peer: ``host:port``, ``[v6]:port``, or ``the peer``."""
+    return _peer_text(address)
+
+
+# --------------------------------------------------------------------------- TLS
+
+
+def _readable_file(value: Any, name: str) -> str | None:
+    """``value`` (None, a str or an os.PathLike) as a path to a file this process can read,
+    or SettingError naming ``name`` and saying what is wrong with it."""
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(
+            f"TLS {name}= must be None, a str or an os.PathLike, not {type(value).__name__}"
+        )
+    path = os.fspath(value)
+    if not isinstance(path, str):
+        raise TypeError(f"TLS {name}= must name a file by a str path, not {type(path).__name__}")
+    if not os.path.exists(path):
+        raise SettingError(name, f"TLS {name}= file {path!r} does not exist")
+    if os.path.isdir(path):
+        raise SettingError(name, f"TLS {name}= {path!r} is a directory, not a PEM file")
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise SettingError(
+            name, f"TLS {name}= file {path!r} cannot be read: {exc.strerror}"
+        ) from None
+    return path
+
+
+@dataclass(frozen=True)
+class TLS:
+    """TLS settings of one side of a connection: PEM files.
+
+    ``TLS(cert=..., key=...)`` on a listener, ``TLS(ca=...)`` on a client (the server's
+    certificate must be signed by ``ca`` and name the host ``connect`` was given), all
+    three on both sides for mutual TLS (a listener with ``ca`` refuses a client without a
+    certificate signed by it). The files are checked to exist and be readable here; they
+    are loaded when a listener or connection is made.
+    """
+
+    cert: str | None = None
+    key: str | None = None
+    ca: str | None = None
+
+    def __init__(
+        self,
+        cert: str | os.PathLike[str] | None = None,
+        key: str | os.PathLike[str] | None = None,
+        ca: str | os.PathLike[str] | None = None,
+    ) -> None:
+        # In this order: with several bad arguments, the first one raises.
+        checked = {
+            "cert": _readable_file(cert, "cert"),
+            "key": _readable_file(key, "key"),
+            "ca": _readable_file(ca, "ca"),
+        }
+        if (checked["cert"] is None) != (checked["key"] is None):
+            given, missing = ("cert", "key") if checked["key"] is None else ("key", "cert")
+            raise SettingError(
+                missing, f"TLS {given}= needs {missing}= too: a certificate goes with its key"
+            )
+        if all(path is None for path in checked.values()):
+            raise SettingError(
+                "tls",
+                "TLS() needs cert= and key= (a listener, or a client under mutual TLS) or ca=",
+            )
+        for name, path in checked.items():
+            object.__setattr__(self, name, path)
+
+
+def check_tls(tls: Any) -> TLS | None:
+    if tls is None or isinstance(tls, TLS):
+        return tls
+    raise TypeError(f"tls must be None or a gradstream.TLS, not {type(tls).__name__}")
+
+
+def _needing(tls: Any, part: str, detail: str) -> TLS | None:
+    checked = check_tls(tls)
+    if checked is not None and getattr(checked, part) is None:
+        raise SettingError("tls", detail)
+    return checked
+
+
+def listener_tls(tls: Any) -> TLS | None:
+    """A listener's ``tls=``: it needs its own certificate and key (``ca`` makes it mutual
+    TLS)."""
+    return _needing(
+        tls,
+        "cert",
+        "a listener's TLS needs cert= and key= (its certificate); ca= alone is a client's",
+    )
+
+
+def client_tls(tls: Any) -> TLS | None:
+    """A client's ``tls=``: it needs the ``ca`` that signed the server's certificate
+    (``cert`` and ``key`` present it for mutual TLS)."""
+    return _needing(
+        tls, "ca", "a client's TLS needs ca= (the authority that signed the server's certificate)"
+    )
+
+
+# --------------------------------------------------------------------------- the peer
+
+
+@dataclass(frozen=True)
+class Peer:
+    """The other side of a connection.
+
+    ``address`` is its ``(host, port)``; ``tls_subject`` the subject of the client
+    certificate a listener verified under mutual TLS (``subject_text``), else None;
+    ``authenticated`` is True when the peer proved the authkey or presented a certificate
+    this side verified (a client's TLS always verifies the server's).
+    """
+
+    address: Address
+    tls_subject: str | None = None
+    authenticated: bool = False
+
+
+# --------------------------------------------------------------------------- addresses
+
+
+def _port(value: Any, address: Any) -> int:
+    """The port of a ``(host, port)`` pair (an int), or of ``"host:port"`` (its digits)."""
+    if isinstance(value, str) and isinstance(address, str):
+        if not value.isdigit() or not value.isascii():
+            raise SettingError("address", f"address {address!r} has no port number after its ':'")
+        number = int(value)
+    elif isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError(
+            f"the port of address {address!r} must be an int, not {type(value).__name__}"
+        )
+    else:
+        number = operator.index(value)
+    if not 0 <= number <= 65535:
+        raise SettingError(
+            "address", f"the port of address {address!r} must be in 0..65535, got {number}"
+        )
+    return number
+
+
+def parse_address(address: Any) -> Address:
+    """``"host:port"`` (an IPv6 host in brackets: ``"[::1]:7000"``) or a ``(host, port)``
+    pair, as ``(host, port)`` (the brackets dropped). Port 0 asks a listener for any free
+    port."""
+    if isinstance(address, tuple):
+        if len(address) != 2 or not isinstance(address[0], str):
+            raise TypeError(
+                f"address must be 'host:port' or a (host: str, port: int) pair, got {address!r}"
+            )
+        host, port = address[0], _port(address[1], address)
+    elif isinstance(address, str):
+        host, sep, port_text = address.rpartition(":")
+        if not sep:
+            raise SettingError("address", f"address {address!r} must be 'host:port'")
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+            _ipv6(host, address)
+        elif ":" in host:
+            raise SettingError(
+                "address",
+                f"address {address!r}: an IPv6 host goes in brackets, e.g. '[::1]:7000'",
+            )
+        port = _port(port_text, address)
+    else:
+        raise TypeError(
+            f"address must be 'host:port' or a (host, port) pair, not {type(address).__name__}"
+        )
+    if not host:
+        raise SettingError("address", f"address {address!r} has no host (use 0.0.0.0 or 127.0.0.1)")
+    return host, port
+
+
+def _ipv6(host: str, address: str) -> None:
+    try:
+        ipaddress.IPv6Address(host)
+    except ValueError:
+        raise SettingError(
+            "address", f"address {address!r}: {host!r} in brackets is not an IPv6 address"
+        ) from None
+
+
+# --------------------------------------------------------------------------- keywords
+
+
+def check_protocol(value: Any) -> Protocol:
+    if not isinstance(value, str):
+        raise TypeError(f"protocol must be 'gradstream' or 'seed', not {type(value).__name__}")
+    if value == "gradstream":
+        return "gradstream"
+    if value == "seed":
+        return "seed"
+    raise SettingError("protocol", f"protocol must be 'gradstream' or 'seed', got {value!r}")
+
+
+def check_authkey(value: Any) -> bytes | None:
+    """``authkey=``: None, or bytes-like of at least MIN_AUTHKEY_LEN bytes (a str is
+    refused: say which bytes it stands for)."""
+    if value is None:
+        return None
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        raise TypeError(f"authkey must be None or bytes, not {type(value).__name__}")
+    key = bytes(value)
+    if len(key) < MIN_AUTHKEY_LEN:
+        raise SettingError(
+            "authkey", f"authkey must hold at least {MIN_AUTHKEY_LEN} bytes, got {len(key)}"
+        )
+    return key
+
+
+def check_plain_seed(protocol: Protocol, tls: TLS | None, authkey: bytes | None) -> None:
+    """``protocol="seed"`` speaks bare frames: no TLS, no authkey."""
+    if protocol == "seed" and (tls is not None or authkey is not None):
+        given = "tls=" if tls is not None else "authkey="
+        raise SettingError(
+            "protocol",
+            f"protocol='seed' speaks the bare frames of ipfrs-transport 0.2.0 and cannot "
+            f"carry {given}; use protocol='gradstream'",
+        )
+
+
+def check_handshake_timeout(value: Any) -> float:
+    """A positive, finite number of seconds (None is refused: a listener must not wait for
+    ever on a silent peer)."""
+    kind = type(value)
+    if (
+        value is None
+        or isinstance(value, bool)
+        or not (hasattr(kind, "__float__") or hasattr(kind, "__index__"))
+    ):
+        raise TypeError(f"handshake_timeout must be a number of seconds, not {kind.__name__}")
+    seconds = float(value)
+    if not (0.0 < seconds and math.isfinite(seconds)):
+        raise SettingError(
+            "handshake_timeout",
+            f"handshake_timeout must be a positive number of seconds, got {value!r}",
+        )
+    return seconds
+
+
+def check_count(value: Any, name: str) -> int:
+    """max_pending_handshakes, max_connections: an int of at least 1."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, not bool")
+    number = operator.index(value)
+    if number < 1:
+        raise SettingError(name, f"{name} must be at least 1, got {number}")
+    return number
+
+
+# --------------------------------------------------------------------------- subjects
+
+# README "Connections": the keys of the subject text; any other attribute keeps the name
+# Python's ssl.getpeercert() gives it.
+SUBJECT_KEYS = {
+    "commonName": "CN",
+    "organizationName": "O",
+    "organizationalUnitName": "OU",
+    "countryName": "C",
+    "stateOrProvinceName": "ST",
+    "localityName": "L",
+}
+
+
+def _escaped(value: str) -> str:
+    # A value holding a separator must not read as two attributes ("CN=a,O=lab" from a
+    # commonName "a,O=lab"): backslash, comma and plus are escaped with a backslash.
+    return value.replace("\\", "\\\\").replace(",", "\\,").replace("+", "\\+")
+
+
+def subject_text(subject: Any) -> str:
+    """A certificate subject in the form of ``ssl.getpeercert()["subject"]`` (a tuple of
+    relative distinguished names, each a tuple of ``(name, value)`` pairs) as the text of
+    ``Peer.tls_subject``: ``KEY=value`` in certificate order, joined by ``,``, the parts of
+    a multi-valued RDN joined by ``+``."""
+    return ",".join(
+        "+".join(f"{SUBJECT_KEYS.get(name, name)}={_escaped(value)}" for name, value in rdn)
+        for rdn in subject
+    )
+
+
+# --------------------------------------------------------------------------- refusal logs
+
+
+class RefusalLog:
+    """A listener's refusal lines (logger ``gradstream``, WARNING): at most ``per_second``
+    in any one-second window; the ones past that are counted, and the count is reported
+    in the next line that is written. ``clock`` is for the tests."""
+
+    def __init__(
+        self,
+        listener: str,
+        per_second: int = REFUSAL_LOGS_PER_SECOND,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._listener = listener
+        self._per_second = per_second
+        self._clock = clock
+        self._window_start = -math.inf
+        self._written = 0  # lines written in the current window
+        self._unlogged = 0  # refusals not written since the last line
+
+    def refused(self, address: Address | None, reason: str) -> bool:
+        """Log that the peer at ``address`` was dropped for ``reason``; False when the
+        line was only counted."""
+        now = self._clock()
+        if now - self._window_start >= 1.0:
+            self._window_start = now
+            self._written = 0
+        if self._written >= self._per_second:
+            self._unlogged += 1
+            return False
+        self._written += 1
+        unlogged = f" ({self._unlogged} more refusals were not logged)" if self._unlogged else ""
+        self._unlogged = 0
+        logger.warning(
+            "listener %s refused %s: %s%s", self._listener, peer_text(address), reason, unlogged
+        )
+        return True

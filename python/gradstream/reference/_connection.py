@@ -1,0 +1,357 @@
+"""``Connection`` and ``connect`` for the reference (README "Connections"): the settings a
+side brings to its connections (``Endpoint``), a connection made from streams that are up
+(``establish``: the TLS identity, the handshake, the link of its protocol), and the
+connection's own state machine, which lets one transfer run at a time and closes the
+connection when a failed transfer left it out of step with the peer.
+
+Apart from the listener, which makes its connections with ``establish`` too, and from
+the transfers, which know the protocol's bytes; this module only decides who may run
+what, when.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import errno
+import logging
+import ssl
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .._io import Stalled, within
+from .._peers import (
+    LISTENER_DEADLINE,
+    Address,
+    Peer,
+    Protocol,
+    check_authkey,
+    check_plain_seed,
+    check_protocol,
+    client_tls,
+    listener_tls,
+    parse_address,
+    peer_text,
+)
+from ..errors import SettingError, StreamIOError, StreamTimeoutError
+from . import _protocol as p
+from ._handshake import handshake
+from ._session import GradientStreamSession
+from ._settings import _check_timeout
+from ._streams import Streams, open_client
+from ._tls import checked_peer, client_context, listener_context, tls_error
+from ._transfers import AckedLink, BareLink
+
+logger = logging.getLogger("gradstream")
+
+# How long close() waits for the transport to finish (a TLS close_notify) before it
+# drops the connection.
+_CLOSE_WAIT = 5.0
+
+
+# --------------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """What one side brings to each of its connections: the session (with the
+    connection's timeout and deadline), the protocol, the authkey, the TLS context, and
+    whether it verifies client certificates (a listener with ``ca``: mutual TLS)."""
+
+    session: GradientStreamSession
+    protocol: Protocol
+    authkey: bytes | None
+    context: ssl.SSLContext | None
+    verifies_clients: bool
+
+    @property
+    def tls(self) -> bool:
+        return self.context is not None
+
+    def describe(self) -> str:
+        """For the logs: ``gradstream, TLS, authkey``."""
+        parts = [self.protocol, "TLS" if self.tls else "", "authkey" if self.authkey else ""]
+        return ", ".join(part for part in parts if part)
+
+
+def _session(session: Any) -> GradientStreamSession:
+    if session is None:
+        return GradientStreamSession("gradstream")
+    if not isinstance(session, GradientStreamSession):
+        raise TypeError(
+            "session must be a gradstream.reference.GradientStreamSession or None, not "
+            f"{type(session).__name__}"
+        )
+    return session
+
+
+def _with_waits(
+    session: GradientStreamSession, timeout: float | None, deadline: float | None
+) -> GradientStreamSession:
+    """``session`` with another timeout and deadline (every other setting its own)."""
+    # SEAL: seal=True here once the session has it (branch seal): always on in a
+    # "gradstream" connection.
+    return GradientStreamSession(
+        session.session_id,
+        session.chunk_size,
+        max_payload_len=session.max_payload_len,
+        max_gradient_len=session.max_gradient_len,
+        timeout=timeout,
+        deadline=deadline,
+        layout=session.layout,
+        compression=session.compression,
+        keep_shape=session.keep_shape,
+        keep_dtype=session.keep_dtype,
+        wire_dtype=session.wire_dtype,
+    )
+
+
+def endpoint(
+    *,
+    session: Any,
+    tls: Any,
+    authkey: Any,
+    timeout: Any,
+    deadline: Any,
+    protocol: Any,
+    listener: bool,
+) -> Endpoint:
+    """The keywords of ``connect`` (``listener=False``) or ``listen``, checked in order.
+    A call's timeout and deadline override the session's; a listener's connections give
+    a gradient, once begun, LISTENER_DEADLINE seconds when neither sets a deadline."""
+    own = _session(session)
+    kind = check_protocol(protocol)
+    settings = listener_tls(tls) if listener else client_tls(tls)
+    key = check_authkey(authkey)
+    wait = _check_timeout(timeout)
+    bound = _check_timeout(deadline, "deadline")
+    check_plain_seed(kind, settings, key)
+    wait = own.timeout if wait is None else wait
+    bound = own.deadline if bound is None else bound
+    if listener and bound is None:
+        bound = LISTENER_DEADLINE
+    context = None
+    if settings is not None:
+        context = listener_context(settings) if listener else client_context(settings)
+    verifies = listener and settings is not None and settings.ca is not None
+    return Endpoint(_with_waits(own, wait, bound), kind, key, context, verifies)
+
+
+# --------------------------------------------------------------------------- the connection
+
+
+class _Phase(enum.Enum):
+    """Where a connection stands: at most one transfer runs at a time."""
+
+    IDLE = "idle"
+    SENDING = "sending"
+    RECEIVING = "receiving"
+    CLOSED = "closed"
+
+
+class Connection:
+    """A connection to one peer, after its handshake (README "Connections").
+
+    ``send`` / ``send_tensors`` return once the peer acknowledged the transfer (on a
+    ``"seed"`` connection: once it is written); ``recv`` / ``recv_tensors`` receive one
+    and acknowledge it; ``async for g in conn`` receives gradients until the peer closes.
+    One transfer at a time: a second call while one runs is a SettingError. A transfer
+    that fails after its first byte closes the connection.
+    """
+
+    def __init__(
+        self,
+        link: BareLink,
+        streams: Streams,
+        peer: Peer,
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
+        self._link = link
+        self._writer = streams[1]
+        self._peer = peer
+        self._on_close = on_close
+        self._phase = _Phase.IDLE
+
+    @property
+    def peer(self) -> Peer:
+        return self._peer
+
+    @property
+    def closed(self) -> bool:
+        return self._phase is _Phase.CLOSED
+
+    def __repr__(self) -> str:
+        return f"<Connection with {peer_text(self._peer.address)} {self._phase.value}>"
+
+    @contextlib.contextmanager
+    def _turn(self, phase: _Phase, call: str) -> Iterator[None]:
+        if self._phase is _Phase.CLOSED:
+            raise StreamIOError(errno.ENOTCONN, f"{call} on a closed connection")
+        if self._phase is not _Phase.IDLE:
+            raise SettingError(
+                "connection",
+                f"{call} while this connection is {self._phase.value}: one transfer at a "
+                "time per connection (open a second connection for the other direction)",
+            )
+        self._phase = phase
+        try:
+            yield
+        except BaseException:
+            if not self._link.in_step:
+                self._drop()
+            raise
+        finally:
+            if self._phase is phase:
+                self._phase = _Phase.IDLE
+
+    async def send(self, gradient: Any) -> int:
+        """Send one gradient; its chunk count, once the peer verified it."""
+        with self._turn(_Phase.SENDING, "send"):
+            return await self._link.send(gradient)
+
+    async def send_tensors(self, tensors: Any) -> int:
+        """Send one tensor set; its frame count, once the peer verified it."""
+        with self._turn(_Phase.SENDING, "send_tensors"):
+            return await self._link.send_tensors(tensors)
+
+    async def recv(self, out: np.ndarray | None = None) -> np.ndarray:
+        """Receive one gradient, as receive_from (into ``out`` when given); what
+        receive_from gives at the end (an empty array) when the peer closed first."""
+        with self._turn(_Phase.RECEIVING, "recv"):
+            values, ended = await self._link.recv(out)
+        if ended:
+            self._drop()
+        return values
+
+    async def recv_tensors(self) -> dict[str, np.ndarray]:
+        """Receive one tensor set; ``{}`` when the peer closed first."""
+        with self._turn(_Phase.RECEIVING, "recv_tensors"):
+            tensors, ended = await self._link.recv_tensors()
+        if ended:
+            self._drop()
+        return tensors
+
+    def __aiter__(self) -> Connection:
+        return self
+
+    async def __anext__(self) -> np.ndarray:
+        if self._phase is _Phase.CLOSED:
+            raise StopAsyncIteration
+        with self._turn(_Phase.RECEIVING, "async for"):
+            values, ended = await self._link.recv(None)
+        if ended:
+            self._drop()
+            raise StopAsyncIteration
+        return values
+
+    def _drop(self) -> None:
+        """Close at once (out of step, the peer gone, or close())."""
+        if self._phase is _Phase.CLOSED:
+            return
+        self._phase = _Phase.CLOSED
+        self._writer.close()
+        if self._on_close is not None:
+            self._on_close()
+
+    async def close(self) -> None:
+        self._drop()
+        try:
+            await within(self._writer.wait_closed(), _CLOSE_WAIT)
+        except Stalled:
+            self._writer.transport.abort()
+        except Exception:  # a connection that failed has nothing more to say
+            pass
+
+    async def __aenter__(self) -> Connection:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+
+# --------------------------------------------------------------------------- making one
+
+
+async def establish(
+    streams: Streams,
+    ends: Endpoint,
+    role: int,
+    address: Address,
+    *,
+    timeout: float | None,
+    on_close: Callable[[], None] | None = None,
+) -> Connection:
+    """A connection over streams that are up (TCP, and TLS when ``ends.context``): the
+    ALPN and the client's certificate checked, the handshake done. The streams are closed
+    if it fails."""
+    writer = streams[1]
+    try:
+        if ends.protocol == "seed":
+            link = BareLink(streams, ends.session, address)
+            return Connection(link, streams, Peer(address), on_close)
+        subject = None
+        if ends.context is not None:
+            ssl_object = writer.get_extra_info("ssl_object")
+            subject = checked_peer(ssl_object, address, ends.verifies_clients)
+        shaken = await handshake(
+            streams,
+            role=role,
+            authkey=ends.authkey,
+            max_gradient_len=ends.session.max_gradient_len,
+            max_payload_len=ends.session.max_payload_len,
+            peer=address,
+            timeout=timeout,
+        )
+        # A client's TLS always verified the server's certificate; a listener's only
+        # under mutual TLS.
+        verified = ends.tls and (role == p.ROLE_CLIENT or ends.verifies_clients)
+        peer = Peer(address, subject, verified or shaken.authkey_proved)
+        link = AckedLink(streams, ends.session, address, shaken)
+        return Connection(link, streams, peer, on_close)
+    except BaseException:
+        writer.close()
+        raise
+
+
+def _peername(streams: Streams, fallback: Address) -> Address:
+    name = streams[1].get_extra_info("peername")
+    return (str(name[0]), int(name[1])) if name else fallback
+
+
+async def connect(
+    address: Any,
+    *,
+    session: Any = None,
+    tls: Any = None,
+    authkey: Any = None,
+    timeout: Any = None,
+    deadline: Any = None,
+    protocol: Any = "gradstream",
+) -> Connection:
+    """Connect to a listener at ``address`` and shake hands (README "Connections")."""
+    host, port = parse_address(address)
+    ends = endpoint(
+        session=session,
+        tls=tls,
+        authkey=authkey,
+        timeout=timeout,
+        deadline=deadline,
+        protocol=protocol,
+        listener=False,
+    )
+    wait = ends.session.timeout
+    try:
+        streams = await within(open_client(host, port, ends.context, wait), wait)
+    except Stalled as stalled:
+        raise StreamTimeoutError(stalled.limit) from None
+    except ssl.SSLError as exc:
+        raise tls_error(exc, (host, port)) from None
+    except OSError as exc:
+        raise StreamIOError.from_os_error(exc) from exc
+    peer = _peername(streams, (host, port))
+    conn = await establish(streams, ends, p.ROLE_CLIENT, peer, timeout=wait)
+    logger.info("connected to %s (%s)", peer_text(peer), ends.describe())
+    return conn

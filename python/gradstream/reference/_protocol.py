@@ -1,0 +1,394 @@
+"""The messages of README "Protocol", sans-I/O: the hello, the authentication message and
+the ack, written and strictly read; what a peer's first 16 bytes are when they are not a
+hello; the HMAC tags; the transfer ids; the ack digest, computed from a transfer's frames
+as they pass.
+
+Apart because it is the protocol's bytes and nothing else: the handshake and the
+connection read exactly what these functions say (16 bytes first, the rest only once
+those are checked) and hand the bytes here, so every rule is tested without a socket
+(tests/connection/test_protocol_golden.py, against the README's vectors).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import struct
+from collections.abc import Callable
+from typing import NamedTuple
+
+from ..errors import Address, ProtocolError
+from ._wire import HEADER, HEADER_LEN
+
+# --------------------------------------------------------------------------- constants
+
+HELLO_MAGIC = b"GSHL"
+AUTH_MAGIC = b"GSAU"
+ACK_MAGIC = b"GSAK"
+VERSION = 1
+HELLO_LEN = 80  # version 1's hello, all of it
+AUTH_LEN = 48
+ACK_LEN = 56  # without the reason
+MAX_REASON_LEN = 1024
+HEAD_LEN = 16  # every message's first bytes, checked before the rest is read
+NONCE_LEN = 32
+TAG_LEN = 32
+ID_LEN = 16
+
+# The most total_chunks that describe() takes for a frame header's (2**24 chunks of the
+# default 65,536 values: 2**40 values).
+FRAME_TOTAL_PLAUSIBLE = 1 << 24
+
+ROLE_CLIENT = 1  # the side that connected
+ROLE_SERVER = 2  # the side that accepted
+AUTH_NONE = 0
+AUTH_KEY = 1  # HMAC-SHA256 over an authkey
+TO_SERVER = 1  # a transfer's direction: from client to server
+TO_CLIENT = 2
+
+ACCEPTED = 0
+REFUSED = 1
+
+_ROLES = {ROLE_CLIENT: "client", ROLE_SERVER: "server"}
+_CLIENT_LABEL = b"gradstream/1 client"
+_SERVER_LABEL = b"gradstream/1 server"
+_TRANSFER_LABEL = b"gradstream/1 transfer"
+_DIGEST_LABEL = b"gradstream/1 digest"
+
+# magic, 8 zero bytes, then per message: the hello's version and length...
+_HELLO = struct.Struct("<4s8sHHBBH32sQI16s")
+# ...the ack's verdict, a zero byte, reason_len, counter and digest.
+_ACK = struct.Struct("<4s8sBBHQ32s")
+_ZERO8 = bytes(8)
+
+assert _HELLO.size == HELLO_LEN and _ACK.size == ACK_LEN
+
+
+def role_name(role: int) -> str:
+    return _ROLES.get(role, f"role {role}")
+
+
+# --------------------------------------------------------------------------- foreign bytes
+
+_HTTP_METHODS = (b"GET ", b"HEAD ", b"POST ", b"PUT ", b"DELETE ", b"OPTIONS ", b"PATCH ")
+_HTTP_OTHER = (b"CONNECT ", b"TRACE ", b"PRI * HTTP/2")
+_MESSAGES = {HELLO_MAGIC: "a hello", AUTH_MAGIC: "an authentication message", ACK_MAGIC: "an ack"}
+
+
+def _printable(data: bytes) -> str:
+    text = data.decode("latin-1")
+    return "".join(c if " " <= c <= "~" else "." for c in text)
+
+
+def describe(head: bytes) -> str:
+    """What a peer sent when its first bytes (up to 16) are not the message awaited: the
+    ``seen`` of a ProtocolError."""
+    n = len(head)
+    if n == 0:
+        return "the end of the connection"
+    if n < HEAD_LEN:
+        return f"the end of the connection after {n} bytes ({head.hex()})"
+    if head.startswith(_HTTP_METHODS + _HTTP_OTHER):
+        line = _printable(head).rstrip(".")
+        return f"an HTTP request ({line!r}...)"
+    if head[0] == 0x16 and head[1] == 0x03 and head[5] == 0x01:
+        return "a TLS ClientHello (a TLS client at a plaintext listener: give both sides tls=)"
+    if head[0] == 0x15 and head[1] == 0x03:
+        return "a TLS alert (the peer speaks TLS: give both sides tls=)"
+    magic = head[:4]
+    if magic in _MESSAGES:
+        if magic == HELLO_MAGIC and head[4:12] == _ZERO8:
+            version, length = struct.unpack_from("<HH", head, 12)
+            return f"a hello of version {version} ({length} bytes)"
+        return f"{_MESSAGES[magic]} ({head.hex()})"
+    frame = _frame_text(head)
+    if frame is not None:
+        return (
+            f"a bare seed frame header ({frame}): an ipfrs-transport peer, or one with "
+            "protocol='seed'"
+        )
+    return f"bytes {head.hex()}"
+
+
+def _frame_text(head: bytes) -> str | None:
+    """The fields of a frame header, when 16 bytes look like one (chunk_index below a
+    total_chunks of 1..2**24: more chunks than any real gradient has, and bytes of other
+    kinds rarely pass), else None."""
+    chunk_index, total, payload_len, checksum = HEADER.unpack(head)
+    if not 1 <= total <= FRAME_TOTAL_PLAUSIBLE or chunk_index >= total:
+        return None
+    return f"chunk {chunk_index} of {total}, payload_len {payload_len}, checksum {checksum:#010x}"
+
+
+def _foreign(expected: str, head: bytes, peer: Address | None) -> ProtocolError:
+    return ProtocolError(expected, describe(head), peer)
+
+
+def _check_zero(data: bytes, start: int, end: int, what: str, peer: Address | None) -> None:
+    if any(data[start:end]):
+        raise ProtocolError(
+            f"zero bytes at offsets {start}..{end - 1} of {what}",
+            f"{data[start:end].hex()}",
+            peer,
+        )
+
+
+# --------------------------------------------------------------------------- hello
+
+
+class Hello(NamedTuple):
+    """One side's hello: its role, whether it holds an authkey, its nonce and the limits
+    it receives under."""
+
+    role: int
+    auth: int
+    nonce: bytes
+    max_gradient_len: int
+    max_payload_len: int
+
+
+def encode_hello(hello: Hello) -> bytes:
+    return _HELLO.pack(
+        HELLO_MAGIC,
+        _ZERO8,
+        VERSION,
+        HELLO_LEN,
+        hello.role,
+        hello.auth,
+        0,
+        hello.nonce,
+        hello.max_gradient_len,
+        hello.max_payload_len,
+        bytes(16),
+    )
+
+
+_A_HELLO = "a gradstream hello"
+
+
+def check_hello_head(head: bytes, peer: Address | None) -> int:
+    """The first 16 bytes of the peer's hello: ProtocolError unless they are a version 1
+    hello's; the number of bytes still to read."""
+    if len(head) < HEAD_LEN or head[:4] != HELLO_MAGIC or head[4:12] != _ZERO8:
+        raise _foreign(_A_HELLO, head, peer)
+    version, length = struct.unpack_from("<HH", head, 12)
+    if version != VERSION:
+        raise ProtocolError(f"a hello of version {VERSION}", f"a hello of version {version}", peer)
+    if length != HELLO_LEN:
+        raise ProtocolError(
+            f"a version {VERSION} hello of {HELLO_LEN} bytes", f"a length of {length}", peer
+        )
+    return HELLO_LEN - HEAD_LEN
+
+
+def parse_hello(data: bytes, role: int, peer: Address | None) -> Hello:
+    """The peer's whole hello (``check_hello_head`` passed on its first 16 bytes), which
+    must come from the other ``role`` than this side's."""
+    check_hello_head(data[:HEAD_LEN], peer)
+    if len(data) != HELLO_LEN:
+        raise ProtocolError(f"a hello of {HELLO_LEN} bytes", f"{len(data)} bytes", peer)
+    fields = _HELLO.unpack(data)
+    peer_role, auth, nonce = fields[4], fields[5], fields[7]
+    max_gradient_len, max_payload_len = fields[8], fields[9]
+    expected_role = ROLE_SERVER if role == ROLE_CLIENT else ROLE_CLIENT
+    if peer_role != expected_role:
+        raise ProtocolError(
+            f"the hello of a {role_name(expected_role)}",
+            f"the hello of a {role_name(peer_role)}",
+            peer,
+        )
+    if auth not in (AUTH_NONE, AUTH_KEY):
+        raise ProtocolError("auth 0 (none) or 1 (authkey) in the hello", f"auth {auth}", peer)
+    _check_zero(data, 18, 20, "the hello", peer)
+    _check_zero(data, 64, 80, "the hello", peer)
+    return Hello(peer_role, auth, nonce, max_gradient_len, max_payload_len)
+
+
+def nonce_of(hello: bytes) -> bytes:
+    """The nonce of an encoded hello."""
+    return hello[20 : 20 + NONCE_LEN]
+
+
+# --------------------------------------------------------------------------- authentication
+
+
+def auth_tag(authkey: bytes, role: int, client_hello: bytes, server_hello: bytes) -> bytes:
+    """The tag the side of ``role`` sends: HMAC-SHA256 over its role's label, both nonces
+    and the hash of both hellos (as sent by the client and by the server)."""
+    label = _CLIENT_LABEL if role == ROLE_CLIENT else _SERVER_LABEL
+    client_nonce = nonce_of(client_hello)
+    server_nonce = nonce_of(server_hello)
+    hellos = hashlib.sha256(client_hello + server_hello).digest()
+    return hmac.new(authkey, label + client_nonce + server_nonce + hellos, "sha256").digest()
+
+
+def encode_auth(tag: bytes) -> bytes:
+    return AUTH_MAGIC + bytes(12) + tag
+
+
+_AN_AUTH = "an authentication message"
+
+
+def check_auth_head(head: bytes, peer: Address | None) -> int:
+    """The first 16 bytes of the peer's authentication message; the bytes still to read."""
+    if len(head) < HEAD_LEN or head[:4] != AUTH_MAGIC:
+        raise _foreign(_AN_AUTH, head, peer)
+    _check_zero(head, 4, 16, _AN_AUTH, peer)
+    return AUTH_LEN - HEAD_LEN
+
+
+def parse_auth(data: bytes, peer: Address | None) -> bytes:
+    """The tag of a whole authentication message."""
+    check_auth_head(data[:HEAD_LEN], peer)
+    return data[HEAD_LEN:AUTH_LEN]
+
+
+def tags_match(expected: bytes, received: bytes) -> bool:
+    """Constant time, so the time taken says nothing of how much of a tag was right."""
+    return hmac.compare_digest(expected, received)
+
+
+# --------------------------------------------------------------------------- transfers
+
+
+def transfer_id(client_nonce: bytes, server_nonce: bytes, direction: int, counter: int) -> bytes:
+    """The id of a direction's ``counter``-th transfer (from 0) on a connection."""
+    data = _TRANSFER_LABEL + client_nonce + server_nonce + bytes([direction])
+    return hashlib.sha256(data + struct.pack("<Q", counter)).digest()[:ID_LEN]
+
+
+class FrameDigest:
+    """The ack digest of one transfer: SHA-256 of the label, the transfer id and every
+    frame's 16-byte header in the order they pass, fed with the transfer's bytes as they
+    are written or read (in pieces of any size).
+
+    ``on_header`` sees each header's four fields as soon as it is whole, before the
+    piece it ends in goes on (a sender refuses there a payload over the peer's limit).
+    """
+
+    def __init__(
+        self,
+        transfer: bytes,
+        on_header: Callable[[int, int, int, int], None] | None = None,
+    ) -> None:
+        self._hash = _digest_start(transfer)
+        self._on_header = on_header
+        self._header = bytearray()  # the header being read
+        self._skip = 0  # payload bytes still to pass
+        self.moved = 0  # bytes seen
+        self.headers = 0  # headers seen whole
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        size = len(view)
+        while len(view):
+            if self._skip:
+                step = min(self._skip, len(view))
+                self._skip -= step
+                view = view[step:]
+                continue
+            step = min(HEADER_LEN - len(self._header), len(view))
+            self._header += view[:step]
+            view = view[step:]
+            if len(self._header) == HEADER_LEN:
+                fields = HEADER.unpack(self._header)
+                if self._on_header is not None:
+                    self._on_header(*fields)
+                self._hash.update(self._header)
+                self._header.clear()
+                self._skip = fields[2]
+                self.headers += 1
+        # Counted once the piece has passed: a piece refused by on_header never moved.
+        self.moved += size
+
+    def digest(self) -> bytes:
+        return self._hash.digest()
+
+
+def _digest_start(transfer: bytes) -> hashlib._Hash:
+    return hashlib.sha256(_DIGEST_LABEL + transfer)
+
+
+def ack_digest(transfer: bytes, headers: list[bytes]) -> bytes:
+    """The digest over a transfer's headers given whole."""
+    digest = _digest_start(transfer)
+    for header in headers:
+        digest.update(header)
+    return digest.digest()
+
+
+# --------------------------------------------------------------------------- ack
+
+
+class Ack(NamedTuple):
+    """A receiver's verdict on one transfer: ``reason`` is None when accepted."""
+
+    counter: int
+    digest: bytes
+    reason: str | None
+
+
+def _reason_bytes(reason: str) -> bytes:
+    """``reason`` as UTF-8, cut (at a character) to MAX_REASON_LEN bytes."""
+    data = reason.encode("utf-8")
+    if len(data) <= MAX_REASON_LEN:
+        return data
+    return data[:MAX_REASON_LEN].decode("utf-8", "ignore").encode("utf-8")
+
+
+def encode_ack(ack: Ack) -> bytes:
+    if ack.reason is None:
+        return _ACK.pack(ACK_MAGIC, _ZERO8, ACCEPTED, 0, 0, ack.counter, ack.digest)
+    reason = _reason_bytes(ack.reason)
+    head = _ACK.pack(ACK_MAGIC, _ZERO8, REFUSED, 0, len(reason), ack.counter, bytes(32))
+    return head + reason
+
+
+_AN_ACK = "an ack"
+
+
+def check_ack_head(head: bytes, peer: Address | None) -> int:
+    """The first 16 bytes of the peer's ack; the bytes still to read (the rest of the ack
+    and its reason, at most MAX_REASON_LEN)."""
+    if len(head) < HEAD_LEN or head[:4] != ACK_MAGIC or head[4:12] != _ZERO8:
+        frame = _frame_text(head) if len(head) == HEAD_LEN else None
+        if frame is None:
+            raise _foreign(_AN_ACK, head, peer)
+        raise ProtocolError(
+            _AN_ACK,
+            f"a frame header ({frame}): the peer started a transfer while this side waited "
+            "for its ack; open a second connection for the other direction",
+            peer,
+        )
+    verdict, _, reason_len = struct.unpack_from("<BBH", head, 12)
+    if verdict not in (ACCEPTED, REFUSED):
+        raise ProtocolError(
+            "verdict 0 (accepted) or 1 (refused) in an ack", f"verdict {verdict}", peer
+        )
+    _check_zero(head, 13, 14, _AN_ACK, peer)
+    if reason_len > MAX_REASON_LEN:
+        raise ProtocolError(
+            f"an ack's reason of at most {MAX_REASON_LEN} bytes", f"{reason_len} bytes", peer
+        )
+    if verdict == ACCEPTED and reason_len:
+        raise ProtocolError("no reason in an accepting ack", f"{reason_len} bytes of reason", peer)
+    return ACK_LEN - HEAD_LEN + int(reason_len)
+
+
+def parse_ack(data: bytes, peer: Address | None) -> Ack:
+    """A whole ack (``check_ack_head`` passed on its first 16 bytes)."""
+    rest = check_ack_head(data[:HEAD_LEN], peer)
+    if len(data) != HEAD_LEN + rest:
+        raise ProtocolError(f"an ack of {HEAD_LEN + rest} bytes", f"{len(data)} bytes", peer)
+    _, _, verdict, _, _, counter, digest = _ACK.unpack_from(data)
+    if verdict == ACCEPTED:
+        return Ack(counter, digest, None)
+    if any(digest):
+        raise ProtocolError("a zero digest in a refusal", f"digest {digest.hex()}", peer)
+    try:
+        reason = data[ACK_LEN:].decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError(
+            "a UTF-8 reason in a refusal", f"bytes {data[ACK_LEN:].hex()}", peer
+        ) from None
+    return Ack(counter, digest, reason)

@@ -1,0 +1,300 @@
+"""The ack (README "Protocol" step 4): ``send`` returns only once the peer verified the
+transfer, and raises DeliveryError when a hostile or failing receiver refuses it, acks
+another digest or another counter, or closes first; a frame header where the ack belongs
+is a ProtocolError. The real receiver refuses what its rules refuse, with the reason, and
+the sender refuses before a byte goes what the peer's hello says it will not take."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+import gradstream.reference as ref
+from gradstream.errors import (
+    DeliveryError,
+    GradientDtypeError,
+    GradientSizeError,
+    ProtocolError,
+    StreamIOError,
+    TensorSetError,
+)
+from gradstream.reference import _protocol as p
+from support.connections import (
+    LOCAL,
+    Streams,
+    frames_by_hand,
+    hello_by_hand,
+    hostile_listener,
+    raw_peer,
+    read_to_end,
+    run,
+)
+
+GRAD = np.arange(3000, dtype=np.float32)
+S = ref.GradientStreamSession("s", 1024)
+
+
+def first_id(client: bytes, server: bytes, counter: int = 0) -> bytes:
+    return p.transfer_id(client, server, p.TO_SERVER, counter)
+
+
+async def send_to_hostile(script: object) -> BaseException | int:
+    """connect to a listener running ``script`` after its handshake, send GRAD; what
+    send gave or raised, and whether the connection was closed after."""
+    async with hostile_listener(script) as address:  # type: ignore[arg-type]
+        conn = await ref.connect(address, session=S)
+        try:
+            return await conn.send(GRAD)
+        except (DeliveryError, ProtocolError) as exc:
+            assert conn.closed  # out of step: closed
+            return exc
+        finally:
+            await conn.close()
+
+
+def test_a_correct_ack_by_hand_is_accepted() -> None:
+    async def script(streams: Streams, client: bytes, server: bytes) -> None:
+        headers = await frames_by_hand(streams[0])
+        digest = p.ack_digest(first_id(client, server), headers)
+        streams[1].write(p.encode_ack(p.Ack(0, digest, None)))
+        await read_to_end(streams[0])
+
+    assert run(lambda: send_to_hostile(script)) == 3
+
+
+def test_a_refusal_is_a_delivery_error_with_the_reason() -> None:
+    async def script(streams: Streams, client: bytes, server: bytes) -> None:
+        await frames_by_hand(streams[0])
+        streams[1].write(p.encode_ack(p.Ack(0, bytes(32), "chunk 1 failed its CRC check")))
+
+    exc = run(lambda: send_to_hostile(script))
+    assert isinstance(exc, DeliveryError)
+    assert exc.reason == "chunk 1 failed its CRC check"
+    assert exc.peer is not None and exc.peer[0] == "127.0.0.1"
+    assert str(exc).endswith("the peer refused it: chunk 1 failed its CRC check")
+
+
+def test_an_ack_of_another_digest_is_a_delivery_error() -> None:
+    async def script(streams: Streams, client: bytes, server: bytes) -> None:
+        headers = await frames_by_hand(streams[0])
+        headers[0], headers[1] = headers[1], headers[0]  # the frames in another order
+        digest = p.ack_digest(first_id(client, server), headers)
+        streams[1].write(p.encode_ack(p.Ack(0, digest, None)))
+
+    exc = run(lambda: send_to_hostile(script))
+    assert isinstance(exc, DeliveryError) and exc.reason is None
+    assert "the peer acknowledged other frames than were sent" in str(exc)
+
+
+def test_an_ack_keyed_by_another_transfer_id_is_a_delivery_error() -> None:
+    async def script(streams: Streams, client: bytes, server: bytes) -> None:
+        headers = await frames_by_hand(streams[0])
+        # The right headers under the id of the other direction: a reflected ack.
+        digest = p.ack_digest(p.transfer_id(client, server, p.TO_CLIENT, 0), headers)
+        streams[1].write(p.encode_ack(p.Ack(0, digest, None)))
+
+    exc = run(lambda: send_to_hostile(script))
+    assert isinstance(exc, DeliveryError)
+    assert "acknowledged other frames" in str(exc)
+
+
+def test_an_ack_of_another_counter_is_a_delivery_error() -> None:
+    async def script(streams: Streams, client: bytes, server: bytes) -> None:
+        headers = await frames_by_hand(streams[0])
+        digest = p.ack_digest(first_id(client, server), headers)
+        streams[1].write(p.encode_ack(p.Ack(1, digest, None)))
+
+    exc = run(lambda: send_to_hostile(script))
+    assert isinstance(exc, DeliveryError)
+    assert "the peer acknowledged transfer 1; this was transfer 0" in str(exc)
+
+
+def test_closing_before_the_ack_is_a_delivery_error() -> None:
+    async def script(streams: Streams, client: bytes, server: bytes) -> None:
+        await frames_by_hand(streams[0])
+
+    exc = run(lambda: send_to_hostile(script))
+    assert isinstance(exc, DeliveryError)
+    assert "the connection ended before the peer acknowledged the transfer" in str(exc)
+
+
+def test_a_frame_header_where_the_ack_belongs_is_a_protocol_error() -> None:
+    async def script(streams: Streams, client: bytes, server: bytes) -> None:
+        await frames_by_hand(streams[0])
+        streams[1].write(S.encode_frames(np.ones(3, np.float32)))  # a gradient back instead
+        await read_to_end(streams[0])
+
+    exc = run(lambda: send_to_hostile(script))
+    assert isinstance(exc, ProtocolError)
+    assert exc.expected == "an ack"
+    assert exc.seen.startswith("a frame header (chunk 0 of 1,")
+    assert "the peer started a transfer while this side waited for its ack" in exc.seen
+
+
+def test_two_sends_at_once_from_both_sides_are_protocol_errors() -> None:
+    async def main() -> list[BaseException | int]:
+        async with await ref.listen(LOCAL, session=S) as listener:
+            client = await ref.connect(listener.address, session=S)
+            server = await listener.accept()
+            results = await asyncio.gather(
+                client.send(GRAD), server.send(GRAD), return_exceptions=True
+            )
+            await client.close()
+            await server.close()
+            return results
+
+    results = run(main)
+    assert all(isinstance(r, ProtocolError) and r.expected == "an ack" for r in results), results
+
+
+def test_a_second_gradient_is_acked_with_its_counter() -> None:
+    async def script(streams: Streams, client: bytes, server: bytes) -> None:
+        for k in range(3):
+            headers = await frames_by_hand(streams[0])
+            digest = p.ack_digest(first_id(client, server, k), headers)
+            streams[1].write(p.encode_ack(p.Ack(k, digest, None)))
+        await read_to_end(streams[0])
+
+    async def main() -> list[int]:
+        async with hostile_listener(script) as address:
+            async with await ref.connect(address, session=S) as conn:
+                return [await conn.send(GRAD) for _ in range(3)]
+
+    assert run(main) == [3, 3, 3]
+
+
+# --------------------------------------------------------------------------- the real receiver
+
+
+def test_the_receiver_refuses_what_its_rules_refuse_and_says_why() -> None:
+    # A sender by hand whose second chunk's CRC is wrong: the listener's connection raises
+    # the ChecksumMismatchError, answers with a refusal naming it, and closes.
+    frames = bytearray(S.encode_frames(GRAD))
+    second = 16 + struct.unpack_from("<I", frames, 8)[0]
+    struct.pack_into("<I", frames, second + 12, 0xDEADBEEF)
+
+    async def main() -> tuple[BaseException, p.Ack, bytes]:
+        async with await ref.listen(LOCAL, session=S) as listener:
+            async with raw_peer(listener.address) as streams:
+                await hello_by_hand(streams, p.ROLE_CLIENT)
+                conn = await listener.accept()
+                streams[1].write(bytes(frames))
+                with pytest.raises(Exception) as info:
+                    await conn.recv()
+                assert conn.closed
+                head = await streams[0].readexactly(16)
+                rest = p.check_ack_head(head, None)
+                ack = p.parse_ack(head + await streams[0].readexactly(rest), None)
+                return info.value, ack, await read_to_end(streams[0])
+
+    error, ack, after = run(main)
+    assert type(error).__name__ == "ChecksumMismatchError"
+    assert ack.counter == 0 and ack.reason == str(error)
+    assert after == b""  # and nothing after the refusal
+
+
+Receive = Callable[[ref.Connection], Awaitable[object]]
+Send = Callable[[ref.Connection], Awaitable[int]]
+
+
+def refused(receive: Receive, refusal: type[Exception], send: Send, **listen: Any) -> DeliveryError:
+    """A real listener whose connection's ``receive`` raises ``refusal``, and the
+    DeliveryError a real sender's ``send`` raises for it (its connection then closed)."""
+
+    async def main() -> DeliveryError:
+        async with await ref.listen(LOCAL, **listen) as listener:
+
+            async def receiving() -> None:
+                async with await listener.accept() as conn:
+                    with pytest.raises(refusal):
+                        await receive(conn)
+
+            task = asyncio.create_task(receiving())
+            async with await ref.connect(listener.address) as conn:
+                with pytest.raises(DeliveryError) as info:
+                    await send(conn)
+                assert conn.closed
+            await task
+            return info.value
+
+    return run(main)
+
+
+def test_the_sender_gets_the_receivers_reason() -> None:
+    # A one-frame gradient the receiver refuses (its out= is float64): every byte was
+    # read, so the refusal is the last thing on the wire and reaches the sender.
+    exc = refused(
+        lambda conn: conn.recv(out=np.empty(100, np.float64)),
+        GradientDtypeError,
+        lambda conn: conn.send(np.ones(100, np.float32)),
+    )
+    assert exc.reason == "the gradient is float32; out= is float64"
+
+
+def test_a_tensor_set_over_the_receivers_limit_is_refused_with_the_reason() -> None:
+    exc = refused(
+        lambda conn: conn.recv_tensors(),
+        TensorSetError,
+        lambda conn: conn.send_tensors({"w": np.ones(11, np.float32)}),
+        session=ref.GradientStreamSession("s", 1024, max_gradient_len=10),
+    )
+    assert exc.reason == "tensor set holds 11 values, above max_gradient_len 10"
+
+
+def test_the_sender_refuses_a_gradient_over_the_peers_limit_before_a_byte() -> None:
+    small = ref.GradientStreamSession("s", 1024, max_gradient_len=100)
+
+    async def main() -> None:
+        async with await ref.listen(LOCAL, session=small) as listener:
+            async with await ref.connect(listener.address) as conn:
+                with pytest.raises(DeliveryError, match="above the peer's max_gradient_len 100"):
+                    await conn.send(np.ones(101, np.float32))
+                assert not conn.closed  # nothing was sent: still in step
+                server = await listener.accept()
+                receiving = asyncio.create_task(server.recv())
+                assert await conn.send(np.ones(100, np.float32)) == 1
+                assert len(await receiving) == 100
+                await server.close()
+
+    run(main)
+
+
+def test_the_sender_refuses_a_payload_over_the_peers_limit_before_a_byte() -> None:
+    small = ref.GradientStreamSession("s", 1024, max_payload_len=2000)
+
+    async def main() -> None:
+        async with await ref.listen(LOCAL, session=small) as listener:
+            async with await ref.connect(listener.address, session=S) as conn:
+                with pytest.raises(DeliveryError, match="above the peer's max_payload_len 2000"):
+                    await conn.send(GRAD)
+                assert not conn.closed
+
+    run(main)
+
+
+def test_a_sender_cut_off_midway_gets_the_refusal() -> None:
+    # The receiver refuses at chunk 1 (its out= is too small) while the sender still has
+    # megabytes to write. The sender watches for the answer as it writes, stops at the
+    # refusal and closes; the receiver drops what is still on the way until then, so
+    # the refusal is not lost to a reset.
+    exc = refused(
+        lambda conn: conn.recv(out=np.empty(100_000, np.float32)),
+        GradientSizeError,
+        lambda conn: conn.send(np.ones(1 << 22, np.float32)),
+    )
+    assert exc.reason == (
+        "the gradient runs over the 100000 values out= has room for: 131072 values by chunk 1"
+    )
+
+
+def test_a_sender_without_a_listener_after_the_handshake() -> None:
+    async def script(streams: Streams, client: bytes, server: bytes) -> None:
+        pass  # the hostile listener closes right after the handshake
+
+    exc = run(lambda: send_to_hostile(script))
+    assert isinstance(exc, (DeliveryError, StreamIOError)), exc

@@ -1,0 +1,83 @@
+"""The protocol's messages (README "Protocol") of each implementation behind one small
+interface, ``Codec``, so the golden tests (connection/test_protocol_golden.py) hold every
+implementation to the same bytes: the reference's is ``REFERENCE``; the native side's
+joins ``CODECS`` when its functions are exposed."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from gradstream.reference import _protocol as p
+
+# (role, auth, nonce, max_gradient_len, max_payload_len)
+HelloFields = tuple[int, int, bytes, int, int]
+# (counter, digest, reason or None)
+AckFields = tuple[int, bytes, str | None]
+
+
+class Codec(Protocol):
+    name: str
+
+    def hello(
+        self, role: int, auth: int, nonce: bytes, max_gradient_len: int, max_payload_len: int
+    ) -> bytes: ...
+    def hello_rest(self, head: bytes) -> int: ...
+    def read_hello(self, data: bytes, own_role: int) -> HelloFields: ...
+    def auth(self, key: bytes, role: int, client_hello: bytes, server_hello: bytes) -> bytes: ...
+    def read_auth(self, data: bytes) -> bytes: ...
+    def transfer_id(self, client: bytes, server: bytes, direction: int, counter: int) -> bytes: ...
+    def digest(self, transfer: bytes, headers: list[bytes]) -> bytes: ...
+    def digest_of_stream(self, transfer: bytes, pieces: list[bytes]) -> bytes: ...
+    def ack(self, counter: int, digest: bytes, reason: str | None) -> bytes: ...
+    def ack_rest(self, head: bytes) -> int: ...
+    def read_ack(self, data: bytes) -> AckFields: ...
+    def describe(self, head: bytes) -> str: ...
+
+
+class ReferenceCodec:
+    name = "reference"
+
+    def hello(
+        self, role: int, auth: int, nonce: bytes, max_gradient_len: int, max_payload_len: int
+    ) -> bytes:
+        return p.encode_hello(p.Hello(role, auth, nonce, max_gradient_len, max_payload_len))
+
+    def hello_rest(self, head: bytes) -> int:
+        return p.check_hello_head(head, None)
+
+    def read_hello(self, data: bytes, own_role: int) -> HelloFields:
+        return tuple(p.parse_hello(data, own_role, None))  # type: ignore[return-value]
+
+    def auth(self, key: bytes, role: int, client_hello: bytes, server_hello: bytes) -> bytes:
+        return p.encode_auth(p.auth_tag(key, role, client_hello, server_hello))
+
+    def read_auth(self, data: bytes) -> bytes:
+        return p.parse_auth(data, None)
+
+    def transfer_id(self, client: bytes, server: bytes, direction: int, counter: int) -> bytes:
+        return p.transfer_id(client, server, direction, counter)
+
+    def digest(self, transfer: bytes, headers: list[bytes]) -> bytes:
+        return p.ack_digest(transfer, headers)
+
+    def digest_of_stream(self, transfer: bytes, pieces: list[bytes]) -> bytes:
+        tap = p.FrameDigest(transfer)
+        for piece in pieces:
+            tap.feed(piece)
+        return tap.digest()
+
+    def ack(self, counter: int, digest: bytes, reason: str | None) -> bytes:
+        return p.encode_ack(p.Ack(counter, digest, reason))
+
+    def ack_rest(self, head: bytes) -> int:
+        return p.check_ack_head(head, None)
+
+    def read_ack(self, data: bytes) -> AckFields:
+        return tuple(p.parse_ack(data, None))  # type: ignore[return-value]
+
+    def describe(self, head: bytes) -> str:
+        return p.describe(head)
+
+
+REFERENCE = ReferenceCodec()
+CODECS: list[Codec] = [REFERENCE]

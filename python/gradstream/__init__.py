@@ -18,6 +18,8 @@ from ._native import (
     TransferProgress,
 )
 from ._peers import TLS, Peer
+from ._connection import Connection, Listener, Server, connect, listen, serve
+from ._peers import TLS, Peer
 from ._session import GradientStreamSession
 from .errors import (
     ArrowIpcError,
@@ -46,10 +48,12 @@ __all__ = [
     "DEFAULT_MAX_PAYLOAD_LEN",
     "HEADER_LEN",
     "TLS",
+    "TLS",
     "ArrowIpcError",
     "AuthenticationError",
     "BFloat16Type",
     "ChecksumMismatchError",
+    "Connection",
     "DeliveryError",
     "FrameError",
     "GradientChunk",
@@ -58,8 +62,11 @@ __all__ = [
     "GradientStreamError",
     "GradientStreamSession",
     "IncompleteStreamError",
+    "Listener",
+    "Peer",
     "Peer",
     "ProtocolError",
+    "Server",
     "SettingError",
     "StreamDeadlineError",
     "StreamIOError",
@@ -68,4 +75,7 @@ __all__ = [
     "TlsError",
     "TransferProgress",
     "__version__",
+    "connect",
+    "listen",
+    "serve",
 ]

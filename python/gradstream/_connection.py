@@ -22,7 +22,23 @@ import numpy.typing as npt
 
 from . import _aio
 from ._native import TransferProgress
-from ._peers import TLS, Peer, RefusalLog, parse_address
+from ._peers import (
+    HANDSHAKE_TIMEOUT,
+    LISTENER_DEADLINE,
+    MAX_CONNECTIONS,
+    MAX_PENDING_HANDSHAKES,
+    Peer,
+    RefusalLog,
+    check_authkey,
+    check_count,
+    check_handshake_timeout,
+    check_plain_seed,
+    check_protocol,
+    client_tls,
+    listener_tls,
+    parse_address,
+    peer_text,
+)
 from ._session import GradientStreamSession, _hand_back, _lend, _tensor_dict
 from .errors import SettingError, StreamIOError
 
@@ -31,92 +47,62 @@ log = logging.getLogger("gradstream")
 __all__ = ["Connection", "Listener", "Server", "connect", "listen", "serve"]
 
 
-HANDSHAKE_TIMEOUT = 10.0
-MAX_PENDING_HANDSHAKES = 64
-MAX_CONNECTIONS = 256
-# A listener's connections give each gradient this long once it has begun, unless the
-# session or listen(deadline=) says otherwise: a server must not be held for ever.
-LISTENER_DEADLINE = 300.0
-AUTHKEY_MIN = 16
-_UNSET: Any = object()
-
-
-def _seconds(value: Any, name: str, *, none: bool) -> float | None:
-    if value is None and none:
+def _seconds(value: Any, name: str) -> float | None:
+    """None, or a positive finite number of seconds (as the session checks its own)."""
+    if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number{' or None' if none else ''}, not {type(value).__name__}")
-    if not (value > 0 and value != float("inf")):
-        raise SettingError(name, f"{name} must be a positive number of seconds, not {value!r}")
+    if isinstance(value, (bool, str)) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be None or a number, not {type(value).__name__}")
+    if not (0 < value < float("inf")):
+        raise SettingError(name, f"{name} must be a positive number of seconds, got {value!r}")
     return float(value)
-
-
-def _count(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-    if value < 1:
-        raise SettingError(name, f"{name} must be at least 1, not {value}")
-    return value
 
 
 def _link_settings(
     session: GradientStreamSession,
     *,
     listening: bool,
-    tls: TLS | None = None,
-    authkey: bytes | None = None,
-    protocol: str = "gradstream",
-    handshake_timeout: float = HANDSHAKE_TIMEOUT,
-    timeout: float | None = _UNSET,
-    deadline: float | None = _UNSET,
-    max_pending_handshakes: int = _UNSET,
-    max_connections: int = _UNSET,
+    tls: Any = None,
+    authkey: Any = None,
+    protocol: Any = "gradstream",
+    handshake_timeout: Any = HANDSHAKE_TIMEOUT,
+    timeout: Any = None,
+    deadline: Any = None,
+    **caps: Any,
 ) -> tuple[dict[str, Any], tuple[int, int]]:
-    """The checked settings of a connection or listener, as the engine takes them, and
-    a listener's caps."""
-    if protocol not in ("gradstream", "seed"):
-        raise SettingError("protocol", f"protocol must be 'gradstream' or 'seed', not {protocol!r}")
-    if protocol == "seed" and (tls is not None or authkey is not None):
-        which = "tls" if tls is not None else "authkey"
-        raise SettingError(
-            which,
-            f"protocol='seed' speaks the original's bare frames: it has no {which}= "
-            "(use protocol='gradstream')",
-        )
-    if tls is not None:
-        if not isinstance(tls, TLS):
-            raise TypeError(f"tls must be a gradstream.TLS or None, not {type(tls).__name__}")
-        if listening and (tls.cert is None or tls.key is None):
-            raise SettingError("tls", "a listener's TLS needs cert= and key=")
-        if not listening and tls.ca is None:
-            raise SettingError("tls", "a client's TLS needs ca= (the CA that signed the server)")
-    if authkey is not None:
-        if not isinstance(authkey, (bytes, bytearray, memoryview)):
-            raise TypeError(f"authkey must be bytes or None, not {type(authkey).__name__}")
-        authkey = bytes(authkey)
-        if len(authkey) < AUTHKEY_MIN:
-            raise SettingError(
-                "authkey", f"authkey must be at least {AUTHKEY_MIN} bytes, not {len(authkey)}"
-            )
-    if not listening and (max_pending_handshakes is not _UNSET or max_connections is not _UNSET):
-        raise TypeError("max_pending_handshakes and max_connections are listen()'s")
-    if deadline is _UNSET:
-        deadline = session.deadline
-        if deadline is None and listening:
-            deadline = LISTENER_DEADLINE
+    """The checked keywords of ``connect`` or ``listen`` (``listening``), in the order
+    and with the words of the reference (``_peers``), as the engine takes them; and a
+    listener's caps. A call's timeout and deadline override the session's; a listener's
+    connections give a gradient, once begun, LISTENER_DEADLINE seconds when neither
+    sets a deadline."""
+    kind = check_protocol(protocol)
+    checked_tls = listener_tls(tls) if listening else client_tls(tls)
+    key = check_authkey(authkey)
+    wait = _seconds(timeout, "timeout")
+    bound = _seconds(deadline, "deadline")
+    check_plain_seed(kind, checked_tls, key)
+    wait = session.timeout if wait is None else wait
+    bound = session.deadline if bound is None else bound
+    if listening and bound is None:
+        bound = LISTENER_DEADLINE
+    unknown = set(caps) - ({"max_pending_handshakes", "max_connections"} if listening else set())
+    if unknown:
+        call = "listen" if listening else "connect"
+        raise TypeError(f"{call}() got an unexpected keyword argument {sorted(unknown)[0]!r}")
     args = {
-        "protocol": protocol,
-        "tls": None if tls is None else (tls.cert, tls.key, tls.ca),
-        "authkey": authkey,
-        "handshake_timeout": _seconds(handshake_timeout, "handshake_timeout", none=False),
-        "timeout": _seconds(session.timeout if timeout is _UNSET else timeout, "timeout", none=True),
-        "deadline": _seconds(deadline, "deadline", none=True),
+        "protocol": kind,
+        "tls": None if checked_tls is None else (checked_tls.cert, checked_tls.key, checked_tls.ca),
+        "authkey": key,
+        "handshake_timeout": check_handshake_timeout(handshake_timeout),
+        "timeout": wait,
+        "deadline": bound,
     }
-    caps = (
-        _count(MAX_PENDING_HANDSHAKES if max_pending_handshakes is _UNSET else max_pending_handshakes, "max_pending_handshakes"),
-        _count(MAX_CONNECTIONS if max_connections is _UNSET else max_connections, "max_connections"),
+    pending = caps.get("max_pending_handshakes", MAX_PENDING_HANDSHAKES)
+    connections = caps.get("max_connections", MAX_CONNECTIONS)
+    return args, (
+        check_count(pending, "max_pending_handshakes"),
+        check_count(connections, "max_connections"),
     )
-    return args, caps
 
 
 class Connection:
@@ -134,6 +120,12 @@ class Connection:
     def __repr__(self) -> str:
         host, port = self.peer.address
         return f"<gradstream.Connection to {host}:{port}>"
+
+    @property
+    def closed(self) -> bool:
+        """True once the connection is closed: by close(), by the peer, or after a
+        failed transfer left it out of step."""
+        return self._closed or self._link.closed()
 
     async def _run(self, job: int) -> Any:
         return await _aio.hub().track(job)
@@ -156,18 +148,34 @@ class Connection:
 
     async def recv(
         self,
-        *,
         out: npt.NDArray[Any] | None = None,
+        *,
         progress: TransferProgress | None = None,
         deadline: float | None = None,
+    ) -> npt.NDArray[Any]:
+        """Receive one gradient, as ``receive_from`` (into ``out`` when given: then
+        ``out`` itself); what ``receive_from`` gives at the end (an empty array) when the
+        peer closed the connection before another began (``closed`` is then True)."""
+        got = await self._recv(out, progress, deadline, none_at_end=False)
+        assert got is not None  # none_at_end=False gives the empty gradient instead
+        return got
+
+    async def _recv(
+        self,
+        out: npt.NDArray[Any] | None,
+        progress: TransferProgress | None,
+        deadline: float | None,
+        *,
+        none_at_end: bool,
     ) -> npt.NDArray[Any] | None:
-        """Receive one gradient (into ``out`` when given: then ``out`` itself), or None
-        when the peer closed the connection before another began."""
         lent = None if out is None else _lend(out)
         hub = _aio.hub()
         started = time.perf_counter()
-        job = self._link.recv(hub.native, progress, None if lent is None else lent.args, deadline)
+        args = None if lent is None else lent.args
+        job = self._link.recv(hub.native, progress, args, deadline, none_at_end)
         values = await hub.track(job)
+        if self._link.closed():
+            self._closed = True
         if values is None:
             return None
         got = lent.array if lent is not None else _hand_back(values)
@@ -195,14 +203,15 @@ class Connection:
         *,
         progress: TransferProgress | None = None,
         deadline: float | None = None,
-    ) -> dict[str, npt.NDArray[Any]] | None:
-        """Receive a named set of tensors, in the sender's order; None when the peer
-        closed the connection before another began."""
+    ) -> dict[str, npt.NDArray[Any]]:
+        """Receive a named set of tensors, in the sender's order; ``{}`` when the peer
+        closed the connection before another began (``closed`` is then True)."""
         hub = _aio.hub()
         started = time.perf_counter()
         got = await hub.track(self._link.recv_tensors(hub.native, progress, deadline))
         if got is None:
-            return None
+            self._closed = True
+            return {}
         tensors = _tensor_dict(got)
         size = sum(t.nbytes for t in tensors.values())
         _log_transfer("received", "tensor set", size, started, self.peer)
@@ -212,7 +221,7 @@ class Connection:
         return self._gradients()
 
     async def _gradients(self) -> AsyncIterator[npt.NDArray[Any]]:
-        while (gradient := await self.recv()) is not None:
+        while (gradient := await self._recv(None, None, None, none_at_end=True)) is not None:
             yield gradient
 
     async def close(self) -> None:
@@ -260,7 +269,7 @@ class Listener:
         self._session = session
         self.address: tuple[str, int] = tuple(native.address)  # type: ignore[assignment]
         self._accepted: asyncio.Queue[Connection | None] = asyncio.Queue()
-        self._refusals = RefusalLog(log, self.address)
+        self._refusals = RefusalLog(peer_text(self.address))
         self._pump = asyncio.get_running_loop().create_task(self._take_events())
         self._closed = False
 
@@ -281,7 +290,7 @@ class Listener:
                 self._accepted.put_nowait(connection)
             else:
                 _, address, error = event
-                self._refusals.refused(tuple(address), error)
+                self._refusals.refused(tuple(address), str(error))
         self._accepted.put_nowait(None)
 
     async def accept(self) -> Connection:

@@ -24,7 +24,8 @@ use super::tensors::{HeldTensors, TensorArgs};
 use gradstream_core::connection::{
     self, DialSettings, Event, Link, ListenSettings, Listener, Peer, Protocol, Received,
 };
-use gradstream_core::error::GradientStreamError;
+use gradstream_core::error::{GradientStreamError, Result};
+use gradstream_core::receiver::Ended;
 use gradstream_core::stream::Waits;
 use gradstream_core::tls::{TlsAcceptor, TlsConnector, TlsFiles};
 
@@ -210,13 +211,19 @@ impl PyLink {
     }
 }
 
-/// A receive's result: the values, `out`'s owner, or None at the peer's close.
-fn received(got: Received<gradstream_core::output::Output>, owner: Option<Py<PyAny>>) -> Outcome {
-    match (got, owner) {
-        (Received::End, _) => Outcome::End,
-        (Received::Transfer(_), Some(owner)) => Outcome::Filled(owner),
-        (Received::Transfer(values), None) => Outcome::Values(values),
-    }
+/// A receive's result: the values or `out`'s owner; at the peer's close before a
+/// gradient began, None when `none_at_end`, else what `receive_from` gives there (the
+/// empty gradient, which must fit `out`).
+fn received(got: Ended, owner: Option<Py<PyAny>>, none_at_end: bool) -> Result<Outcome> {
+    let values = match got {
+        Ended::BeforeFirstByte(_) if none_at_end => return Ok(Outcome::End),
+        Ended::BeforeFirstByte(receiver) => receiver.finish()?,
+        Ended::Gradient(values) => values,
+    };
+    Ok(match owner {
+        Some(owner) => Outcome::Filled(owner),
+        None => Outcome::Values(values),
+    })
 }
 
 #[pymethods]
@@ -228,6 +235,11 @@ impl PyLink {
             self.peer.tls_subject.clone(),
             self.peer.authenticated,
         )
+    }
+
+    /// Closed (by either side, or after a failure); False while an operation runs.
+    fn closed(&self) -> bool {
+        self.link.try_lock().is_ok_and(|link| link.is_closed())
     }
 
     /// Send one gradient; a job whose result is the chunk count, once acknowledged.
@@ -252,9 +264,10 @@ impl PyLink {
         }))
     }
 
-    /// Receive one gradient; a job whose result is the values tuple, `out`'s array when
-    /// given, or None when the peer closed before a gradient began.
-    #[pyo3(signature = (completions, progress, out, deadline))]
+    /// Receive one gradient; a job whose result is the values tuple or `out`'s array
+    /// when given; when the peer closed before a gradient began, None if `none_at_end`,
+    /// else as `receive_from` there.
+    #[pyo3(signature = (completions, progress, out, deadline, none_at_end))]
     fn recv(
         &self,
         py: Python<'_>,
@@ -262,6 +275,7 @@ impl PyLink {
         progress: Option<&Bound<'_, TransferProgress>>,
         out: Option<OutArgs<'_>>,
         deadline: Option<&Bound<'_, PyAny>>,
+        none_at_end: bool,
     ) -> PyResult<u64> {
         let counters = progress_counters(progress);
         let waits = self.waits(deadline)?;
@@ -274,7 +288,7 @@ impl PyLink {
                 None => (config.receiver(), None),
             };
             let got = link.recv_gradient(receiver, waits, &counters).await?;
-            Ok(received(got, owner))
+            received(got, owner, none_at_end)
         }))
     }
 

@@ -35,7 +35,7 @@ pub async fn connect(host: &str, port: u16, settings: &DialSettings) -> Result<L
         Err(_) => Err(GradientStreamError::Protocol {
             expected: "a finished handshake".into(),
             seen: format!(
-                "none within the handshake timeout of {} s",
+                "no finished handshake within handshake_timeout ({} s)",
                 crate::error::general_format(limit.as_secs_f64())
             ),
             peer: None,

@@ -142,6 +142,11 @@ impl Link {
         &self.peer
     }
 
+    /// Closed: by this side, by the peer (between transfers), or after a failure.
+    pub fn is_closed(&self) -> bool {
+        matches!(self.state, State::Closed(_))
+    }
+
     /// Close the connection (a TLS close_notify first); idempotent.
     pub async fn close(&mut self) {
         if let State::Open = self.state {
@@ -335,21 +340,22 @@ impl Link {
         head.finish(&reason, peer)
     }
 
-    /// Receive one gradient through `receiver` (`config.receiver()` or `receiver_into`).
+    /// Receive one gradient through `receiver` (`config.receiver()` or `receiver_into`);
+    /// `BeforeFirstByte` when the peer closed the connection before one began.
     pub async fn recv_gradient(
         &mut self,
         receiver: FrameReceiver,
         waits: Waits,
         progress: &Progress,
-    ) -> Result<Received<crate::output::Output>> {
+    ) -> Result<Ended> {
         self.check_open()?;
         let Mode::Sealed(keys) = &self.mode else {
             return match receive_gradient(receiver, &mut self.stream, waits, progress).await {
-                Ok(Ended::Gradient(values)) => Ok(Received::Transfer(values)),
-                Ok(Ended::BeforeFirstByte(_)) => {
+                Ok(Ended::BeforeFirstByte(receiver)) => {
                     self.state = State::Closed("the peer closed it".into());
-                    Ok(Received::End)
+                    Ok(Ended::BeforeFirstByte(receiver))
                 }
+                Ok(got) => Ok(got),
                 Err(e) => self.fail(e).await,
             };
         };
@@ -362,11 +368,11 @@ impl Link {
         match got {
             Ok(Ended::Gradient(values)) => {
                 self.accept(digest).await?;
-                Ok(Received::Transfer(values))
+                Ok(Ended::Gradient(values))
             }
-            Ok(Ended::BeforeFirstByte(_)) => {
+            Ok(Ended::BeforeFirstByte(receiver)) => {
                 self.state = State::Closed("the peer closed it".into());
-                Ok(Received::End)
+                Ok(Ended::BeforeFirstByte(receiver))
             }
             Err(e) => self.refuse(message_instead(e, first, self.peer.address)).await,
         }

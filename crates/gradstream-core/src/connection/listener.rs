@@ -130,7 +130,7 @@ async fn accept_loop(tcp: TcpListener, settings: ListenSettings, events: mpsc::S
                     error: GradientStreamError::Protocol {
                         expected: "a finished handshake".into(),
                         seen: format!(
-                            "none within the handshake timeout of {} s",
+                            "silence past handshake_timeout ({} s)",
                             general_format(limit.as_secs_f64())
                         ),
                         peer: Some(address),

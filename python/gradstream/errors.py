@@ -366,9 +366,7 @@ class DeliveryError(GradientStreamError):
     peer: Address | None
     reason: str | None
 
-    def __init__(
-        self, detail: str, peer: Address | None = None, reason: str | None = None
-    ) -> None:
+    def __init__(self, detail: str, peer: Address | None = None, reason: str | None = None) -> None:
         self.detail = detail
         self.peer = None if peer is None else (str(peer[0]), int(peer[1]))
         self.reason = reason

@@ -151,6 +151,7 @@ class GradientStreamSession:
         keep_shape: bool = False,
         keep_dtype: bool = False,
         wire_dtype: _DtypeName | None = None,
+        seal: bool = False,
     ) -> None:
         self._engine = Engine(
             session_id,
@@ -164,6 +165,7 @@ class GradientStreamSession:
             keep_shape=keep_shape,
             keep_dtype=keep_dtype,
             wire_dtype=wire_dtype,
+            seal=seal,
             bf16_as_f32=_dtypes.BFLOAT16 is None,
         )
 
@@ -237,6 +239,13 @@ class GradientStreamSession:
         """The dtype every gradient is cast to for transfer, or None."""
         return self._engine.wire_dtype
 
+    @property
+    def seal(self) -> bool:
+        """Whether each gradient (or tensor set) is sealed with a fresh random transfer id
+        and every receiver of this session expects all chunks sealed alike (README "Sealed
+        chunks")."""
+        return self._engine.seal
+
     def __repr__(self) -> str:
         e = self._engine
         return (
@@ -245,7 +254,7 @@ class GradientStreamSession:
             f"timeout={e.timeout!r}, deadline={e.deadline!r}, layout={e.layout!r}, "
             f"compression={e.compression!r}, "
             f"keep_shape={e.keep_shape}, keep_dtype={e.keep_dtype}, "
-            f"wire_dtype={e.wire_dtype!r})"
+            f"wire_dtype={e.wire_dtype!r}, seal={e.seal})"
         )
 
     # ---- taking a gradient (README "Dtypes")

@@ -1,12 +1,13 @@
-//! The sending side: a `Gradient` to send, its chunking (`FramePlan`, planned once so the
-//! frame stream can be written into memory allocated once), each chunk's payload
-//! (`write_payload`: a template where one fits, else the Arrow writer), and the
-//! `SessionConfig` methods that encode (`encode_frames`, `encode_gradient`, `encode_frame`,
-//! `frames_len`, `plan_frames`, `write_frames`).
+//! The sending side: a `Gradient` to send (with its seal, when sealed), its chunking
+//! (`FramePlan`, planned once so the frame stream can be written into memory allocated
+//! once), each chunk's payload (`write_payload`: a template where one fits, else the Arrow
+//! writer), and the `SessionConfig` methods that encode (`encode_frames`,
+//! `encode_gradient`, `encode_frame`, `frames_len`, `plan_frames`, `write_frames`,
+//! `sealing`).
 //!
 //! Uses `session` (the settings), `codec` (the payload writer), `template` (the fast
-//! path), `frame` and `dtype`; the decoding files never use it (its tests decode, to
-//! round-trip).
+//! path), `seal`, `frame` and `dtype`; the decoding files never use it (its tests decode,
+//! to round-trip).
 
 use std::sync::Arc;
 
@@ -14,8 +15,9 @@ use crate::codec::{self, Encoding, Layout};
 use crate::dtype::{self, Dtype};
 use crate::error::{GradientStreamError, Result};
 use crate::frame::{FrameHeader, HEADER_LEN};
+use crate::seal::{Seal, SealText, TransferId};
 use crate::session::{ChunkRef, SessionConfig};
-use crate::template::Template;
+use crate::template::{Kind, Template};
 
 /// What one gradient's payloads say about it besides its values: per gradient, not per
 /// session (two gradients sent by one session have their own shapes).
@@ -38,14 +40,15 @@ static NO_META: GradientMeta = GradientMeta {
 };
 
 /// A gradient to send: its values as bytes in memory order, their dtype, the dtype they
-/// travel in (`wire_dtype`: each chunk is cast as it is encoded, by the cast rule), and
-/// its metadata.
+/// travel in (`wire_dtype`: each chunk is cast as it is encoded, by the cast rule), its
+/// metadata, and its seal (per transfer, so here and not in the settings).
 #[derive(Clone, Copy, Debug)]
 pub struct Gradient<'g> {
     raw: &'g [u8],
     dtype: Dtype,
     wire: Dtype,
     meta: &'g GradientMeta,
+    seal: Option<Seal>,
 }
 
 impl<'g> Gradient<'g> {
@@ -57,6 +60,7 @@ impl<'g> Gradient<'g> {
             dtype,
             wire: dtype,
             meta: &NO_META,
+            seal: None,
         }
     }
 
@@ -68,6 +72,21 @@ impl<'g> Gradient<'g> {
     /// The same values, with this metadata in every payload.
     pub fn with_meta(self, meta: &'g GradientMeta) -> Self {
         Self { meta, ..self }
+    }
+
+    /// The same values, each chunk sealed with `seal` and its own index and total
+    /// (README "Sealed chunks").
+    pub fn sealed(self, seal: Seal) -> Self {
+        self.seal_with(Some(seal))
+    }
+
+    /// The same values, sealed with `seal` or not at all.
+    pub fn seal_with(self, seal: Option<Seal>) -> Self {
+        Self { seal, ..self }
+    }
+
+    pub fn seal(&self) -> Option<Seal> {
+        self.seal
     }
 
     pub fn len(&self) -> usize {
@@ -132,6 +151,8 @@ pub struct EncodedChunk {
 #[derive(Debug)]
 pub struct FramePlan<'g> {
     total: u32,
+    /// The gradient's seal: each chunk's payload carries it with its index and the total.
+    seal: Option<Seal>,
     /// Each chunk's values, as bytes of the gradient's dtype.
     windows: Vec<&'g [u8]>,
     payload_lens: Vec<u32>,
@@ -155,6 +176,16 @@ impl<'g> FramePlan<'g> {
         self.total
     }
 
+    /// The seal the gradient is sent with, if any.
+    pub fn seal(&self) -> Option<Seal> {
+        self.seal
+    }
+
+    /// Chunk `index`'s seal text, when the gradient is sealed.
+    pub fn seal_text(&self, index: u32) -> Option<SealText> {
+        self.seal.map(|seal| seal.text(index, self.total))
+    }
+
     /// Each chunk's index, values (bytes) and exact payload length.
     pub fn chunks(&self) -> impl Iterator<Item = (u32, &'g [u8], u32)> + '_ {
         (0u32..)
@@ -164,30 +195,52 @@ impl<'g> FramePlan<'g> {
     }
 }
 
-/// Encode one chunk's plain float32 payload into `out` (exactly its planned length);
-/// its CRC-32.
-pub(crate) fn write_payload(layout: Layout, raw: &[u8], out: &mut [u8]) -> Result<u32> {
+/// The template kind of the payloads of `values` float32 values in `layout`, sealed or not.
+pub(crate) fn kind(layout: Layout, values: usize, sealed: bool) -> Kind {
+    Kind {
+        layout,
+        values,
+        sealed,
+    }
+}
+
+/// Encode one chunk's float32 payload (sealed with `seal`, if given) into `out` (exactly
+/// its planned length); its CRC-32.
+pub(crate) fn write_payload(
+    layout: Layout,
+    seal: Option<SealText>,
+    raw: &[u8],
+    out: &mut [u8],
+) -> Result<u32> {
     let values = as_f32(raw);
-    match values.zip(Template::get(layout, raw.len() / 4)) {
-        Some((values, template)) if template.len() == out.len() => Ok(template.write(values, out)),
+    let template = Template::get(kind(layout, raw.len() / 4, seal.is_some()));
+    match values.zip(template) {
+        Some((values, template)) if template.len() == out.len() => {
+            Ok(template.write(values, seal.as_ref(), out))
+        }
         _ => {
-            codec::encode_payload_exact(layout, raw, out)?;
+            codec::encode_payload_exact(layout, seal, raw, out)?;
             Ok(codec::checksum(out))
         }
     }
 }
 
-/// The length of the payload of `n` values in `layout`.
-fn payload_len_of(layout: Layout, n: usize) -> Result<usize> {
-    match Template::get(layout, n) {
+/// The length of the payload of `n` float32 values in `layout`, sealed or not (a seal's
+/// text has one width, so its value does not matter).
+fn payload_len_of(layout: Layout, n: usize, sealed: bool) -> Result<usize> {
+    match Template::get(kind(layout, n, sealed)) {
         Some(template) => Ok(template.len()),
         // No template (empty or huge chunks): measure by encoding as many zeros.
-        None => Ok(codec::encode_payload(layout, &vec![0f32; n])?.len()),
+        None => {
+            let seal = sealed.then(|| Seal::lone(TransferId([0; 16])).text(0, 1));
+            let encoding = Encoding::from(layout).sealed(seal);
+            Ok(codec::encode_payload(encoding, &vec![0f32; n])?.len())
+        }
     }
 }
 
 impl SessionConfig {
-    /// How this session writes `gradient`'s payloads.
+    /// How this session writes `gradient`'s payloads, but for their seal (each chunk's own).
     pub(crate) fn encoding(&self, gradient: &Gradient<'_>) -> Encoding {
         Encoding {
             layout: self.layout,
@@ -196,14 +249,41 @@ impl SessionConfig {
             shape: gradient.meta.shape.clone(),
             result: gradient.meta.result,
             manifest: gradient.meta.manifest.clone(),
+            seal: None,
         }
     }
 
+    /// How this session writes chunk `index` of `total` of `gradient`.
+    fn chunk_encoding(&self, gradient: &Gradient<'_>, index: u32, total: u32) -> Encoding {
+        let seal = gradient.seal.map(|seal| seal.text(index, total));
+        self.encoding(gradient).sealed(seal)
+    }
+
     /// Whether `gradient`'s payloads come from the Arrow writer chunk by chunk (their
-    /// bytes depend on more than the value count: a cast, compression, metadata, a dtype
-    /// without templates) rather than templates.
+    /// bytes depend on more than the value count and the seal: a cast, compression,
+    /// metadata, a dtype without templates) rather than templates.
     pub(crate) fn writes_each_payload(&self, gradient: &Gradient<'_>) -> bool {
-        gradient.dtype != gradient.wire || !self.encoding(gradient).is_plain()
+        gradient.dtype != gradient.wire || !self.encoding(gradient).is_templated()
+    }
+
+    /// A fresh seal for one gradient of a sealing session (`seal`, standalone mode): a
+    /// random transfer id, position lone; None when the session does not seal.
+    pub fn draw_seal(&self) -> Result<Option<Seal>> {
+        if !self.seal {
+            return Ok(None);
+        }
+        Ok(Some(Seal::lone(TransferId::random()?)))
+    }
+
+    /// `gradient` as this session sends it: as it is when it carries a seal (a
+    /// connection's) or the session does not seal, else sealed with a fresh random id.
+    /// Every encoding entry point that takes a whole gradient calls it once; a caller
+    /// asking for frames one at a time (`encode_frame`) seals the gradient first.
+    pub fn sealing<'g>(&self, gradient: Gradient<'g>) -> Result<Gradient<'g>> {
+        if gradient.seal.is_some() {
+            return Ok(gradient);
+        }
+        Ok(gradient.seal_with(self.draw_seal()?))
     }
 
     /// Number of chunks for a gradient of `len` values: ceiling division, and 1 for an
@@ -224,7 +304,8 @@ impl SessionConfig {
     }
 
     /// Chunk `index` of `gradient` as one frame (header + payload): the asyncio-streams
-    /// sender asks for frames one at a time.
+    /// sender asks for frames one at a time. Sealed as `gradient` is: a sealing session's
+    /// caller draws the gradient's seal once (`sealing`), for all its frames.
     pub fn encode_frame<'g>(
         &self,
         gradient: impl Into<Gradient<'g>>,
@@ -239,7 +320,8 @@ impl SessionConfig {
         let end = start.saturating_add(self.chunk_size).min(gradient.len());
         let mut frame = vec![0u8; HEADER_LEN];
         let window = cast_window(&gradient, &gradient.raw[start * width..end * width]);
-        codec::append_payload(self.encoding(&gradient), &window, &mut frame)?;
+        let encoding = self.chunk_encoding(&gradient, index, total);
+        codec::append_payload(encoding, &window, &mut frame)?;
         let payload_len = self.check_payload_len(index, end - start, frame.len() - HEADER_LEN)?;
         let header = FrameHeader {
             chunk_index: index,
@@ -324,7 +406,7 @@ impl SessionConfig {
             }
             let floor = values.saturating_mul(self.layout.bytes_per_value());
             self.check_payload_len(index, values, floor)?;
-            let len = payload_len_of(self.layout, values)?;
+            let len = payload_len_of(self.layout, values, self.seal)?;
             let payload = self.check_payload_len(index, values, len)?;
             bytes = (HEADER_LEN + payload as usize)
                 .checked_mul(count)
@@ -347,14 +429,16 @@ impl SessionConfig {
     }
 
     /// Work out the chunks of `gradient` and the exact length of its frame stream, so that
-    /// the stream can be written into memory allocated once (a Python `bytes`, say).
+    /// the stream can be written into memory allocated once (a Python `bytes`, say). A
+    /// sealing session seals it here (`sealing`), once for all its chunks.
     pub fn plan_frames<'g>(&self, gradient: impl Into<Gradient<'g>>) -> Result<FramePlan<'g>> {
-        let gradient = gradient.into();
+        let gradient = self.sealing(gradient.into())?;
         let (total, windows) = self.windows(gradient)?;
+        let seal = gradient.seal;
         if self.writes_each_payload(&gradient) {
             // Sizes depend on the values (or the metadata): encode every chunk now, keep
             // the payloads.
-            let encoded = self.encode_each(&windows, &gradient)?;
+            let encoded = self.encode_each(&windows, &gradient, total)?;
             let payload_lens = encoded
                 .iter()
                 .zip(0u32..)
@@ -367,6 +451,7 @@ impl SessionConfig {
             let len = payload_lens.iter().map(|&n| HEADER_LEN + n as usize).sum();
             return Ok(FramePlan {
                 total,
+                seal,
                 windows,
                 payload_lens,
                 len,
@@ -385,7 +470,7 @@ impl SessionConfig {
                     // 8 bytes a value is a floor: refuse a hopeless chunk before encoding it.
                     let floor = n.saturating_mul(self.layout.bytes_per_value());
                     self.check_payload_len(index, n, floor)?;
-                    let len = payload_len_of(self.layout, n)?;
+                    let len = payload_len_of(self.layout, n, seal.is_some())?;
                     let len = self.check_payload_len(index, n, len)?;
                     sizes.push((n, len));
                     len
@@ -396,6 +481,7 @@ impl SessionConfig {
         let len = payload_lens.iter().map(|&n| HEADER_LEN + n as usize).sum();
         Ok(FramePlan {
             total,
+            seal,
             windows,
             payload_lens,
             len,
@@ -403,18 +489,22 @@ impl SessionConfig {
         })
     }
 
-    /// Each window's payload (from the Arrow writer) and CRC-32. Compression costs far
-    /// more than the copies, so the windows are split between the machine's cores.
+    /// Each window's payload (from the Arrow writer) and CRC-32, of `total` chunks.
+    /// Compression costs far more than the copies, so the windows are split between the
+    /// machine's cores.
     fn encode_each(
         &self,
         windows: &[&[u8]],
         gradient: &Gradient<'_>,
+        total: u32,
     ) -> Result<Vec<(Vec<u8>, u32)>> {
-        let encode = |part: &[&[u8]]| -> Result<Vec<(Vec<u8>, u32)>> {
+        let indexed: Vec<(u32, &[u8])> = (0u32..).zip(windows.iter().copied()).collect();
+        let encode = |part: &[(u32, &[u8])]| -> Result<Vec<(Vec<u8>, u32)>> {
             part.iter()
-                .map(|window| {
+                .map(|&(index, window)| {
                     let window = cast_window(gradient, window);
-                    let payload = codec::encode_payload_raw(self.encoding(gradient), &window)?;
+                    let encoding = self.chunk_encoding(gradient, index, total);
+                    let payload = codec::encode_payload_raw(encoding, &window)?;
                     let checksum = codec::checksum(&payload);
                     Ok((payload, checksum))
                 })
@@ -424,11 +514,11 @@ impl SessionConfig {
         let bytes: usize = windows.iter().map(|w| w.len()).sum();
         // Threads only pay for themselves on more than a few chunks of real work.
         if threads < 2 || windows.len() < 4 || bytes < 1 << 18 {
-            return encode(windows);
+            return encode(&indexed);
         }
         let per_thread = windows.len().div_ceil(threads);
         std::thread::scope(|scope| {
-            let parts: Vec<_> = windows
+            let parts: Vec<_> = indexed
                 .chunks(per_thread)
                 .map(|part| scope.spawn(move || encode(part)))
                 .collect();
@@ -456,7 +546,7 @@ impl SessionConfig {
                 out.copy_from_slice(payload);
                 Ok(*checksum)
             }
-            None => write_payload(self.layout, window, out),
+            None => write_payload(self.layout, plan.seal_text(index), window, out),
         }
     }
 

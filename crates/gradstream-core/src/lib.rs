@@ -25,7 +25,8 @@
 //! - `codec` (one payload: `writer`, `reader`, and `guard`, the checks on hostile input
 //!   before arrow-rs sees it; CRC-32);
 //! - `output` (where received values go, and the `ValueSink` the reader writes through);
-//! - `frame` (the 16-byte header and the limits), `shape`, `dtype` (metadata rules);
+//! - `frame` (the 16-byte header and the limits), `shape`, `dtype`, `seal` (metadata
+//!   rules: the seal's `TransferId`, `Position`, `Seal` and the receiver's `SealCheck`);
 //! - `error`: the one error type.
 
 pub mod codec;
@@ -41,6 +42,7 @@ pub mod protocol;
 mod reassembler;
 pub mod receiver;
 mod rules;
+pub mod seal;
 pub mod session;
 pub mod shape;
 #[cfg(feature = "tokio")]
@@ -60,4 +62,5 @@ pub use frame::{
 };
 pub use reassembler::Reassembler;
 pub use receiver::FrameReceiver;
+pub use seal::{Position, Seal, SealCheck, TransferId};
 pub use session::{ChunkRef, SessionConfig, DEFAULT_CHUNK_SIZE};

@@ -21,6 +21,8 @@ pub struct Head {
     pub dtype: Option<Dtype>,
     /// `gradstream_tensors`: a tensor set's manifest.
     pub manifest: Option<String>,
+    /// `gradstream_seal`, unchecked text (the receiver's `SealRule` reads it).
+    pub seal: Option<String>,
 }
 
 impl Head {

@@ -2,8 +2,8 @@
 //! applying the decoding rules to each on arrival and leaving the assembly untouched when
 //! a frame is refused.
 //!
-//! Uses `rules` (the checks and `take_chunk`), `session` (`ChunkRef`), `output`, `shape`
-//! and `frame`; used by `receiver`.
+//! Uses `rules` (the checks and `take_chunk`), `session` (`ChunkRef`), `output`, `seal`,
+//! `shape` and `frame`; used by `receiver`.
 
 use std::collections::BTreeMap;
 
@@ -11,6 +11,7 @@ use crate::error::{GradientStreamError, Result};
 use crate::frame::{FrameHeader, Limits};
 use crate::output::{OutSlice, Output, ValueSink};
 use crate::rules::{check_range, check_total, duplicate, take_chunk, DtypeCheck, Receiving};
+use crate::seal::{Position, SealCheck, SealRule, TransferId};
 use crate::session::ChunkRef;
 use crate::shape::ShapeCheck;
 
@@ -34,6 +35,8 @@ pub struct Reassembler {
     reserve_cap: usize,
     shape: ShapeCheck,
     dtypes: DtypeCheck,
+    /// What the chunks' seals must say.
+    seal: SealRule,
     /// bfloat16 comes back as float32.
     bf16_as_f32: bool,
     /// Chunk 0's `gradstream_tensors`, a tensor set's manifest.
@@ -53,6 +56,7 @@ impl Reassembler {
             reserve_cap: reserve_cap.min(limits.max_gradient_len),
             shape: ShapeCheck::default(),
             dtypes: DtypeCheck::default(),
+            seal: SealRule::default(),
             bf16_as_f32: false,
             manifest: None,
         }
@@ -62,6 +66,17 @@ impl Reassembler {
     pub fn bf16_as_f32(mut self, widen: bool) -> Self {
         self.bf16_as_f32 = widen;
         self
+    }
+
+    /// Hold every chunk to `check`, sealed at `position`.
+    pub fn expect_seal(mut self, check: SealCheck, position: Position) -> Self {
+        self.seal = SealRule::new(check, position);
+        self
+    }
+
+    /// The transfer id of the chunks taken so far (the expected one, in `Exact` mode).
+    pub fn transfer(&self) -> Option<TransferId> {
+        self.seal.transfer()
     }
 
     /// Write the values into the caller's buffer instead of a vector of our own.
@@ -132,6 +147,7 @@ impl Reassembler {
         };
         let into = Receiving {
             out,
+            seal: &mut self.seal,
             dtypes: &mut self.dtypes,
             lent,
             bf16_as_f32: self.bf16_as_f32,
@@ -177,6 +193,7 @@ impl Reassembler {
         self.values.truncate(before);
         self.shape.undo(index);
         self.dtypes.undo(index);
+        self.seal.undo(index);
         if index == 0 {
             self.manifest = None;
         }

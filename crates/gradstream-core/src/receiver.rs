@@ -4,12 +4,14 @@
 //! limits and hands each frame to the `Reassembler`. `decode_frames` (here), the tokio
 //! receiver (`stream`) and the bindings' asyncio receiver all drive it.
 //!
-//! Uses `reassembler`, `session`, `frame` and `output`; used by `stream` and `compat`.
+//! Uses `reassembler`, `session`, `seal`, `frame` and `output`; used by `stream`, `compat`
+//! and `tensors`.
 
 use crate::error::{GradientStreamError, Result};
 use crate::frame::{FrameHeader, Limits, HEADER_LEN};
 use crate::output::{OutSlice, Output};
 use crate::reassembler::Reassembler;
+use crate::seal::{Position, SealCheck, TransferId};
 use crate::session::SessionConfig;
 
 impl SessionConfig {
@@ -66,7 +68,9 @@ impl SessionConfig {
         receiver.finish()
     }
 
-    /// A receiver for one gradient arriving frame by frame over a stream.
+    /// A receiver for one gradient arriving frame by frame over a stream, holding seals
+    /// to this session's `seal_check` (a connection's receiver then says what it expects
+    /// exactly: `receiver().expect_seal(SealCheck::Exact(id), Position::Lone)`).
     pub fn receiver(&self) -> FrameReceiver {
         FrameReceiver::new(self, self.limits.max_gradient_len)
     }
@@ -92,12 +96,30 @@ pub struct FrameReceiver {
 
 impl FrameReceiver {
     pub(crate) fn new(config: &SessionConfig, reserve_cap: usize) -> Self {
+        let assembly = Reassembler::new(config.limits, reserve_cap)
+            .bf16_as_f32(config.bf16_as_f32)
+            .expect_seal(config.seal_check(), Position::Lone);
         Self {
             limits: config.limits,
-            assembly: Reassembler::new(config.limits, reserve_cap).bf16_as_f32(config.bf16_as_f32),
+            assembly,
             pending: None,
             offset: 0,
         }
+    }
+
+    /// Hold every chunk's seal to `check`, at `position` (README "Sealed chunks"): a
+    /// connection's receiver expects `SealCheck::Exact` of the id it derives for the
+    /// transfer; a tensor set's receiver gives each gradient its position. Replaces what
+    /// the session's `seal` setting chose.
+    pub fn expect_seal(mut self, check: SealCheck, position: Position) -> Self {
+        self.assembly = self.assembly.expect_seal(check, position);
+        self
+    }
+
+    /// The transfer id of the chunks taken so far (the expected one, for `Exact`); None
+    /// before the first chunk, or when seals are not checked.
+    pub fn transfer(&self) -> Option<TransferId> {
+        self.assembly.transfer()
     }
 
     /// A receiver that writes the gradient into the caller's buffer.

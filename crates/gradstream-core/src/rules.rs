@@ -1,16 +1,19 @@
 //! The decoding rules every receiving path shares (README "Decoding rules"; the
 //! reference's `_rules` follows the same list): totals that agree, indices in range and
-//! new, the CRC before any parsing, the dtype rules (`DtypeCheck`), and the sink one
-//! chunk is decoded through (`take_chunk`). Also `decode_chunks`, which applies them to
-//! chunks given all at once.
+//! new, the CRC before any parsing, the seal (`seal::SealRule`) and the dtype rules
+//! (`DtypeCheck`) once a payload's schema is read, and the sink one chunk is decoded
+//! through (`take_chunk`). Also `decode_chunks`, which applies them to chunks given all
+//! at once.
 //!
 //! Uses `session`, `codec` (the payload reader), `template` (the fast path), `output`,
-//! `shape` and `dtype`; used by `reassembler`, which applies the same rules frame by frame.
+//! `seal`, `shape` and `dtype`; used by `reassembler`, which applies the same rules frame
+//! by frame.
 
 use crate::codec;
 use crate::dtype::Dtype;
 use crate::error::{GradientStreamError, Result};
 use crate::output::{Head, Output, ValueSink};
+use crate::seal::{Position, SealRule};
 use crate::session::{ChunkRef, SessionConfig};
 use crate::shape::ShapeCheck;
 use crate::template::Template;
@@ -49,11 +52,13 @@ impl SessionConfig {
         values.reserve(chunks.iter().map(|c| c.payload.len() / 8).sum());
         let mut shape = ShapeCheck::default();
         let mut dtypes = DtypeCheck::default();
+        let mut seal = SealRule::new(self.seal_check(), Position::Lone);
         let mut manifest = None;
         for c in &chunks {
             let room = self.limits.max_gradient_len.saturating_sub(values.len());
             let into = Receiving {
                 out: &mut values,
+                seal: &mut seal,
                 dtypes: &mut dtypes,
                 lent: None,
                 bf16_as_f32: self.bf16_as_f32,
@@ -116,7 +121,8 @@ fn verify_and_decode(
     // bytes is known, and the values are copied out without going through Arrow.
     let templates = Template::for_payload(payload.len());
     for template in &templates {
-        if let Some((actual, raw)) = template.matches(payload) {
+        if let Some(matched) = template.matches(payload) {
+            let actual = matched.checksum;
             if actual != expected {
                 return Err(GradientStreamError::ChecksumMismatch {
                     chunk_index: index,
@@ -124,10 +130,13 @@ fn verify_and_decode(
                     actual,
                 });
             }
-            // Templates are made for plain float32 payloads without metadata.
-            let head = Head::default();
+            // Templates are made for float32 payloads without metadata but a seal.
+            let head = Head {
+                seal: matched.seal.map(str::to_owned),
+                ..Head::default()
+            };
             out.begin(&head)?;
-            out.put_raw(raw, Dtype::F32);
+            out.put_raw(matched.raw, Dtype::F32);
             return Ok(head);
         }
     }
@@ -140,10 +149,14 @@ fn verify_and_decode(
         });
     }
     let head = codec::decode_payload(payload, out, room).map_err(|e| e.in_chunk(index))?;
-    if templates.is_empty() && head == Head::default() {
+    let unsealed = Head {
+        seal: None,
+        ..head.clone()
+    };
+    if templates.is_empty() && unsealed == Head::default() {
         // A payload size with no template yet: make this count's templates, so that
         // the next payload of this size (a gradient's next full chunk) takes the fast path.
-        Template::learn(out.offered, payload.len());
+        Template::learn(out.offered, payload.len(), head.seal.is_some());
     }
     Ok(head)
 }
@@ -196,11 +209,15 @@ impl DtypeCheck {
     }
 }
 
-/// The sink one chunk is decoded through: the dtype rules, then the output's own type.
+/// The sink one chunk is decoded through: the seal, the dtype rules, then the output's
+/// own type.
 struct Taking<'a> {
     out: &'a mut Output,
+    seal: &'a mut SealRule,
     dtypes: &'a mut DtypeCheck,
     index: u32,
+    /// The chunk's header's total_chunks, which its seal must repeat.
+    total: u32,
     /// The caller's `out=` dtype, which every chunk's values must come back in.
     lent: Option<Dtype>,
     /// bfloat16 comes back as float32 (Python without ml_dtypes).
@@ -215,6 +232,8 @@ struct Taking<'a> {
 
 impl ValueSink for Taking<'_> {
     fn begin(&mut self, head: &Head) -> Result<()> {
+        self.seal
+            .check(self.index, self.total, head.seal.as_deref())?;
         self.dtypes.check(self.index, head)?;
         let result = match head.result() {
             Dtype::BF16 if self.bf16_as_f32 => Dtype::F32,
@@ -244,6 +263,8 @@ impl ValueSink for Taking<'_> {
 pub(crate) struct Receiving<'a> {
     /// Where the values go.
     pub(crate) out: &'a mut Output,
+    /// The seal every chunk is held to, and the transfer the first one taken fixed.
+    pub(crate) seal: &'a mut SealRule,
     /// The dtypes of the chunks taken so far.
     pub(crate) dtypes: &'a mut DtypeCheck,
     /// The caller's `out=` dtype, which every chunk's values must come back in.
@@ -263,8 +284,10 @@ pub(crate) struct Receiving<'a> {
 pub(crate) fn take_chunk(chunk: ChunkRef<'_>, into: Receiving<'_>) -> Result<(Head, usize)> {
     let mut sink = Taking {
         out: into.out,
+        seal: into.seal,
         dtypes: into.dtypes,
         index: chunk.chunk_index,
+        total: chunk.total_chunks,
         lent: into.lent,
         bf16_as_f32: into.bf16_as_f32,
         offered: 0,

@@ -1,5 +1,5 @@
 //! A session's settings: `SessionConfig` (chunk size, compression, layout, limits, how
-//! bfloat16 is handed back), the default chunk size, and `ChunkRef`, the chunk a caller
+//! bfloat16 is handed back, standalone sealing), the default chunk size, and `ChunkRef`, the chunk a caller
 //! hands to `decode_chunks`. Settings only: what belongs to one gradient (its shape, the
 //! dtype it is handed back in, a tensor set's manifest) travels with that gradient
 //! (`encoder::Gradient`), and the timeout is an argument of the tokio I/O (`stream`).
@@ -9,10 +9,11 @@
 //! trailing bytes) turned into errors; the methods live beside the code they drive:
 //! `encoder` (encoding and planning), `rules` (`decode_chunks`), `receiver`
 //! (`decode_frames`, the receivers). Dependencies point down only: this file uses
-//! `codec` (its setting types), `dtype` and `frame`, none of which uses it.
+//! `codec` (its setting types), `dtype`, `frame` and `seal`, none of which uses it.
 
 use crate::codec::{Compression, Layout};
 use crate::frame::Limits;
+use crate::seal::SealCheck;
 
 /// Default chunk size: 65,536 f32 values, 256 KiB of gradient.
 pub const DEFAULT_CHUNK_SIZE: usize = 65_536;
@@ -31,6 +32,12 @@ pub struct SessionConfig {
     /// Hand bfloat16 gradients back as float32 (an exact widening): for a caller with no
     /// bfloat16 type (Python without ml_dtypes).
     pub bf16_as_f32: bool,
+    /// Standalone sealed chunks (README "Sealed chunks"): the senders seal each gradient
+    /// (or tensor set) with a fresh random transfer id, and the receivers expect every
+    /// chunk sealed, all with the first chunk's id (`SealCheck::Consistent`). The seal
+    /// itself is per transfer: it travels with the gradient (`Gradient::sealed`), and a
+    /// connection's exact expectation with its receiver (`FrameReceiver::expect_seal`).
+    pub seal: bool,
 }
 
 /// A chunk to decode, borrowed from wherever the caller keeps it.
@@ -43,6 +50,16 @@ pub struct ChunkRef<'a> {
 }
 
 impl SessionConfig {
+    /// What this session's receivers expect of seals when the caller says nothing more
+    /// (a connection says `SealCheck::Exact`): `Consistent` when it seals, else `Off`.
+    pub fn seal_check(&self) -> SealCheck {
+        if self.seal {
+            SealCheck::Consistent
+        } else {
+            SealCheck::Off
+        }
+    }
+
     pub fn new(session_id: impl Into<String>, chunk_size: usize) -> Self {
         Self {
             session_id: session_id.into(),
@@ -51,6 +68,7 @@ impl SessionConfig {
             limits: Limits::default(),
             layout: Layout::Seed,
             bf16_as_f32: false,
+            seal: false,
         }
     }
 }

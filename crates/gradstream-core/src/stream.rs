@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::encoder::{as_f32, write_payload, Gradient};
+use crate::encoder::{as_f32, kind, write_payload, Gradient};
 use crate::error::{GradientStreamError, Result};
 use crate::frame::{FrameHeader, HEADER_LEN};
 use crate::receiver::{Ended, FrameReceiver};
@@ -144,6 +144,10 @@ pub(crate) async fn within<T>(
 /// A chunk of ours goes out as one vectored write of the header, the template's constant
 /// bytes and the values straight from the caller's memory: no copy of the gradient is made
 /// (see `template.rs`). Chunks without a template are encoded into a reused frame buffer.
+///
+/// Sealed as the gradient says (`Gradient::sealed`: a connection seals each gradient with
+/// the id it derives, `Seal::lone(id)`), else with a fresh random id when the session
+/// seals (`SessionConfig::seal`), else not at all.
 pub async fn send_gradient<'g, W: AsyncWrite + Unpin>(
     config: &SessionConfig,
     gradient: impl Into<Gradient<'g>>,
@@ -152,10 +156,12 @@ pub async fn send_gradient<'g, W: AsyncWrite + Unpin>(
     progress: &Progress,
 ) -> Result<usize> {
     let clock = Clock::running(waits);
-    send_gradient_on(config, gradient.into(), writer, &clock, progress).await
+    let gradient = config.sealing(gradient.into())?;
+    send_gradient_on(config, gradient, writer, &clock, progress).await
 }
 
-/// `send_gradient` under a clock already running (a tensor set's, for its tensors).
+/// `send_gradient` under a clock already running (a tensor set's, for its tensors), of a
+/// gradient already sealed as it is to be sent.
 pub(crate) async fn send_gradient_on<W: AsyncWrite + Unpin>(
     config: &SessionConfig,
     gradient: Gradient<'_>,
@@ -174,8 +180,9 @@ pub(crate) async fn send_gradient_on<W: AsyncWrite + Unpin>(
     for (index, window, payload_len) in plan.chunks() {
         // Planned without encoding, so float32 (aligned: it is the caller's f32 array).
         let values = as_f32(window);
+        let seal = plan.seal_text(index);
         let template = values
-            .and_then(|v| Template::get(config.layout, v.len()))
+            .and_then(|v| Template::get(kind(config.layout, v.len(), seal.is_some())))
             .filter(|t| writer.is_write_vectored() && t.len() == payload_len as usize)
             .zip(values);
         let header = |checksum| FrameHeader {
@@ -185,18 +192,19 @@ pub(crate) async fn send_gradient_on<W: AsyncWrite + Unpin>(
             checksum,
         };
         let head;
+        let pieces;
         let parts: [&[u8]; 4] = match &template {
             Some((t, values)) => {
-                let (pieces, checksum) = t.pieces(values);
-                head = header(checksum).to_bytes();
-                [&head[..], pieces[0], pieces[1], pieces[2]]
+                pieces = t.pieces(values, seal.as_ref());
+                head = header(pieces.checksum).to_bytes();
+                [&head[..], &pieces.prefix, pieces.values, &pieces.suffix]
             }
             None => {
                 // Header and payload in one buffer: two writes would meet Nagle's
                 // algorithm and delayed ACKs on TCP.
                 frame.resize(HEADER_LEN + payload_len as usize, 0);
                 let (head, payload) = frame.split_at_mut(HEADER_LEN);
-                let checksum = write_payload(config.layout, window, payload)?;
+                let checksum = write_payload(config.layout, seal, window, payload)?;
                 head.copy_from_slice(&header(checksum).to_bytes());
                 [&frame[..], &[], &[], &[]]
             }

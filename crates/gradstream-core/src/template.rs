@@ -13,12 +13,22 @@
 //! Both give bit for bit what the Arrow path gives: the template is built by the Arrow
 //! writer itself, and checked through the full decoder before it is used (see `build`).
 //!
-//! Uses `codec` (to build and check templates) and `dtype`; used by `encoder`, `rules`
-//! and `stream`.
+//! A *sealed* template (README "Sealed chunks") also leaves out the seal's value, which
+//! has one width whatever it says and sits twice in every payload: in the schema message
+//! before the values and in the footer's copy of the schema after them. Writing a sealed
+//! chunk patches both copies; its CRC starts from the CRC of the bytes before the first
+//! copy (recomputing the few hundred bytes from there to the values costs less than
+//! combining CRCs would). A received payload matches a sealed template when it is the
+//! template's outside the values and the two copies, and the two copies are the same text.
+//!
+//! Uses `codec` (to build and check templates), `seal` and `dtype`; used by `encoder`,
+//! `rules` and `stream`.
 
+use std::borrow::Cow;
 use std::sync::{Arc, Mutex};
 
-use crate::codec::{self, Layout};
+use crate::codec::{self, Encoding, Layout};
+use crate::seal::{Position, Seal, SealText, TransferId, SEAL_LEN};
 
 /// Bytes copied and CRC'd at a time: well inside L1/L2, so the second touch is a hit.
 const BLOCK: usize = 16 * 1024;
@@ -92,53 +102,119 @@ impl Cache {
         found
     }
 
-    fn known(&self, layout: Layout, values: usize) -> Option<Arc<Template>> {
-        let found = self.find(|t| t.layout == layout && t.values == values);
+    fn known(&self, kind: Kind) -> Option<Arc<Template>> {
+        let found = self.find(|t| t.kind == kind);
         found.into_iter().next()
     }
 
-    /// The template of (layout, values), from either shelf or built onto `shelf`.
-    fn get_onto(&self, shelf: &Shelf, layout: Layout, values: usize) -> Option<Arc<Template>> {
-        if values == 0 || values > MAX_VALUES {
+    /// The template of `kind`, from either shelf or built onto `shelf`.
+    fn get_onto(&self, shelf: &Shelf, kind: Kind) -> Option<Arc<Template>> {
+        if kind.values == 0 || kind.values > MAX_VALUES {
             return None;
         }
-        if let Some(found) = self.known(layout, values) {
+        if let Some(found) = self.known(kind) {
             return Some(found);
         }
-        let built = Arc::new(Template::build(layout, values)?);
+        let built = Arc::new(Template::build(kind)?);
         shelf.put(built.clone());
         Some(built)
     }
 
-    fn learn(&self, values: usize, payload_len: usize) {
+    fn learn(&self, values: usize, payload_len: usize, sealed: bool) {
         // Any payload of ours is at least 4 bytes a value: a larger count is not ours.
         if values.saturating_mul(4) < payload_len {
             for layout in [Layout::Seed, Layout::Compact] {
-                self.get_onto(&self.learned, layout, values);
+                let kind = Kind {
+                    layout,
+                    values,
+                    sealed,
+                };
+                self.get_onto(&self.learned, kind);
             }
         }
     }
 }
 
-/// A payload with its value bytes marked out. See the module comment.
+/// What a template is of: the payloads of `values` float32 values in `layout`, sealed or
+/// not (a seal's text has one width, so every sealed payload of a count has one length).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kind {
+    pub layout: Layout,
+    pub values: usize,
+    pub sealed: bool,
+}
+
+/// Where a sealed template's seal sits: its copy in the schema message (before the
+/// values) and its copy in the footer (after them).
+#[derive(Clone, Copy, Debug)]
+struct SealAt {
+    message: usize,
+    footer: usize,
+}
+
+/// A payload cut into what goes out: the bytes before the values (with the seal patched
+/// in, for a sealed template), the values as they lie in memory, the bytes after them.
+pub struct Pieces<'a> {
+    pub prefix: Cow<'a, [u8]>,
+    pub values: &'a [u8],
+    pub suffix: Cow<'a, [u8]>,
+    pub checksum: u32,
+}
+
+/// A payload that matched a template: its CRC-32, its value bytes and, sealed, its seal's
+/// text (the same in both copies).
+pub struct Matched<'p> {
+    pub checksum: u32,
+    pub raw: &'p [u8],
+    pub seal: Option<&'p str>,
+}
+
+/// A payload with its value bytes (and, sealed, its seal's two copies) marked out. See
+/// the module comment.
 #[derive(Debug)]
 pub struct Template {
-    layout: Layout,
-    values: usize,
+    kind: Kind,
+    /// A payload of the kind (sealed: with a placeholder seal).
     bytes: Vec<u8>,
     /// Where the value bytes start; they run for `4 * values` bytes.
     values_at: usize,
-    /// CRC-32 of `bytes[..values_at]`.
+    seal_at: Option<SealAt>,
+    /// The byte ranges that are the same in every payload of the kind: all but the values
+    /// and the seal's copies.
+    constant: Vec<(usize, usize)>,
+    /// CRC-32 of the constant bytes up to the first thing that varies: `bytes[..values_at]`,
+    /// or, sealed, the bytes before the seal's first copy.
     prefix_crc: u32,
 }
 
+/// The placeholder seals a sealed template is found with: two texts that differ in
+/// every hex digit.
+fn placeholder(byte: u8) -> SealText {
+    let word = u32::from_ne_bytes([byte; 4]);
+    Seal {
+        transfer: TransferId([byte; 16]),
+        position: Position::Tensor(word),
+    }
+    .text(word, word)
+}
+
+/// The offsets at which `text` occurs in `bytes`.
+fn occurrences(bytes: &[u8], text: &[u8]) -> Vec<usize> {
+    bytes
+        .windows(text.len())
+        .enumerate()
+        .filter(|(_, w)| *w == text)
+        .map(|(at, _)| at)
+        .collect()
+}
+
 impl Template {
-    /// The template of `values`-value payloads in `layout`, from the cache or built now
-    /// (for a sender: onto the shelf of sizes our senders chose). None when it is too large
-    /// to keep or the writer's output has a shape we do not know (then the Arrow path is
-    /// used, with the same result).
-    pub fn get(layout: Layout, values: usize) -> Option<Arc<Self>> {
-        CACHE.get_onto(&CACHE.made, layout, values)
+    /// The template of `kind`, from the cache or built now (for a sender: onto the shelf
+    /// of sizes our senders chose). None when it is too large to keep or the writer's
+    /// output has a shape we do not know (then the Arrow path is used, with the same
+    /// result).
+    pub fn get(kind: Kind) -> Option<Arc<Self>> {
+        CACHE.get_onto(&CACHE.made, kind)
     }
 
     /// The cached templates `payload_len` bytes long (at most one per layout and shelf).
@@ -146,46 +222,96 @@ impl Template {
         CACHE.find(|t| t.bytes.len() == payload_len)
     }
 
-    /// A payload of `payload_len` bytes decoded to `values` values the slow way: make the
-    /// templates of that count (on the learned shelf), so later payloads like it take the
-    /// fast path.
-    pub fn learn(values: usize, payload_len: usize) {
-        CACHE.learn(values, payload_len);
+    /// A payload of `payload_len` bytes decoded to `values` values the slow way (sealed or
+    /// not): make the templates of that count (on the learned shelf), so later payloads
+    /// like it take the fast path.
+    pub fn learn(values: usize, payload_len: usize, sealed: bool) {
+        CACHE.learn(values, payload_len, sealed);
     }
 
-    /// Encode two payloads whose values differ in every byte; the bytes that differ must
-    /// be exactly one run of `4 * values`, the values, and the result must decode to them.
-    fn build(layout: Layout, values: usize) -> Option<Self> {
+    /// Encode two payloads whose values differ in every byte (and, sealed, whose seals
+    /// differ in every hex digit); the seal's text must be found exactly twice, at the
+    /// same places in both, one copy before the values and one after; the other bytes
+    /// that differ must be exactly one run of `4 * values`, the values; and each payload
+    /// must decode to its own values and seal.
+    fn build(kind: Kind) -> Option<Self> {
+        let Kind {
+            layout,
+            values,
+            sealed,
+        } = kind;
         let ones = vec![f32::from_bits(0x0101_0101); values];
         let twos = vec![f32::from_bits(0x0202_0202); values];
-        let a = codec::encode_payload(layout, &ones).ok()?;
-        let b = codec::encode_payload(layout, &twos).ok()?;
+        let (seal_a, seal_b) = (placeholder(0x5a), placeholder(0xa5));
+        let encoding = |seal| Encoding::from(layout).sealed(sealed.then_some(seal));
+        let a = codec::encode_payload(encoding(seal_a), &ones).ok()?;
+        let mut b = codec::encode_payload(encoding(seal_b), &twos).ok()?;
         if a.len() != b.len() {
             return None;
         }
+        let seal_at = if sealed {
+            let (found_a, found_b) = (occurrences(&a, &seal_a.0), occurrences(&b, &seal_b.0));
+            let [message, footer] = found_a[..] else {
+                return None;
+            };
+            if found_b != found_a {
+                return None;
+            }
+            // The seals told apart, the values are what is left to differ.
+            for at in [message, footer] {
+                b[at..at + SEAL_LEN].copy_from_slice(&seal_a.0);
+            }
+            Some(SealAt { message, footer })
+        } else {
+            None
+        };
         let values_at = a.iter().zip(&b).position(|(x, y)| x != y)?;
         let end = values_at + 4 * values;
         let differs_only_there = a[end.min(a.len())..] == b[end.min(b.len())..]
             && a.get(values_at..end)?.iter().all(|&x| x == 0x01)
             && b.get(values_at..end)?.iter().all(|&x| x == 0x02);
-        // Both must decode to their own values: the decoder reads the values from the run
-        // that differs, not from some constant run that happens to look alike.
-        let decodes_to = |payload: &[u8], bits: u32| {
+        let around_the_values =
+            seal_at.is_none_or(|at| at.message + SEAL_LEN <= values_at && at.footer >= end);
+        if let Some(at) = seal_at {
+            for at in [at.message, at.footer] {
+                b[at..at + SEAL_LEN].copy_from_slice(&seal_b.0);
+            }
+        }
+        // Both must decode to their own values (the decoder reads the values from the run
+        // that differs, not from some constant run that happens to look alike) and seals.
+        let decodes_to = |payload: &[u8], bits: u32, seal: SealText| {
             let mut decoded = Vec::with_capacity(values);
-            codec::decode_payload(payload, &mut decoded, values).is_ok()
+            let head = codec::decode_payload(payload, &mut decoded, values);
+            let seal = sealed.then(|| seal.as_str().to_string());
+            head.is_ok_and(|head| head.seal == seal)
                 && decoded.len() == values
                 && decoded.iter().all(|v| v.to_bits() == bits)
         };
-        let decodes_to_them = decodes_to(&a, 0x0101_0101) && decodes_to(&b, 0x0202_0202);
-        if !(differs_only_there && decodes_to_them) {
+        let decodes_to_them =
+            decodes_to(&a, 0x0101_0101, seal_a) && decodes_to(&b, 0x0202_0202, seal_b);
+        if !(differs_only_there && around_the_values && decodes_to_them) {
             return None;
         }
-        let prefix_crc = codec::checksum(&a[..values_at]);
+        let first_varying = seal_at.map_or(values_at, |at| at.message);
+        let prefix_crc = codec::checksum(&a[..first_varying]);
+        let mut varying = vec![(values_at, end)];
+        if let Some(at) = seal_at {
+            varying.extend([at.message, at.footer].map(|at| (at, at + SEAL_LEN)));
+        }
+        varying.sort_unstable();
+        let mut constant = Vec::with_capacity(varying.len() + 1);
+        let mut from = 0;
+        for (start, stop) in varying {
+            constant.push((from, start));
+            from = stop;
+        }
+        constant.push((from, a.len()));
         Some(Self {
-            layout,
-            values,
+            kind,
             bytes: a,
             values_at,
+            seal_at,
+            constant,
             prefix_crc,
         })
     }
@@ -195,65 +321,131 @@ impl Template {
         self.bytes.len()
     }
 
-    fn suffix(&self) -> &[u8] {
-        &self.bytes[self.values_at + 4 * self.values..]
+    fn values_end(&self) -> usize {
+        self.values_at + 4 * self.kind.values
     }
 
-    /// The payload of `values` (exactly as many as the template was made for) into `out` (exactly
+    /// The bytes before the values, with `seal` in place (sealed) or as they are.
+    fn prefix(&self, seal: Option<&SealText>) -> Cow<'_, [u8]> {
+        let prefix = &self.bytes[..self.values_at];
+        self.patched(prefix, 0, seal)
+    }
+
+    /// The bytes after the values, likewise.
+    fn suffix(&self, seal: Option<&SealText>) -> Cow<'_, [u8]> {
+        let suffix = &self.bytes[self.values_end()..];
+        self.patched(suffix, self.values_end(), seal)
+    }
+
+    /// `part` (the template's bytes from `start`) with `seal` over the copy it holds.
+    fn patched<'a>(&self, part: &'a [u8], start: usize, seal: Option<&SealText>) -> Cow<'a, [u8]> {
+        let (Some(at), Some(seal)) = (self.seal_at, seal) else {
+            return Cow::Borrowed(part);
+        };
+        let within = [at.message, at.footer]
+            .into_iter()
+            .find(|&at| at >= start && at + SEAL_LEN <= start + part.len());
+        let Some(at) = within else {
+            return Cow::Borrowed(part);
+        };
+        let mut owned = part.to_vec();
+        owned[at - start..at - start + SEAL_LEN].copy_from_slice(&seal.0);
+        Cow::Owned(owned)
+    }
+
+    /// The CRC-32 of a payload whose bytes from the first varying one (the seal's first
+    /// copy, or the values) are `prefix[from..]`, `raw` then `suffix`.
+    fn checksum_of(&self, prefix: &[u8], raw: &[u8], suffix: &[u8]) -> u32 {
+        let from = self.seal_at.map_or(self.values_at, |at| at.message);
+        let mut crc = crc32fast::Hasher::new_with_initial(self.prefix_crc);
+        crc.update(&prefix[from..]);
+        crc.update(raw);
+        crc.update(suffix);
+        crc.finalize()
+    }
+
+    /// Check that `seal` is given exactly when the template is sealed, and `values` is
+    /// its count.
+    fn check_args(&self, values: &[f32], seal: Option<&SealText>) {
+        assert_eq!(values.len(), self.kind.values, "template of another size");
+        assert_eq!(seal.is_some(), self.kind.sealed, "template of another kind");
+    }
+
+    /// The payload of `values` (exactly as many as the template was made for), sealed
+    /// with `seal` (exactly when the template is sealed), into `out` (exactly
     /// `self.len()` bytes); its CRC-32.
-    pub fn write(&self, values: &[f32], out: &mut [u8]) -> u32 {
-        assert_eq!(values.len(), self.values, "template of another size");
+    pub fn write(&self, values: &[f32], seal: Option<&SealText>, out: &mut [u8]) -> u32 {
+        self.check_args(values, seal);
         let raw = crate::dtype::f32_bytes(values);
         let (prefix, rest) = out.split_at_mut(self.values_at);
         let (body, suffix) = rest.split_at_mut(raw.len());
-        prefix.copy_from_slice(&self.bytes[..self.values_at]);
-        suffix.copy_from_slice(self.suffix());
+        prefix.copy_from_slice(&self.prefix(seal));
+        suffix.copy_from_slice(&self.suffix(seal));
+        let from = self.seal_at.map_or(self.values_at, |at| at.message);
         let mut crc = crc32fast::Hasher::new_with_initial(self.prefix_crc);
+        crc.update(&prefix[from..]);
         // Copy and CRC one cache-sized block at a time: the CRC reads what the copy just
         // brought into cache, instead of a second pass over memory.
         for (from, to) in raw.chunks(BLOCK).zip(body.chunks_mut(BLOCK)) {
             to.copy_from_slice(from);
             crc.update(from);
         }
-        crc.update(self.suffix());
+        crc.update(suffix);
         crc.finalize()
     }
 
-    /// The pieces of the payload of `values`, for a vectored write: the prefix, the
-    /// values as they lie in memory, the suffix; and its CRC-32.
+    /// The pieces of the payload of `values` sealed with `seal` (as for `write`), for a
+    /// vectored write, and its CRC-32.
     // Only the tokio sender (feature `tokio`) writes vectored.
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-    pub fn pieces<'a>(&'a self, values: &'a [f32]) -> ([&'a [u8]; 3], u32) {
-        assert_eq!(values.len(), self.values, "template of another size");
+    pub fn pieces<'a>(&'a self, values: &'a [f32], seal: Option<&SealText>) -> Pieces<'a> {
+        self.check_args(values, seal);
         let raw = crate::dtype::f32_bytes(values);
-        (
-            [&self.bytes[..self.values_at], raw, self.suffix()],
-            self.checksum_of(raw),
-        )
+        let (prefix, suffix) = (self.prefix(seal), self.suffix(seal));
+        let checksum = self.checksum_of(&prefix, raw, &suffix);
+        Pieces {
+            prefix,
+            values: raw,
+            suffix,
+            checksum,
+        }
     }
 
-    fn checksum_of(&self, raw: &[u8]) -> u32 {
-        let mut crc = crc32fast::Hasher::new_with_initial(self.prefix_crc);
-        crc.update(raw);
-        crc.update(self.suffix());
-        crc.finalize()
-    }
-
-    /// When `payload` is this template's but for its values: its CRC-32 and its value
-    /// bytes. Then decoding it through Arrow would give exactly those values. (The CRC
-    /// comes first and the copy after, as on the Arrow path: fusing the two per block, as
+    /// When `payload` is this template's but for its values (and, sealed, its seal, the
+    /// same UTF-8 text in both copies): its CRC-32, value bytes and seal. Then decoding
+    /// it through Arrow would give exactly those values and that seal. (The CRC comes
+    /// first and the copy after, as on the Arrow path: fusing the two per block, as
     /// `write` does, measured no faster here, and a corrupt payload's values are then
     /// never handed on.)
-    pub fn matches<'p>(&self, payload: &'p [u8]) -> Option<(u32, &'p [u8])> {
-        let end = self.values_at + 4 * self.values;
-        if payload.len() != self.bytes.len()
-            || payload[..self.values_at] != self.bytes[..self.values_at]
-            || payload[end..] != *self.suffix()
+    pub fn matches<'p>(&self, payload: &'p [u8]) -> Option<Matched<'p>> {
+        let end = self.values_end();
+        if payload.len() != self.bytes.len() {
+            return None;
+        }
+        let seal = match self.seal_at {
+            None => None,
+            Some(at) => {
+                let message = &payload[at.message..at.message + SEAL_LEN];
+                if payload[at.footer..at.footer + SEAL_LEN] != *message {
+                    return None;
+                }
+                Some(std::str::from_utf8(message).ok()?)
+            }
+        };
+        if !self
+            .constant
+            .iter()
+            .all(|&(from, to)| payload[from..to] == self.bytes[from..to])
         {
             return None;
         }
         let raw = &payload[self.values_at..end];
-        Some((self.checksum_of(raw), raw))
+        let checksum = self.checksum_of(&payload[..self.values_at], raw, &payload[end..]);
+        Some(Matched {
+            checksum,
+            raw,
+            seal,
+        })
     }
 }
 
@@ -267,71 +459,123 @@ mod tests {
             .collect()
     }
 
+    fn kind(layout: Layout, values: usize, sealed: bool) -> Kind {
+        Kind {
+            layout,
+            values,
+            sealed,
+        }
+    }
+
+    fn a_seal(index: u32, total: u32) -> SealText {
+        let id = TransferId::from_hex("fb1ea9060e8375d9842202a20885dc6b").unwrap();
+        Seal::lone(id).text(index, total)
+    }
+
     #[test]
     fn writes_what_the_arrow_writer_writes_with_its_crc() {
         for layout in [Layout::Seed, Layout::Compact] {
-            for n in [1, 2, 3, 7, 8, 1000, 4096, 65_537] {
-                let values = sample(n);
-                let t = Template::get(layout, n).expect("a template for our own writer");
-                let expected = codec::encode_payload(layout, &values).unwrap();
-                let mut out = vec![0u8; t.len()];
-                let crc = t.write(&values, &mut out);
-                assert_eq!(out, expected, "{layout:?} n={n}");
-                assert_eq!(crc, codec::checksum(&expected));
-                let ([a, b, c], crc2) = t.pieces(&values);
-                assert_eq!([a, b, c].concat(), expected);
-                assert_eq!(crc2, crc);
-                let (crc3, raw) = t.matches(&expected).expect("our payload matches");
-                assert_eq!(crc3, crc);
-                assert_eq!(raw, crate::dtype::f32_bytes(&values));
+            for sealed in [false, true] {
+                for n in [1, 2, 3, 7, 8, 1000, 4096, 65_537] {
+                    let values = sample(n);
+                    let seal = sealed.then(|| a_seal(3, 9));
+                    let t = Template::get(kind(layout, n, sealed)).expect("a template of ours");
+                    let encoding = Encoding::from(layout).sealed(seal);
+                    let expected = codec::encode_payload(encoding, &values).unwrap();
+                    let mut out = vec![0u8; t.len()];
+                    let crc = t.write(&values, seal.as_ref(), &mut out);
+                    assert_eq!(out, expected, "{layout:?} n={n} sealed={sealed}");
+                    assert_eq!(crc, codec::checksum(&expected));
+                    let pieces = t.pieces(&values, seal.as_ref());
+                    assert_eq!(
+                        [&*pieces.prefix, pieces.values, &*pieces.suffix].concat(),
+                        expected
+                    );
+                    assert_eq!(pieces.checksum, crc);
+                    let matched = t.matches(&expected).expect("our payload matches");
+                    assert_eq!(matched.checksum, crc);
+                    assert_eq!(matched.raw, crate::dtype::f32_bytes(&values));
+                    assert_eq!(matched.seal, seal.as_ref().map(SealText::as_str));
+                }
             }
         }
     }
 
     #[test]
     fn a_payload_that_differs_outside_the_values_does_not_match() {
-        let t = Template::get(Layout::Seed, 100).unwrap();
-        let payload = codec::encode_payload(Layout::Seed, &sample(100)).unwrap();
-        for i in (0..payload.len()).step_by(7) {
-            let mut bad = payload.clone();
-            bad[i] ^= 0x40;
-            let inside_values = i >= t.values_at && i < t.values_at + 400;
-            assert_eq!(t.matches(&bad).is_some(), inside_values, "byte {i}");
+        for sealed in [false, true] {
+            let t = Template::get(kind(Layout::Seed, 100, sealed)).unwrap();
+            let seal = sealed.then(|| a_seal(0, 1));
+            let encoding = Encoding::from(Layout::Seed).sealed(seal);
+            let payload = codec::encode_payload(encoding, &sample(100)).unwrap();
+            let seals = t.seal_at.map_or(vec![], |at| vec![at.message, at.footer]);
+            for i in (0..payload.len()).step_by(7) {
+                let mut bad = payload.clone();
+                bad[i] ^= 0x40;
+                let inside_values = i >= t.values_at && i < t.values_at + 400;
+                let in_a_seal = seals.iter().any(|&at| i >= at && i < at + SEAL_LEN);
+                // A seal changed in one copy only is not the template's (the Arrow path
+                // reads the footer's); changed in both, it is, with the new text.
+                assert_eq!(t.matches(&bad).is_some(), inside_values, "byte {i}");
+                if in_a_seal {
+                    let at = seals
+                        .iter()
+                        .find(|&&at| i >= at && i < at + SEAL_LEN)
+                        .unwrap();
+                    for &other in &seals {
+                        bad[other + (i - at)] = bad[i];
+                    }
+                    let matched = t.matches(&bad).expect("the same seal in both copies");
+                    assert_ne!(matched.seal, seal.as_ref().map(SealText::as_str));
+                }
+            }
+            assert!(t.matches(&payload[1..]).is_none());
+            // The other layout's payload of as many values is not this template's.
+            let compact = Encoding::from(Layout::Compact).sealed(seal);
+            let compact = codec::encode_payload(compact, &sample(100)).unwrap();
+            assert!(t.matches(&compact).is_none());
         }
-        assert!(t.matches(&payload[1..]).is_none());
-        // The other layout's payload of as many values is not this template's.
-        let compact = codec::encode_payload(Layout::Compact, &sample(100)).unwrap();
-        assert!(t.matches(&compact).is_none());
+        // A seal copy that is not UTF-8 is left to the Arrow path, which refuses it.
+        let t = Template::get(kind(Layout::Compact, 10, true)).unwrap();
+        let encoding = Encoding::from(Layout::Compact).sealed(Some(a_seal(0, 1)));
+        let mut payload = codec::encode_payload(encoding, &sample(10)).unwrap();
+        let at = t.seal_at.unwrap();
+        payload[at.message] = 0xff;
+        payload[at.footer] = 0xff;
+        assert!(t.matches(&payload).is_none());
     }
 
     #[test]
     fn what_peers_teach_never_evicts_what_senders_made() {
         // A cache of its own: the process's is shared with the tests running beside.
         let cache = Cache::new();
-        let made = cache.get_onto(&cache.made, Layout::Compact, 300).unwrap();
+        let made = cache
+            .get_onto(&cache.made, kind(Layout::Compact, 300, false))
+            .unwrap();
         // A peer cycling through 20 payload sizes, each learned in both layouts.
         for n in 1..=20 {
-            cache.learn(1000 + n, 8 * (1000 + n) + 600);
+            cache.learn(1000 + n, 8 * (1000 + n) + 600, n % 2 == 0);
         }
         let again = cache
-            .known(Layout::Compact, 300)
+            .known(kind(Layout::Compact, 300, false))
             .expect("still on its shelf");
         assert!(Arc::ptr_eq(&made, &again));
         assert_eq!(cache.learned.find(|_| true).len(), LEARNED_SLOTS);
         assert_eq!(cache.made.find(|_| true).len(), 1);
         // A count no payload of ours could carry in that many bytes is not learned.
         let before = cache.learned.find(|_| true);
-        cache.learn(5000, 5000);
+        cache.learn(5000, 5000, false);
         let after = cache.learned.find(|_| true);
         assert!(before.iter().zip(&after).all(|(a, b)| Arc::ptr_eq(a, b)));
-        // What was learned serves a payload of that size.
-        let last = cache.learned.find(|t| t.values == 1020);
+        // What was learned serves a payload of that size, sealed as it was.
+        let last = cache.learned.find(|t| t.kind.values == 1020);
         assert_eq!(last.len(), 2);
+        assert!(last.iter().all(|t| t.kind.sealed));
     }
 
     #[test]
     fn no_template_for_nothing_or_for_huge_chunks() {
-        assert!(Template::get(Layout::Seed, 0).is_none());
-        assert!(Template::get(Layout::Compact, MAX_VALUES + 1).is_none());
+        assert!(Template::get(kind(Layout::Seed, 0, false)).is_none());
+        assert!(Template::get(kind(Layout::Compact, MAX_VALUES + 1, true)).is_none());
     }
 }

@@ -164,7 +164,8 @@ impl Engine {
     #[new]
     #[pyo3(signature = (
         session_id, chunk_size, *, max_payload_len, max_gradient_len, timeout, deadline,
-        layout, compression, keep_shape, keep_dtype, wire_dtype, bf16_as_f32,
+        layout, compression, keep_shape, keep_dtype, wire_dtype, seal,
+        bf16_as_f32,
     ))]
     // The constructor's keywords are the session's settings, one argument each.
     #[allow(clippy::too_many_arguments)]
@@ -181,6 +182,7 @@ impl Engine {
         keep_shape: Flag,
         keep_dtype: Flag,
         wire_dtype: Option<&Bound<'_, PyAny>>,
+        seal: Flag,
         bf16_as_f32: bool,
     ) -> PyResult<Self> {
         let args = SettingArgs {
@@ -195,6 +197,7 @@ impl Engine {
             keep_shape,
             keep_dtype,
             wire_dtype,
+            seal,
             bf16_as_f32,
         };
         Ok(args.parse(py)?.into())
@@ -227,6 +230,13 @@ impl Engine {
     #[getter]
     fn keep_shape(&self) -> bool {
         self.keep_shape
+    }
+
+    /// Whether each gradient (or set) is sealed with a fresh random transfer id, and
+    /// receivers expect every chunk sealed alike (README "Sealed chunks").
+    #[getter]
+    fn seal(&self) -> bool {
+        self.config.seal
     }
 
     #[getter]
@@ -634,14 +644,17 @@ impl Engine {
     }
 
     /// The frames of a tensor set's manifest: an empty gradient whose payload carries
-    /// `text` as its `gradstream_tensors` metadata.
+    /// `text` as its `gradstream_tensors` metadata, unsealed (a test's seam, whatever the
+    /// session's `seal`).
     fn encode_manifest<'py>(&self, py: Python<'py>, text: &str) -> PyResult<Bound<'py, PyBytes>> {
         let meta = GradientMeta {
             manifest: Some(text.into()),
             ..GradientMeta::default()
         };
         let nothing = Gradient::from(&[][..]).with_meta(&meta);
-        let wire = self.config.encode_frames(nothing).py_err(py)?;
+        let mut unsealed = self.config.clone();
+        unsealed.seal = false;
+        let wire = unsealed.encode_frames(nothing).py_err(py)?;
         Ok(PyBytes::new(py, &wire))
     }
 

@@ -43,6 +43,7 @@ pub struct SettingArgs<'a, 'py> {
     pub keep_shape: Flag,
     pub keep_dtype: Flag,
     pub wire_dtype: Option<&'a Bound<'py, PyAny>>,
+    pub seal: Flag,
     /// Hand bfloat16 gradients back as float32: Python has no bfloat16 dtype (ml_dtypes
     /// is not installed), as the Python session saw when it was made.
     pub bf16_as_f32: bool,
@@ -67,7 +68,9 @@ impl SettingArgs<'_, '_> {
         let keep_shape = self.keep_shape.get("keep_shape")?;
         let keep_dtype = self.keep_dtype.get("keep_dtype")?;
         let wire_dtype = wire_dtype_arg(self.wire_dtype)?;
+        let seal = self.seal.get("seal")?;
         let mut config = SessionConfig::new(self.session_id, chunk_size);
+        config.seal = seal;
         config.bf16_as_f32 = self.bf16_as_f32;
         config.limits = limits;
         config.layout = layout;

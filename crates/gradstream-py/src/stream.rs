@@ -22,6 +22,7 @@ use super::errors::IntoPyResult;
 use gradstream_core::error::{GradientStreamError, Result};
 use gradstream_core::output::Output;
 use gradstream_core::receiver::{Ended, FrameReceiver};
+use gradstream_core::seal::Seal;
 use gradstream_core::session::SessionConfig;
 use gradstream_core::stream::{Progress, Waits};
 
@@ -283,6 +284,8 @@ impl AsyncWrite for SocketIo {
 pub struct FrameEncoder {
     config: SessionConfig,
     gradient: HeldGradient,
+    /// The gradient's seal, when the session seals.
+    seal: Option<Seal>,
     progress: Arc<Progress>,
     waits: Waits,
     /// Frames encoded so far, and those the stream has taken whole (`sent`).
@@ -301,10 +304,13 @@ impl FrameEncoder {
         let py = input.bytes.py();
         let gradient = HeldGradient::new(&input)?;
         let total = config.chunk_count(gradient.gradient().len()).py_err(py)?;
+        // One seal for all the gradient's frames, drawn before the first.
+        let seal = config.draw_seal().py_err(py)?;
         progress.add_total(total);
         Ok(Self {
             config,
             gradient,
+            seal,
             progress,
             waits,
             next: 0,
@@ -330,8 +336,9 @@ impl FrameEncoder {
             return Ok(None);
         }
         let (config, gradient, index) = (&self.config, &self.gradient, self.next);
+        let sealed = gradient.gradient().seal_with(self.seal);
         let frame = py
-            .detach(|| config.encode_frame(gradient.gradient(), index))
+            .detach(|| config.encode_frame(sealed, index))
             .py_err(py)?;
         self.next += 1;
         Ok(Some(PyBytes::new(py, &frame)))

@@ -22,9 +22,12 @@ use super::stream::{expired, waits_in_seconds};
 use gradstream_core::dtype::Dtype;
 use gradstream_core::encoder::{Gradient, GradientMeta};
 use gradstream_core::error::GradientStreamError;
+use gradstream_core::seal::TransferId;
 use gradstream_core::session::SessionConfig;
 use gradstream_core::stream::{Progress, Waits};
-use gradstream_core::tensors::encode::{check_tensors, tensor_gradient, tensor_meta};
+use gradstream_core::tensors::encode::{
+    check_tensors, set_transfer, tensor_gradient, tensor_meta, tensor_seal,
+};
 use gradstream_core::tensors::manifest::unencodable_name_detail;
 use gradstream_core::tensors::{
     check_name, manifest_frame, note, Doing, Entry, TensorSet, TensorSetReceiver,
@@ -166,6 +169,8 @@ pub struct TensorFrameEncoder {
     wire_dtype: Option<Dtype>,
     tensors: HeldTensors,
     metas: Vec<GradientMeta>,
+    /// The set's transfer id, when the session seals: every frame carries it.
+    transfer: Option<TransferId>,
     manifest: Option<Vec<u8>>,
     progress: Arc<Progress>,
     waits: Waits,
@@ -186,7 +191,8 @@ impl TensorFrameEncoder {
         let gradients = tensors.gradients();
         check_tensors(&gradients, Doing::Sending).py_err(py)?;
         let entries: Vec<Entry> = gradients.into_iter().map(|(entry, _)| entry).collect();
-        let manifest = manifest_frame(&config, &entries).py_err(py)?;
+        let transfer = set_transfer(&config).py_err(py)?;
+        let manifest = manifest_frame(&config, &entries, transfer).py_err(py)?;
         let metas = entries
             .iter()
             .map(|entry| tensor_meta(entry, wire_dtype.unwrap_or(entry.dtype)))
@@ -196,6 +202,7 @@ impl TensorFrameEncoder {
             wire_dtype,
             tensors,
             metas,
+            transfer,
             manifest: Some(manifest),
             progress,
             waits,
@@ -275,7 +282,8 @@ impl TensorFrameEncoder {
         let Some((entry, values)) = self.tensors.tensor(k) else {
             return Ok(None);
         };
-        let gradient = tensor_gradient(entry, &values, self.wire_dtype, &self.metas[k]);
+        let gradient = tensor_gradient(entry, &values, self.wire_dtype, &self.metas[k])
+            .seal_with(tensor_seal(self.transfer, k));
         let config = &self.config;
         let frame = py
             .detach(|| config.encode_frame(gradient, next - 1))

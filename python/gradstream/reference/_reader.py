@@ -21,6 +21,7 @@ import pyarrow.ipc
 from .._dtypes import DTYPE_KEY, DTYPES, is_bfloat16_type
 from ..errors import ArrowIpcError
 from ._guard import _check_compressed_batches, _check_footer
+from ._seal import SEAL_KEY
 from ._wire import _ARROW_TYPES, _STORAGE, MANIFEST_KEY, SHAPE_KEY, USIZE_MAX
 
 # What pyarrow raises for bytes it cannot read: its own exception classes, plain OSError
@@ -96,6 +97,7 @@ class _Head(NamedTuple):
     result: str | None  # gradient_dtype metadata (one of DTYPES), None when absent
     shape: str | None  # gradient_shape metadata, raw (checked after the batches)
     manifest: str | None  # gradstream_tensors metadata, raw
+    seal: str | None  # gradstream_seal metadata, raw (the receiver's _SealTracker reads it)
 
     @property
     def name(self) -> str:
@@ -133,7 +135,14 @@ def _open_payload(
     result = metadata.get(DTYPE_KEY)
     if result is not None and result not in DTYPES:
         raise ArrowIpcError(BAD_DTYPE, chunk_index)
-    head = _Head(column, dtype, result, metadata.get(SHAPE_KEY), metadata.get(MANIFEST_KEY))
+    head = _Head(
+        column,
+        dtype,
+        result,
+        metadata.get(SHAPE_KEY),
+        metadata.get(MANIFEST_KEY),
+        metadata.get(SEAL_KEY),
+    )
     return reader, head
 
 

@@ -32,6 +32,7 @@ from ._rules import (
     _ShapeTracker,
     _verify_checksum,
 )
+from ._seal import _SealTracker
 from ._wire import HEADER, HEADER_LEN
 
 # Unsigned integers of each width, to move values of any dtype as raw bits.
@@ -92,6 +93,7 @@ class _FrameReceiver:
         "_pending",
         "_placed",
         "_pos",
+        "_seal",
         "_shape",
         "_values",
     )
@@ -103,6 +105,7 @@ class _FrameReceiver:
         *,
         copy_values: bool,
         out: np.ndarray | None = None,
+        seal: _SealTracker | None = None,
     ) -> None:
         self._max_payload_len = max_payload_len
         self._max_gradient_len = max_gradient_len
@@ -122,6 +125,8 @@ class _FrameReceiver:
         self._values = 0  # accepted so far, in arrival order
         self._shape = _ShapeTracker()  # gradient_shape: the first arrival's, checked
         self._dtype = _DtypeTracker()  # value dtype, gradient_dtype: likewise
+        # The seal every chunk is held to (README "Sealed chunks"); none checked without.
+        self._seal = _SealTracker(None) if seal is None else seal
         self._manifest: str | None = None  # the first arrival's gradstream_tensors
 
     @property
@@ -185,7 +190,8 @@ class _FrameReceiver:
         # Rule 8: each frame is verified and decoded as it arrives.
         _verify_checksum(index, frame.checksum, payload)
         reader, head = _open_payload(payload, index, _room(limit, self._values))
-        # The dtypes: after the schema, before the record batches are read.
+        # The seal, then the dtypes: after the schema, before the record batches are read.
+        transfer = self._seal.check(head.seal, index, total, offset)
         self._dtype.check(head, index, offset, self._out)
         parts = _read_values(reader, head, index)
         # The shape metadata: after the decode, before the values are counted.
@@ -205,6 +211,7 @@ class _FrameReceiver:
         if self._first is None:
             self._manifest = head.manifest
         self._first = first
+        self._seal.accept(index, transfer)
         self._dtype.accept(head, index)
         self._shape.accept(head.shape, index)
         self._pending = None
@@ -235,6 +242,12 @@ class _FrameReceiver:
                 out[self._pos : self._pos + n] = values.view(out.dtype)
             self._pos += n
         self._next += 1
+
+    @property
+    def transfer(self) -> bytes | None:
+        """The transfer id of the chunks accepted so far (the expected one, for an exact
+        id); None before the first, or when seals are not checked."""
+        return self._seal.transfer
 
     @property
     def manifest(self) -> str | None:
@@ -291,19 +304,29 @@ def _zero_values(out: np.ndarray | None) -> np.ndarray:
 
 
 def _decode_frame_stream(
-    data: memoryview, max_payload_len: int, max_gradient_len: int, out: np.ndarray | None = None
+    data: memoryview,
+    max_payload_len: int,
+    max_gradient_len: int,
+    out: np.ndarray | None = None,
+    seal: _SealTracker | None = None,
 ) -> np.ndarray:
     """decode_frames: drive the receiver over bytes in memory, then rule 9's left-over, then
     the size of ``out``."""
-    return _run_frames(data, max_payload_len, max_gradient_len, out)[0]
+    return _run_frames(data, max_payload_len, max_gradient_len, out, seal)[0]
 
 
 def _run_frames(
-    data: memoryview, max_payload_len: int, max_gradient_len: int, out: np.ndarray | None
+    data: memoryview,
+    max_payload_len: int,
+    max_gradient_len: int,
+    out: np.ndarray | None,
+    seal: _SealTracker | None = None,
 ) -> tuple[np.ndarray, _FrameReceiver | None]:
     """_decode_frame_stream's gradient, and the receiver that read it (None for the empty
     input)."""
-    receiver = _FrameReceiver(max_payload_len, max_gradient_len, copy_values=False, out=out)
+    receiver = _FrameReceiver(
+        max_payload_len, max_gradient_len, copy_values=False, out=out, seal=seal
+    )
     pos = _walk_frames(receiver, data)
     if pos is None:
         return _zero_values(out), None

@@ -13,6 +13,7 @@ and decode_chunks, which applies them to a set of chunks in memory.
   taken (``_DtypeTracker``), before its record batches are read, keeps the values in the
   column's dtype until the gradient is complete (or until they go into ``out=``) and then
   casts them with ``_dtypes.cast``;
+* the seal (``_seal``): checked once a chunk's schema is read, before the dtype rules;
 * the CRC-32 check, which comes before any parsing, and the room max_gradient_len leaves;
 * decode_chunks' rules 1-5 over a list of chunks (``_decode_chunk_list``).
 
@@ -38,6 +39,7 @@ from ..errors import (
     IncompleteStreamError,
 )
 from ._reader import _concat, _Head, _open_payload, _read_values
+from ._seal import LONE, Expect, _SealTracker
 from ._settings import _check_u32
 from ._wire import _STORAGE, numpy_can_make
 
@@ -294,7 +296,9 @@ def _check_chunk_set(chunks: list[_ChunkFields]) -> None:
         previous = index
 
 
-def _decode_chunk_list(chunks: list[_ChunkFields], max_gradient_len: int) -> np.ndarray:
+def _decode_chunk_list(
+    chunks: list[_ChunkFields], max_gradient_len: int, seal: Expect = None
+) -> np.ndarray:
     if not chunks:  # rule 1
         return _empty_vector()
     chunks = sorted(chunks, key=lambda c: c.chunk_index)  # rule 2; sorted() is stable
@@ -304,20 +308,23 @@ def _decode_chunk_list(chunks: list[_ChunkFields], max_gradient_len: int) -> np.
         raise IncompleteStreamError(len(chunks), total)
     # Rule 5: CRC then decode, chunk after chunk, in index order. A compressed chunk's
     # declared rows are held to what max_gradient_len leaves after the chunks before it.
-    # Before its record batches are read, the chunk's value dtype and gradient_dtype: the
-    # same as the lowest index's. After them, its gradient_shape: well formed, and the
-    # same as the lowest index's.
+    # Before its record batches are read, the chunk's seal (when ``seal`` expects one) and
+    # its value dtype and gradient_dtype: the same as the lowest index's. After them, its
+    # gradient_shape: well formed, and the same as the lowest index's.
     parts: list[np.ndarray] = []
     accepted = 0
+    seals = _SealTracker(seal, LONE)
     dtype = _DtypeTracker()
     shape = _ShapeTracker()
     for c in chunks:
         index = c.chunk_index
         _verify_checksum(index, c.checksum, c.payload)
         reader, head = _open_payload(c.payload, index, _room(max_gradient_len, accepted))
+        transfer = seals.check(head.seal, index, c.total_chunks, None)
         dtype.check(head, index, None, None)
         chunk_parts = _read_values(reader, head, index)
         shape.check(head.shape, index, None)
+        seals.accept(index, transfer)
         dtype.accept(head, index)
         shape.accept(head.shape, index)
         accepted += sum(len(part) for part in chunk_parts)

@@ -1,6 +1,8 @@
 """``GradientStreamSession``: the settings of one stream and the API on them, encoding
 (encode_gradient, encode_frames, frames_len), decoding (decode_chunks, decode_frames),
-streaming (stream_to, receive_from, receive_iter) and tensor sets.
+streaming (stream_to, receive_from, receive_iter) and tensor sets; and the seams a
+connection uses to send and receive sealed with a transfer id of its own (the
+``_*_sealed`` methods, README "Sealed chunks").
 
 Apart because it only holds settings and wires the other modules together: the payloads
 come from the writer, every rule of decoding from the rules and the receiver, every byte of
@@ -41,6 +43,15 @@ from ._channels import (
 from ._chunk import GradientChunk
 from ._receiver import _decode_frame_stream, _FrameReceiver, _run_frames, _zero_values
 from ._rules import _chunk_fields, _decode_chunk_list
+from ._seal import (
+    CONSISTENT,
+    LONE,
+    Expect,
+    Seal,
+    _SealTracker,
+    check_transfer_id,
+    new_transfer_id,
+)
 from ._settings import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_MAX_GRADIENT_LEN,
@@ -73,6 +84,7 @@ class GradientStreamSession:
         "_layout",
         "_max_gradient_len",
         "_max_payload_len",
+        "_seal",
         "_session_id",
         "_timeout",
         "_wire_dtype",
@@ -92,6 +104,7 @@ class GradientStreamSession:
         keep_shape: bool = False,
         keep_dtype: bool = False,
         wire_dtype: str | None = None,
+        seal: bool = False,
     ) -> None:
         # In this order: with several bad arguments, the first one raises.
         self._session_id = _check_str(session_id, "session_id")
@@ -105,6 +118,7 @@ class GradientStreamSession:
         self._keep_shape = _check_flag(keep_shape, "keep_shape")
         self._keep_dtype = _check_flag(keep_dtype, "keep_dtype")
         self._wire_dtype = _check_wire_dtype(wire_dtype)
+        self._seal = _check_flag(seal, "seal")
 
     @classmethod
     def with_defaults(cls, session_id: str) -> GradientStreamSession:
@@ -126,6 +140,7 @@ class GradientStreamSession:
             keep_shape=self._keep_shape,
             keep_dtype=self._keep_dtype,
             wire_dtype=self._wire_dtype,
+            seal=self._seal,
         )
 
     def is_compression_enabled(self) -> bool:
@@ -188,6 +203,26 @@ class GradientStreamSession:
         """The dtype every gradient is cast to for transfer, or None (its own dtype)."""
         return self._wire_dtype
 
+    @property
+    def seal(self) -> bool:
+        """Whether each gradient (or tensor set) is sealed with a fresh random transfer id,
+        and this session's receivers expect every chunk sealed, all alike."""
+        return self._seal
+
+    def _expect(self, transfer: bytes | None = None) -> Expect:
+        """What this session's receivers expect of seals: ``transfer`` exactly when given
+        (a connection's), else every chunk alike when the session seals, else nothing."""
+        if transfer is not None:
+            return check_transfer_id(transfer)
+        return CONSISTENT if self._seal else None
+
+    def _transfer(self, transfer: bytes | None = None) -> bytes | None:
+        """The id a transfer is sealed with: ``transfer`` when given (a connection's), a
+        fresh random one when the session seals, else None (unsealed)."""
+        if transfer is not None:
+            return check_transfer_id(transfer)
+        return new_transfer_id() if self._seal else None
+
     def __repr__(self) -> str:
         return (
             f"GradientStreamSession(session_id={self._session_id!r}, "
@@ -196,7 +231,7 @@ class GradientStreamSession:
             f"deadline={self._deadline!r}, "
             f"layout={self._layout!r}, compression={self._compression!r}, "
             f"keep_shape={self._keep_shape!r}, keep_dtype={self._keep_dtype!r}, "
-            f"wire_dtype={self._wire_dtype!r})"
+            f"wire_dtype={self._wire_dtype!r}, seal={self._seal!r})"
         )
 
     # ---- encoding
@@ -210,9 +245,11 @@ class GradientStreamSession:
             chunk_index,
         )
 
-    def _chunk_payload(self, chunk_index: int, window: np.ndarray, gradient: _Gradient) -> bytes:
-        """Encode one chunk (``window``, values of ``gradient``), refusing it if its payload
-        would exceed max_payload_len."""
+    def _chunk_payload(
+        self, chunk_index: int, total: int, window: np.ndarray, gradient: _Gradient
+    ) -> bytes:
+        """Encode chunk ``chunk_index`` of ``total`` (``window``, values of ``gradient``,
+        sealed as it says), refusing it if its payload would exceed max_payload_len."""
         limit = self._max_payload_len
         # Cheap lower bound first: never build a payload we already know is too big (a
         # compressed payload has no such bound: its size depends on the values).
@@ -226,6 +263,7 @@ class GradientStreamSession:
             gradient.shape,
             dtype=gradient.dtype,
             result=gradient.result,
+            seal=None if gradient.seal is None else gradient.seal.text(chunk_index, total),
         )
         if len(payload) > limit:
             raise self._refusal(chunk_index, len(window))
@@ -234,7 +272,7 @@ class GradientStreamSession:
     def _frame_len(self, chunk_index: int, n_values: int) -> int:
         """Bytes of the frame of a chunk of n_values values, refused as _chunk_payload
         would refuse it."""
-        length = payload_len(n_values, self._layout)
+        length = payload_len(n_values, self._layout, self._seal)
         if length > self._max_payload_len:
             raise self._refusal(chunk_index, n_values)
         return HEADER_LEN + length
@@ -250,18 +288,21 @@ class GradientStreamSession:
             )
         return total
 
-    def _input(self, gradient: Any) -> _Gradient:
+    def _input(self, gradient: Any, transfer: bytes | None = None) -> _Gradient:
         """The gradient as the codec takes it (``_dtypes.prepare``: float32 unless
         keep_dtype or wire_dtype say otherwise), with the metadata to write: the compact
         JSON of its shape (keep_shape; after conversion to a numpy array and before
-        flattening) and the dtype to hand back when it is not the wire's."""
+        flattening), the dtype to hand back when it is not the wire's, and its seal (a lone
+        gradient's, with ``transfer`` or, when the session seals, a fresh random id)."""
         prepared = _dtypes.prepare(
             gradient, keep_dtype=self._keep_dtype, wire_dtype=self._wire_dtype
         )
         values = prepared.values  # C-contiguous: the flattening is a view
         shape = _shape_text(values.shape) if self._keep_shape else None
         result = None if prepared.result == prepared.wire else prepared.result
-        return _Gradient(values.reshape(-1), prepared.wire, shape, result)
+        sealed = self._transfer(transfer)
+        seal = None if sealed is None else Seal(sealed, LONE)
+        return _Gradient(values.reshape(-1), prepared.wire, shape, result, seal)
 
     def _frames(self, gradient: _Gradient) -> Iterator[tuple[int, int, bytes, int]]:
         """(chunk_index, total_chunks, payload, checksum) of each chunk, encoded one at a
@@ -270,7 +311,7 @@ class GradientStreamSession:
         size = self._chunk_size
         total = self._total_chunks(len(values))
         for k in range(total):
-            payload = self._chunk_payload(k, values[k * size : (k + 1) * size], gradient)
+            payload = self._chunk_payload(k, total, values[k * size : (k + 1) * size], gradient)
             yield k, total, payload, zlib.crc32(payload)
 
     def encode_gradient(self, gradient: Any) -> list[GradientChunk]:
@@ -427,7 +468,8 @@ class GradientStreamSession:
     # ---- decoding
 
     def decode_chunks(self, chunks: Iterable[Any]) -> np.ndarray:
-        return _decode_chunk_list([_chunk_fields(c) for c in chunks], self._max_gradient_len)
+        fields = [_chunk_fields(c) for c in chunks]
+        return _decode_chunk_list(fields, self._max_gradient_len, self._expect())
 
     def decode_frames(self, data: Any, *, out: np.ndarray | None = None) -> np.ndarray:
         """The gradient held by the frames in ``data`` (any bytes-like object): a new 1-D
@@ -447,10 +489,17 @@ class GradientStreamSession:
         gradient of 0 values. Nothing is written past ``out``'s end, but after any error
         its contents are unspecified (part of the gradient, perhaps).
         """
+        return self._decode_frames(data, out, None)
+
+    def _decode_frames(
+        self, data: Any, out: np.ndarray | None, transfer: bytes | None
+    ) -> np.ndarray:
+        """decode_frames, its seals held to ``_expect(transfer)``."""
+        seal = _SealTracker(self._expect(transfer), LONE)
         if out is not None:
             out = value_buffer(out)
         return _decode_frame_stream(
-            _byte_view(data), self._max_payload_len, self._max_gradient_len, out
+            _byte_view(data), self._max_payload_len, self._max_gradient_len, out, seal
         )
 
     # ---- streaming (README "Streaming")
@@ -468,9 +517,20 @@ class GradientStreamSession:
         The bytes are exactly encode_frames(gradient), encoded and written one chunk at a
         time. The gradient is read as the chunks are encoded: do not change it meanwhile.
         """
+        return await self._stream_to(gradient, stream, progress, deadline, None)
+
+    async def _stream_to(
+        self,
+        gradient: Any,
+        stream: Any,
+        progress: TransferProgress | None,
+        deadline: float | None,
+        transfer: bytes | None,
+    ) -> int:
+        """stream_to, sealed as ``_input(gradient, transfer)`` says."""
         channel = _sending_channel(stream, self._clock(deadline))
         progress = _check_progress(progress)
-        return await self._send(channel, self._input(gradient), progress)
+        return await self._send(channel, self._input(gradient, transfer), progress)
 
     async def _send(
         self, channel: _Channel, grad: _Gradient, progress: TransferProgress | None
@@ -516,6 +576,48 @@ class GradientStreamSession:
         values = await self._receive(channel, progress, out)
         return _zero_values(out) if values is None else values
 
+    # ---- seams of a connection (README "Sealed chunks"): its own transfer ids
+
+    def _encode_frames_sealed(self, gradient: Any, transfer: bytes) -> bytes:
+        """encode_frames, every chunk sealed with ``transfer`` (16 bytes), position lone."""
+        return self._joined_frames(self._input(gradient, transfer))
+
+    def _decode_frames_sealed(
+        self, data: Any, transfer: bytes, *, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        """decode_frames, every chunk expected sealed with ``transfer``, position lone."""
+        return self._decode_frames(data, out, transfer)
+
+    async def _stream_to_sealed(
+        self,
+        gradient: Any,
+        stream: Any,
+        transfer: bytes,
+        *,
+        progress: TransferProgress | None = None,
+        deadline: float | None = None,
+    ) -> int:
+        """stream_to, every chunk sealed with ``transfer``; the number of chunks."""
+        return await self._stream_to(gradient, stream, progress, deadline, transfer)
+
+    async def _receive_from_sealed(
+        self,
+        stream: Any,
+        transfer: bytes,
+        *,
+        progress: TransferProgress | None = None,
+        out: np.ndarray | None = None,
+        deadline: float | None = None,
+    ) -> np.ndarray | None:
+        """receive_from, every chunk expected sealed with ``transfer`` (a ``FrameError``
+        otherwise); None when the stream ended before the gradient's first byte."""
+        seal = _SealTracker(self._expect(transfer), LONE)
+        channel = _receiving_channel(stream, self._clock(deadline))
+        progress = _check_progress(progress)
+        if out is not None:
+            out = value_buffer(out)
+        return await self._receive(channel, progress, out, seal)
+
     async def receive_iter(
         self,
         stream: Any,
@@ -533,13 +635,20 @@ class GradientStreamSession:
             yield values
 
     async def _receive(
-        self, channel: _Channel, progress: TransferProgress | None, out: np.ndarray | None
+        self,
+        channel: _Channel,
+        progress: TransferProgress | None,
+        out: np.ndarray | None,
+        seal: _SealTracker | None = None,
     ) -> np.ndarray | None:
         """One gradient (written into ``out`` when given), or None when the stream ended
-        before its first byte."""
+        before its first byte; its seals held to ``seal`` (by default, the session's
+        expectation)."""
         channel.clock.reset()  # each gradient's deadline runs from its own first byte
+        if seal is None:
+            seal = _SealTracker(self._expect(), LONE)
         receiver = _FrameReceiver(
-            self._max_payload_len, self._max_gradient_len, copy_values=True, out=out
+            self._max_payload_len, self._max_gradient_len, copy_values=True, out=out, seal=seal
         )
         return await self._receive_with(channel, progress, receiver)
 
@@ -602,10 +711,47 @@ class GradientStreamSession:
     ) -> dict[str, np.ndarray]:
         return await _tensors.receive_tensors(self, stream, progress, deadline)
 
+    def _encode_tensors_sealed(self, tensors: Any, transfer: bytes) -> bytes:
+        """encode_tensors, every frame sealed with ``transfer`` (a connection's id)."""
+        data = _tensors.encode_tensors(self, tensors, False, check_transfer_id(transfer))
+        assert isinstance(data, bytes)
+        return data
+
+    def _decode_tensors_sealed(self, data: Any, transfer: bytes) -> dict[str, np.ndarray]:
+        """decode_tensors, every frame expected sealed with ``transfer``."""
+        return _tensors.decode_tensors(self, data, check_transfer_id(transfer))
+
+    async def _stream_tensors_sealed(
+        self,
+        tensors: Any,
+        stream: Any,
+        transfer: bytes,
+        *,
+        progress: TransferProgress | None = None,
+        deadline: float | None = None,
+    ) -> int:
+        """stream_tensors, every frame sealed with ``transfer``; the frames written."""
+        transfer = check_transfer_id(transfer)
+        return await _tensors.stream_tensors(self, tensors, stream, progress, deadline, transfer)
+
+    async def _receive_tensors_sealed(
+        self,
+        stream: Any,
+        transfer: bytes,
+        *,
+        progress: TransferProgress | None = None,
+        deadline: float | None = None,
+    ) -> dict[str, np.ndarray]:
+        """receive_tensors, every frame expected sealed with ``transfer`` ({} when the
+        stream ended before the set's first byte)."""
+        transfer = check_transfer_id(transfer)
+        return await _tensors.receive_tensors(self, stream, progress, deadline, transfer)
+
     def _encode_manifest(self, text: str) -> bytes:
         """The frames of an empty gradient (one frame, chunk 0 of 1: a float32 value column
         of no rows, in this session's layout and compression) whose schema metadata holds
-        ``gradstream_tensors`` = ``text`` and nothing else."""
+        ``gradstream_tensors`` = ``text`` and nothing else (unsealed, whatever ``seal``:
+        a test's seam)."""
         text = _check_str(text, "text")
         frame = _tensors.manifest_frame(self._layout, self._compression, text)
         if len(frame) - HEADER_LEN > self._max_payload_len:
@@ -616,7 +762,8 @@ class GradientStreamSession:
         """Decode ``data`` exactly as decode_frames does; the first chunk's (the first to
         arrive) ``gradstream_tensors`` metadata (None when absent, or for the empty input)
         and the gradient's number of values."""
+        seal = _SealTracker(self._expect(), LONE)
         values, receiver = _run_frames(
-            _byte_view(data), self._max_payload_len, self._max_gradient_len, None
+            _byte_view(data), self._max_payload_len, self._max_gradient_len, None, seal
         )
         return (None if receiver is None else receiver.manifest), values.size

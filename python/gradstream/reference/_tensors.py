@@ -9,7 +9,9 @@ own machinery: the payload writer for the manifest frame, the session's frame en
 sender for the tensors, ``_FrameReceiver`` (fed from memory by ``_walk_frames``, or from
 a channel by the session's receive loop) for every frame read, so that where a gradient
 ends is the receiver's knowledge and not a second header walk, and the channels for all
-I/O.
+I/O. A sealed set (README "Sealed chunks") carries one transfer id in every frame: the
+manifest at position ``fffffffe``, tensor k at position k; its receiver holds the
+manifest to what it expects and each tensor to the manifest's id exactly.
 
 Apart from ``gradstream._tensors``, which the native session uses, on purpose: a set
 layer shared by both implementations could not be caught out by the differential tests.
@@ -49,6 +51,7 @@ from ._manifest import (
     read_manifest,
 )
 from ._receiver import _decode_frame_stream, _FrameReceiver, _walk_frames
+from ._seal import MANIFEST, Expect, Seal, _SealTracker
 from ._wire import HEADER, HEADER_LEN, shape_text
 from ._writer import _Gradient, encode_payload
 
@@ -137,26 +140,36 @@ def _take(tensors: Any, doing: str) -> list[_Tensor]:
     return out
 
 
-def _as_gradient(session: GradientStreamSession, tensor: _Tensor) -> _Gradient:
-    """A tensor as the encoder of a keep_shape, keep_dtype session with the caller's
-    wire_dtype takes it: cast to the wire dtype, flat, with its shape and (when cast) its
-    own dtype as metadata."""
+def _as_gradient(
+    session: GradientStreamSession, tensor: _Tensor, k: int, transfer: bytes | None
+) -> _Gradient:
+    """A tensor, the ``k``-th of its set (from 0), as the encoder of a keep_shape,
+    keep_dtype session with the caller's wire_dtype takes it: cast to the wire dtype, flat,
+    with its shape and (when cast) its own dtype as metadata, sealed at position ``k`` of
+    the set ``transfer`` when the set is sealed."""
     own = tensor.entry.dtype
     wire = session.wire_dtype or own
     values = _dtypes.cast(tensor.values, own, wire)
     shape = shape_text(tensor.values.shape)
-    return _Gradient(values.reshape(-1), wire, shape, None if wire == own else own)
+    seal = None if transfer is None else Seal(transfer, k)
+    return _Gradient(values.reshape(-1), wire, shape, None if wire == own else own, seal)
 
 
-def manifest_frame(layout: str, compression: str | None, text: str) -> bytes:
+def manifest_frame(
+    layout: str, compression: str | None, text: str, transfer: bytes | None = None
+) -> bytes:
     """The manifest's frame: chunk 0 of 1, an empty float32 gradient whose schema
-    metadata is ``gradstream_tensors`` = ``text``."""
+    metadata is ``gradstream_tensors`` = ``text`` (and, for a sealed set, its seal at the
+    manifest's position)."""
     empty = np.empty(0, dtype=np.float32)
-    payload = encode_payload(empty, layout, compression, manifest=text)
+    seal = None if transfer is None else Seal(transfer, MANIFEST).text(0, 1)
+    payload = encode_payload(empty, layout, compression, manifest=text, seal=seal)
     return HEADER.pack(0, 1, len(payload), zlib.crc32(payload)) + payload
 
 
-def _manifest_for(session: GradientStreamSession, tensors: list[_Tensor]) -> bytes:
+def _manifest_for(
+    session: GradientStreamSession, tensors: list[_Tensor], transfer: bytes | None
+) -> bytes:
     """The set's manifest frame, or TensorSetError when a receiver with this session's
     max_payload_len would refuse it for its size."""
     cap = _cap(session)
@@ -167,7 +180,7 @@ def _manifest_for(session: GradientStreamSession, tensors: list[_Tensor]) -> byt
     size = f"{json_bytes} bytes of JSON"
     frame = b""
     if json_bytes <= cap:
-        frame = manifest_frame(session.layout, session.compression, text)
+        frame = manifest_frame(session.layout, session.compression, text, transfer)
         size = f"{len(frame) - HEADER_LEN} bytes"
     if not frame or len(frame) - HEADER_LEN > cap:
         raise TensorSetError(
@@ -179,15 +192,21 @@ def _manifest_for(session: GradientStreamSession, tensors: list[_Tensor]) -> byt
 
 
 def encode_tensors(
-    session: GradientStreamSession, tensors: Any, as_buffer: bool = False
+    session: GradientStreamSession,
+    tensors: Any,
+    as_buffer: bool = False,
+    transfer: bytes | None = None,
 ) -> bytes | pa.Buffer:
-    """The set's frames: the manifest's, then each tensor's, joined."""
+    """The set's frames: the manifest's, then each tensor's, joined; sealed with
+    ``transfer`` when given, else as the session seals."""
     as_buffer = check_bool(as_buffer, "as_buffer")
+    sealed = session._transfer(transfer)
     taken = _take(tensors, "encoding")
-    parts = [_manifest_for(session, taken)]
+    parts = [_manifest_for(session, taken, sealed)]
     for k, tensor in enumerate(taken, 1):
         with _about("encoding", tensor.entry.name, k, len(taken)):
-            parts.append(session._joined_frames(_as_gradient(session, tensor)))
+            grad = _as_gradient(session, tensor, k - 1, sealed)
+            parts.append(session._joined_frames(grad))
     data = b"".join(parts)
     del parts
     return pa.py_buffer(data) if as_buffer else data
@@ -199,14 +218,16 @@ async def stream_tensors(
     stream: Any,
     progress: TransferProgress | None = None,
     deadline: float | None = None,
+    transfer: bytes | None = None,
 ) -> int:
     """Send the set: the stream, the names and every tensor checked before a byte goes;
     the number of frames written, the manifest's included. ``progress`` counts the
-    tensors' frames only."""
+    tensors' frames only. Sealed with ``transfer`` when given, else as the session seals."""
     channel = _sending_channel(stream, session._clock(deadline), "stream_tensors")
     progress = _check_progress(progress)
+    sealed = session._transfer(transfer)
     taken = _take(tensors, "sending")
-    frame = _manifest_for(session, taken)
+    frame = _manifest_for(session, taken, sealed)
     channel.clock.start()  # the set's deadline runs from now, over all its tensors
     with channel:  # the socket stays non-blocking from the manifest to the last tensor
         try:
@@ -216,7 +237,7 @@ async def stream_tensors(
         sent = 1
         for k, tensor in enumerate(taken, 1):
             with _about("sending", tensor.entry.name, k, len(taken)):
-                grad = _as_gradient(session, tensor)
+                grad = _as_gradient(session, tensor, k - 1, sealed)
                 sent += await session._send(channel, grad, progress)
     return sent
 
@@ -239,10 +260,23 @@ def _cap(session: GradientStreamSession) -> int:
     return min(session.max_payload_len, MANIFEST_CAP)
 
 
-def _manifest_receiver(session: GradientStreamSession, copy: bool) -> _FrameReceiver:
+def _manifest_receiver(
+    session: GradientStreamSession, copy: bool, expect: Expect
+) -> _FrameReceiver:
     """A receiver for the manifest frame: the usual rules, max_payload_len capped at
-    16 MiB, and no values allowed (max_gradient_len 0)."""
-    return _FrameReceiver(_cap(session), 0, copy_values=copy)
+    16 MiB, and no values allowed (max_gradient_len 0); its seal held to ``expect`` at
+    the manifest's position."""
+    seal = _SealTracker(expect, MANIFEST)
+    return _FrameReceiver(_cap(session), 0, copy_values=copy, seal=seal)
+
+
+def _tensor_seal(expect: Expect, manifest: _FrameReceiver, k: int) -> _SealTracker:
+    """What tensor ``k`` (from 0) is held to: nothing when seals are not checked, else
+    the manifest's transfer id exactly, at position ``k``."""
+    if expect is None:
+        return _SealTracker(None)
+    transfer = manifest.transfer
+    return _SealTracker(expect if transfer is None else transfer, k)
 
 
 def _tensor_limit(entry: Entry) -> int:
@@ -251,9 +285,13 @@ def _tensor_limit(entry: Entry) -> int:
     return max(entry.size, 1)
 
 
-def _tensor_receiver(session: GradientStreamSession, entry: Entry, copy: bool) -> _FrameReceiver:
-    """A receiver for one tensor: the session's max_payload_len, the entry's limit."""
-    return _FrameReceiver(session.max_payload_len, _tensor_limit(entry), copy_values=copy)
+def _tensor_receiver(
+    session: GradientStreamSession, entry: Entry, copy: bool, seal: _SealTracker
+) -> _FrameReceiver:
+    """A receiver for one tensor: the session's max_payload_len, the entry's limit, the
+    tensor's seal rule."""
+    limit = _tensor_limit(entry)
+    return _FrameReceiver(session.max_payload_len, limit, copy_values=copy, seal=seal)
 
 
 def _entries(session: GradientStreamSession, receiver: _FrameReceiver) -> list[Entry]:
@@ -290,24 +328,31 @@ def _cut_short(received: int, n: int) -> TensorSetError:
     return TensorSetError(f"the tensor set ends after {received} of its {n} tensors")
 
 
-def _memory_manifest(session: GradientStreamSession, view: memoryview) -> tuple[list[Entry], int]:
-    """The manifest at the start of non-empty ``view``: its entries and where it ends."""
+def _memory_manifest(
+    session: GradientStreamSession, view: memoryview, expect: Expect
+) -> tuple[list[Entry], int, _FrameReceiver]:
+    """The manifest at the start of non-empty ``view``: its entries, where it ends, and
+    the receiver that read it."""
     if len(view) >= HEADER_LEN:
         _first_header(view[:HEADER_LEN])
-    receiver = _manifest_receiver(session, copy=False)
+    receiver = _manifest_receiver(session, False, expect)
     end = _walk_frames(receiver, view)
     assert end is not None  # view is not empty
-    return _entries(session, receiver), end
+    return _entries(session, receiver), end, receiver
 
 
-def decode_tensors(session: GradientStreamSession, data: Any) -> dict[str, np.ndarray]:
+def decode_tensors(
+    session: GradientStreamSession, data: Any, transfer: bytes | None = None
+) -> dict[str, np.ndarray]:
     """The set held by ``data``; ``{}`` for no bytes. Each tensor is decoded by
     decode_frames' rules from where the one before ended, the last one up to the end of
-    the data (so bytes after it are its "left over" FrameError)."""
+    the data (so bytes after it are its "left over" FrameError). Seals are held to
+    ``transfer`` exactly when given, else to what the session expects."""
     view = byte_view(data)
     if not len(view):
         return {}
-    entries, pos = _memory_manifest(session, view)
+    expect = session._expect(transfer)
+    entries, pos, manifest = _memory_manifest(session, view, expect)
     if not entries and pos < len(view):
         # An empty set's manifest is its last frame: decoded again as a whole, it meets
         # decode_frames' rule 9 (bytes left over), the manifest having passed the rest.
@@ -319,10 +364,12 @@ def decode_tensors(session: GradientStreamSession, data: Any) -> dict[str, np.nd
             rest = view[pos:]
             if not len(rest):
                 raise _cut_short(k - 1, n)
+            seal = _tensor_seal(expect, manifest, k - 1)
             if k == n:
-                values = _decode_frame_stream(rest, session.max_payload_len, _tensor_limit(entry))
+                limit = _tensor_limit(entry)
+                values = _decode_frame_stream(rest, session.max_payload_len, limit, None, seal)
             else:
-                receiver = _tensor_receiver(session, entry, copy=False)
+                receiver = _tensor_receiver(session, entry, False, seal)
                 used = _walk_frames(receiver, rest)
                 assert used is not None  # rest is not empty
                 pos += used
@@ -341,10 +388,12 @@ async def _fill(channel: _Channel, size: int, total: int | None) -> bytes:
     return bytes(unit[:got])
 
 
-async def _stream_manifest(session: GradientStreamSession, channel: _Channel) -> list[Entry] | None:
-    """Rules 1, 2 and 4 over a stream: the manifest's entries, or None when the stream
-    ended before its first byte. Reads exactly the manifest frame."""
-    receiver = _manifest_receiver(session, copy=True)
+async def _stream_manifest(
+    session: GradientStreamSession, channel: _Channel, receiver: _FrameReceiver
+) -> list[Entry] | None:
+    """Rules 1, 2 and 4 over a stream, read by ``receiver`` (``_manifest_receiver``): the
+    manifest's entries, or None when the stream ended before its first byte. Reads exactly
+    the manifest frame."""
     header = await _fill(channel, HEADER_LEN, None)
     if len(header) < HEADER_LEN:
         receiver.end_of_stream(len(header))  # raises, but before any byte
@@ -363,18 +412,23 @@ async def receive_tensors(
     stream: Any,
     progress: TransferProgress | None = None,
     deadline: float | None = None,
+    transfer: bytes | None = None,
 ) -> dict[str, np.ndarray]:
     """Receive one set; ``{}`` when the peer closed before its first byte. Nothing past
-    the set's last frame is read. ``progress`` counts the tensors' frames only."""
+    the set's last frame is read. ``progress`` counts the tensors' frames only. Seals are
+    held to ``transfer`` exactly when given, else to what the session expects."""
+    expect = session._expect(transfer)
     channel = _receiving_channel(stream, session._clock(deadline), "receive_tensors")
     progress = _check_progress(progress)
     result: dict[str, np.ndarray] = {}
     with channel:
-        entries = await _stream_manifest(session, channel)
+        manifest = _manifest_receiver(session, True, expect)
+        entries = await _stream_manifest(session, channel, manifest)
         n = len(entries or ())
         for k, entry in enumerate(entries or (), 1):
             with _about("receiving", entry.name, k, n):
-                receiver = _tensor_receiver(session, entry, copy=True)
+                seal = _tensor_seal(expect, manifest, k - 1)
+                receiver = _tensor_receiver(session, entry, True, seal)
                 values = await session._receive_with(channel, progress, receiver)
                 if values is None:
                     raise _cut_short(k - 1, n)

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.ipc
 
 from .._dtypes import DTYPE_KEY
+from ._seal import SEAL_KEY, Seal
 from ._wire import (
     _ARROW_TYPES,
     _BF16_FIELD_METADATA,
@@ -37,6 +38,7 @@ class _Gradient(NamedTuple):
     dtype: str  # the wire dtype: the value column's
     shape: str | None  # gradient_shape metadata (keep_shape), or None
     result: str | None  # gradient_dtype metadata (the dtype handed back), or None
+    seal: Seal | None = None  # each chunk's gradstream_seal is made of it, or None
 
 
 # An encoded payload holds an int32 index (seed layout) and a value per element, so a
@@ -66,6 +68,7 @@ def encode_payload(
     dtype: str = "float32",
     result: str | None = None,
     manifest: str | None = None,
+    seal: str | None = None,
 ) -> bytes:
     """Encode a 1-D vector of ``dtype`` values (bfloat16 as uint16 bits) as an Arrow IPC
     file in the seed or compact layout.
@@ -75,8 +78,9 @@ def encode_payload(
     length (int64) followed by the compressed bytes. The schema carries, in this order and
     only those given, the custom metadata ``gradient_shape`` = ``shape`` (``_shape_text`` of
     the gradient's shape), ``gradient_dtype`` = ``result`` (the dtype the receiver hands
-    back, when it is not ``dtype``) and ``gradstream_tensors`` = ``manifest``. The file is
-    otherwise the same.
+    back, when it is not ``dtype``), ``gradstream_tensors`` = ``manifest`` and
+    ``gradstream_seal`` = ``seal`` (the chunk's seal, ``Seal.text``). The file is otherwise
+    the same.
     """
     n = len(values)
     # from_buffers wraps the words as they are: no conversion, no NaN canonicalising.
@@ -89,7 +93,12 @@ def encode_payload(
         columns = [index_array, value_array]
     metadata = {
         key: text
-        for key, text in ((SHAPE_KEY, shape), (DTYPE_KEY, result), (MANIFEST_KEY, manifest))
+        for key, text in (
+            (SHAPE_KEY, shape),
+            (DTYPE_KEY, result),
+            (MANIFEST_KEY, manifest),
+            (SEAL_KEY, seal),
+        )
         if text is not None
     }
     if metadata:
@@ -109,18 +118,19 @@ def _pad8(nbytes: int) -> int:
 
 
 @functools.cache
-def _payload_len_constants(layout: str) -> tuple[int, int]:
-    """(length of the empty payload, length of a one-value payload) in ``layout``, measured
-    once from the writer itself."""
+def _payload_len_constants(layout: str, sealed: bool) -> tuple[int, int]:
+    """(length of the empty payload, length of a one-value payload) in ``layout``, sealed
+    or not (a seal's text has one width), measured once from the writer itself."""
+    seal = Seal(bytes(16), 0).text(0, 1) if sealed else None
     return (
-        len(encode_payload(np.empty(0, dtype=np.float32), layout)),
-        len(encode_payload(np.zeros(1, dtype=np.float32), layout)),
+        len(encode_payload(np.empty(0, dtype=np.float32), layout, seal=seal)),
+        len(encode_payload(np.zeros(1, dtype=np.float32), layout, seal=seal)),
     )
 
 
-def payload_len(n_values: int, layout: str = "seed") -> int:
-    """The exact length of ``encode_payload`` of ``n_values`` float32 values (no metadata,
-    no compression), without encoding them.
+def payload_len(n_values: int, layout: str = "seed", sealed: bool = False) -> int:
+    """The exact length of ``encode_payload`` of ``n_values`` float32 values (no metadata
+    but, when ``sealed``, a seal; no compression), without encoding them.
 
     The IPC file's metadata (schema, record batch message, footer) has one size for every
     non-empty batch, because all its numbers are fixed-width fields; an empty batch is
@@ -128,7 +138,7 @@ def payload_len(n_values: int, layout: str = "seed") -> int:
     one 4-byte-a-value buffer per column (index and value in the seed layout, value alone
     in the compact one), each padded to 8 bytes.
     """
-    empty, one = _payload_len_constants(layout)
+    empty, one = _payload_len_constants(layout, sealed)
     if n_values == 0:
         return empty
     columns = 1 if layout == "compact" else 2

@@ -3,7 +3,8 @@
 //! `Head`, then the `value` column of each batch), with a panic inside arrow-rs turned
 //! into an error.
 //!
-//! Uses `guard`, `shared`, `output` (`Head`, `ValueSink`), `dtype` and `error`.
+//! Uses `guard`, `shared`, `output` (`Head`, `ValueSink`), `dtype`, `seal` (its key) and
+//! `error`.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -19,6 +20,7 @@ use super::shared::{arrow_err, borrowed_buffer, EXTENSION_NAME_KEY, MANIFEST_KEY
 use crate::dtype::{Dtype, BF16_EXTENSION, DTYPE_KEY};
 use crate::error::{GradientStreamError, Result};
 use crate::output::{Head, ValueSink};
+use crate::seal::SEAL_KEY;
 
 /// Decode a payload and append its `value` column to `out`.
 ///
@@ -137,6 +139,7 @@ fn read_head(footer: arrow_ipc::Footer<'_>) -> Result<(Schema, usize, Head)> {
         shape: first(SHAPE_KEY),
         dtype,
         manifest: first(MANIFEST_KEY),
+        seal: first(SEAL_KEY),
     };
     Ok((schema, value_idx, head))
 }

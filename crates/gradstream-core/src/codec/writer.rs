@@ -2,7 +2,7 @@
 //! compression), `Encoding` (layout, compression, dtype and metadata of one payload),
 //! the schemas, and `encode_payload*`, which write one chunk as an Arrow IPC file.
 //!
-//! Uses `shared`, `dtype` and `error`; the reader and the guard never use it (its tests
+//! Uses `shared`, `dtype`, `seal` (its key and text) and `error`; the reader and the guard never use it (its tests
 //! decode, to round-trip).
 
 use std::sync::{Arc, OnceLock};
@@ -19,6 +19,7 @@ use super::shared::{
 };
 use crate::dtype::{f32_bytes, Dtype, BF16_EXTENSION, DTYPE_KEY};
 use crate::error::{GradientStreamError, Result};
+use crate::seal::{SealText, SEAL_KEY};
 
 /// Which columns a payload carries. Both decode with the original's decoder, which only
 /// looks up `value`; `Seed` is the original's byte layout.
@@ -101,6 +102,8 @@ pub(crate) struct Encoding {
     pub result: Option<Dtype>,
     /// `gradstream_tensors` metadata: a tensor set's manifest.
     pub manifest: Option<Arc<str>>,
+    /// `gradstream_seal` metadata: this chunk's seal.
+    pub seal: Option<SealText>,
 }
 
 impl From<Layout> for Encoding {
@@ -113,13 +116,19 @@ impl From<Layout> for Encoding {
 }
 
 impl Encoding {
-    /// Whether this writes the plain float32 payload that templates reproduce.
-    pub fn is_plain(&self) -> bool {
+    /// Whether this writes a float32 payload that templates reproduce: no compression and
+    /// no metadata but a seal (whose text has one width, so a template patches it in).
+    pub fn is_templated(&self) -> bool {
         self.compression.is_none()
             && self.dtype == Dtype::F32
             && self.shape.is_none()
             && self.result.is_none()
             && self.manifest.is_none()
+    }
+
+    /// The same encoding with this chunk's seal.
+    pub fn sealed(self, seal: Option<SealText>) -> Self {
+        Self { seal, ..self }
     }
 
     fn schema(&self) -> SchemaRef {
@@ -136,6 +145,9 @@ impl Encoding {
         }
         if let Some(manifest) = &self.manifest {
             metadata.insert(MANIFEST_KEY.to_string(), manifest.to_string());
+        }
+        if let Some(seal) = &self.seal {
+            metadata.insert(SEAL_KEY.to_string(), seal.as_str().to_string());
         }
         if self.dtype == Dtype::F32 && metadata.is_empty() {
             return base;
@@ -273,12 +285,17 @@ fn encode_to(encoding: Encoding, raw: &[u8], out: impl std::io::Write) -> Result
     Ok(())
 }
 
-/// Write the file of `values` in `layout` into `out`, which must be exactly its length
-/// (as measured by an earlier `encode_payload` of as many values).
-pub(crate) fn encode_payload_exact(layout: Layout, raw: &[u8], out: &mut [u8]) -> Result<()> {
+/// Write the file of `values` in `layout` (sealed with `seal`) into `out`, which must be
+/// exactly its length (as measured by an earlier `encode_payload` of as many values).
+pub(crate) fn encode_payload_exact(
+    layout: Layout,
+    seal: Option<SealText>,
+    raw: &[u8],
+    out: &mut [u8],
+) -> Result<()> {
     let expected = out.len();
     let mut cursor = std::io::Cursor::new(out);
-    encode_to(layout.into(), raw, &mut cursor)?;
+    encode_to(Encoding::from(layout).sealed(seal), raw, &mut cursor)?;
     let written = cursor.position() as usize;
     if written != expected {
         return Err(GradientStreamError::arrow(format!(

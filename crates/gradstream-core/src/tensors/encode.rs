@@ -1,12 +1,13 @@
 //! The sending side of a tensor set, in memory: the checks made before anything is
 //! encoded (every name, then each tensor's shape and values), the manifest frame (refused
 //! when a receiver would refuse it for its size), each tensor as a keep_shape, keep_dtype
-//! gradient in the session's wire dtype, and `encode_tensors`, which joins them. The
-//! bytes are those the Python set layer (`gradstream._tensors`) writes over the native
-//! codec; `tests/tensors/test_tensor_wire_golden.py` records some.
+//! gradient in the session's wire dtype, the set's seal (one transfer id for all its
+//! frames: the manifest at position `Manifest`, tensor k at `Tensor(k)`), and
+//! `encode_tensors`, which joins them. The unsealed bytes are those the Python set layer
+//! wrote over the native codec; `tests/tensors/test_tensor_wire_golden.py` records some.
 //!
-//! Uses `manifest`, the crate's encoder, `shape` and `session`; used by `stream` (the
-//! tokio sender) and by the bindings.
+//! Uses `manifest`, the crate's encoder, `seal`, `shape` and `session`; used by `stream`
+//! (the tokio sender) and by the bindings.
 
 use std::collections::HashSet;
 
@@ -16,6 +17,7 @@ use crate::dtype::Dtype;
 use crate::encoder::{Gradient, GradientMeta};
 use crate::error::{GradientStreamError, Result};
 use crate::frame::HEADER_LEN;
+use crate::seal::{Position, Seal, TransferId};
 use crate::session::SessionConfig;
 use crate::shape::shape_text;
 
@@ -28,11 +30,33 @@ pub fn manifest_cap(config: &SessionConfig) -> u32 {
     config.limits.max_payload_len.min(MANIFEST_CAP)
 }
 
+/// The transfer id of a set a session sends on its own: a fresh random one when it seals
+/// (`SessionConfig::seal`), else none.
+pub fn set_transfer(config: &SessionConfig) -> Result<Option<TransferId>> {
+    Ok(config.draw_seal()?.map(|seal| seal.transfer))
+}
+
+/// The seal of the set's gradient at `position`, when the set is sealed (`transfer`).
+pub fn set_seal(transfer: Option<TransferId>, position: Position) -> Option<Seal> {
+    transfer.map(|transfer| Seal { transfer, position })
+}
+
+/// The seal of tensor `k` (from 0) of a set sealed with `transfer`.
+pub fn tensor_seal(transfer: Option<TransferId>, k: usize) -> Option<Seal> {
+    // A manifest of at most 16 MiB lists far fewer than 2^32 - 2 tensors.
+    set_seal(transfer, Position::Tensor(k as u32))
+}
+
 /// The set's manifest frame: chunk 0 of 1, an empty float32 gradient whose payload's
 /// schema metadata `gradstream_tensors` is the manifest's text, in the session's layout
-/// and compression. `TensorSet` when a receiver with this session's max_payload_len would
-/// refuse it for its size (the JSON alone first: the payload holds it twice).
-pub fn manifest_frame(config: &SessionConfig, entries: &[Entry]) -> Result<Vec<u8>> {
+/// and compression, sealed as the set's manifest when the set is sealed (`transfer`).
+/// `TensorSet` when a receiver with this session's max_payload_len would refuse it for
+/// its size (the JSON alone first: the payload holds it twice).
+pub fn manifest_frame(
+    config: &SessionConfig,
+    entries: &[Entry],
+    transfer: Option<TransferId>,
+) -> Result<Vec<u8>> {
     let cap = manifest_cap(config);
     let text = manifest_json(entries);
     let too_big = |what: String| {
@@ -55,7 +79,9 @@ pub fn manifest_frame(config: &SessionConfig, entries: &[Entry]) -> Result<Vec<u
     // Written without the cap (the text is bounded above), to tell its size.
     let mut unlimited = config.clone();
     unlimited.limits.max_payload_len = u32::MAX;
-    let frame = unlimited.encode_frames(Gradient::from(&[][..]).with_meta(&meta))?;
+    let seal = set_seal(transfer, Position::Manifest);
+    let empty = Gradient::from(&[][..]).with_meta(&meta).seal_with(seal);
+    let frame = unlimited.encode_frames(empty)?;
     let payload = frame.len() - HEADER_LEN;
     if payload > cap as usize {
         return Err(too_big(format!("{payload} bytes")));
@@ -75,7 +101,8 @@ pub fn tensor_meta(entry: &Entry, wire: Dtype) -> GradientMeta {
 
 /// A tensor as a keep_shape, keep_dtype session with `wire_dtype` sends it: its values in
 /// its own dtype, cast to the wire dtype as they are encoded, with `meta`
-/// (`tensor_meta`). Whatever cast or metadata `values` had is replaced.
+/// (`tensor_meta`). Whatever cast, metadata or seal `values` had is replaced (the set's
+/// sender seals it with `tensor_seal`).
 pub fn tensor_gradient<'g>(
     entry: &Entry,
     values: &Gradient<'g>,
@@ -134,20 +161,42 @@ fn check_tensor(entry: &Entry, values: &Gradient<'_>) -> Result<()> {
 /// `encode_frames` writes it for a keep_shape, keep_dtype session with `wire_dtype`).
 /// Each tensor's `Gradient` holds its values in its entry's dtype
 /// (`Gradient::new(raw, entry.dtype)`). Errors met on a tensor are noted
-/// `while encoding tensor "name" (k of n) of a tensor set`.
+/// `while encoding tensor "name" (k of n) of a tensor set`. Sealed with a fresh random
+/// id when the session seals.
 pub fn encode_tensors(
     config: &SessionConfig,
     wire_dtype: Option<Dtype>,
     tensors: &[(Entry, Gradient<'_>)],
 ) -> Result<Vec<u8>> {
+    encode_set(config, wire_dtype, tensors, set_transfer(config)?)
+}
+
+/// `encode_tensors`, every frame sealed with `transfer` (a connection's id).
+pub fn encode_tensors_sealed(
+    config: &SessionConfig,
+    wire_dtype: Option<Dtype>,
+    tensors: &[(Entry, Gradient<'_>)],
+    transfer: TransferId,
+) -> Result<Vec<u8>> {
+    encode_set(config, wire_dtype, tensors, Some(transfer))
+}
+
+fn encode_set(
+    config: &SessionConfig,
+    wire_dtype: Option<Dtype>,
+    tensors: &[(Entry, Gradient<'_>)],
+    transfer: Option<TransferId>,
+) -> Result<Vec<u8>> {
     check_tensors(tensors, Doing::Encoding)?;
     let entries: Vec<Entry> = tensors.iter().map(|(entry, _)| entry.clone()).collect();
-    let mut out = manifest_frame(config, &entries)?;
+    let mut out = manifest_frame(config, &entries, transfer)?;
     let n = tensors.len();
     for (k, (entry, values)) in tensors.iter().enumerate() {
         let append = |out: &mut Vec<u8>| -> Result<()> {
             let meta = tensor_meta(entry, wire_dtype.unwrap_or(entry.dtype));
-            let plan = config.plan_frames(tensor_gradient(entry, values, wire_dtype, &meta))?;
+            let gradient = tensor_gradient(entry, values, wire_dtype, &meta)
+                .seal_with(tensor_seal(transfer, k));
+            let plan = config.plan_frames(gradient)?;
             let start = out.len();
             out.resize(start + plan.len(), 0);
             config.write_frames(&plan, &mut out[start..])
@@ -219,13 +268,13 @@ mod tests {
         let entries: Vec<Entry> = (0..20)
             .map(|i| Entry::new(format!("tensor.{i:02}"), Dtype::F32, vec![1]))
             .collect();
-        let frame = manifest_frame(&s, &entries).unwrap();
+        let frame = manifest_frame(&s, &entries, None).unwrap();
         let payload = frame.len() - HEADER_LEN;
         s.limits.max_payload_len = payload as u32;
-        assert_eq!(manifest_frame(&s, &entries).unwrap(), frame);
+        assert_eq!(manifest_frame(&s, &entries, None).unwrap(), frame);
         s.limits.max_payload_len = payload as u32 - 1;
         assert_eq!(
-            manifest_frame(&s, &entries).unwrap_err().to_string(),
+            manifest_frame(&s, &entries, None).unwrap_err().to_string(),
             format!(
                 "the tensor set's manifest takes {payload} bytes, above the {}-byte limit of a \
                  manifest frame (max_payload_len, at most 16777216): send fewer tensors per set \
@@ -235,7 +284,7 @@ mod tests {
         );
         s.limits.max_payload_len = 100;
         let json = manifest_json(&entries).len();
-        assert!(manifest_frame(&s, &entries)
+        assert!(manifest_frame(&s, &entries, None)
             .unwrap_err()
             .to_string()
             .starts_with(&format!(
@@ -246,7 +295,7 @@ mod tests {
         let many: Vec<Entry> = (0..200_000)
             .map(|i| Entry::new(format!("{i:07}{}", "x".repeat(80)), Dtype::F32, vec![]))
             .collect();
-        let err = manifest_frame(&s, &many).unwrap_err().to_string();
+        let err = manifest_frame(&s, &many, None).unwrap_err().to_string();
         assert!(
             err.contains("bytes of JSON, above the 16777216-byte limit"),
             "{err}"

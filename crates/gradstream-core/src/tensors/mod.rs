@@ -26,11 +26,11 @@ pub mod stream;
 mod testing;
 
 pub use decode::decode_tensors;
-pub use encode::{encode_tensors, manifest_frame, MANIFEST_CAP};
+pub use encode::{encode_tensors, encode_tensors_sealed, manifest_frame, MANIFEST_CAP};
 pub use manifest::{check_name, manifest_json, read_manifest, Entry};
 pub use receive::{TensorSet, TensorSetReceiver};
 #[cfg(feature = "tokio")]
-pub use stream::{receive_tensors, send_tensors};
+pub use stream::{receive_tensor_set, receive_tensors, send_tensors, send_tensors_sealed};
 
 /// What was being done with a tensor when an error was met, as its note says it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -7,9 +7,11 @@
 //! header alone, and may hold no values; each tensor is read with max_gradient_len its
 //! entry's element count (at least 1) and checked against its entry on arrival. Every
 //! error met on a tensor is noted `while receiving tensor "name" (k of n) of a tensor set`.
+//! Sealed sets: the manifest is held to the receiver's `SealCheck` at position `Manifest`,
+//! and each tensor k to the manifest's transfer id exactly, at position `Tensor(k)`.
 //!
-//! Uses `manifest`, `encode` (the cap), the crate's `FrameReceiver` and `output`; used by
-//! `decode`, `stream` and the bindings.
+//! Uses `manifest`, `encode` (the cap), the crate's `FrameReceiver`, `seal` and `output`;
+//! used by `decode`, `stream` and the bindings.
 
 use super::ascii::quote_str;
 use super::encode::manifest_cap;
@@ -20,6 +22,7 @@ use crate::error::{GradientStreamError, Result};
 use crate::frame::HEADER_LEN;
 use crate::output::Output;
 use crate::receiver::{Ended, FrameReceiver};
+use crate::seal::{Position, SealCheck, TransferId};
 use crate::session::SessionConfig;
 use crate::shape::shape_text;
 
@@ -41,6 +44,10 @@ pub struct TensorSetReceiver {
     header_seen: bool,
     /// The manifest's entries, once it has been read.
     entries: Option<Vec<Entry>>,
+    /// What the manifest's seal must say, and the transfer id it carried (which every
+    /// tensor's frames must carry too).
+    seal: SealCheck,
+    transfer: Option<TransferId>,
     /// The tensors received and checked, in order.
     outputs: Vec<Output>,
     /// The set's last tensor, complete, its arrival check left to `finish` (so that
@@ -65,18 +72,34 @@ impl TensorSetReceiver {
         let mut manifest = config.clone();
         manifest.limits.max_payload_len = manifest_cap(config);
         manifest.limits.max_gradient_len = 0;
+        let seal = config.seal_check();
         Self {
             config: config.clone(),
             reserve_cap,
-            frames: Some(FrameReceiver::new(&manifest, 0)),
+            frames: Some(FrameReceiver::new(&manifest, 0).expect_seal(seal, Position::Manifest)),
             header_seen: false,
             entries: None,
+            seal,
+            transfer: None,
             outputs: Vec::new(),
             last: None,
             offset: 0,
             frames_received: 0,
             frames_announced: 0,
         }
+    }
+
+    /// Hold the set's seals to `check` (README "Sealed chunks"), before its first byte: a
+    /// connection's receiver expects `SealCheck::Exact` of the id it derives for the set.
+    /// Replaces what the session's `seal` setting chose.
+    pub fn expect_seal(mut self, check: SealCheck) -> Self {
+        self.seal = check;
+        if self.entries.is_none() {
+            self.frames = self
+                .frames
+                .map(|frames| frames.expect_seal(check, Position::Manifest));
+        }
+        self
     }
 
     /// Bytes wanted next: a header or a payload; 0 once the set is complete.
@@ -179,12 +202,14 @@ impl TensorSetReceiver {
         if !done {
             return Ok(false);
         }
+        self.transfer = frames.transfer();
         let manifest = self.frames.take().map(FrameReceiver::finish).transpose()?;
         self.take_manifest(manifest.unwrap_or_default())
     }
 
-    /// The manifest's frame is complete: its entries, then the first tensor's receiver
-    /// (none for an empty set, which is then complete).
+    /// The manifest's frame is complete (its seal, if any, checked and its transfer id
+    /// taken): its entries, then the first tensor's receiver (none for an empty set,
+    /// which is then complete).
     fn take_manifest(&mut self, manifest: Output) -> Result<bool> {
         let Some(text) = manifest.manifest.as_deref() else {
             return Err(GradientStreamError::tensor_set(
@@ -201,7 +226,7 @@ impl TensorSetReceiver {
                 None,
             ));
         }
-        self.frames = entries.first().map(|entry| self.tensor_receiver(entry));
+        self.frames = entries.first().map(|entry| self.tensor_receiver(0, entry));
         if self.frames.is_some() {
             self.offset = 0; // a tensor's offsets count from its own first frame
         }
@@ -209,12 +234,20 @@ impl TensorSetReceiver {
         Ok(self.frames.is_none())
     }
 
-    /// Rule 3's receiver: the session's max_payload_len, max_gradient_len the entry's
-    /// element count (at least 1).
-    fn tensor_receiver(&self, entry: &Entry) -> FrameReceiver {
+    /// Rule 3's receiver of tensor `k`: the session's max_payload_len, max_gradient_len
+    /// the entry's element count (at least 1); sealed, the manifest's id exactly, at
+    /// position k.
+    fn tensor_receiver(&self, k: usize, entry: &Entry) -> FrameReceiver {
         let mut config = self.config.clone();
         config.limits.max_gradient_len = entry.len().max(1);
-        FrameReceiver::new(&config, self.reserve_cap)
+        let check = match (self.seal, self.transfer) {
+            (SealCheck::Off, _) => SealCheck::Off,
+            (_, Some(id)) => SealCheck::Exact(id),
+            (check, None) => check,
+        };
+        // A manifest of at most 16 MiB lists far fewer than 2^32 - 2 tensors.
+        let position = Position::Tensor(k as u32);
+        FrameReceiver::new(&config, self.reserve_cap).expect_seal(check, position)
     }
 
     /// One unit of the current tensor; the next tensor's receiver once it is complete.
@@ -247,7 +280,7 @@ impl TensorSetReceiver {
         }
         as_declared(&entries[k], &values, self.config.bf16_as_f32)?;
         self.outputs.push(values);
-        let next = self.tensor_receiver(&entries[k + 1]);
+        let next = self.tensor_receiver(k + 1, &entries[k + 1]);
         self.frames = Some(next);
         self.offset = 0;
         Ok(false)
@@ -261,6 +294,7 @@ impl TensorSetReceiver {
             return self.finish();
         };
         if self.entries.is_none() {
+            self.transfer = frames.transfer();
             return match frames.end_of_stream(got)? {
                 Ended::BeforeFirstByte(_) => Ok(Vec::new()),
                 Ended::Gradient(manifest) => match self.take_manifest(manifest)? {

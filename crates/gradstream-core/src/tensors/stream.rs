@@ -9,7 +9,9 @@ use std::sync::atomic::Ordering;
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use super::encode::{check_tensors, manifest_frame, tensor_gradient, tensor_meta};
+use super::encode::{
+    check_tensors, manifest_frame, set_transfer, tensor_gradient, tensor_meta, tensor_seal,
+};
 use super::manifest::Entry;
 use super::receive::{TensorSet, TensorSetReceiver};
 use super::{note, Doing};
@@ -17,6 +19,7 @@ use crate::dtype::Dtype;
 use crate::encoder::Gradient;
 use crate::error::Result;
 use crate::frame::HEADER_LEN;
+use crate::seal::TransferId;
 use crate::session::SessionConfig;
 use crate::stream::{read_unit, send_gradient_on, within, write_frame, Clock, Progress, Waits};
 
@@ -25,7 +28,8 @@ use crate::stream::{read_unit, send_gradient_on, within, write_frame, Clock, Pro
 /// with `wire_dtype` (each `Gradient` holds its values in its entry's dtype). Returns the
 /// number of frames written, the manifest's included. A stall on the manifest is a
 /// `Timeout` of 0 of 1 chunks; errors met on a tensor are noted
-/// `while sending tensor "name" (k of n) of a tensor set`.
+/// `while sending tensor "name" (k of n) of a tensor set`. Sealed with a fresh random id
+/// when the session seals.
 pub async fn send_tensors<W: AsyncWrite + Unpin>(
     config: &SessionConfig,
     wire_dtype: Option<Dtype>,
@@ -34,10 +38,49 @@ pub async fn send_tensors<W: AsyncWrite + Unpin>(
     waits: impl Into<Waits>,
     progress: &Progress,
 ) -> Result<usize> {
+    let transfer = set_transfer(config)?;
+    send_set(
+        config, wire_dtype, tensors, transfer, writer, waits, progress,
+    )
+    .await
+}
+
+/// `send_tensors`, every frame sealed with `transfer` (a connection's id for the set):
+/// the manifest at position `Manifest`, tensor k at `Tensor(k)`.
+pub async fn send_tensors_sealed<W: AsyncWrite + Unpin>(
+    config: &SessionConfig,
+    wire_dtype: Option<Dtype>,
+    tensors: &[(Entry, Gradient<'_>)],
+    transfer: TransferId,
+    writer: &mut W,
+    waits: impl Into<Waits>,
+    progress: &Progress,
+) -> Result<usize> {
+    send_set(
+        config,
+        wire_dtype,
+        tensors,
+        Some(transfer),
+        writer,
+        waits,
+        progress,
+    )
+    .await
+}
+
+async fn send_set<W: AsyncWrite + Unpin>(
+    config: &SessionConfig,
+    wire_dtype: Option<Dtype>,
+    tensors: &[(Entry, Gradient<'_>)],
+    transfer: Option<TransferId>,
+    writer: &mut W,
+    waits: impl Into<Waits>,
+    progress: &Progress,
+) -> Result<usize> {
     check_tensors(tensors, Doing::Sending)?;
     let clock = Clock::running(waits);
     let entries: Vec<Entry> = tensors.iter().map(|(entry, _)| entry.clone()).collect();
-    let frame = manifest_frame(config, &entries)?;
+    let frame = manifest_frame(config, &entries, transfer)?;
     let unseen = Progress::default();
     write_frame(
         writer,
@@ -52,7 +95,8 @@ pub async fn send_tensors<W: AsyncWrite + Unpin>(
     let n = tensors.len();
     for (k, (entry, values)) in tensors.iter().enumerate() {
         let meta = tensor_meta(entry, wire_dtype.unwrap_or(entry.dtype));
-        let gradient = tensor_gradient(entry, values, wire_dtype, &meta);
+        let gradient =
+            tensor_gradient(entry, values, wire_dtype, &meta).seal_with(tensor_seal(transfer, k));
         sent += send_gradient_on(config, gradient, writer, &clock, progress)
             .await
             .map_err(|e| e.noted(note(Doing::Sending, &entry.name, k + 1, n)))?;
@@ -63,14 +107,25 @@ pub async fn send_tensors<W: AsyncWrite + Unpin>(
 /// Receive one tensor set (the README's receiver rules 1-4); empty when the stream ended
 /// before its first byte. Reads nothing past the set's last frame, so sets can follow
 /// each other on one connection. Errors met on a tensor, timeouts and I/O included, are
-/// noted `while receiving tensor "name" (k of n) of a tensor set`.
+/// noted `while receiving tensor "name" (k of n) of a tensor set`. Seals are held to the
+/// session's `seal_check`.
 pub async fn receive_tensors<R: AsyncRead + Unpin>(
     config: &SessionConfig,
     reader: &mut R,
     waits: impl Into<Waits>,
     progress: &Progress,
 ) -> Result<TensorSet> {
-    let mut receiver = TensorSetReceiver::new(config);
+    receive_tensor_set(TensorSetReceiver::new(config), reader, waits, progress).await
+}
+
+/// `receive_tensors` through a receiver of the caller's: a connection's, made with
+/// `TensorSetReceiver::new(config).expect_seal(SealCheck::Exact(id))`.
+pub async fn receive_tensor_set<R: AsyncRead + Unpin>(
+    mut receiver: TensorSetReceiver,
+    reader: &mut R,
+    waits: impl Into<Waits>,
+    progress: &Progress,
+) -> Result<TensorSet> {
     let mut clock = Clock::idle(waits);
     // Holds a header or a payload (at most max_payload_len, checked from the header).
     let mut unit = Vec::with_capacity(HEADER_LEN);

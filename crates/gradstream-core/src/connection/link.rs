@@ -24,9 +24,10 @@ use crate::frame::HEADER_LEN;
 use crate::protocol::describe::{describe, Kind};
 use crate::protocol::{transfer_id, Ack, Digest, Direction, Verdict, ACK_HEAD_LEN};
 use crate::receiver::{Ended, FrameReceiver};
+use crate::seal::{Position, Seal, SealCheck, TransferId};
 use crate::session::SessionConfig;
 use crate::stream::{receive_gradient, send_gradient_on, within, Clock, Progress, Waits};
-use crate::tensors::{self, Entry, TensorSet};
+use crate::tensors::{self, Entry, TensorSet, TensorSetReceiver};
 
 /// A byte stream a link can own: a TCP stream, or a TLS stream over one.
 pub trait Duplex: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -68,15 +69,16 @@ impl Keys {
         Direction::sent_by(if outgoing { role } else { role.peer() })
     }
 
-    fn id(&self, outgoing: bool) -> [u8; 16] {
+    /// The id of this side's next outgoing (or incoming) transfer.
+    fn id(&self, outgoing: bool) -> TransferId {
         let counter = if outgoing { self.sent } else { self.received };
         let e = &self.established;
-        transfer_id(
+        TransferId(transfer_id(
             &e.client_nonce,
             &e.server_nonce,
             self.direction(outgoing),
             counter,
-        )
+        ))
     }
 }
 
@@ -230,8 +232,8 @@ impl Link {
             };
         };
         let id = keys.id(true);
-        let sealed = gradient; // SEAL: sealed with `id`
-        let mut tap = Tap::new(&mut self.stream, Digest::new(&id));
+        let sealed = gradient.sealed(Seal::lone(id));
+        let mut tap = Tap::new(&mut self.stream, Digest::new(&id.0));
         let sent = send_gradient_on(config, sealed, &mut tap, &clock, progress).await;
         let digest = tap.finish();
         self.acknowledged(sent, digest, &clock).await
@@ -261,9 +263,10 @@ impl Link {
         };
         let clock = Clock::running(waits);
         let id = keys.id(true);
-        let mut tap = Tap::new(&mut self.stream, Digest::new(&id));
-        // SEAL: sealed with `id`
-        let sent = tensors::send_tensors(config, wire_dtype, tensors, &mut tap, waits, progress).await;
+        let mut tap = Tap::new(&mut self.stream, Digest::new(&id.0));
+        let sent =
+            tensors::send_tensors_sealed(config, wire_dtype, tensors, id, &mut tap, waits, progress)
+                .await;
         let digest = tap.finish();
         self.acknowledged(sent, digest, &clock).await
     }
@@ -360,8 +363,8 @@ impl Link {
             };
         };
         let id = keys.id(false);
-        // SEAL: expecting `id`
-        let mut tap = Tap::new(&mut self.stream, Digest::new(&id));
+        let receiver = receiver.expect_seal(SealCheck::Exact(id), Position::Lone);
+        let mut tap = Tap::new(&mut self.stream, Digest::new(&id.0));
         let got = receive_gradient(receiver, &mut tap, waits, progress).await;
         let first = tap.first_header();
         let digest = tap.finish();
@@ -400,9 +403,9 @@ impl Link {
             };
         };
         let id = keys.id(false);
-        let mut tap = Tap::new(&mut self.stream, Digest::new(&id));
-        // SEAL: expecting `id`
-        let got = tensors::receive_tensors(config, &mut tap, waits, progress).await;
+        let mut tap = Tap::new(&mut self.stream, Digest::new(&id.0));
+        let receiver = TensorSetReceiver::new(config).expect_seal(SealCheck::Exact(id));
+        let got = tensors::receive_tensor_set(receiver, &mut tap, waits, progress).await;
         let first = tap.first_header();
         let digest = tap.finish();
         match got {

@@ -8,6 +8,7 @@ same API.
 
 from __future__ import annotations
 
+from ._connection import Connection, Listener, Server, connect, listen, serve
 from ._dtypes import BFloat16Type
 from ._native import (
     DEFAULT_CHUNK_SIZE,
@@ -17,8 +18,6 @@ from ._native import (
     GradientChunk,
     TransferProgress,
 )
-from ._peers import TLS, Peer
-from ._connection import Connection, Listener, Server, connect, listen, serve
 from ._peers import TLS, Peer
 from ._session import GradientStreamSession
 from .errors import (
@@ -48,7 +47,6 @@ __all__ = [
     "DEFAULT_MAX_PAYLOAD_LEN",
     "HEADER_LEN",
     "TLS",
-    "TLS",
     "ArrowIpcError",
     "AuthenticationError",
     "BFloat16Type",
@@ -63,7 +61,6 @@ __all__ = [
     "GradientStreamSession",
     "IncompleteStreamError",
     "Listener",
-    "Peer",
     "Peer",
     "ProtocolError",
     "Server",

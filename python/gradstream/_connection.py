@@ -47,6 +47,17 @@ log = logging.getLogger("gradstream")
 __all__ = ["Connection", "Listener", "Server", "connect", "listen", "serve"]
 
 
+def _session(session: Any) -> GradientStreamSession:
+    if session is None:
+        return GradientStreamSession("gradstream")
+    if not isinstance(session, GradientStreamSession):
+        raise TypeError(
+            "session must be a gradstream.GradientStreamSession or None, not "
+            f"{type(session).__name__}"
+        )
+    return session
+
+
 def _seconds(value: Any, name: str) -> float | None:
     """None, or a positive finite number of seconds (as the session checks its own)."""
     if value is None:
@@ -267,7 +278,7 @@ class Listener:
     def __init__(self, native: Any, session: GradientStreamSession) -> None:
         self._native = native
         self._session = session
-        self.address: tuple[str, int] = tuple(native.address)  # type: ignore[assignment]
+        self.address: tuple[str, int] = native.address
         self._accepted: asyncio.Queue[Connection | None] = asyncio.Queue()
         self._refusals = RefusalLog(peer_text(self.address))
         self._pump = asyncio.get_running_loop().create_task(self._take_events())
@@ -347,7 +358,7 @@ async def listen(
     """Listen on ``address`` (``"host:port"`` or ``(host, port)``; port 0 for any); the
     keywords are README "Connections"'s (tls, authkey, handshake_timeout,
     max_pending_handshakes, max_connections, timeout, deadline, protocol)."""
-    session = session if session is not None else GradientStreamSession()
+    session = _session(session)
     host, port = parse_address(address)
     args, caps = _link_settings(session, listening=True, **settings)
     hub = _aio.hub()
@@ -365,7 +376,7 @@ async def connect(
 ) -> Connection:
     """Connect to ``address`` and run the handshake; the keywords are README
     "Connections"'s (tls, authkey, handshake_timeout, timeout, deadline, protocol)."""
-    session = session if session is not None else GradientStreamSession()
+    session = _session(session)
     host, port = parse_address(address)
     args, _ = _link_settings(session, listening=False, **settings)
     hub = _aio.hub()
@@ -438,4 +449,3 @@ async def serve(
     concurrently; the keywords are ``listen``'s."""
     listener = await listen(address, session=session, **settings)
     return Server(listener, handler)
-

@@ -24,6 +24,8 @@ __all__ = [
     "FrameEncoder",
     "FrameReceiver",
     "GradientChunk",
+    "Link",
+    "Listener",
     "TensorFrameEncoder",
     "TensorSetReceiver",
     "TransferProgress",
@@ -131,6 +133,15 @@ class Engine:
     def keep_dtype(self) -> bool: ...
     @property
     def wire_dtype(self) -> _DtypeName | None: ...
+    def connect(self, completions: Completions, host: str, port: int, args: _LinkArgs) -> int: ...
+    def listen(
+        self,
+        completions: Completions,
+        host: str,
+        port: int,
+        args: _LinkArgs,
+        caps: tuple[int, int],
+    ) -> int: ...
     def stream_to_socket(
         self,
         completions: Completions,
@@ -256,6 +267,54 @@ class TransferProgress:
     def chunks(self) -> int: ...
     @property
     def total_chunks(self) -> int: ...
+
+# connect()'s and listen()'s settings, checked by gradstream._connection: keys protocol,
+# tls ((cert, key, ca) paths or None), authkey, handshake_timeout, timeout, deadline.
+_LinkArgs = dict[str, Any]
+
+@final
+class Link:
+    """One connection (README "Connections"); each method but peer/closed returns a job
+    of the loop's Completions."""
+
+    def peer(self) -> tuple[tuple[str, int], str | None, bool]: ...
+    def closed(self) -> bool: ...
+    def send(
+        self,
+        completions: Completions,
+        gradient: _GradientArgs,
+        progress: TransferProgress | None,
+        deadline: float | None,
+    ) -> int: ...
+    def recv(
+        self,
+        completions: Completions,
+        progress: TransferProgress | None,
+        out: _OutArgs | None,
+        deadline: float | None,
+        none_at_end: bool,
+    ) -> int: ...
+    def send_tensors(
+        self,
+        completions: Completions,
+        tensors: list[_TensorArgs],
+        progress: TransferProgress | None,
+        deadline: float | None,
+    ) -> int: ...
+    def recv_tensors(
+        self, completions: Completions, progress: TransferProgress | None, deadline: float | None
+    ) -> int: ...
+    def close(self, completions: Completions) -> int: ...
+
+@final
+class Listener:
+    """A bound listener; next() returns a job whose result is ("connection", Link),
+    ("refused", (host, port), exception) or None once closed."""
+
+    @property
+    def address(self) -> tuple[str, int]: ...
+    def next(self, completions: Completions) -> int: ...
+    def close(self) -> None: ...
 
 @final
 class Completions:

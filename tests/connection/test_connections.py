@@ -8,7 +8,6 @@ Everything runs on 127.0.0.1 with ephemeral ports.
 from __future__ import annotations
 
 import asyncio
-import socket
 from types import ModuleType
 from typing import Any
 
@@ -20,8 +19,6 @@ import gradstream.reference
 from gradstream.errors import (
     AuthenticationError,
     DeliveryError,
-    ProtocolError,
-    SettingError,
 )
 
 IMPLS = {"native": gradstream, "reference": gradstream.reference}
@@ -174,7 +171,7 @@ def test_bad_peers_are_dropped_and_the_listener_goes_on(
         listener = await gs.listen("127.0.0.1:0", session=session(gs), handshake_timeout=0.5)
         async with listener:
             host, port = listener.address
-            reader, writer = await asyncio.open_connection(host, port)
+            _reader, writer = await asyncio.open_connection(host, port)
             writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
             await writer.drain()
             silent = await asyncio.open_connection(host, port)
@@ -193,4 +190,3 @@ def test_bad_peers_are_dropped_and_the_listener_goes_on(
     text = caplog.text
     assert "HTTP request" in text
     assert "handshake_timeout (0.5 s)" in text
-

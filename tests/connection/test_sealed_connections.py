@@ -180,7 +180,7 @@ def test_the_same_swap_on_a_seed_connection_is_a_wrong_gradient(name: str) -> No
 async def splice_seed(
     c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter, target: tuple[str, int]
 ) -> None:
-    s_reader, s_writer = await asyncio.open_connection(*target)
+    _s_reader, s_writer = await asyncio.open_connection(*target)
     unit = await read_unit(c_reader)
     assert unit is not None and unit[0] == "transfer"
     s_writer.write(b"".join(swap_first_two_indices(unit[1])))
@@ -232,7 +232,7 @@ def test_a_repeated_transfer_is_refused(server: str, client: str) -> None:
 
     async def main() -> tuple[Any, Any, Any]:
         (listener, proxy), conn, theirs = await through_proxy(gs_s, gs_c, repeat)
-        first, got = await asyncio.gather(conn.send(GRAD), theirs.recv())
+        _first, got = await asyncio.gather(conn.send(GRAD), theirs.recv())
         results = await asyncio.gather(conn.send(GRAD + 1), theirs.recv(), return_exceptions=True)
         await conn.close()
         await theirs.close()

@@ -9,6 +9,8 @@
 //!
 //! - `protocol`: the connection protocol's messages, sans-I/O (hello, auth, ack, transfer
 //!   ids, and what foreign first bytes are), over `frame` and `error` only;
+//! - `tls` (feature `tls`): TLS 1.3 over tokio with rustls, `TlsAcceptor` and
+//!   `TlsConnector`, over `error` only;
 //! - `tensors`: tensor sets, named tensors of any dtype and shape behind one manifest
 //!   (its JSON, the sender, the sans-I/O receiver, and, with `tokio`, the stream I/O);
 //! - `stream` (feature `tokio`): the sender and receiver over any tokio byte stream;
@@ -44,6 +46,8 @@ mod template;
 pub mod tensors;
 #[cfg(test)]
 mod testing;
+#[cfg(feature = "tls")]
+pub mod tls;
 
 pub use compat::{GradientChunk, GradientStreamSession};
 pub use encoder::{EncodedChunk, FramePlan, Gradient, GradientMeta};

@@ -7,11 +7,12 @@
 //! `compat`). The modules below it, each with one job, arrows pointing down (a module
 //! uses only those listed after it):
 //!
-//! - `connection` (feature `tokio`): connections between two gradstream peers (dialling,
+//! - `connection` (feature `tls`): connections between two gradstream peers (dialling,
 //!   listening, the handshake, sealed and acknowledged transfers), over TCP or `tls`;
-//! - `tls` (feature `tokio`): TLS 1.3 with rustls, and certificate subjects;
 //! - `protocol`: the connection protocol's messages, sans-I/O (hello, auth, ack, transfer
 //!   ids, and what foreign first bytes are), over `frame` and `error` only;
+//! - `tls` (feature `tls`): TLS 1.3 over tokio with rustls, `TlsAcceptor` and
+//!   `TlsConnector`, over `error` only;
 //! - `tensors`: tensor sets, named tensors of any dtype and shape behind one manifest
 //!   (its JSON, the sender, the sans-I/O receiver, and, with `tokio`, the stream I/O);
 //! - `stream` (feature `tokio`): the sender and receiver over any tokio byte stream;
@@ -31,7 +32,7 @@
 
 pub mod codec;
 mod compat;
-#[cfg(feature = "tokio")]
+#[cfg(feature = "tls")]
 pub mod connection;
 pub mod dtype;
 pub mod encoder;
@@ -48,11 +49,11 @@ pub mod shape;
 #[cfg(feature = "tokio")]
 pub mod stream;
 mod template;
-#[cfg(feature = "tokio")]
-pub mod tls;
 pub mod tensors;
 #[cfg(test)]
 mod testing;
+#[cfg(feature = "tls")]
+pub mod tls;
 
 pub use compat::{GradientChunk, GradientStreamSession};
 pub use encoder::{EncodedChunk, FramePlan, Gradient, GradientMeta};

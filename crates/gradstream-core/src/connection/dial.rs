@@ -13,7 +13,7 @@ use super::Protocol;
 use crate::error::{GradientStreamError, Result};
 use crate::frame::Limits;
 use crate::protocol::Role;
-use crate::tls::TlsConnector;
+use crate::tls::{self, TlsConnector};
 
 /// How a client connects: settings, shared by every connection made with them.
 #[derive(Clone)]
@@ -72,13 +72,19 @@ async fn establish(host: &str, port: u16, settings: &DialSettings) -> Result<Lin
         }
         Some(tls) => {
             let mut stream = tls.connect(host, tcp, peer).await?;
-            let tls_subject = None; // TLS: the server certificate's subject
-            let established =
-                handshake(&mut stream, Role::Client, authkey, settings.limits, peer).await?;
-            // The server's certificate was verified against `ca`, for the name dialled.
+            // Under TLS 1.3 a listener's refusal of our certificate arrives as an alert on
+            // the first read after the handshake: the hello's.
+            let established = handshake(&mut stream, Role::Client, authkey, settings.limits, peer)
+                .await
+                .map_err(|e| match e {
+                    GradientStreamError::Io(io) => tls::from_io(io, peer),
+                    other => other,
+                })?;
+            // The server's certificate was verified against `ca`, for the name dialled;
+            // `tls_subject` names a client certificate a listener verified.
             let who = Peer {
                 address,
-                tls_subject,
+                tls_subject: None,
                 authenticated: true,
             };
             Ok(Link::sealed(Box::new(stream), established, who))

@@ -1,0 +1,101 @@
+//! TLS for connections (README "TLS and authentication"): rustls on the ring provider,
+//! TLS 1.3 only (rustls is built without TLS 1.2), ALPN `gradstream/1` required on both
+//! sides, the server's certificate checked against the CA and the name or IP given to
+//! `connect` (no way to turn that off), and under mutual TLS a client certificate signed
+//! by the listener's CA required, its subject handed back as text.
+//!
+//! - `acceptor`: `TlsAcceptor`, the listener's side;
+//! - `connector`: `TlsConnector`, the client's side;
+//! - `files`: `TlsFiles`, and the PEM files read into certificates, a key and roots;
+//! - `subject`: a certificate's subject as text, by a small strict DER walker.
+//!
+//! Every failure is a `GradientStreamError::Tls` saying what rustls said (or which file
+//! could not be read). Under TLS 1.3 a client learns that the listener refused its
+//! certificate only on its first read after the handshake: `from_io` turns that read's
+//! error into the same `Tls` error.
+//!
+//! Uses `error`, rustls, tokio-rustls and rustls-pki-types (feature `tls`); used by the
+//! connection driver and the bindings.
+
+mod acceptor;
+mod connector;
+mod files;
+pub mod subject;
+#[cfg(test)]
+mod testing;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use rustls::crypto::CryptoProvider;
+
+use crate::error::GradientStreamError;
+
+pub use acceptor::TlsAcceptor;
+pub use connector::TlsConnector;
+pub use files::TlsFiles;
+
+/// The one ALPN protocol both sides offer and require.
+pub const ALPN: &[u8] = b"gradstream/1";
+
+/// The TLS versions both sides allow.
+const VERSIONS: &[&rustls::SupportedProtocolVersion] = &[&rustls::version::TLS13];
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// A `Tls` error.
+pub(crate) fn tls_error(
+    detail: impl Into<String>,
+    peer: Option<SocketAddr>,
+) -> GradientStreamError {
+    GradientStreamError::Tls {
+        detail: detail.into(),
+        peer,
+    }
+}
+
+/// An error of a TLS stream's read or write: `Tls` with what rustls said when the error
+/// is rustls's (a fatal alert the peer sent, a corrupt record), else `Io`.
+pub fn from_io(error: std::io::Error, peer: Option<SocketAddr>) -> GradientStreamError {
+    match rustls_error(&error) {
+        Some(e) => tls_error(e.to_string(), peer),
+        None => GradientStreamError::Io(error),
+    }
+}
+
+/// An error of a handshake: always `Tls`, with rustls's own words when it has them.
+fn handshake_error(error: std::io::Error, peer: Option<SocketAddr>) -> GradientStreamError {
+    let detail = match rustls_error(&error) {
+        Some(e) => e.to_string(),
+        None if error.kind() == std::io::ErrorKind::UnexpectedEof => {
+            "the connection closed during the handshake".to_string()
+        }
+        None => error.to_string(),
+    };
+    tls_error(detail, peer)
+}
+
+fn rustls_error(error: &std::io::Error) -> Option<&rustls::Error> {
+    error.get_ref()?.downcast_ref::<rustls::Error>()
+}
+
+/// Refuse a handshake that did not settle on `gradstream/1` (rustls refuses a peer that
+/// offers only other protocols; one that offers none would otherwise pass).
+fn check_alpn(
+    agreed: Option<&[u8]>,
+    who: &str,
+    peer: Option<SocketAddr>,
+) -> crate::error::Result<()> {
+    if agreed == Some(ALPN) {
+        return Ok(());
+    }
+    Err(tls_error(
+        format!("{who} did not agree on ALPN protocol gradstream/1"),
+        peer,
+    ))
+}
+
+#[cfg(test)]
+mod tests;

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import ssl
 import struct
 
 import numpy as np
@@ -22,6 +21,7 @@ from hypothesis import strategies as st
 
 import gradstream.reference as ref
 from gradstream.errors import ProtocolError
+from support.connections import tls_client_hello
 from support.protocol import CODECS, Codec
 
 CLIENT_NONCE = bytes(range(32))
@@ -203,16 +203,6 @@ def test_a_hello_is_judged_on_its_first_16_bytes(codec: Codec) -> None:
 # --------------------------------------------------------------------------- foreign first bytes
 
 
-def client_hello_record() -> bytes:
-    """The first bytes a real TLS client sends (a ClientHello record)."""
-    context = ssl.create_default_context()
-    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-    tls = context.wrap_bio(incoming, outgoing, server_hostname="example.org")
-    with pytest.raises(ssl.SSLWantReadError):
-        tls.do_handshake()
-    return outgoing.read()
-
-
 @pytest.mark.parametrize(
     ("first", "seen"),
     [
@@ -229,7 +219,7 @@ def test_what_a_foreign_peer_sent_is_named(codec: Codec, first: bytes, seen: str
 
 
 def test_a_tls_client_hello_is_named(codec: Codec) -> None:
-    seen = codec.describe(client_hello_record()[:16])
+    seen = codec.describe(tls_client_hello()[:16])
     assert seen.startswith("a TLS ClientHello (a TLS client at a plaintext listener"), seen
 
 

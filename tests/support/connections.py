@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import ssl
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -58,6 +59,18 @@ async def accept_in_background(listener: ref.Listener) -> tuple[asyncio.Task[Any
             accepted.append(conn)
 
     return asyncio.create_task(loop()), accepted
+
+
+def tls_client_hello() -> bytes:
+    """The first bytes a real TLS client sends (its ClientHello record)."""
+    context = ssl.create_default_context()
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = context.wrap_bio(incoming, outgoing, server_hostname="127.0.0.1")
+    try:
+        tls.do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    return outgoing.read()
 
 
 # --------------------------------------------------------------------------- by hand

@@ -201,7 +201,7 @@ class Connection:
             yield
         except BaseException:
             if not self._link.in_step:
-                self._drop()
+                self._drop(abort=True)
             raise
         finally:
             if self._phase is phase:
@@ -247,12 +247,16 @@ class Connection:
             raise StopAsyncIteration
         return values
 
-    def _drop(self) -> None:
-        """Close at once (out of step, the peer gone, or close())."""
+    def _drop(self, abort: bool = False) -> None:
+        """Close at once (the peer gone, or close()); with ``abort`` (out of step) drop
+        what is still buffered for the peer instead of waiting for it to be read."""
         if self._phase is _Phase.CLOSED:
             return
         self._phase = _Phase.CLOSED
-        self._writer.close()
+        if abort:
+            self._writer.transport.abort()
+        else:
+            self._writer.close()
         if self._on_close is not None:
             self._on_close()
 
@@ -298,6 +302,7 @@ async def establish(
             subject = checked_peer(ssl_object, address, ends.verifies_clients)
         shaken = await handshake(
             streams,
+            tls=ends.tls,
             role=role,
             authkey=ends.authkey,
             max_gradient_len=ends.session.max_gradient_len,

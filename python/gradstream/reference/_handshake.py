@@ -21,9 +21,11 @@ from .._io import Stalled, within
 from ..errors import (
     Address,
     AuthenticationError,
+    GradientStreamError,
     ProtocolError,
     StreamIOError,
     StreamTimeoutError,
+    TlsError,
 )
 from . import _protocol as p
 from ._streams import Streams
@@ -136,9 +138,32 @@ async def _authenticate(
         )
 
 
+_A_HELLO = "a gradstream hello"
+
+
+def _dropped(tls: bool, peer: Address | None) -> GradientStreamError:
+    """What a client is told when the listener closes before its hello: the listener
+    dropped it, and its log says why; the likely reasons, by whether this side speaks
+    TLS (a TLS 1.3 client learns only now that its certificate was refused)."""
+    if tls:
+        return TlsError(
+            "the listener closed the connection after the TLS handshake: it requires a "
+            "client certificate signed by its ca (give tls=TLS(cert=, key=, ca=)), or "
+            "refused this side's",
+            peer,
+        )
+    return ProtocolError(
+        _A_HELLO,
+        "the end of the connection: the listener dropped this side before its hello (a "
+        "TLS listener drops a plaintext client; its log says why)",
+        peer,
+    )
+
+
 async def handshake(
     streams: Streams,
     *,
+    tls: bool,
     role: int,
     authkey: bytes | None,
     max_gradient_len: int,
@@ -146,12 +171,17 @@ async def handshake(
     peer: Address | None,
     timeout: float | None,
 ) -> Handshake:
-    """Steps 2 and 3 of README "Protocol" for the side of ``role``; the limits are the
-    ones this side receives under (its session's)."""
+    """Steps 2 and 3 of README "Protocol" for the side of ``role`` (over TLS: ``tls``);
+    the limits are the ones this side receives under (its session's)."""
     exchange = _Exchange(streams, peer, timeout)
     own = _own_hello(role, authkey, max_gradient_len, max_payload_len)
     await exchange.send(own)
-    theirs = await exchange.message(p.check_hello_head, "a gradstream hello")
+    try:
+        theirs = await exchange.message(p.check_hello_head, _A_HELLO)
+    except ProtocolError as exc:
+        if role == p.ROLE_CLIENT and exc.seen == p.describe(b""):
+            raise _dropped(tls, peer) from None
+        raise
     hello = p.parse_hello(theirs, role, peer)
     _check_auth_offer(authkey, hello, peer)
     client_hello, server_hello = (own, theirs) if role == p.ROLE_CLIENT else (theirs, own)

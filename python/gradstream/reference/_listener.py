@@ -32,7 +32,7 @@ from .._peers import (
     parse_address,
     peer_text,
 )
-from ..errors import GradientStreamError, StreamIOError
+from ..errors import GradientStreamError, StreamIOError, TlsError
 from . import _protocol as p
 from ._connection import Connection, Endpoint, endpoint, establish
 from ._streams import open_accepted
@@ -142,11 +142,8 @@ class Listener:
                     raise
                 self._refuse(address, f"silent past handshake_timeout ({limit:g} s)")
                 return
-        except ssl.SSLError as exc:
-            self._refuse(address, str(tls_error(exc, address)))
-            return
         except (GradientStreamError, OSError) as exc:
-            self._refuse(address, str(exc))
+            self._refuse(address, str(exc) or repr(exc))
             return
         except BaseException:
             self._connection_slots.release()
@@ -169,7 +166,19 @@ class Listener:
 
     async def _open(self, sock: socket.socket, address: Address) -> Connection:
         ends = self._ends
-        streams = await open_accepted(sock, ends.context, self._limits.handshake_timeout)
+        try:
+            streams = await open_accepted(sock, ends.context, self._limits.handshake_timeout)
+        except ssl.SSLError as exc:
+            raise tls_error(exc, address) from None
+        except OSError as exc:
+            if ends.context is None:
+                raise
+            # A client that refuses this listener's certificate aborts its handshake.
+            raise TlsError(
+                f"the client broke off the TLS handshake ({exc!r}): it refused this "
+                "listener's certificate, or is no TLS client",
+                address,
+            ) from None
         # The whole handshake is under handshake_timeout: no wait of its own.
         return await establish(
             streams,

@@ -67,9 +67,7 @@ def _what(exc: BaseException) -> str:
 
 # Reasons OpenSSL gives that have a plainer cause.
 _HINTS = {
-    "wrong version number": (
-        "the peer does not speak TLS (a plaintext listener? give both sides tls=)"
-    ),
+    "wrong version number": "the peer does not speak TLS (give both sides tls=, or neither)",
     "http request": "the peer sent an HTTP request, not a TLS handshake",
     "unsupported protocol": "the peer does not offer TLS 1.3",
     "tlsv1 alert protocol version": "the peer refused TLS 1.3",

@@ -23,7 +23,13 @@ import numpy as np
 
 from .._io import Clock, Stalled, within
 from .._peers import peer_text
-from ..errors import Address, DeliveryError, GradientStreamError, StreamIOError
+from ..errors import (
+    Address,
+    DeliveryError,
+    GradientStreamError,
+    StreamIOError,
+    StreamTimeoutError,
+)
 from . import _protocol as p
 from ._channels import _sending_channel
 from ._handshake import Handshake
@@ -243,7 +249,7 @@ class AckedLink(BareLink):
             try:
                 chunks = await sending
             except StreamIOError as failure:
-                if not tap.moved:
+                if not tap.moved or isinstance(failure, StreamTimeoutError):
                     raise
                 # The peer went away while this side wrote: its answer, if it gave one.
                 await asyncio.wait({answer}, timeout=0)

@@ -1,0 +1,189 @@
+"""authkey= (README "TLS and authentication"): an HMAC-SHA256 challenge and response over
+both hellos. A wrong or missing key fails on both sides before any gradient byte, a hello
+edited on the way (a man in the middle) fails the same way, a tag reflected back to its
+sender is refused, and the listener goes on serving the others."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import numpy as np
+import pytest
+
+import gradstream.reference as ref
+from gradstream.errors import AuthenticationError, ProtocolError
+from gradstream.reference import _protocol as p
+from support.connections import (
+    KEY,
+    LOCAL,
+    Proxy,
+    raw_peer,
+    read_to_end,
+    run,
+)
+
+OTHER_KEY = b"another key of 32 bytes, or so.."
+
+
+def refusals(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if " refused " in r.getMessage()]
+
+
+async def refused_client(
+    listen_key: bytes | None, connect_key: bytes | None, via_proxy: Proxy | None = None
+) -> tuple[BaseException, int]:
+    """A client with ``connect_key`` at a listener with ``listen_key`` (through the
+    proxy when given): the client's error, and how many connections accept() gave."""
+    async with await ref.listen(LOCAL, authkey=listen_key) as listener:
+        accepted: list[ref.Connection] = []
+
+        async def accepting() -> None:
+            accepted.append(await listener.accept())
+
+        task = asyncio.create_task(accepting())
+        address = listener.address
+        if via_proxy is not None:
+            via_proxy.target = address
+            address = await via_proxy.start()
+        with pytest.raises((AuthenticationError, ProtocolError)) as info:
+            await ref.connect(address, authkey=connect_key)
+        # The listener goes on: a good client is served.
+        good = await ref.connect(listener.address, authkey=listen_key)
+        await task
+        await good.close()
+        await accepted[0].close()
+        if via_proxy is not None:
+            await via_proxy.close()
+        return info.value, len(accepted)
+
+
+@pytest.mark.parametrize(
+    ("listen_key", "connect_key", "client_says", "listener_says"),
+    [
+        (
+            KEY,
+            OTHER_KEY,
+            "the peer's tag does not match: another authkey, or a hello changed on the way",
+            "the peer's tag does not match",
+        ),
+        (
+            KEY,
+            None,
+            "the peer requires an authkey and this side has none (give authkey=)",
+            "this side requires an authkey and the peer's hello offers none",
+        ),
+        (
+            None,
+            KEY,
+            "this side requires an authkey and the peer's hello offers none",
+            "the peer requires an authkey and this side has none",
+        ),
+    ],
+    ids=["wrong", "missing", "unexpected"],
+)
+def test_a_key_mismatch_fails_on_both_sides(
+    listen_key: bytes | None,
+    connect_key: bytes | None,
+    client_says: str,
+    listener_says: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="gradstream"):
+        exc, accepted = run(lambda: refused_client(listen_key, connect_key))
+    assert isinstance(exc, AuthenticationError)
+    assert exc.detail == client_says
+    assert str(exc).startswith("authentication with 127.0.0.1:")
+    assert accepted == 1  # only the good client reached accept()
+    lines = refusals(caplog)
+    assert len(lines) == 1 and listener_says in lines[0], lines
+
+
+@pytest.mark.parametrize(
+    ("offset", "what"),
+    [(52, "max_gradient_len"), (60, "max_payload_len"), (30, "nonce")],
+)
+def test_a_man_in_the_middle_editing_a_hello_field_fails_authentication(
+    offset: int, what: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The client's hello passes the proxy with one byte changed: both tags are over the
+    # hellos each side saw, so they differ, and both sides refuse.
+    proxy = Proxy(("127.0.0.1", 0), edit_at=offset, edit_xor=0x01)
+    with caplog.at_level(logging.WARNING, logger="gradstream"):
+        exc, accepted = run(lambda: refused_client(KEY, KEY, proxy))
+    assert isinstance(exc, AuthenticationError), what
+    assert "the peer's tag does not match" in exc.detail
+    assert accepted == 1
+    lines = refusals(caplog)
+    assert len(lines) == 1 and "the peer's tag does not match" in lines[0]
+
+
+def test_a_man_in_the_middle_editing_the_version_is_refused(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The version is checked before the tags: the listener refuses the hello
+    # (ProtocolError, logged) and closes; the client, waiting for the listener's tag,
+    # learns that it was refused.
+    proxy = Proxy(("127.0.0.1", 0), edit_at=12, edit_xor=0x03)
+    with caplog.at_level(logging.WARNING, logger="gradstream"):
+        exc, accepted = run(lambda: refused_client(KEY, KEY, proxy))
+    assert isinstance(exc, AuthenticationError) and accepted == 1
+    assert exc.detail.startswith("the peer closed the connection instead of authenticating")
+    lines = refusals(caplog)
+    assert len(lines) == 1
+    assert "expected a hello of version 1, got a hello of version 2" in lines[0]
+
+
+def test_a_reflected_tag_is_refused() -> None:
+    # A listener without the key that sends the client's own tag back as its answer.
+    async def main() -> AuthenticationError:
+        async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            hello = p.encode_hello(p.Hello(2, 1, bytes(32), 1 << 30, 1 << 28))
+            writer.write(hello)
+            await reader.readexactly(80)
+            writer.write(await reader.readexactly(48))  # the client's auth, back to it
+            await read_to_end(reader)
+            writer.close()
+
+        server = await asyncio.start_server(on_connection, "127.0.0.1", 0)
+        try:
+            with pytest.raises(AuthenticationError) as info:
+                await ref.connect(server.sockets[0].getsockname()[:2], authkey=KEY)
+            return info.value
+        finally:
+            server.close()
+
+    assert "the peer's tag does not match" in run(main).detail
+
+
+def test_a_client_guessing_a_tag_is_refused_before_any_gradient_byte(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def main() -> bytes:
+        async with await ref.listen(LOCAL, authkey=KEY) as listener:
+            async with raw_peer(listener.address) as (reader, writer):
+                writer.write(p.encode_hello(p.Hello(1, 1, bytes(32), 1 << 30, 1 << 28)))
+                await reader.readexactly(80)
+                writer.write(p.encode_auth(bytes(32)))
+                writer.write(ref.GradientStreamSession("s").encode_frames(np.ones(3, np.float32)))
+                return await read_to_end(reader)
+
+    with caplog.at_level(logging.WARNING, logger="gradstream"):
+        got = run(main)
+    assert got[:4] == b"GSAU" and len(got) == 48  # the listener's tag, then the end
+    assert "the peer's tag does not match" in refusals(caplog)[0]
+
+
+def test_authenticated_peers_say_so() -> None:
+    async def main() -> tuple[ref.Peer, ref.Peer]:
+        async with await ref.listen(LOCAL, authkey=KEY) as listener:
+            client = await ref.connect(listener.address, authkey=KEY)
+            server = await listener.accept()
+            peers = client.peer, server.peer
+            await client.close()
+            await server.close()
+            return peers
+
+    client_view, server_view = run(main)
+    assert client_view.authenticated and server_view.authenticated
+    assert client_view.tls_subject is None and server_view.tls_subject is None

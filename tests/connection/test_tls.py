@@ -1,0 +1,252 @@
+"""TLS (README "TLS and authentication"), with certificates made at test time (trustme,
+IP SAN 127.0.0.1): a TLS connection carries gradients and its bytes on the wire hold none
+of them; mutual TLS names the client's certificate and refuses a client without one; a
+certificate for another name, an unknown CA, TLS 1.2, a missing ALPN and a plaintext peer
+on either side are each refused with a TlsError (or a clear ProtocolError), and the
+listener goes on."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from typing import Any
+
+import numpy as np
+import pytest
+
+import gradstream.reference as ref
+from gradstream.errors import ProtocolError, SettingError, TlsError
+from support.certs import CLIENT_CN, Certificates
+from support.connections import KEY, LOCAL, Proxy, read_to_end, run
+
+GRAD = np.arange(50_000, dtype=np.float32) * np.float32(1.25) + np.float32(0.1)
+
+
+def refusals(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if " refused " in r.getMessage()]
+
+
+async def refusal_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """Until the listener has logged a refusal (the client may know first)."""
+    while not refusals(caplog):
+        await asyncio.sleep(0.01)
+
+
+async def deliver(
+    listener: ref.Listener, via: tuple[str, int] | None = None, **connect: Any
+) -> tuple[ref.Peer, ref.Peer, np.ndarray]:
+    """A real client sends GRAD (to ``via`` when given, else to the listener): (its view
+    of the peer, the listener's, what arrived)."""
+
+    async def receive() -> tuple[ref.Peer, np.ndarray]:
+        async with await listener.accept() as conn:
+            return conn.peer, await conn.recv()
+
+    receiving = asyncio.create_task(receive())
+    async with await ref.connect(via or listener.address, **connect) as conn:
+        assert await conn.send(GRAD) == 1
+        client_view = conn.peer
+    server_view, got = await receiving
+    return client_view, server_view, got
+
+
+def delivered(listen: dict[str, Any], **connect: Any) -> tuple[ref.Peer, ref.Peer, np.ndarray]:
+    """``deliver`` to a listener made with ``listen``."""
+
+    async def main() -> tuple[ref.Peer, ref.Peer, np.ndarray]:
+        async with await ref.listen(LOCAL, **listen) as listener:
+            return await deliver(listener, **connect)
+
+    return run(main)
+
+
+def test_a_tls_connection_carries_gradients(certs: Certificates) -> None:
+    client_view, server_view, got = delivered({"tls": certs.server}, tls=certs.client)
+    assert np.array_equal(got, GRAD)
+    # The client verified the server's certificate; the server verified nobody.
+    assert client_view.authenticated and client_view.tls_subject is None
+    assert not server_view.authenticated and server_view.tls_subject is None
+
+
+def test_tls_and_authkey_together(certs: Certificates) -> None:
+    listen = {"tls": certs.server, "authkey": KEY}
+    _, server_view, got = delivered(listen, tls=certs.client, authkey=KEY)
+    assert np.array_equal(got, GRAD) and server_view.authenticated
+
+
+def test_the_wire_of_a_tls_transfer_holds_no_arrow_and_no_values(certs: Certificates) -> None:
+    async def capture(tls: bool) -> bytes:
+        async with await ref.listen(LOCAL, tls=certs.server if tls else None) as listener:
+            proxy = Proxy(listener.address)
+            address = await proxy.start()
+            _, _, got = await deliver(listener, address, tls=certs.client if tls else None)
+            assert np.array_equal(got, GRAD)
+            await proxy.close()
+            return bytes(proxy.upstream)
+
+    plain = run(lambda: capture(False))
+    wire = run(lambda: capture(True))
+    values = GRAD.tobytes()
+    windows = [values[k : k + 32] for k in range(0, len(values) - 32, 4096)]
+    # The plaintext capture shows both, so the test can tell.
+    assert b"ARROW1" in plain and all(w in plain for w in windows)
+    assert len(wire) > len(values)
+    assert b"ARROW1" not in wire and b"GSHL" not in wire
+    assert not any(w in wire for w in windows)
+
+
+def test_mutual_tls_names_the_client(certs: Certificates) -> None:
+    client_view, server_view, got = delivered({"tls": certs.mutual_server}, tls=certs.mutual_client)
+    assert np.array_equal(got, GRAD)
+    assert server_view.authenticated
+    subject = server_view.tls_subject
+    assert subject is not None
+    # trustme's subject, in certificate order: organisation, unit, common name.
+    assert subject.startswith("O=trustme v1.2.1,OU=Testing cert #"), subject
+    assert subject.endswith(f",CN={CLIENT_CN}"), subject
+    assert client_view.authenticated and client_view.tls_subject is None
+
+
+def test_mutual_tls_refuses_a_client_without_a_certificate(
+    certs: Certificates, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> TlsError:
+        async with await ref.listen(LOCAL, tls=certs.mutual_server) as listener:
+            with pytest.raises(TlsError) as info:
+                await ref.connect(listener.address, tls=certs.client)
+            # The listener goes on: a client with a certificate is served.
+            _, server_view, _ = await deliver(listener, tls=certs.mutual_client)
+            assert server_view.tls_subject is not None
+            return info.value
+
+    with caplog.at_level(logging.WARNING, logger="gradstream"):
+        exc = run(main)
+    assert "client certificate" in exc.detail, exc.detail
+    lines = refusals(caplog)
+    assert len(lines) == 1
+    assert "the client presented no certificate (this listener requires one" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("server", "client", "detail"),
+    [
+        (
+            "wrong_name_server",
+            "client",
+            "certificate verify failed: IP address mismatch, certificate is not valid for "
+            "'127.0.0.1'",
+        ),
+        ("server", "stranger_client", "certificate verify failed: unable to get local issuer"),
+    ],
+    ids=["san-mismatch", "unknown-ca"],
+)
+def test_a_server_certificate_the_client_cannot_verify_is_refused(
+    certs: Certificates, server: str, client: str, detail: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> TlsError:
+        async with await ref.listen(LOCAL, tls=getattr(certs, server)) as listener:
+            with pytest.raises(TlsError) as info:
+                await ref.connect(listener.address, tls=getattr(certs, client))
+            await refusal_logged(caplog)
+            return info.value
+
+    with caplog.at_level(logging.WARNING, logger="gradstream"):
+        exc = run(main)
+    assert exc.detail.startswith(detail), exc.detail
+    assert exc.peer is not None and exc.peer[0] == "127.0.0.1"
+    lines = refusals(caplog)
+    assert len(lines) == 1 and "the client broke off the TLS handshake" in lines[0]
+
+
+def raw_tls_context(
+    certs: Certificates, *, tls12: bool = False, alpn: bool = True
+) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(certs.ca_file))
+    if tls12:
+        context.maximum_version = ssl.TLSVersion.TLSv1_2
+    if alpn:
+        context.set_alpn_protocols(["gradstream/1"])
+    return context
+
+
+def test_a_tls_1_2_client_is_refused(certs: Certificates, caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> None:
+        async with await ref.listen(LOCAL, tls=certs.server) as listener:
+            with pytest.raises((ssl.SSLError, ConnectionError)):
+                await asyncio.open_connection(
+                    *listener.address, ssl=raw_tls_context(certs, tls12=True)
+                )
+            await deliver(listener, tls=certs.client)
+
+    with caplog.at_level(logging.WARNING, logger="gradstream"):
+        run(main)
+    lines = refusals(caplog)
+    assert len(lines) == 1 and "TLS with 127.0.0.1:" in lines[0]
+    assert "the peer does not offer TLS 1.3" in lines[0], lines[0]
+
+
+def test_a_tls_client_without_alpn_is_refused(
+    certs: Certificates, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> bytes:
+        async with await ref.listen(LOCAL, tls=certs.server) as listener:
+            reader, writer = await asyncio.open_connection(
+                *listener.address, ssl=raw_tls_context(certs, alpn=False)
+            )
+            got = await read_to_end(reader)
+            writer.close()
+            return got
+
+    with caplog.at_level(logging.WARNING, logger="gradstream"):
+        assert run(main) == b""  # dropped before the listener's hello
+    lines = refusals(caplog)
+    assert len(lines) == 1
+    assert "the peer negotiated no ALPN; 'gradstream/1' is required" in lines[0]
+
+
+def test_a_plaintext_client_at_a_tls_listener(
+    certs: Certificates, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> ProtocolError:
+        async with await ref.listen(LOCAL, tls=certs.server) as listener:
+            with pytest.raises(ProtocolError) as info:
+                await ref.connect(listener.address)
+            await deliver(listener, tls=certs.client)
+            return info.value
+
+    with caplog.at_level(logging.WARNING, logger="gradstream"):
+        exc = run(main)
+    assert "a TLS listener drops a plaintext client" in exc.seen
+    lines = refusals(caplog)
+    assert len(lines) == 1 and "the peer does not speak TLS" in lines[0]
+
+
+def test_a_tls_client_at_a_plaintext_listener(
+    certs: Certificates, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> TlsError:
+        async with await ref.listen(LOCAL) as listener:
+            with pytest.raises(TlsError) as info:
+                await ref.connect(listener.address, tls=certs.client)
+            await deliver(listener)
+            return info.value
+
+    with caplog.at_level(logging.WARNING, logger="gradstream"):
+        exc = run(main)
+    assert exc.detail.startswith("the peer does not speak TLS"), exc.detail
+    lines = refusals(caplog)
+    assert len(lines) == 1 and "got a TLS ClientHello" in lines[0]
+
+
+def test_tls_files_that_do_not_load_are_setting_errors(certs: Certificates, tmp_path: Any) -> None:
+    bad = tmp_path / "bad.pem"
+    bad.write_text("not a certificate\n")
+
+    async def main() -> None:
+        with pytest.raises(SettingError, match="do not load"):
+            await ref.listen(LOCAL, tls=ref.TLS(cert=bad, key=bad))
+        with pytest.raises(SettingError, match="does not load"):
+            await ref.connect("127.0.0.1:9", tls=ref.TLS(ca=bad))
+
+    run(main)

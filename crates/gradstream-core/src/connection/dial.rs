@@ -9,7 +9,7 @@ use tokio::net::TcpStream;
 
 use super::handshake::handshake;
 use super::link::{Link, Peer};
-use super::Protocol;
+use super::{buffered, Protocol};
 use crate::error::{GradientStreamError, Result};
 use crate::frame::Limits;
 use crate::protocol::Role;
@@ -71,7 +71,7 @@ async fn establish(host: &str, port: u16, settings: &DialSettings) -> Result<Lin
             Ok(Link::sealed(Box::new(stream), established, who))
         }
         Some(tls) => {
-            let mut stream = tls.connect(host, tcp, peer).await?;
+            let mut stream = tls.connect(host, buffered(tcp), peer).await?;
             // Under TLS 1.3 a listener's refusal of our certificate arrives as an alert on
             // the first read after the handshake: the hello's.
             let established = handshake(&mut stream, Role::Client, authkey, settings.limits, peer)

@@ -16,7 +16,7 @@ use tokio::task::JoinHandle;
 
 use super::handshake::handshake;
 use super::link::{Link, Peer};
-use super::Protocol;
+use super::{buffered, Protocol};
 use crate::error::{general_format, GradientStreamError, Result};
 use crate::frame::Limits;
 use crate::protocol::Role;
@@ -169,7 +169,7 @@ async fn admit(tcp: TcpStream, address: SocketAddr, settings: &ListenSettings) -
             Ok(Link::sealed(Box::new(stream), established, who))
         }
         Some(tls) => {
-            let (mut stream, tls_subject) = tls.accept(tcp, peer).await?;
+            let (mut stream, tls_subject) = tls.accept(buffered(tcp), peer).await?;
             let established =
                 handshake(&mut stream, Role::Server, authkey, settings.limits, peer).await?;
             let who = Peer {

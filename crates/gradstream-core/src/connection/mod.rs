@@ -23,3 +23,13 @@ pub enum Protocol {
     /// The bare frames of ipfrs-transport 0.2.0, nothing else.
     Seed,
 }
+
+/// Bytes read from the socket at a time under TLS. rustls asks for at most 4 KiB per
+/// read (and resizes its buffer as it empties); a buffer beneath it turns those into one
+/// system call per 256 KiB: measured, 2.6 x the TLS receive rate (README "Performance").
+const TLS_READ_BUFFER: usize = 256 << 10;
+
+/// A TCP stream with a read buffer, for TLS to read its records from.
+fn buffered(tcp: tokio::net::TcpStream) -> tokio::io::BufReader<tokio::net::TcpStream> {
+    tokio::io::BufReader::with_capacity(TLS_READ_BUFFER, tcp)
+}

@@ -29,6 +29,7 @@ __all__ = [
     "MAX_PENDING_HANDSHAKES",
     "MIN_AUTHKEY_LEN",
     "REFUSAL_LOGS_PER_SECOND",
+    "SSL_SOCKET_REFUSED",
     "TLS",
     "Address",
     "Peer",
@@ -55,6 +56,14 @@ MAX_CONNECTIONS = 256
 LISTENER_DEADLINE = 300.0  # seconds for a gradient, once begun, on a listener's connections
 MIN_AUTHKEY_LEN = 16
 REFUSAL_LOGS_PER_SECOND = 10  # per listener; the rest are counted in the next line
+
+# Why stream_to / receive_from refuse an ssl.SSLSocket, in both implementations: its
+# descriptor carries TLS records, and frames written beneath the TLS session would go out
+# in plaintext.
+SSL_SOCKET_REFUSED = (
+    "an ssl.SSLSocket cannot carry frames (they would bypass its TLS); use tls= with "
+    "gradstream.connect / gradstream.listen, or asyncio streams over TLS"
+)
 
 # The logger of the whole library (README "Logging").
 logger = logging.getLogger("gradstream")

@@ -37,6 +37,7 @@ from ._native import (
     TransferProgress,
     tensor_note,
 )
+from ._peers import SSL_SOCKET_REFUSED
 from .errors import StreamIOError
 
 __all__ = ["GradientStreamSession"]
@@ -117,7 +118,7 @@ def _stream_socket(stream: Any) -> socket.socket | None:
     if isinstance(stream, ssl.SSLSocket):
         # Its descriptor carries TLS records: frames written beneath the TLS session would
         # be plaintext, and what we read would be ciphertext.
-        raise TypeError("an ssl.SSLSocket cannot carry frames; use asyncio streams over TLS")
+        raise TypeError(SSL_SOCKET_REFUSED)
     if stream.fileno() < 0:
         raise StreamIOError(errno.EBADF, "the socket is closed")  # as the reference says it
     if stream.type != socket.SOCK_STREAM:

@@ -43,9 +43,11 @@ def _native_users() -> dict[str, set[str]]:
 def test_only_the_session_layer_uses_the_engine() -> None:
     users = _native_users()
     # __init__ re-exports the constants and the two plain classes; _aio makes the loop's
-    # Completions; _session alone holds an Engine.
-    assert set(users) == {"__init__.py", "_session.py", "_aio.py"}, users
+    # Completions; _session alone holds an Engine (_connection asks the session's engine
+    # for links and listeners, and names TransferProgress in its signatures).
+    assert set(users) == {"__init__.py", "_session.py", "_aio.py", "_connection.py"}, users
     assert users["_aio.py"] == {"Completions"}
+    assert users["_connection.py"] == {"TransferProgress"}
     assert "Engine" not in users["__init__.py"]
     assert all(not name.startswith("_") for names in users.values() for name in names)
 
@@ -91,6 +93,9 @@ def test_the_readme_layout_names_every_source_file() -> None:
             (ROOT / "crates" / "gradstream-core" / "src", "*.rs"),
             (ROOT / "crates" / "gradstream-core" / "src" / "codec", "*.rs"),
             (ROOT / "crates" / "gradstream-core" / "src" / "tensors", "*.rs"),
+            (ROOT / "crates" / "gradstream-core" / "src" / "connection", "*.rs"),
+            (ROOT / "crates" / "gradstream-core" / "src" / "protocol", "*.rs"),
+            (ROOT / "crates" / "gradstream-core" / "src" / "tls", "*.rs"),
             (BINDINGS, "*.rs"),
             (PACKAGE, "*.py"),
             (PACKAGE / "reference", "*.py"),

@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from gradstream._peers import SSL_SOCKET_REFUSED
 from support.aio import run
 
-MESSAGE = "an ssl.SSLSocket cannot carry frames; use asyncio streams over TLS"
+MESSAGE = SSL_SOCKET_REFUSED
 
 
 @pytest.fixture

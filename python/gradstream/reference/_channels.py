@@ -17,6 +17,7 @@ import ssl
 from typing import Any
 
 from .._io import Clock, Stalled
+from .._peers import SSL_SOCKET_REFUSED
 from ..errors import StreamIOError
 
 # --------------------------------------------------------------------------- progress
@@ -231,7 +232,7 @@ class _StreamsChannel(_Channel):
 
 def _check_socket(sock: socket.socket) -> socket.socket:
     if isinstance(sock, ssl.SSLSocket):
-        raise TypeError("an ssl.SSLSocket cannot carry frames; use asyncio streams over TLS")
+        raise TypeError(SSL_SOCKET_REFUSED)
     if sock.type != socket.SOCK_STREAM:
         raise ValueError(
             f"stream must be a connected stream socket (SOCK_STREAM), not {sock.type!r}"

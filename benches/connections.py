@@ -92,7 +92,9 @@ def receiver(pipe: Any, elements: int, layout: str, files: dict[str, str]) -> No
     asyncio.run(main())
 
 
-def sender(pipe: Any, ports: dict[str, int], grad_len: int, layout: str, files: dict[str, str]) -> None:
+def sender(
+    pipe: Any, ports: dict[str, int], grad_len: int, layout: str, files: dict[str, str]
+) -> None:
     import gradstream as gs
 
     async def main() -> None:
@@ -159,8 +161,10 @@ def main(argv: list[str] | None = None) -> int:
             recv_proc.join(30)
             send_proc.join(30)
     size = elements * 4
-    print(f"connections: {elements:,} float32 values ({size / 2**30:.2f} GiB), layout "
-          f"{args.layout}, median of {repeats}, GB/s of gradient")
+    print(
+        f"connections: {elements:,} float32 values ({size / 2**30:.2f} GiB), layout "
+        f"{args.layout}, median of {repeats}, GB/s of gradient"
+    )
     rate = {k: size / statistics.median(v) / 1e9 for k, v in times.items()}
     for kind in KINDS:
         print(f"  {kind:8s} {rate[kind]:6.2f} GB/s")

@@ -195,8 +195,7 @@ impl PyLink {
             setting_error(
                 py,
                 "connection",
-                "another send or recv is running on this connection: one transfer at a time"
-                    .into(),
+                "another send or recv is running on this connection: one transfer at a time".into(),
             )
         })
     }

@@ -47,14 +47,16 @@ async fn read_message<R: AsyncRead + Unpin>(
     expected: &str,
     peer: Option<SocketAddr>,
 ) -> Result<()> {
-    read_full(reader, buf).await?.map_err(|got| GradientStreamError::Protocol {
-        expected: expected.to_string(),
-        seen: format!(
-            "the end of the connection after {got} of its {} bytes",
-            buf.len()
-        ),
-        peer,
-    })
+    read_full(reader, buf)
+        .await?
+        .map_err(|got| GradientStreamError::Protocol {
+            expected: expected.to_string(),
+            seen: format!(
+                "the end of the connection after {got} of its {} bytes",
+                buf.len()
+            ),
+            peer,
+        })
 }
 
 /// Exchange hellos (and, with `authkey`, tags) as `role`.

@@ -253,9 +253,15 @@ impl Link {
             self.check_fits(config, entry.shape.iter().product())?;
         }
         let Mode::Sealed(keys) = &self.mode else {
-            let sent =
-                tensors::send_tensors(config, wire_dtype, tensors, &mut self.stream, waits, progress)
-                    .await;
+            let sent = tensors::send_tensors(
+                config,
+                wire_dtype,
+                tensors,
+                &mut self.stream,
+                waits,
+                progress,
+            )
+            .await;
             return match sent {
                 Ok(n) => Ok(n),
                 Err(e) => self.fail(e).await,
@@ -264,9 +270,10 @@ impl Link {
         let clock = Clock::running(waits);
         let id = keys.id(true);
         let mut tap = Tap::new(&mut self.stream, Digest::new(&id.0));
-        let sent =
-            tensors::send_tensors_sealed(config, wire_dtype, tensors, id, &mut tap, waits, progress)
-                .await;
+        let sent = tensors::send_tensors_sealed(
+            config, wire_dtype, tensors, id, &mut tap, waits, progress,
+        )
+        .await;
         let digest = tap.finish();
         self.acknowledged(sent, digest, &clock).await
     }
@@ -286,10 +293,12 @@ impl Link {
             // pipe) may be the peer refusing mid-way: its refusal may be waiting.
             Err(GradientStreamError::Io(io)) => {
                 let error = match tokio::time::timeout(LINGER, self.read_ack()).await {
-                    Ok(Ok(ack @ Ack {
-                        verdict: Verdict::Refused { .. },
-                        ..
-                    })) => ack.confirm(0, &digest, peer).err(),
+                    Ok(Ok(
+                        ack @ Ack {
+                            verdict: Verdict::Refused { .. },
+                            ..
+                        },
+                    )) => ack.confirm(0, &digest, peer).err(),
                     _ => None,
                 };
                 let error = error.unwrap_or_else(|| {
@@ -335,10 +344,7 @@ impl Link {
         let head = Ack::parse_head(&head, peer)?;
         let mut reason = vec![0u8; head.reason_len()];
         if read_full(&mut self.stream, &mut reason).await?.is_err() {
-            return Err(self.delivery(
-                "the connection closed inside the peer's ack".into(),
-                None,
-            ));
+            return Err(self.delivery("the connection closed inside the peer's ack".into(), None));
         }
         head.finish(&reason, peer)
     }
@@ -377,7 +383,10 @@ impl Link {
                 self.state = State::Closed("the peer closed it".into());
                 Ok(Ended::BeforeFirstByte(receiver))
             }
-            Err(e) => self.refuse(message_instead(e, first, self.peer.address)).await,
+            Err(e) => {
+                self.refuse(message_instead(e, first, self.peer.address))
+                    .await
+            }
         }
     }
 
@@ -417,7 +426,10 @@ impl Link {
                 self.accept(digest).await?;
                 Ok(Received::Transfer(set))
             }
-            Err(e) => self.refuse(message_instead(e, first, self.peer.address)).await,
+            Err(e) => {
+                self.refuse(message_instead(e, first, self.peer.address))
+                    .await
+            }
         }
     }
 

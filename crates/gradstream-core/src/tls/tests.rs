@@ -1,6 +1,8 @@
 //! Handshakes between `TlsAcceptor` and `TlsConnector` over in-memory pipes and loopback
 //! TCP, with certificates made at test time: the good cases, and the peers each side must
 //! refuse (the wrong name, an unknown CA, no client certificate, no ALPN, a plaintext peer).
+//! Uses `testing` (the certificates), the module's API and raw rustls peers; test builds
+//! only.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -16,20 +16,20 @@ import os as _os
 __all__ = [
     "ArrowIpcError",
     "AuthenticationError",
-    "DeliveryError",
-    "ProtocolError",
-    "TlsError",
     "ChecksumMismatchError",
+    "DeliveryError",
     "FrameError",
     "GradientDtypeError",
     "GradientSizeError",
     "GradientStreamError",
     "IncompleteStreamError",
+    "ProtocolError",
     "SettingError",
     "StreamDeadlineError",
     "StreamIOError",
     "StreamTimeoutError",
     "TensorSetError",
+    "TlsError",
 ]
 
 

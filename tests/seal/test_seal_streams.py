@@ -8,6 +8,7 @@ reference's seams for a connection seal with, and expect, an id of their own.
 from __future__ import annotations
 
 import asyncio
+import socket
 from typing import Any
 
 import pytest
@@ -155,3 +156,38 @@ async def outcome_of(awaitable: Any) -> Any:
         return await awaitable
     except FrameError as exc:
         return exc
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("pair", PAIRS, ids=PAIR_IDS)
+def test_receive_iter_holds_each_gradient_to_its_own_transfer(
+    pair: tuple[str, str], path: str
+) -> None:
+    tx = sealed_session(load_impl(pair[0]), 4, seal=True)
+    rx = sealed_session(load_impl(pair[1]), 4, seal=True)
+    first, second = gradient(9, 1), gradient(3, 2)
+    # Two sealed gradients (two ids: each is its own transfer), then an unsealed one.
+    data = tx.encode_frames(first) + tx.encode_frames(second)
+    data += sealed_session(load_impl(pair[0]), 4).encode_frames(first)
+
+    async def main() -> tuple[list[Any], Any]:
+        got: list[Any] = []
+        async with socketpair_ends(path) as (a, b):
+            if path == "socket":
+                a.sendall(data)
+                a.shutdown(socket.SHUT_WR)
+            else:
+                a.write(data)
+                await a.drain()
+                a.write_eof()
+            try:
+                async for g in rx.receive_iter(b):
+                    got.append(g)
+            except FrameError as exc:
+                return got, exc
+        return got, None
+
+    got, error = run(main)
+    assert [bit_equal(g, w) for g, w in zip(got, (first, second), strict=True)] == [True, True]
+    assert type(error) is FrameError
+    assert error.detail == "chunk 0 is not sealed; this receiver expects sealed chunks"

@@ -233,7 +233,7 @@ def test_compression_values(impl: ModuleType, value: Any, stored: str | None):
     # At the flag's old place, after the layout; the value as Python's repr shows it.
     # (How session_id and layout are quoted is not this feature's business.)
     tail = r"""layout=["']seed["'], compression=""" + re.escape(repr(stored))
-    tail += r", keep_shape=False, keep_dtype=False, wire_dtype=None\)$"
+    tail += r", keep_shape=False, keep_dtype=False, wire_dtype=None, seal=False\)$"
     assert re.search(tail, repr(s)), repr(s)
 
 
@@ -245,12 +245,14 @@ def test_compression_defaults_to_none(impl: ModuleType):
     param = inspect.signature(impl.GradientStreamSession).parameters["compression"]
     assert param.kind is inspect.Parameter.KEYWORD_ONLY
     assert param.default is None
-    # Followed only by keep_shape, keep_dtype and wire_dtype (test_shape, test_dtypes).
-    assert list(inspect.signature(impl.GradientStreamSession).parameters)[-4:] == [
+    # Followed only by keep_shape, keep_dtype, wire_dtype (test_shape, test_dtypes) and
+    # seal (seal/).
+    assert list(inspect.signature(impl.GradientStreamSession).parameters)[-5:] == [
         "compression",
         "keep_shape",
         "keep_dtype",
         "wire_dtype",
+        "seal",
     ]
 
 

@@ -62,7 +62,7 @@ def test_keep_shape_setting(impl):
     assert s.keep_shape is False
     t = session(impl, keep_shape=True)
     assert t.keep_shape is True
-    rest = ", keep_dtype=False, wire_dtype=None)"
+    rest = ", keep_dtype=False, wire_dtype=None, seal=False)"
     assert repr(s).endswith(", compression=None, keep_shape=False" + rest), repr(s)
     assert repr(t).endswith(", compression=None, keep_shape=True" + rest), repr(t)
     z = session(impl, compression="zstd", keep_shape=True)
@@ -76,9 +76,9 @@ def test_keep_shape_setting(impl):
 
 def test_keep_shape_follows_compression_as_a_keyword_only_parameter(impl):
     params = list(inspect.signature(impl.GradientStreamSession).parameters.values())
-    last = params[-3]  # then keep_dtype and wire_dtype (tests/dtypes/)
+    last = params[-4]  # then keep_dtype and wire_dtype (tests/dtypes/), seal (tests/seal/)
     assert last.name == "keep_shape"
-    assert params[-4].name == "compression"
+    assert params[-5].name == "compression"
     assert last.kind is inspect.Parameter.KEYWORD_ONLY
     assert last.default is False
 

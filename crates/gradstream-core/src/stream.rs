@@ -192,12 +192,12 @@ pub(crate) async fn send_gradient_on<W: AsyncWrite + Unpin>(
             checksum,
         };
         let head;
-        let pieces;
-        let parts: [&[u8]; 4] = match &template {
+        let parts: [&[u8]; 8] = match &template {
             Some((t, values)) => {
-                pieces = t.pieces(values, seal.as_ref());
+                let pieces = t.pieces(values, seal.as_ref());
                 head = header(pieces.checksum).to_bytes();
-                [&head[..], &pieces.prefix, pieces.values, &pieces.suffix]
+                let [a, b, c, d, e, f, g] = pieces.parts;
+                [&head[..], a, b, c, d, e, f, g]
             }
             None => {
                 // Header and payload in one buffer: two writes would meet Nagle's
@@ -206,7 +206,7 @@ pub(crate) async fn send_gradient_on<W: AsyncWrite + Unpin>(
                 let (head, payload) = frame.split_at_mut(HEADER_LEN);
                 let checksum = write_payload(config.layout, seal, window, payload)?;
                 head.copy_from_slice(&header(checksum).to_bytes());
-                [&frame[..], &[], &[], &[]]
+                [&frame[..], &[], &[], &[], &[], &[], &[], &[]]
             }
         };
         write_frame(writer, parts, clock, (sent, Some(total)), progress).await?;
@@ -220,9 +220,9 @@ pub(crate) async fn send_gradient_on<W: AsyncWrite + Unpin>(
 /// one vectored write where the writer takes it, and count it in `progress`. The timeout
 /// bounds each write call, not the frame: a slow reader that keeps taking bytes is
 /// progress. `at` is (chunks sent, total) for the timeout error.
-pub(crate) async fn write_frame<W: AsyncWrite + Unpin>(
+pub(crate) async fn write_frame<W: AsyncWrite + Unpin, const N: usize>(
     writer: &mut W,
-    mut parts: [&[u8]; 4],
+    mut parts: [&[u8]; N],
     clock: &Clock,
     at: (usize, Option<u32>),
     progress: &Progress,

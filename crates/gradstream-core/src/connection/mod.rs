@@ -33,3 +33,6 @@ const TLS_READ_BUFFER: usize = 256 << 10;
 fn buffered(tcp: tokio::net::TcpStream) -> tokio::io::BufReader<tokio::net::TcpStream> {
     tokio::io::BufReader::with_capacity(TLS_READ_BUFFER, tcp)
 }
+
+#[cfg(test)]
+mod tests;

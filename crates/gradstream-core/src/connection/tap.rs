@@ -159,3 +159,76 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tap<'_, S> {
         Pin::new(&mut *self.get_mut().inner).poll_shutdown(cx)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::SessionConfig;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// The digest the protocol defines, from the headers of `frames` (a frame stream).
+    fn expected(id: &[u8; 16], frames: &[u8]) -> [u8; 32] {
+        let mut digest = Digest::new(id);
+        let mut at = 0;
+        while at < frames.len() {
+            let mut header = [0u8; HEADER_LEN];
+            header.copy_from_slice(&frames[at..at + HEADER_LEN]);
+            digest.header(&header);
+            at += HEADER_LEN + FrameHeader::from_bytes(&header).payload_len as usize;
+        }
+        digest.finish()
+    }
+
+    #[tokio::test]
+    async fn a_tap_digests_the_headers_however_the_bytes_are_split() {
+        let values: Vec<f32> = (0..2500).map(|i| i as f32).collect();
+        let frames = SessionConfig::new("t", 1000)
+            .encode_frames(&values)
+            .expect("encodes");
+        let id = [7u8; 16];
+        let want = expected(&id, &frames);
+        for piece in [1, 5, 16, 17, 999, frames.len()] {
+            // Written in pieces of `piece` bytes...
+            let mut sink = Vec::new();
+            let mut tap = Tap::new(&mut sink, Digest::new(&id));
+            for part in frames.chunks(piece) {
+                tap.write_all(part).await.expect("writes");
+            }
+            assert_eq!(
+                tap.first_header().map(|h| h.to_vec()),
+                Some(frames[..16].to_vec())
+            );
+            assert_eq!(tap.finish(), want, "written {piece} bytes at a time");
+            assert_eq!(sink, frames);
+            // ...and read in pieces of `piece` bytes.
+            let mut source: &[u8] = &frames;
+            let mut tap = Tap::new(&mut source, Digest::new(&id));
+            let mut got = Vec::new();
+            let mut buf = vec![0u8; piece];
+            loop {
+                let n = tap.read(&mut buf).await.expect("reads");
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
+            }
+            assert_eq!(tap.finish(), want, "read {piece} bytes at a time");
+            assert_eq!(got, frames);
+        }
+    }
+
+    #[tokio::test]
+    async fn another_header_changes_the_digest() {
+        let frames = SessionConfig::new("t", 4)
+            .encode_frames(&[1.0f32, 2.0, 3.0, 4.0, 5.0][..])
+            .expect("encodes");
+        let id = [1u8; 16];
+        let mut changed = frames.clone();
+        changed[0] ^= 1; // chunk_index 0 -> 1
+        assert_ne!(expected(&id, &frames), expected(&id, &changed));
+        let mut sink = Vec::new();
+        let mut tap = Tap::new(&mut sink, Digest::new(&id));
+        tap.write_all(&changed).await.expect("writes");
+        assert_eq!(tap.finish(), expected(&id, &changed));
+    }
+}

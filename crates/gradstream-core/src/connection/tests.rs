@@ -1,0 +1,189 @@
+//! Connections end to end over 127.0.0.1: a sealed, acknowledged round trip each way, an
+//! authkey both sides hold and one they do not, a foreign peer turned into a refusal
+//! event while the listener goes on, and a peer's limit honoured before a byte is sent.
+
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+
+use super::*;
+use crate::error::GradientStreamError;
+use crate::frame::Limits;
+use crate::receiver::Ended;
+use crate::session::SessionConfig;
+use crate::stream::{Progress, Waits};
+
+const KEY: &[u8] = b"sixteen bytes or more";
+
+fn listen_settings(authkey: Option<&[u8]>, limits: Limits) -> ListenSettings {
+    ListenSettings {
+        protocol: Protocol::Gradstream,
+        tls: None,
+        authkey: authkey.map(<[u8]>::to_vec),
+        handshake_timeout: Duration::from_secs(5),
+        max_pending_handshakes: 4,
+        max_connections: 4,
+        limits,
+    }
+}
+
+fn dial_settings(authkey: Option<&[u8]>) -> DialSettings {
+    DialSettings {
+        protocol: Protocol::Gradstream,
+        tls: None,
+        authkey: authkey.map(<[u8]>::to_vec),
+        handshake_timeout: Duration::from_secs(5),
+        limits: Limits::default(),
+    }
+}
+
+async fn next_link(listener: &mut Listener) -> Link {
+    match listener.next().await {
+        Some(Event::Connected(link)) => link,
+        Some(Event::Refused { error, .. }) => panic!("refused: {error}"),
+        None => panic!("the listener closed"),
+    }
+}
+
+fn values(link: Ended) -> Vec<f32> {
+    match link {
+        Ended::Gradient(output) => output.into_vec(),
+        Ended::BeforeFirstByte(_) => panic!("the peer closed"),
+    }
+}
+
+#[tokio::test]
+async fn a_sealed_round_trip_each_way_is_acknowledged() {
+    let config = SessionConfig::new("t", 1000);
+    let mut listener = Listener::bind(
+        "127.0.0.1",
+        0,
+        listen_settings(Some(KEY), Limits::default()),
+    )
+    .await
+    .expect("binds");
+    let port = listener.address().port();
+    let grad: Vec<f32> = (0..2500).map(|i| i as f32 * 0.5).collect();
+    let client = async {
+        let mut link = connect("127.0.0.1", port, &dial_settings(Some(KEY)))
+            .await
+            .expect("connects");
+        assert!(link.peer().authenticated);
+        let p = Progress::default();
+        for _ in 0..2 {
+            let sent = link.send_gradient(&config, (&grad).into(), Waits::default(), &p);
+            assert_eq!(sent.await.expect("acknowledged"), 3);
+        }
+        let back = link
+            .recv_gradient(config.receiver(), Waits::default(), &p)
+            .await;
+        link.close().await;
+        values(back.expect("receives"))
+    };
+    let server = async {
+        let mut link = next_link(&mut listener).await;
+        let p = Progress::default();
+        let mut got = Vec::new();
+        for _ in 0..2 {
+            let ended = link
+                .recv_gradient(config.receiver(), Waits::default(), &p)
+                .await;
+            got.push(values(ended.expect("receives")));
+        }
+        let sent = link.send_gradient(&config, (&got[0]).into(), Waits::default(), &p);
+        assert_eq!(sent.await.expect("acknowledged"), 3);
+        let end = link
+            .recv_gradient(config.receiver(), Waits::default(), &p)
+            .await;
+        assert!(matches!(end, Ok(Ended::BeforeFirstByte(_))));
+        assert!(link.is_closed());
+        got
+    };
+    let (back, got) = tokio::join!(client, server);
+    assert_eq!(got, vec![grad.clone(), grad.clone()]);
+    assert_eq!(back, grad);
+}
+
+#[tokio::test]
+async fn a_wrong_authkey_fails_on_both_sides_and_the_listener_goes_on() {
+    let mut listener = Listener::bind(
+        "127.0.0.1",
+        0,
+        listen_settings(Some(KEY), Limits::default()),
+    )
+    .await
+    .expect("binds");
+    let port = listener.address().port();
+    let wrong = connect(
+        "127.0.0.1",
+        port,
+        &dial_settings(Some(b"another key of 16+ bytes")),
+    )
+    .await;
+    assert!(
+        matches!(wrong, Err(GradientStreamError::Authentication { .. })),
+        "{:?}",
+        wrong.err()
+    );
+    match listener.next().await {
+        Some(Event::Refused { error, .. }) => {
+            assert!(
+                matches!(error, GradientStreamError::Authentication { .. }),
+                "{error}"
+            )
+        }
+        _ => panic!("expected a refusal"),
+    }
+    // A foreign peer: an HTTP request.
+    let mut http = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connects");
+    http.write_all(b"GET / HTTP/1.1\r\n\r\n")
+        .await
+        .expect("writes");
+    match listener.next().await {
+        Some(Event::Refused { error, .. }) => {
+            assert!(error.to_string().contains("an HTTP request"), "{error}")
+        }
+        _ => panic!("expected a refusal"),
+    }
+    let settings = dial_settings(Some(KEY));
+    let good = connect("127.0.0.1", port, &settings);
+    let (good, accepted) = tokio::join!(good, next_link(&mut listener));
+    assert!(good.expect("connects").peer().authenticated && accepted.peer().authenticated);
+}
+
+#[tokio::test]
+async fn a_gradient_over_the_peers_limit_is_refused_before_a_byte() {
+    let small = Limits {
+        max_gradient_len: 10,
+        ..Limits::default()
+    };
+    let mut listener = Listener::bind("127.0.0.1", 0, listen_settings(None, small))
+        .await
+        .expect("binds");
+    let port = listener.address().port();
+    let settings = dial_settings(None);
+    let (client, _server) = tokio::join!(
+        connect("127.0.0.1", port, &settings),
+        next_link(&mut listener)
+    );
+    let mut link = client.expect("connects");
+    let config = SessionConfig::new("t", 4);
+    let grad = vec![1.0f32; 11];
+    let sent = link
+        .send_gradient(
+            &config,
+            (&grad).into(),
+            Waits::default(),
+            &Progress::default(),
+        )
+        .await;
+    match sent {
+        Err(GradientStreamError::Delivery { detail, reason, .. }) => {
+            assert!(detail.contains("at most 10"), "{detail}");
+            assert_eq!(reason, None);
+        }
+        other => panic!("expected a DeliveryError, got {:?}", other.err()),
+    }
+}

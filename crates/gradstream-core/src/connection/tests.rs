@@ -45,6 +45,13 @@ async fn next_link(listener: &mut Listener) -> Link {
     }
 }
 
+async fn refusal(listener: &mut Listener) -> GradientStreamError {
+    match listener.next().await {
+        Some(Event::Refused { error, .. }) => error,
+        _ => panic!("expected a refusal"),
+    }
+}
+
 fn values(link: Ended) -> Vec<f32> {
     match link {
         Ended::Gradient(output) => output.into_vec(),
@@ -141,12 +148,8 @@ async fn a_wrong_authkey_fails_on_both_sides_and_the_listener_goes_on() {
     http.write_all(b"GET / HTTP/1.1\r\n\r\n")
         .await
         .expect("writes");
-    match listener.next().await {
-        Some(Event::Refused { error, .. }) => {
-            assert!(error.to_string().contains("an HTTP request"), "{error}")
-        }
-        _ => panic!("expected a refusal"),
-    }
+    let error = refusal(&mut listener).await;
+    assert!(error.to_string().contains("an HTTP request"), "{error}");
     let settings = dial_settings(Some(KEY));
     let good = connect("127.0.0.1", port, &settings);
     let (good, accepted) = tokio::join!(good, next_link(&mut listener));

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import os
 import time
 from dataclasses import dataclass
@@ -80,12 +81,21 @@ class SendPlan:
     bar: bool
 
 
-def _connect_failure(where: str, exc: BaseException, timeout: float | None) -> CliError:
+def _connect_failure(
+    where: str, exc: BaseException, timeout: float | None, link: LinkSettings
+) -> CliError:
     if isinstance(exc, StreamTimeoutError) and timeout is not None:
         return CliError(f"cannot connect to {where}: no answer within {timeout:g} s")
     if isinstance(exc, OSError) and isinstance(exc.errno, int) and exc.errno > 0:
         # Both implementations' words for a refused or unreachable peer: the OS's.
-        return CliError(f"cannot connect to {where}: {os.strerror(exc.errno)}")
+        hint = ""
+        if link.tls is not None and exc.errno in (errno.ECONNRESET, errno.EPIPE):
+            # A TLS listener that refuses this side's certificate closes at once, and the
+            # reset can overtake its alert.
+            hint = " (under TLS, often the receiver refusing this side's certificate: its log says)"
+        return CliError(
+            f"cannot connect to {where}: {os.strerror(exc.errno)} ({type(exc).__name__}){hint}"
+        )
     return CliError(f"cannot connect to {where}: {describe_transfer_error(exc)}")
 
 
@@ -102,7 +112,7 @@ async def _send_all(impl: Impl, plan: SendPlan) -> None:
     try:
         conn = await impl.connect(plan.address, plan.session, plan.link)
     except (GradientStreamError, OSError) as exc:
-        raise _connect_failure(where, exc, plan.timeout) from exc
+        raise _connect_failure(where, exc, plan.timeout, plan.link) from exc
     acknowledged = ", acknowledged" if plan.link.protocol == "gradstream" else ""
     count = len(plan.gradients)
     try:

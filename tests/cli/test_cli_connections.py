@@ -75,6 +75,22 @@ def received(stdout: str) -> list[tuple[int, str, Path]]:
     return found
 
 
+def assert_saved_in_order(folder: Path, grads: list[np.ndarray]) -> None:
+    """``folder/o-0.npy``, ``o-1.npy``, ... hold ``grads`` bit for bit, in that order."""
+    for i, grad in enumerate(grads):
+        assert bit_equal(np.load(folder / f"o-{i}.npy"), grad), i
+
+
+def after_a_good_worker(receiver: Child, where: str, path: str, impl: str, *secured: str) -> str:
+    """A worker that may send ends the run (--count 1): the receiver's stderr, once it
+    exited 0."""
+    good = run("send", where, path, "--impl", impl, *secured)
+    assert good.returncode == 0, good.stderr
+    status, _, stderr = receiver.finish()
+    assert status == 0, stderr
+    return stderr
+
+
 def index_of(grad: np.ndarray, files: list[Path]) -> int:
     """The position in `files` of the one file bit-equal to `grad` (exactly one)."""
     hits = [i for i, f in enumerate(files) if bit_equal(np.load(f), grad)]
@@ -191,8 +207,7 @@ def test_count_numbers_files_across_connections_in_arrival_order(
     status, stdout, stderr = receiver.finish()
     assert status == 0, stderr
     assert [n for n, _, _ in received(stdout)] == [1, 2, 3]
-    for i, grad in enumerate([a, b, c]):
-        assert bit_equal(np.load(tmp_path / f"o-{i}.npy"), grad)
+    assert_saved_in_order(tmp_path, [a, b, c])
 
 
 # --------------------------------------------------------------------------- --forever
@@ -222,8 +237,7 @@ def test_forever_until_a_signal(
     assert last.startswith(f"stopped by {signum.name} after 2 gradients; all ")
     assert last.endswith("chunk CRC-32 checks passed")
     assert sorted(p.name for p in tmp_path.glob("o*")) == ["o-0.npy", "o-1.npy"]
-    for i, grad in enumerate(grads):
-        assert bit_equal(np.load(tmp_path / f"o-{i}.npy"), grad)
+    assert_saved_in_order(tmp_path, grads)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -301,10 +315,7 @@ def test_a_wrong_authkey_fails_on_both_sides(
     )
     if worker_key == "none":
         assert "the peer requires an authkey" in bad.stderr
-    good = run("send", where, path, "--impl", impl, "--authkey-file", authkey)
-    assert good.returncode == 0, good.stderr
-    status, _, stderr = receiver.finish()
-    assert status == 0, stderr
+    stderr = after_a_good_worker(receiver, where, path, impl, "--authkey-file", authkey)
     assert_one_line_error(
         stderr,
         f"gradstream: warning: listener {where} refused 127.0.0.1:",
@@ -346,10 +357,7 @@ def test_a_wrong_certificate_fails_on_both_sides(
     assert re.search(rf"\(({expected})\)$", bad.stderr.strip()) or (
         case != "plaintext" and reset in bad.stderr
     ), bad.stderr
-    good = run("send", where, path, "--impl", impl, *worker_tls(certs))
-    assert good.returncode == 0, good.stderr
-    status, _, stderr = receiver.finish()
-    assert status == 0, stderr
+    stderr = after_a_good_worker(receiver, where, path, impl, *worker_tls(certs))
     assert_one_line_error(
         stderr, f"gradstream: warning: listener {where} refused 127.0.0.1:", ": TLS with "
     )
@@ -383,8 +391,7 @@ def test_seed_protocol_between_the_commands(
     status, stdout, stderr = receiver.finish()
     assert status == 0, stderr
     assert [identity for _, identity, _ in received(stdout)] == ["", ""]
-    for i, grad in enumerate(grads):
-        assert bit_equal(np.load(tmp_path / f"o-{i}.npy"), grad)
+    assert_saved_in_order(tmp_path, grads)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -395,10 +402,7 @@ def test_a_seed_sender_at_a_gradstream_receiver_is_refused_by_name(
     path = save(tmp_path, "g.npy", gradient(10))
     # The seed sender cannot know (nothing answers bare frames); the listener says why.
     run("send", f"127.0.0.1:{port}", path, "--impl", impl, "--protocol", "seed")
-    good = run("send", f"127.0.0.1:{port}", path, "--impl", impl)
-    assert good.returncode == 0, good.stderr
-    status, _, stderr = receiver.finish()
-    assert status == 0, stderr
+    stderr = after_a_good_worker(receiver, f"127.0.0.1:{port}", path, impl)
     assert_one_line_error(
         stderr,
         f"gradstream: warning: listener 127.0.0.1:{port} refused 127.0.0.1:",

@@ -82,12 +82,20 @@ def output_paths(out: Path, count: int) -> list[Path]:
     return [output_path(out, i, count) for i in range(count)]
 
 
-def _save(path: Path, array: npt.NDArray[Any]) -> None:
-    """numpy.save to exactly `path` (no `.npy` appended), via a temporary file and rename."""
-    part = path.with_name(path.name + ".part")
+def _write(part: Path, array: npt.NDArray[Any]) -> None:
+    """numpy.save to exactly `part` (no `.npy` appended); a failure removes it."""
     try:
         with open(part, "wb") as f:
             np.save(f, array)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            part.unlink()
+        raise CliError(f"cannot write {part}: {exc.strerror or exc}") from exc
+
+
+def _rename(part: Path, path: Path) -> None:
+    """The written `part` becomes `path` at once (a reader never sees half a file)."""
+    try:
         os.replace(part, path)
     except OSError as exc:
         with contextlib.suppress(OSError):
@@ -185,11 +193,12 @@ class Run:
         self.saved = 0
         # Chunks counted over the saved gradients; None once one came without a count.
         self.chunks: int | None = 0
-        self._arrived = 0
+        self._arrived = 0  # gradients arrived, for their files' temporary names
         self._slots = None if plan.count is None else asyncio.Semaphore(plan.count)
         self._open = 0
         self._idle: asyncio.TimerHandle | None = None
         self._saves: set[asyncio.Task[None]] = set()
+        self._numbering = asyncio.Lock()
 
     # ---- state
 
@@ -225,11 +234,6 @@ class Run:
         if self._slots is not None:
             self._slots.release()
 
-    def arrive(self) -> int:
-        """A claimed gradient arrived: its index, in arrival order (its slot is spent)."""
-        self._arrived += 1
-        return self._arrived - 1
-
     # ---- connections, for --timeout
 
     def watch_idle(self) -> None:
@@ -255,23 +259,37 @@ class Run:
 
     # ---- saving
 
-    def keep(self, index: int, received: Received, who: str, seconds: float) -> asyncio.Task[None]:
-        """Save the ``index``-th gradient in a task of its own (a cancelled connection
-        does not cancel it: ``saves_done`` waits for it)."""
-        task = asyncio.get_running_loop().create_task(self._save(index, received, who, seconds))
+    def keep(self, received: Received, who: str, seconds: float) -> asyncio.Task[None]:
+        """Save a gradient that arrived, in a task of its own (a cancelled connection does
+        not cancel it: ``saves_done`` waits for it)."""
+        self._arrived += 1
+        part = self.plan.out.with_name(f"{self.plan.out.name}.{self._arrived}.part")
+        task = asyncio.get_running_loop().create_task(self._save(part, received, who, seconds))
         self._saves.add(task)
         task.add_done_callback(self._saves.discard)
         return task
 
-    async def _save(self, index: int, received: Received, who: str, seconds: float) -> None:
+    async def _save(self, part: Path, received: Received, who: str, seconds: float) -> None:
+        """Write the gradient, then give it the next number: files and lines are numbered
+        in the order the gradients are saved (a large one still being written does not
+        hold a number up)."""
         values = received.values
-        path = output_path(self.plan.out, index, self.plan.count)
         try:
-            await asyncio.to_thread(_save, path, values)
+            await asyncio.to_thread(_write, part, values)
+            async with self._numbering:
+                index = self.saved
+                path = output_path(self.plan.out, index, self.plan.count)
+                await asyncio.to_thread(_rename, part, path)
+                self.saved += 1
+                self._report(index, path, received, who, seconds)
         except CliError as exc:
             self.fail(exc)
             return
-        self.saved += 1
+        if self.saved == self.plan.count:
+            self._finish(RunState.COMPLETE)
+
+    def _report(self, index: int, path: Path, received: Received, who: str, seconds: float) -> None:
+        values = received.values
         chunks = ""
         if received.chunks is None or self.chunks is None:
             self.chunks = None
@@ -284,8 +302,6 @@ class Run:
             f"MiB){chunks} in {seconds:.3f} s, {rate(values.nbytes, seconds)} from {who} "
             f"-> {path}"
         )
-        if self.saved == self.plan.count:
-            self._finish(RunState.COMPLETE)
 
     async def saves_done(self) -> None:
         while self._saves:
@@ -332,7 +348,8 @@ async def _take_gradients(run: Run, impl: Impl, conn: Connection) -> None:
                 run.release()
                 return
             seconds = time.perf_counter() - start
-            await asyncio.shield(run.keep(run.arrive(), received, who, seconds))
+            # Its slot is spent: the gradient arrived (and was acknowledged).
+            await asyncio.shield(run.keep(received, who, seconds))
     finally:
         run.closed()
 

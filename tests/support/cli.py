@@ -39,9 +39,9 @@ LISTENING = re.compile(r"^listening on 127\.0\.0\.1:(\d+)$")
 class Child:
     """A CLI process whose stdout and stderr are read in threads (reads can time out)."""
 
-    def __init__(self, args: list[str], command: list[str] = CLI) -> None:
+    def __init__(self, args: list[str], command: list[str] = CLI, cwd: Path | None = None) -> None:
         self.proc = subprocess.Popen(
-            [*command, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            [*command, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd
         )
         self._lines: queue.Queue[str | None] = queue.Queue()
         self._stderr: list[str] = []
@@ -108,8 +108,10 @@ class Child:
         self.proc.wait()
 
 
-def start(spawn: list[Child], *args: str, command: list[str] = CLI) -> Child:
-    child = Child(list(args), command)
+def start(
+    spawn: list[Child], *args: str, command: list[str] = CLI, cwd: Path | None = None
+) -> Child:
+    child = Child(list(args), command, cwd)
     spawn.append(child)
     return child
 
@@ -122,9 +124,9 @@ def start_receiver(spawn: list[Child], *args: str, command: list[str] = CLI) -> 
     return child, int(match[1])
 
 
-def run(*args: str) -> subprocess.CompletedProcess[str]:
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run the CLI to completion (killed after TIMEOUT)."""
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=TIMEOUT)
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=TIMEOUT, cwd=cwd)
 
 
 def error_lines(stderr: str) -> list[str]:

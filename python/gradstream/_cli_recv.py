@@ -70,7 +70,7 @@ log = logging.getLogger("gradstream.cli")
 
 
 def output_path(out: Path, index: int, count: int | None) -> Path:
-    """Where the ``index``-th gradient (from 0, in arrival order) goes: ``out`` itself
+    """Where the ``index``-th gradient saved (from 0) goes: ``out`` itself
     when the run takes one, else ``STEM-index.SUFFIX`` (``--forever`` numbers them all)."""
     if count == 1:
         return out
@@ -210,8 +210,9 @@ class Run:
                 self._idle.cancel()
 
     def stop(self, signum: signal.Signals) -> None:
-        self.stopped_by = signum
-        self._finish(RunState.STOPPED)
+        if self.state is RunState.RECEIVING:
+            self.stopped_by = signum
+            self._finish(RunState.STOPPED)
 
     def fail(self, error: CliError) -> None:
         if self.state is RunState.RECEIVING:
@@ -316,7 +317,7 @@ class Run:
 # --------------------------------------------------------------------------- a connection
 
 
-def _refusal(plan: RecvPlan, who: str, exc: GradientStreamError) -> str:
+def _refusal(plan: RecvPlan, who: str, exc: Exception) -> str:
     # The session stops a gradient at its max_gradient_len, the room of --max-bytes: a
     # header's total_chunks, a compressed batch's rows, or the values counted so far.
     if "max_gradient_len" in str(exc):
@@ -337,7 +338,7 @@ async def _take_gradients(run: Run, impl: Impl, conn: Connection) -> None:
             start = time.perf_counter()
             try:
                 received = await impl.recv(conn, progress)
-            except GradientStreamError as exc:
+            except (GradientStreamError, OSError) as exc:
                 run.release()
                 log.warning("%s", _refusal(run.plan, who, exc))
                 return

@@ -176,8 +176,8 @@ def _add_recv(sub: Any) -> None:
         "the peer (its address, its TLS subject under mutual TLS, 'authenticated' when it "
         "proved the authkey or a certificate) and what arrived.",
         epilog="With --count 1 the gradient is saved to FILE as given; otherwise the i-th "
-        "to arrive (from 0, across connections) goes to STEM-i.SUFFIX (out.npy -> out-0.npy, "
-        "out-1.npy, ...), --forever included.\n"
+        "saved (from 0, across connections, as they arrive) goes to STEM-i.SUFFIX (out.npy "
+        "-> out-0.npy, out-1.npy, ...), --forever included.\n"
         "A gradient is saved in the dtype and shape it arrives in: 'gradstream send' sends "
         "float32 values without a shape (1-D); a Python peer may send float16, bfloat16 or "
         "float64, or a shape (keep_dtype=True, keep_shape=True). The line printed for each "

@@ -47,7 +47,8 @@ NETWORK_DESCRIPTION = (
 )
 
 _LISTENING = re.compile(r"^listening on (?:\[(?P<h6>[^\]]+)\]|(?P<h>[^:\s]+)):(?P<port>\d+)\s*$")
-_RECEIVED = re.compile(r"^received gradient: .* chunks in (?P<s>[0-9.]+) s, (?P<rate>[0-9.]+) GB/s")
+# recv's line for its one gradient (the chunk count before "in" is the native's only).
+_RECEIVED = re.compile(r"^received gradient: .* in (?P<s>[0-9.]+) s, (?P<rate>[0-9.]+) GB/s")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

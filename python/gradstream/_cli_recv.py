@@ -1,0 +1,417 @@
+"""``gradstream recv``: serve any number of connections at once (``serve``), save every
+gradient that arrives as a .npy file, and stop after ``--count`` gradients in all, or
+never (``--forever``, until SIGINT or SIGTERM).
+
+Three rules make a run honest about what it kept:
+
+* **Slots.** With ``--count N`` a connection takes one of the N slots before it reads a
+  gradient, and gives it back if that gradient fails. So at most the gradients still
+  missing are read at once, and no gradient past the N-th is ever read, let alone
+  acknowledged: its sender's ``send`` fails (``DeliveryError``) when the run ends.
+* **Shares.** ``--max-bytes B`` is split evenly: each gradient is received with room for
+  ``B / N`` bytes (``B`` with ``--forever``) counted at the widest value a peer can send,
+  and the session refuses, before it is acknowledged and before anything is written, a
+  gradient that would take more. The N gradients together stay within ``B``, however
+  they arrive; the hello tells each sender its limit, so it fails at once, not at the end.
+* **Bad peers do not end a run.** A peer the listener refuses (TLS, hello, authkey) is
+  logged by the library; a gradient that fails (its CRC, its seal, the room) is logged
+  here, with the peer, and its connection closed. The run goes on serving the others.
+
+Over ``_cli_base`` and ``_cli_impl``; ``cli`` calls ``run_recv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import enum
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ._cli_base import (
+    MIB,
+    WIDEST_VALUE,
+    CliError,
+    count_of,
+    describe_peer,
+    describe_transfer_error,
+    describe_values,
+    format_address,
+    format_size,
+    parse_address,
+    rate,
+    resolve,
+    say,
+)
+from ._cli_impl import Connection, Impl, Received, load_impl
+from ._cli_link import LinkSettings, link_settings
+from .errors import GradientStreamError
+
+__all__ = ["LISTENING_PREFIX", "output_path", "output_paths", "run_recv"]
+
+DEFAULT_HOST = "127.0.0.1"
+# The first line `recv` prints; `gradstream demo` and the tests parse it.
+LISTENING_PREFIX = "listening on "
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+log = logging.getLogger("gradstream.cli")
+
+
+# --------------------------------------------------------------------------- files
+
+
+def output_path(out: Path, index: int, count: int | None) -> Path:
+    """Where the ``index``-th gradient saved (from 0) goes: ``out`` itself
+    when the run takes one, else ``STEM-index.SUFFIX`` (``--forever`` numbers them all)."""
+    if count == 1:
+        return out
+    return out.with_name(f"{out.stem}-{index}{out.suffix}")
+
+
+def output_paths(out: Path, count: int) -> list[Path]:
+    """``out`` itself for one gradient; ``STEM-0.SUFFIX``, ``STEM-1.SUFFIX``... for more."""
+    return [output_path(out, i, count) for i in range(count)]
+
+
+def _write(part: Path, array: npt.NDArray[Any]) -> None:
+    """numpy.save to exactly `part` (no `.npy` appended); a failure removes it."""
+    try:
+        with open(part, "wb") as f:
+            np.save(f, array)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            part.unlink()
+        raise CliError(f"cannot write {part}: {exc.strerror or exc}") from exc
+
+
+def _rename(part: Path, path: Path) -> None:
+    """The written `part` becomes `path` at once (a reader never sees half a file)."""
+    try:
+        os.replace(part, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            part.unlink()
+        raise CliError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class RecvPlan:
+    """What the command line asks of one ``recv`` run (its settings; no run state)."""
+
+    address: tuple[str, int]
+    out: Path
+    count: int | None  # None: --forever
+    max_bytes: int
+    idle_timeout: float | None  # --timeout, for the wait without a connection
+    max_connections: int | None
+
+    @property
+    def share(self) -> int:
+        """The bytes of values one gradient may take."""
+        return self.max_bytes // (self.count or 1)
+
+    @property
+    def room(self) -> int:
+        """The values one gradient may hold, each counted at the widest dtype."""
+        return self.share // WIDEST_VALUE
+
+    def label(self, index: int) -> str:
+        if self.count == 1:
+            return "gradient"
+        return f"gradient {index + 1}" + ("" if self.count is None else f"/{self.count}")
+
+    def bound(self) -> str:
+        """`--max-bytes 8K over --count 2 (4,096 bytes a gradient: room for 512 values of
+        up to 8 bytes)`, as the refusals name it."""
+        over = "" if (self.count or 1) == 1 else f" over --count {self.count}"
+        return (
+            f"--max-bytes {format_size(self.max_bytes)}{over} ({self.share:,} bytes a "
+            f"gradient: room for {count_of(self.room, 'value')} of up to {WIDEST_VALUE} bytes)"
+        )
+
+
+def recv_plan(args: argparse.Namespace) -> RecvPlan:
+    host, port = parse_address(args.address, default_host=DEFAULT_HOST, allow_port_zero=True)
+    count = None if args.forever else (1 if args.count is None else args.count)
+    if count is not None and count < 1:
+        raise CliError(f"--count must be >= 1, got {count}", 2)
+    if args.max_connections is not None and args.max_connections < 1:
+        raise CliError(f"--max-connections must be >= 1, got {args.max_connections}", 2)
+    plan = RecvPlan(
+        address=(host, port),
+        out=Path(args.out),
+        count=count,
+        max_bytes=args.max_bytes,
+        idle_timeout=None if count is None else args.timeout,
+        max_connections=args.max_connections,
+    )
+    if plan.room < 1:
+        each = "" if (count or 1) == 1 else f" for each of {count} gradients"
+        raise CliError(
+            f"--max-bytes {format_size(plan.max_bytes)} leaves less than {WIDEST_VALUE} bytes"
+            f"{each}: no room for one value (recv counts {WIDEST_VALUE} bytes a value)",
+            2,
+        )
+    first = output_path(plan.out, 0, count)
+    if not first.parent.is_dir():
+        raise CliError(f"cannot write {first}: directory {first.parent} does not exist")
+    return plan
+
+
+# --------------------------------------------------------------------------- the run
+
+
+class RunState(enum.Enum):
+    RECEIVING = "receiving"
+    COMPLETE = "complete"  # --count gradients saved
+    STOPPED = "stopped"  # by a signal
+    FAILED = "failed"  # a file not written, or no connection within --timeout
+
+
+class Run:
+    """One ``recv`` run as it goes: its state, the slots of ``--count``, the gradients
+    arrived and saved, the connections open (for ``--timeout``) and the saves running."""
+
+    def __init__(self, plan: RecvPlan) -> None:
+        self.plan = plan
+        self.state = RunState.RECEIVING
+        self.finished = asyncio.Event()
+        self.failure: CliError | None = None
+        self.stopped_by: signal.Signals | None = None
+        self.saved = 0
+        # Chunks counted over the saved gradients; None once one came without a count.
+        self.chunks: int | None = 0
+        self._arrived = 0  # gradients arrived, for their files' temporary names
+        self._slots = None if plan.count is None else asyncio.Semaphore(plan.count)
+        self._open = 0
+        self._idle: asyncio.TimerHandle | None = None
+        self._saves: set[asyncio.Task[None]] = set()
+        self._numbering = asyncio.Lock()
+
+    # ---- state
+
+    def _finish(self, state: RunState) -> None:
+        if self.state is RunState.RECEIVING:
+            self.state = state
+            self.finished.set()
+            if self._idle is not None:
+                self._idle.cancel()
+
+    def stop(self, signum: signal.Signals) -> None:
+        if self.state is RunState.RECEIVING:
+            self.stopped_by = signum
+            self._finish(RunState.STOPPED)
+
+    def fail(self, error: CliError) -> None:
+        if self.state is RunState.RECEIVING:
+            self.failure = error
+            self._finish(RunState.FAILED)
+
+    # ---- slots
+
+    async def claim(self) -> bool:
+        """A slot for the next gradient of a connection; False once the run is over."""
+        if self._slots is not None:
+            await self._slots.acquire()
+        if self.state is not RunState.RECEIVING:
+            self.release()
+            return False
+        return True
+
+    def release(self) -> None:
+        """Give back a slot whose gradient did not arrive."""
+        if self._slots is not None:
+            self._slots.release()
+
+    # ---- connections, for --timeout
+
+    def watch_idle(self) -> None:
+        """With --timeout, fail when no connection is open for that long."""
+        seconds = self.plan.idle_timeout
+        if seconds is not None and self._open == 0 and self.state is RunState.RECEIVING:
+            loop = asyncio.get_running_loop()
+            self._idle = loop.call_later(seconds, self._idle_too_long, seconds)
+
+    def _idle_too_long(self, seconds: float) -> None:
+        done = f" ({self.saved} of {self.plan.count} gradients received)" if self.saved else ""
+        self.fail(CliError(f"no connection within {seconds:g} s{done}"))
+
+    def opened(self) -> None:
+        self._open += 1
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+
+    def closed(self) -> None:
+        self._open -= 1
+        self.watch_idle()
+
+    # ---- saving
+
+    def keep(self, received: Received, who: str, seconds: float) -> asyncio.Task[None]:
+        """Save a gradient that arrived, in a task of its own (a cancelled connection does
+        not cancel it: ``saves_done`` waits for it)."""
+        self._arrived += 1
+        part = self.plan.out.with_name(f"{self.plan.out.name}.{self._arrived}.part")
+        task = asyncio.get_running_loop().create_task(self._save(part, received, who, seconds))
+        self._saves.add(task)
+        task.add_done_callback(self._saves.discard)
+        return task
+
+    async def _save(self, part: Path, received: Received, who: str, seconds: float) -> None:
+        """Write the gradient, then give it the next number: files and lines are numbered
+        in the order the gradients are saved (a large one still being written does not
+        hold a number up)."""
+        values = received.values
+        try:
+            await asyncio.to_thread(_write, part, values)
+            async with self._numbering:
+                index = self.saved
+                path = output_path(self.plan.out, index, self.plan.count)
+                await asyncio.to_thread(_rename, part, path)
+                self.saved += 1
+                self._report(index, path, received, who, seconds)
+        except CliError as exc:
+            self.fail(exc)
+            return
+        if self.saved == self.plan.count:
+            self._finish(RunState.COMPLETE)
+
+    def _report(self, index: int, path: Path, received: Received, who: str, seconds: float) -> None:
+        values = received.values
+        chunks = ""
+        if received.chunks is None or self.chunks is None:
+            self.chunks = None
+        else:
+            self.chunks += received.chunks
+            chunks = f", {received.chunks:,} chunks"
+        values_text = describe_values(values.dtype, values.shape)
+        say(
+            f"received {self.plan.label(index)}: {values_text} ({values.nbytes / MIB:,.1f} "
+            f"MiB){chunks} in {seconds:.3f} s, {rate(values.nbytes, seconds)} from {who} "
+            f"-> {path}"
+        )
+
+    async def saves_done(self) -> None:
+        while self._saves:
+            await asyncio.gather(*self._saves)
+
+    def checks_passed(self) -> str:
+        """`all 12 chunk CRC-32 checks passed` (a getting here means every one held)."""
+        counted = "" if self.chunks is None else f"{self.chunks:,} "
+        return f"all {counted}chunk CRC-32 checks passed"
+
+
+# --------------------------------------------------------------------------- a connection
+
+
+def _refusal(plan: RecvPlan, who: str, exc: Exception) -> str:
+    # The session stops a gradient at its max_gradient_len, the room of --max-bytes: a
+    # header's total_chunks, a compressed batch's rows, or the values counted so far.
+    if "max_gradient_len" in str(exc):
+        return f"gradient from {who} refused: it would pass {plan.bound()}: " + (
+            describe_transfer_error(exc)
+        )
+    return f"gradient from {who} failed: {describe_transfer_error(exc)}"
+
+
+async def _take_gradients(run: Run, impl: Impl, conn: Connection) -> None:
+    """Every gradient of one connection, each under a slot, until the peer closes, a
+    gradient fails, or the run is over."""
+    who = describe_peer(conn.peer)
+    run.opened()
+    try:
+        while await run.claim():
+            progress = impl.progress()
+            start = time.perf_counter()
+            try:
+                received = await impl.recv(conn, progress)
+            except (GradientStreamError, OSError) as exc:
+                run.release()
+                log.warning("%s", _refusal(run.plan, who, exc))
+                return
+            except BaseException:
+                run.release()
+                raise
+            if received is None:
+                run.release()
+                return
+            seconds = time.perf_counter() - start
+            # Its slot is spent: the gradient arrived (and was acknowledged).
+            await asyncio.shield(run.keep(received, who, seconds))
+    finally:
+        run.closed()
+
+
+# --------------------------------------------------------------------------- the command
+
+
+async def _serve(impl: Impl, plan: RecvPlan, session: Any, link: LinkSettings) -> Run:
+    run = Run(plan)
+    loop = asyncio.get_running_loop()
+    for signum in STOP_SIGNALS:
+        loop.add_signal_handler(signum, run.stop, signum)
+    where = format_address(*plan.address)
+    try:
+        try:
+            server = await impl.serve(
+                plan.address,
+                lambda conn: _take_gradients(run, impl, conn),
+                session,
+                link,
+                plan.max_connections,
+            )
+        except OSError as exc:
+            raise CliError(f"cannot listen on {where}: {exc.strerror or exc}") from exc
+        except GradientStreamError as exc:
+            raise CliError(f"cannot listen on {where}: {describe_transfer_error(exc)}") from exc
+        try:
+            say(f"{LISTENING_PREFIX}{format_address(*server.address)}")
+            run.watch_idle()
+            await run.finished.wait()
+        finally:
+            await server.close()
+            await run.saves_done()
+    finally:
+        for signum in STOP_SIGNALS:
+            loop.remove_signal_handler(signum)
+    return run
+
+
+def _outcome(run: Run) -> int:
+    """The last line and the exit status of a finished run."""
+    if run.state is RunState.FAILED:
+        assert run.failure is not None
+        raise run.failure
+    if run.state is RunState.COMPLETE:
+        say(run.checks_passed())
+        return 0
+    assert run.stopped_by is not None
+    received = count_of(run.saved, "gradient")
+    passed = f"; {run.checks_passed()}" if run.saved else ""
+    say(f"stopped by {run.stopped_by.name} after {received}{passed}")
+    if run.plan.count is None:
+        return 0  # a signal is how --forever ends
+    return 128 + run.stopped_by.value
+
+
+def run_recv(args: argparse.Namespace) -> int:
+    """``gradstream recv``; its exit status."""
+    plan = recv_plan(args)
+    link = link_settings(args, listening=True)
+    impl = load_impl(args.impl)
+    resolve(*plan.address, passive=True)
+    session = impl.session(timeout=args.timeout, max_gradient_len=plan.room)
+    return _outcome(asyncio.run(_serve(impl, plan, session, link)))

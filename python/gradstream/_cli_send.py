@@ -1,0 +1,162 @@
+"""``gradstream send``: each .npy file over one connection, in order.
+
+With ``--protocol gradstream`` (the default) ``send`` returns for a file only once the
+receiver acknowledged it, so a gradient the receiver refused, or never read because it
+closed first (``recv --count 1`` given two files), fails the command: exit 1 and one
+line naming the file and the ``DeliveryError``. With ``--protocol seed`` a file is done
+once its bytes are written, as ipfrs-transport does, and nothing tells a lost one.
+
+Over ``_cli_base``, ``_cli_impl``, ``_cli_link`` and ``_cli_progress``; ``cli`` calls
+``run_send`` with the parsed arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import errno
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from ._cli_base import (
+    MIB,
+    CliError,
+    describe_transfer_error,
+    describe_values,
+    format_address,
+    one_line,
+    parse_address,
+    rate,
+    resolve,
+    say,
+)
+from ._cli_impl import Impl, load_impl
+from ._cli_link import LinkSettings, link_settings
+from ._cli_progress import want_progress, with_progress
+from .errors import GradientStreamError, StreamTimeoutError
+
+__all__ = ["load_gradient", "run_send"]
+
+
+def load_gradient(path: Path) -> npt.NDArray[np.float32]:
+    """A float32 array from a .npy file, memory-mapped when possible (no copy)."""
+    if not path.is_file():
+        raise CliError(f"cannot read {path}: no such file")
+    try:
+        try:
+            array = np.load(path, mmap_mode="r", allow_pickle=False)
+        except ValueError:
+            # Arrays numpy cannot map (e.g. object arrays) get a plain load and its message.
+            array = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise CliError(f"cannot read {path} as a .npy file: {one_line(str(exc))}") from exc
+    if not isinstance(array, np.ndarray):
+        raise CliError(f"{path} is not a .npy file holding one array (a .npz archive?)")
+    if array.dtype.kind != "f" or array.dtype.itemsize != 4:
+        stem = path.with_name(path.stem + "-f32.npy")
+        raise CliError(
+            f"{path} holds {array.dtype} values; gradstream sends float32 only. Convert it: "
+            f"python -c \"import numpy as n; n.save('{stem}', "
+            f"n.load('{path}').astype(n.float32))\""
+        )
+    return cast(npt.NDArray[np.float32], array)
+
+
+@dataclass(frozen=True)
+class SendPlan:
+    """What the command line asks of one ``send`` run."""
+
+    address: tuple[str, int]
+    gradients: list[tuple[Path, npt.NDArray[np.float32]]]
+    session: Any
+    link: LinkSettings
+    timeout: float | None
+    bar: bool
+
+
+def _connect_failure(
+    where: str, exc: BaseException, timeout: float | None, link: LinkSettings
+) -> CliError:
+    if isinstance(exc, StreamTimeoutError) and timeout is not None:
+        return CliError(f"cannot connect to {where}: no answer within {timeout:g} s")
+    if isinstance(exc, OSError) and isinstance(exc.errno, int) and exc.errno > 0:
+        # Both implementations' words for a refused or unreachable peer: the OS's.
+        hint = ""
+        if link.tls is not None and exc.errno in (errno.ECONNRESET, errno.EPIPE):
+            # A TLS listener that refuses this side's certificate closes at once, and the
+            # reset can overtake its alert.
+            hint = " (under TLS, often the receiver refusing this side's certificate: its log says)"
+        return CliError(
+            f"cannot connect to {where}: {os.strerror(exc.errno)} ({type(exc).__name__}){hint}"
+        )
+    return CliError(f"cannot connect to {where}: {describe_transfer_error(exc)}")
+
+
+def _sent_values(session: Any, grad: npt.NDArray[np.float32]) -> str:
+    """What the peer receives of `grad`: its values, flat unless the session keeps shapes
+    (dtype.name is float32 for a big-endian file too: the values are sent swapped)."""
+    shape = grad.shape if session.keep_shape else (grad.size,)
+    what = describe_values(grad.dtype, shape)
+    return what if shape == grad.shape else f"{what} (flattened from shape {grad.shape})"
+
+
+async def _send_all(impl: Impl, plan: SendPlan) -> None:
+    where = format_address(*plan.address)
+    try:
+        conn = await impl.connect(plan.address, plan.session, plan.link)
+    except (GradientStreamError, OSError) as exc:
+        raise _connect_failure(where, exc, plan.timeout, plan.link) from exc
+    acknowledged = ", acknowledged" if plan.link.protocol == "gradstream" else ""
+    count = len(plan.gradients)
+    try:
+        for i, (path, grad) in enumerate(plan.gradients):
+            progress = impl.progress()
+            label = "send" if count == 1 else f"send {i + 1}/{count}"
+            which = str(path) if count == 1 else f"{path} ({i + 1} of {count})"
+            start = time.perf_counter()
+            try:
+                chunks = await with_progress(
+                    impl.send(conn, grad, progress), progress, label, plan.bar
+                )
+            except (GradientStreamError, OSError) as exc:
+                raise CliError(f"sending {which} failed: {describe_transfer_error(exc)}") from exc
+            seconds = time.perf_counter() - start
+            say(
+                f"sent {path}: {_sent_values(plan.session, grad)} "
+                f"({grad.nbytes / MIB:,.1f} MiB), {chunks:,} chunks in {seconds:.3f} s, "
+                f"{rate(grad.nbytes, seconds)}{acknowledged}"
+            )
+    finally:
+        # A connection a failed transfer broke has nothing more to say; its error is the
+        # one to report.
+        with contextlib.suppress(GradientStreamError, OSError):
+            await conn.close()
+
+
+def run_send(args: argparse.Namespace) -> int:
+    """``gradstream send``; its exit status."""
+    host, port = parse_address(args.address)
+    if args.chunk_size is not None and args.chunk_size < 0:
+        raise CliError(f"--chunk-size must be >= 0, got {args.chunk_size}", 2)
+    link = link_settings(args, listening=False)
+    gradients = [(Path(f), load_gradient(Path(f))) for f in args.files]
+    impl = load_impl(args.impl)
+    resolve(host, port, passive=False)
+    compression = None if args.compression == "none" else args.compression
+    plan = SendPlan(
+        address=(host, port),
+        gradients=gradients,
+        session=impl.session(args.chunk_size, args.timeout, args.layout, compression),
+        link=link,
+        timeout=args.timeout,
+        bar=want_progress(args),
+    )
+    asyncio.run(_send_all(impl, plan))
+    return 0

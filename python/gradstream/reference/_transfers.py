@@ -31,7 +31,7 @@ from ..errors import (
     StreamTimeoutError,
 )
 from . import _protocol as p
-from ._channels import _sending_channel
+from ._channels import _check_progress, _sending_channel
 from ._handshake import Handshake
 from ._session import GradientStreamSession
 from ._streams import Streams
@@ -88,33 +88,52 @@ class BareLink:
 
     # ---- the transfers
 
-    async def send(self, gradient: Any) -> int:
-        """One gradient; its chunk count once delivered."""
+    async def send(self, gradient: Any, progress: Any = None, deadline: float | None = None) -> int:
+        """One gradient; its chunk count once delivered (``deadline``: the call's, else
+        the connection's)."""
         session = self._session
         prepared = session._input(gradient)
         self._check_length(len(prepared.values))
-        clock = session._clock(None)
+        clock = session._clock(deadline)
+        checked = _check_progress(progress)
         channel = _sending_channel(self._writer, clock)
         # SEAL: sealed with this transfer's id once the session can (branch seal).
-        return await self._outgoing(lambda: session._send(channel, prepared, None), clock)
+        return await self._outgoing(lambda: session._send(channel, prepared, checked), clock)
 
-    async def send_tensors(self, tensors: Any) -> int:
+    async def send_tensors(
+        self, tensors: Any, progress: Any = None, deadline: float | None = None
+    ) -> int:
         """One tensor set; its frame count once delivered."""
         session = self._session
         # SEAL: sealed with this transfer's id once the session can (branch seal).
         return await self._outgoing(
-            lambda: session.stream_tensors(tensors, self._writer), session._clock(None)
+            lambda: session.stream_tensors(
+                tensors, self._writer, progress=progress, deadline=deadline
+            ),
+            session._clock(deadline),
         )
 
-    async def recv(self, out: np.ndarray | None) -> tuple[np.ndarray, bool]:
+    async def recv(
+        self, out: np.ndarray | None, progress: Any = None, deadline: float | None = None
+    ) -> tuple[np.ndarray, bool]:
         """One gradient, acknowledged; and True (with receive_from's empty result) when
         the peer closed before it began."""
         # SEAL: expecting this transfer's id once the session can (branch seal).
-        return await self._incoming(lambda: self._session.receive_from(self._reader, out=out))
+        return await self._incoming(
+            lambda: self._session.receive_from(
+                self._reader, out=out, progress=progress, deadline=deadline
+            )
+        )
 
-    async def recv_tensors(self) -> tuple[dict[str, np.ndarray], bool]:
+    async def recv_tensors(
+        self, progress: Any = None, deadline: float | None = None
+    ) -> tuple[dict[str, np.ndarray], bool]:
         # SEAL: expecting this transfer's id once the session can (branch seal).
-        return await self._incoming(lambda: self._session.receive_tensors(self._reader))
+        return await self._incoming(
+            lambda: self._session.receive_tensors(
+                self._reader, progress=progress, deadline=deadline
+            )
+        )
 
     async def _outgoing(self, run: Callable[[], Awaitable[int]], clock: Clock) -> int:
         tap = self._tap = self._outgoing_tap()

@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 use super::handshake::handshake;
 use super::link::{Link, Peer};
 use super::Protocol;
-use crate::error::{general_format, GradientStreamError, Result};
+use crate::error::{GradientStreamError, Result};
 use crate::frame::Limits;
 use crate::protocol::Role;
 use crate::tls::TlsAcceptor;
@@ -36,15 +36,20 @@ pub struct ListenSettings {
     pub limits: Limits,
 }
 
+/// Why a peer was dropped.
+pub enum Refusal {
+    /// Its handshake failed.
+    Failed(GradientStreamError),
+    /// It did not finish its handshake within `handshake_timeout` (this long).
+    Silent(Duration),
+}
+
 /// What happened at the listener.
 pub enum Event {
     /// A peer through the handshake.
     Connected(Link),
     /// A peer dropped, and why.
-    Refused {
-        address: SocketAddr,
-        error: GradientStreamError,
-    },
+    Refused { address: SocketAddr, why: Refusal },
 }
 
 /// A bound listener: its events arrive in `next`; dropping it stops accepting.
@@ -100,7 +105,11 @@ async fn accept_loop(tcp: TcpListener, settings: ListenSettings, events: mpsc::S
     let connections = Arc::new(Semaphore::new(settings.max_connections.max(1)));
     let handshakes = Arc::new(Semaphore::new(settings.max_pending_handshakes.max(1)));
     let settings = Arc::new(settings);
+    // The handshakes under way: dropped with this loop (an aborted one: a closed listener).
+    let mut handshaking = tokio::task::JoinSet::new();
     loop {
+        // Reap the finished ones, so the set holds only those still running.
+        while handshaking.try_join_next().is_some() {}
         // Both permits before the accept: past either cap, peers wait in the kernel's
         // backlog and cost this process nothing.
         let (Ok(slot), Ok(pending)) = (
@@ -118,23 +127,19 @@ async fn accept_loop(tcp: TcpListener, settings: ListenSettings, events: mpsc::S
             }
         };
         let (events, settings) = (events.clone(), settings.clone());
-        tokio::spawn(async move {
+        handshaking.spawn(async move {
             let limit = settings.handshake_timeout;
             let admitted = tokio::time::timeout(limit, admit(stream, address, &settings)).await;
             drop(pending);
             let event = match admitted {
                 Ok(Ok(link)) => Event::Connected(link.holding(slot)),
-                Ok(Err(error)) => Event::Refused { address, error },
+                Ok(Err(error)) => Event::Refused {
+                    address,
+                    why: Refusal::Failed(error),
+                },
                 Err(_) => Event::Refused {
                     address,
-                    error: GradientStreamError::Protocol {
-                        expected: "a finished handshake".into(),
-                        seen: format!(
-                            "silence past handshake_timeout ({} s)",
-                            general_format(limit.as_secs_f64())
-                        ),
-                        peer: Some(address),
-                    },
+                    why: Refusal::Silent(limit),
                 },
             };
             // A closed listener drops what is still arriving.
@@ -159,8 +164,15 @@ async fn admit(tcp: TcpStream, address: SocketAddr, settings: &ListenSettings) -
     match &settings.tls {
         None => {
             let mut stream = tcp;
-            let established =
-                handshake(&mut stream, Role::Server, authkey, settings.limits, peer).await?;
+            let established = handshake(
+                &mut stream,
+                Role::Server,
+                false,
+                authkey,
+                settings.limits,
+                peer,
+            )
+            .await?;
             let who = Peer {
                 address,
                 tls_subject: None,
@@ -170,8 +182,15 @@ async fn admit(tcp: TcpStream, address: SocketAddr, settings: &ListenSettings) -
         }
         Some(tls) => {
             let (mut stream, tls_subject) = tls.accept(tcp, peer).await?;
-            let established =
-                handshake(&mut stream, Role::Server, authkey, settings.limits, peer).await?;
+            let established = handshake(
+                &mut stream,
+                Role::Server,
+                true,
+                authkey,
+                settings.limits,
+                peer,
+            )
+            .await?;
             let who = Peer {
                 address,
                 authenticated: established.authenticated || tls_subject.is_some(),

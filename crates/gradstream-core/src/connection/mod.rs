@@ -13,7 +13,7 @@ mod tap;
 
 pub use dial::{connect, DialSettings};
 pub use link::{Link, Peer, Received};
-pub use listener::{Event, ListenSettings, Listener};
+pub use listener::{Event, ListenSettings, Listener, Refusal};
 
 /// What a connection speaks: a local setting of each side, never negotiated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

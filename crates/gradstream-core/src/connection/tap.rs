@@ -20,7 +20,10 @@ use crate::protocol::Digest;
 /// Where the walk stands in the frame stream.
 enum Walk {
     /// Inside a header: `have` of its 16 bytes seen so far.
-    Header { bytes: [u8; HEADER_LEN], have: usize },
+    Header {
+        bytes: [u8; HEADER_LEN],
+        have: usize,
+    },
     /// Inside a payload: `left` bytes of it still to pass.
     Payload { left: u64 },
 }

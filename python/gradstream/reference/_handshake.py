@@ -79,20 +79,28 @@ class _Exchange:
             self.writer.write(data)
             await self._wait(self.writer.drain())
 
-    async def _exactly(self, n: int, expected: str) -> bytes:
+    async def _exactly(self, n: int, expected: str, head: bool) -> bytes:
+        """``n`` bytes: a message's first 16 (``head``; cut short, they are named as
+        ``describe`` names them) or the rest its head announced."""
         with _as_ours(self.peer):
             try:
                 return await self._wait(self.reader.readexactly(n))
             except asyncio.IncompleteReadError as short:
-                raise ProtocolError(expected, p.describe(short.partial), self.peer) from None
+                got = len(short.partial)
+                seen = (
+                    p.describe(short.partial)
+                    if head
+                    else f"the end of the connection {got} bytes into its last {n}"
+                )
+                raise ProtocolError(expected, seen, self.peer) from None
 
     async def message(
         self, check_head: Callable[[bytes, Address | None], int], expected: str
     ) -> bytes:
         """One message: its first 16 bytes, checked, then the rest they announce."""
-        head = await self._exactly(p.HEAD_LEN, expected)
+        head = await self._exactly(p.HEAD_LEN, expected, head=True)
         rest = check_head(head, self.peer)
-        return head + await self._exactly(rest, expected)
+        return head + await self._exactly(rest, expected, head=False)
 
 
 def _own_hello(

@@ -50,6 +50,7 @@ async def hostile(listener: ref.Listener, first: bytes) -> bytes:
     """A peer that sends ``first`` and reads until the listener drops it: what it got."""
     async with raw_peer(listener.address) as (reader, writer):
         writer.write(first)
+        writer.write_eof()
         return await read_to_end(reader)
 
 
@@ -63,6 +64,11 @@ CASES = {
         "expected a hello of version 1, got a hello of version 2",
     ),
     "garbage": (bytes(range(100, 116)) * 2, "hello, got bytes 6465666768"),
+    "short hello": (
+        p.encode_hello(p.Hello(1, 0, bytes(32), 1, 1))[:30],
+        "hello, got the end of the connection 14 bytes into its last 64",
+    ),
+    "short head": (b"GSHL", "hello, got the end of the connection after 4 bytes (4753484c)"),
 }
 
 

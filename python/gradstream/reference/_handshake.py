@@ -61,11 +61,20 @@ def _as_ours(peer: Address | None) -> Iterator[None]:
 
 class _Ended(ProtocolError):
     """The end of the connection inside a message: a ProtocolError naming the bytes that
-    came (``partial``)."""
+    came (``partial`` of ``wanted``: the message's first 16 when ``head``, else the rest
+    its head announced)."""
 
-    def __init__(self, expected: str, partial: bytes, peer: Address | None) -> None:
-        super().__init__(expected, p.describe(partial), peer)
+    def __init__(
+        self, expected: str, partial: bytes, wanted: int, head: bool, peer: Address | None
+    ) -> None:
+        seen = (
+            p.describe(partial)
+            if head
+            else f"the end of the connection {len(partial)} bytes into its last {wanted}"
+        )
+        super().__init__(expected, seen, peer)
         self.partial = partial
+        self.head = head
 
 
 class _Exchange:
@@ -88,20 +97,22 @@ class _Exchange:
             self.writer.write(data)
             await self._wait(self.writer.drain())
 
-    async def _exactly(self, n: int, expected: str) -> bytes:
+    async def _exactly(self, n: int, expected: str, head: bool) -> bytes:
+        """``n`` bytes: a message's first 16 (``head``; cut short, they are named as
+        ``describe`` names them) or the rest its head announced."""
         with _as_ours(self.peer):
             try:
                 return await self._wait(self.reader.readexactly(n))
             except asyncio.IncompleteReadError as short:
-                raise _Ended(expected, short.partial, self.peer) from None
+                raise _Ended(expected, short.partial, n, head, self.peer) from None
 
     async def message(
         self, check_head: Callable[[bytes, Address | None], int], expected: str
     ) -> bytes:
         """One message: its first 16 bytes, checked, then the rest they announce."""
-        head = await self._exactly(p.HEAD_LEN, expected)
+        head = await self._exactly(p.HEAD_LEN, expected, head=True)
         rest = check_head(head, self.peer)
-        return head + await self._exactly(rest, expected)
+        return head + await self._exactly(rest, expected, head=False)
 
 
 def _own_hello(
@@ -188,7 +199,7 @@ async def handshake(
         theirs = await exchange.message(p.check_hello_head, _A_HELLO)
     except _Ended as ended:
         # Nothing, or a TLS alert record only: the listener dropped this side.
-        if role == p.ROLE_CLIENT and ended.partial[:2] in (b"", b"\x15\x03"):
+        if role == p.ROLE_CLIENT and ended.head and ended.partial[:2] in (b"", b"\x15\x03"):
             raise _dropped(tls, peer) from None
         raise
     hello = p.parse_hello(theirs, role, peer)

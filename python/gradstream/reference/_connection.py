@@ -95,9 +95,8 @@ def _session(session: Any) -> GradientStreamSession:
 def _with_waits(
     session: GradientStreamSession, timeout: float | None, deadline: float | None
 ) -> GradientStreamSession:
-    """``session`` with another timeout and deadline (every other setting its own)."""
-    # SEAL: seal=True here once the session has it (branch seal): always on in a
-    # "gradstream" connection.
+    """``session`` with another timeout and deadline (every other setting its own; a
+    "gradstream" connection's links seal each transfer with the connection's own ids)."""
     return GradientStreamSession(
         session.session_id,
         session.chunk_size,

@@ -54,7 +54,7 @@ async fn read_message<R: AsyncRead + Unpin>(
         .map_err(|got| Ended(buf[..got].to_vec())))
 }
 
-/// The ProtocolError of a message cut short.
+/// The ProtocolError of a message cut short in its first 16 bytes.
 fn cut_short(ended: &Ended, kind: Kind, peer: Option<SocketAddr>) -> GradientStreamError {
     GradientStreamError::Protocol {
         expected: kind.expected().to_string(),
@@ -116,7 +116,15 @@ pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     Hello::check_start(&start, peer)?;
     theirs_bytes[..START_LEN].copy_from_slice(&start);
     if let Err(ended) = read_message(stream, &mut theirs_bytes[START_LEN..]).await? {
-        return Err(cut_short(&ended, Kind::Hello, peer));
+        return Err(GradientStreamError::Protocol {
+            expected: Kind::Hello.expected().to_string(),
+            seen: format!(
+                "the end of the connection {} bytes into its last {}",
+                ended.0.len(),
+                HELLO_LEN - START_LEN
+            ),
+            peer,
+        });
     }
     let theirs = Hello::parse(&theirs_bytes, role.peer(), peer)?;
     let (client, server) = match role {

@@ -338,7 +338,8 @@ class Listener:
         if self._closed:
             return
         self._closed = True
-        self._native.close()
+        hub = _aio.hub()
+        await hub.track(self._native.close(hub.native))
         self._pump.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._pump

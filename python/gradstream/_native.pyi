@@ -309,12 +309,13 @@ class Link:
 @final
 class Listener:
     """A bound listener; next() returns a job whose result is ("connection", Link),
-    ("refused", (host, port), exception) or None once closed."""
+    ("refused", (host, port), exception), ("silent", (host, port), handshake_timeout)
+    or None once closed; close() a job done once the listening socket is closed."""
 
     @property
     def address(self) -> tuple[str, int]: ...
     def next(self, completions: Completions) -> int: ...
-    def close(self) -> None: ...
+    def close(self, completions: Completions) -> int: ...
 
 @final
 class Completions:

@@ -23,6 +23,7 @@ use super::stream::{progress_counters, TransferProgress};
 use super::tensors::{HeldTensors, TensorArgs};
 use gradstream_core::connection::{
     self, DialSettings, Event, Link, ListenSettings, Listener, Peer, Protocol, Received, Refusal,
+    Stopper,
 };
 use gradstream_core::error::{GradientStreamError, Result};
 use gradstream_core::receiver::Ended;
@@ -156,7 +157,7 @@ pub fn listen(
         let listener = Listener::bind(&host, port, settings).await?;
         Ok(Outcome::Object(Box::new(move |py| {
             let address = address_tuple(listener.address());
-            let stopper = listener.stopper();
+            let stopper = Arc::new(listener.stopper());
             let listener = PyListener {
                 listener: Arc::new(AsyncMutex::new(listener)),
                 stopper,
@@ -353,7 +354,7 @@ impl PyLink {
 pub struct PyListener {
     listener: Arc<AsyncMutex<Listener>>,
     /// Stops the accept loop without waiting for the lock a pending `next` holds.
-    stopper: tokio::task::AbortHandle,
+    stopper: Arc<Stopper>,
     engine: Py<Engine>,
     waits: Waits,
     address: (String, u16),
@@ -388,9 +389,14 @@ impl PyListener {
         })
     }
 
-    /// Stop accepting (handshakes under way are dropped; accepted links live on).
-    fn close(&self) {
-        self.stopper.abort();
+    /// Stop accepting; a job (its result None) done once the listening socket is closed
+    /// (handshakes under way are dropped; accepted links live on).
+    fn close(&self, completions: &Bound<'_, Completions>) -> u64 {
+        let stopper = self.stopper.clone();
+        completions.get().spawn(async move {
+            stopper.stop().await;
+            Ok(Outcome::End)
+        })
     }
 }
 

@@ -52,11 +52,30 @@ pub enum Event {
     Refused { address: SocketAddr, why: Refusal },
 }
 
+/// The accept loop's task, shared by the listener and its `Stopper`.
+type Accepting = Arc<std::sync::Mutex<Option<JoinHandle<()>>>>;
+
 /// A bound listener: its events arrive in `next`; dropping it stops accepting.
 pub struct Listener {
     events: mpsc::Receiver<Event>,
     address: SocketAddr,
-    accepting: JoinHandle<()>,
+    accepting: Accepting,
+}
+
+/// Stops a listener's accept loop from anywhere, while a `next` may hold the listener.
+pub struct Stopper(Accepting);
+
+impl Stopper {
+    /// Stop accepting, and return once the listening socket and the handshakes under way
+    /// are gone (a peer connecting after this is refused by the kernel).
+    pub async fn stop(&self) {
+        let handle = self.0.lock().map(|mut h| h.take()).unwrap_or(None);
+        if let Some(handle) = handle {
+            handle.abort();
+            // Cancelled, as asked: the loop's socket is dropped with it.
+            let _ = handle.await;
+        }
+    }
 }
 
 impl Listener {
@@ -68,7 +87,7 @@ impl Listener {
         Ok(Self {
             events,
             address,
-            accepting,
+            accepting: Arc::new(std::sync::Mutex::new(Some(accepting))),
         })
     }
 
@@ -77,10 +96,9 @@ impl Listener {
         self.address
     }
 
-    /// A handle that stops the accept loop from anywhere (the next `next` then ends once
-    /// the handshakes under way have).
-    pub fn stopper(&self) -> tokio::task::AbortHandle {
-        self.accepting.abort_handle()
+    /// What stops the accept loop from anywhere (the next `next` then ends).
+    pub fn stopper(&self) -> Stopper {
+        Stopper(self.accepting.clone())
     }
 
     /// The next connection or refusal; None once closed.
@@ -88,16 +106,22 @@ impl Listener {
         self.events.recv().await
     }
 
+    fn abort(&self) {
+        if let Ok(Some(handle)) = self.accepting.lock().as_deref() {
+            handle.abort();
+        }
+    }
+
     /// Stop accepting; handshakes under way are dropped.
     pub fn close(&mut self) {
-        self.accepting.abort();
+        self.abort();
         self.events.close();
     }
 }
 
 impl Drop for Listener {
     fn drop(&mut self) {
-        self.accepting.abort();
+        self.abort();
     }
 }
 

@@ -25,14 +25,19 @@ pub struct Established {
     pub authenticated: bool,
 }
 
-/// Read into all of `buf`; the bytes read when the stream ended first.
+/// Read into all of `buf`; the bytes read when the stream ended first (a TLS peer that
+/// closed without its close_notify ends the stream too).
 pub(crate) async fn read_full<R: AsyncRead + Unpin>(
     reader: &mut R,
     buf: &mut [u8],
 ) -> std::io::Result<std::result::Result<(), usize>> {
     let mut have = 0;
     while have < buf.len() {
-        let n = reader.read(&mut buf[have..]).await?;
+        let n = match reader.read(&mut buf[have..]).await {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => 0,
+            Err(e) => return Err(e),
+        };
         if n == 0 {
             return Ok(Err(have));
         }

@@ -188,15 +188,9 @@ async fn admit(tcp: TcpStream, address: SocketAddr, settings: &ListenSettings) -
     match &settings.tls {
         None => {
             let mut stream = tcp;
-            let established = handshake(
-                &mut stream,
-                Role::Server,
-                false,
-                authkey,
-                settings.limits,
-                peer,
-            )
-            .await?;
+            let shaken =
+                handshake(&mut stream, Role::Server, false, authkey, settings.limits, peer).await;
+            let established = shaken.inspect_err(|_| discard_pending(&stream))?;
             let who = Peer {
                 address,
                 tls_subject: None,
@@ -221,6 +215,19 @@ async fn admit(tcp: TcpStream, address: SocketAddr, settings: &ListenSettings) -
                 tls_subject,
             };
             Ok(Link::sealed(Box::new(stream), established, who))
+        }
+    }
+}
+
+/// Drop what a refused peer already sent (at most 64 KiB, without waiting for more), so
+/// that closing ends the connection with a FIN, not a reset that would destroy the hello
+/// still on its way to the peer.
+fn discard_pending(stream: &TcpStream) {
+    let mut sink = [0u8; 4096];
+    for _ in 0..16 {
+        match stream.try_read(&mut sink) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
         }
     }
 }

@@ -300,8 +300,13 @@ impl Link {
         let hello = &keys.established.peer_hello;
         let peer = Some(self.peer.address);
         hello.check_gradient_len(values, peer)?;
+        // Measured as this side will send it: sealed.
+        let sealed = SessionConfig {
+            seal: true,
+            ..config.clone()
+        };
         let chunk = config.chunk_size.min(values.max(1));
-        let payload = config.frames_len(chunk)?.saturating_sub(HEADER_LEN);
+        let payload = sealed.frames_len(chunk)?.saturating_sub(HEADER_LEN);
         hello.check_payload_len(0, payload, peer)
     }
 
@@ -353,9 +358,8 @@ impl Link {
         waits: Waits,
         progress: &Progress,
     ) -> Result<usize> {
-        for (entry, _) in tensors {
-            self.check_fits(config, entry.shape.iter().product())?;
-        }
+        // A set is not checked against the peer's limits here: its receiver refuses the
+        // manifest of a set over them, as README "Connections" says (and the reference).
         self.begin().await?;
         let sent = self
             .send_tensors_begun(config, wire_dtype, tensors, waits, progress)

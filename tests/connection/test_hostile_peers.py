@@ -162,9 +162,7 @@ def test_a_silent_peer_is_dropped_past_the_handshake_timeout(
     assert len(lines) == 1 and lines[0].endswith("silent past handshake_timeout (0.3 s)")
 
 
-def test_handshakes_wait_for_a_free_slot(
-    gs: ModuleType, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_handshakes_wait_for_a_free_slot(gs: ModuleType, caplog: pytest.LogCaptureFixture) -> None:
     # Two slots: two silent peers take them (each is sent the listener's hello, so the
     # test knows its handshake began); a third peer gets no hello until one leaves.
     async def main() -> None:

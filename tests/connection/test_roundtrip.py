@@ -81,6 +81,41 @@ def test_gradients_of_every_dtype_and_shape_arrive_bit_for_bit(
         assert same(a, b), (a.dtype, a.shape)
 
 
+def test_a_round_trip_both_ways_with_acks(pair: Pair) -> None:
+    # (Folded in from the lead's test_connections.py.) A 74-chunk gradient one way, a
+    # reply the other, and the end of the connection as receive_from's end.
+    server, client = pair
+    grad = np.linspace(-1, 1, 300_001, dtype=np.float32)
+    reply = np.arange(5, dtype=np.float32)
+
+    async def main() -> tuple[Any, ...]:
+        s = server.GradientStreamSession("conn", 4096, timeout=10)
+        async with await server.listen(LOCAL, session=s) as listener:
+            host, port = listener.address
+            assert host == "127.0.0.1" and port > 0
+
+            async def serve_one() -> tuple[Any, ...]:
+                async with await listener.accept() as conn:
+                    got = await conn.recv()
+                    sent = await conn.send(reply)
+                    end = await conn.recv()
+                    return got, sent, end, conn.peer, conn.closed
+
+            task = asyncio.create_task(serve_one())
+            c = client.GradientStreamSession("conn", 4096, timeout=10)
+            async with await client.connect(("127.0.0.1", port), session=c) as conn:
+                n = await conn.send(grad)
+                back = await conn.recv()
+            return n, back, *await task
+
+    n, back, got, sent, end, peer, closed = run(main)
+    assert n == 74 and sent == 1  # ceil(300001 / 4096) chunks, then one
+    assert end.size == 0 and closed  # the client closed between gradients
+    assert same(got, grad) and same(back, reply)
+    assert peer.address[0] == "127.0.0.1"
+    assert peer.tls_subject is None and peer.authenticated is False
+
+
 def test_several_gradients_each_way_and_request_reply(pair: Pair) -> None:
     server_side, client = pair
 

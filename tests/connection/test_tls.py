@@ -158,8 +158,7 @@ def test_mutual_tls_refuses_a_client_without_a_certificate(
 # What each TLS library says of a server certificate it cannot verify (the client's).
 UNVERIFIED = {
     ("san-mismatch", "gradstream.reference"): (
-        "certificate verify failed: IP address mismatch, certificate is not valid for "
-        "'127.0.0.1'"
+        "certificate verify failed: IP address mismatch, certificate is not valid for '127.0.0.1'"
     ),
     ("san-mismatch", "gradstream"): (
         'invalid peer certificate: certificate not valid for name "127.0.0.1"'

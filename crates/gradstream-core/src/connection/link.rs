@@ -629,14 +629,10 @@ impl Link {
     }
 }
 
-/// A broken connection cannot carry a refusal.
+/// A broken connection cannot carry a refusal (a stalled or slow one can: it is told
+/// the timeout or deadline, as any other refusal, for at most LINGER).
 fn is_io(error: &GradientStreamError) -> bool {
-    matches!(
-        error,
-        GradientStreamError::Io(_)
-            | GradientStreamError::Timeout { .. }
-            | GradientStreamError::Deadline { .. }
-    )
+    matches!(error, GradientStreamError::Io(_))
 }
 
 /// A failed first frame that was a protocol message (an ack, a hello) is a

@@ -18,12 +18,11 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy.typing as npt
 
 from . import _aio
-from ._native import TransferProgress
 from ._peers import (
     HANDSHAKE_TIMEOUT,
     MAX_CONNECTIONS,
@@ -51,6 +50,10 @@ from ._peers import (
 )
 from ._session import GradientStreamSession, _hand_back, _lend, _tensor_dict
 from .errors import StreamIOError
+
+if TYPE_CHECKING:
+    # The session layer alone imports the extension (tests/api/test_layers.py).
+    from . import TransferProgress
 
 log = logging.getLogger("gradstream")
 

@@ -192,7 +192,7 @@ impl FrameReceiver {
             )
             .at_offset(self.offset)),
             None if self.assembly.received() > 0 => self.assembly.finish().map(Ended::Gradient),
-            None if got == 0 => Ok(Ended::BeforeFirstByte(self)),
+            None if got == 0 => Ok(Ended::BeforeFirstByte(Box::new(self))),
             None => Err(GradientStreamError::frame(
                 format!("truncated frame header: {got} of {HEADER_LEN} bytes"),
                 None,
@@ -213,7 +213,7 @@ pub enum Ended {
     /// After the gradient's last frame.
     Gradient(Output),
     /// Before the gradient's first byte.
-    BeforeFirstByte(FrameReceiver),
+    BeforeFirstByte(Box<FrameReceiver>),
 }
 
 #[cfg(test)]

@@ -459,7 +459,7 @@ impl PyFrameReceiver {
         match receiver.end_of_stream(got).py_err(py)? {
             Ended::Gradient(values) => Ok(Some(self.result(py, values)?)),
             Ended::BeforeFirstByte(receiver) => {
-                self.inner = Some(receiver);
+                self.inner = Some(*receiver);
                 Ok(None)
             }
         }

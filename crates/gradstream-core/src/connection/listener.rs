@@ -188,8 +188,15 @@ async fn admit(tcp: TcpStream, address: SocketAddr, settings: &ListenSettings) -
     match &settings.tls {
         None => {
             let mut stream = tcp;
-            let shaken =
-                handshake(&mut stream, Role::Server, false, authkey, settings.limits, peer).await;
+            let shaken = handshake(
+                &mut stream,
+                Role::Server,
+                false,
+                authkey,
+                settings.limits,
+                peer,
+            )
+            .await;
             let established = shaken.inspect_err(|_| discard_pending(&stream))?;
             let who = Peer {
                 address,

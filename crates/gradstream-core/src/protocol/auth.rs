@@ -236,7 +236,7 @@ mod tests {
             parse_auth(&bytes, None),
             Err(protocol_error(
                 "zero bytes at offsets 4..15 of an authentication message",
-                "000000000100000000000000",
+                "000000000001000000000000",
                 None
             ))
         );

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -29,6 +28,7 @@ from ._peers import (
     MAX_PENDING_HANDSHAKES,
     Peer,
     Phase,
+    Ready,
     RefusalLog,
     Server,
     Turns,
@@ -49,7 +49,6 @@ from ._peers import (
     silent_text,
 )
 from ._session import GradientStreamSession, _hand_back, _lend, _tensor_dict
-from .errors import StreamIOError
 
 if TYPE_CHECKING:
     # The session layer alone imports the extension (tests/api/test_layers.py).
@@ -288,7 +287,7 @@ class Listener:
         self._session = session
         self._protocol = protocol
         self.address: tuple[str, int] = native.address
-        self._accepted: asyncio.Queue[Connection | None] = asyncio.Queue()
+        self._ready: Ready[Connection] = Ready()
         self._refusals = RefusalLog(peer_text(self.address))
         self._pump = asyncio.get_running_loop().create_task(self._take_events())
         self._closed = False
@@ -306,33 +305,21 @@ class Listener:
             if event[0] == "connection":
                 connection = Connection(event[1], self._session)
                 log_accepted(self.address, connection.peer, self._protocol)
-                self._accepted.put_nowait(connection)
+                self._ready.put(connection)
             elif event[0] == "silent":
                 self._refusals.refused(tuple(event[1]), silent_text(event[2]))
             else:
                 self._refusals.refused(tuple(event[1]), str(event[2]))
-        self._accepted.put_nowait(None)
-
-    async def _next(self) -> Connection | None:
-        if self._closed:
-            return None
-        got = await self._accepted.get()
-        if got is None:
-            self._accepted.put_nowait(None)  # for every other waiter
-        return got
 
     async def accept(self) -> Connection:
         """The next peer through the handshake (``StreamIOError`` once closed)."""
-        got = await self._next()
-        if got is None:
-            raise StreamIOError(errno.EBADF, "accept() on a closed listener")
-        return got
+        return await self._ready.accept()
 
     def __aiter__(self) -> AsyncIterator[Connection]:
         return self._connections()
 
     async def _connections(self) -> AsyncIterator[Connection]:
-        while (got := await self._next()) is not None:
+        while (got := await self._ready.next()) is not None:
             yield got
 
     async def close(self) -> None:
@@ -346,11 +333,7 @@ class Listener:
         self._pump.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._pump
-        while not self._accepted.empty():
-            waiting = self._accepted.get_nowait()
-            if waiting is not None:
-                await waiting.close()
-        self._accepted.put_nowait(None)
+        await self._ready.close()
         log.info("listener %s closed", peer_text(self.address))
 
     async def __aenter__(self) -> Listener:

@@ -42,6 +42,7 @@ __all__ = [
     "Peer",
     "Phase",
     "Protocol",
+    "Ready",
     "RefusalLog",
     "Server",
     "Turns",
@@ -507,6 +508,44 @@ class _Listener(_Protocol[C_co]):
     def address(self) -> Address: ...
     def __aiter__(self) -> AsyncIterator[C_co]: ...
     async def close(self) -> None: ...
+
+
+class Ready(Generic[C]):
+    """A listener's connections through their handshake that ``accept()`` has not given
+    out yet (README "Connections": they count against max_connections, and closing the
+    listener closes them); once closed, ``accept()`` is a StreamIOError (EBADF) and
+    ``next()`` None."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[C | None] = asyncio.Queue()
+        self._closed = False
+
+    def put(self, conn: C) -> None:
+        self._queue.put_nowait(conn)
+
+    async def next(self) -> C | None:
+        """The next connection; None once closed (for ``async for``)."""
+        if self._closed:
+            return None
+        conn = await self._queue.get()
+        if conn is None:
+            self._queue.put_nowait(None)  # for every other waiter
+        return conn
+
+    async def accept(self) -> C:
+        conn = await self.next()
+        if conn is None:
+            raise StreamIOError(errno.EBADF, "accept() on a closed listener")
+        return conn
+
+    async def close(self) -> None:
+        """Close the connections still waiting, and wake every waiter."""
+        self._closed = True
+        while not self._queue.empty():
+            waiting = self._queue.get_nowait()
+            if waiting is not None:
+                await waiting.close()
+        self._queue.put_nowait(None)
 
 
 class Server(Generic[C]):

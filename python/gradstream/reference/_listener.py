@@ -13,7 +13,6 @@ refusals); how a connection is made once a socket is accepted is ``establish``'s
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import socket
 import ssl
@@ -26,6 +25,7 @@ from .._peers import (
     MAX_CONNECTIONS,
     MAX_PENDING_HANDSHAKES,
     Address,
+    Ready,
     RefusalLog,
     Server,
     check_count,
@@ -94,7 +94,7 @@ class Listener:
         # closes; a handshake slot while its handshake runs.
         self._connection_slots = asyncio.Semaphore(limits.max_connections)
         self._handshake_slots = asyncio.Semaphore(limits.max_pending_handshakes)
-        self._ready: asyncio.Queue[Connection | None] = asyncio.Queue()
+        self._ready: Ready[Connection] = Ready()
         self._handshakes: set[asyncio.Task[None]] = set()
         self._closed = False
         self._acceptor = asyncio.create_task(self._accept_loop())
@@ -155,7 +155,7 @@ class Listener:
         finally:
             self._handshake_slots.release()
         log_accepted(self._address, conn.peer, self._ends.protocol)
-        self._ready.put_nowait(conn)
+        self._ready.put(conn)
 
     def _refuse(self, address: Address, reason: str) -> None:
         self._connection_slots.release()
@@ -184,26 +184,15 @@ class Listener:
 
     # ---- handing them out
 
-    async def _next(self) -> Connection | None:
-        if self._closed:
-            return None
-        conn = await self._ready.get()
-        if conn is None:
-            self._ready.put_nowait(None)  # for every other waiter
-        return conn
-
     async def accept(self) -> Connection:
         """The next connection that passed its handshake."""
-        conn = await self._next()
-        if conn is None:
-            raise StreamIOError(errno.EBADF, "accept() on a closed listener")
-        return conn
+        return await self._ready.accept()
 
     def __aiter__(self) -> Listener:
         return self
 
     async def __anext__(self) -> Connection:
-        conn = await self._next()
+        conn = await self._ready.next()
         if conn is None:
             raise StopAsyncIteration
         return conn
@@ -219,11 +208,7 @@ class Listener:
             task.cancel()
         await asyncio.gather(self._acceptor, *self._handshakes, return_exceptions=True)
         self._sock.close()
-        while not self._ready.empty():
-            waiting = self._ready.get_nowait()
-            if waiting is not None:
-                await waiting.close()
-        self._ready.put_nowait(None)
+        await self._ready.close()
         logger.info("listener %s closed", peer_text(self._address))
 
     async def __aenter__(self) -> Listener:

@@ -22,6 +22,7 @@ import logging
 import math
 import operator
 import os
+import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -379,8 +380,8 @@ def check_count(value: Any, name: str) -> int:
 
 # --------------------------------------------------------------------------- subjects
 
-# README "Connections": the keys of the subject text; any other attribute keeps the name
-# Python's ssl.getpeercert() gives it.
+# README "TLS and authentication": the keys of the subject text; any other attribute is
+# named by its dotted OID (the native side reads the OIDs from the DER itself).
 SUBJECT_KEYS = {
     "commonName": "CN",
     "organizationName": "O",
@@ -388,7 +389,19 @@ SUBJECT_KEYS = {
     "countryName": "C",
     "stateOrProvinceName": "ST",
     "localityName": "L",
+    "emailAddress": "emailAddress",
 }
+
+
+def _key(name: str) -> str:
+    """The key of an attribute ``ssl.getpeercert()`` names ``name``: its short name, else
+    its OID (OpenSSL's long names mapped back; a name it does not know is kept)."""
+    if name in SUBJECT_KEYS:
+        return SUBJECT_KEYS[name]
+    try:
+        return str(ssl._ASN1Object.fromname(name).oid)
+    except ValueError:
+        return name
 
 
 def _escaped(value: str) -> str:
@@ -403,8 +416,7 @@ def subject_text(subject: Any) -> str:
     ``Peer.tls_subject``: ``KEY=value`` in certificate order, joined by ``,``, the parts of
     a multi-valued RDN joined by ``+``."""
     return ",".join(
-        "+".join(f"{SUBJECT_KEYS.get(name, name)}={_escaped(value)}" for name, value in rdn)
-        for rdn in subject
+        "+".join(f"{_key(name)}={_escaped(value)}" for name, value in rdn) for rdn in subject
     )
 
 

@@ -124,6 +124,15 @@ def test_mutual_tls_names_the_client(pair: Pair, certs: Certificates) -> None:
     assert client_view.authenticated and client_view.tls_subject is None
 
 
+def test_a_subject_with_separators_reads_the_same_in_both(pair: Pair, certs: Certificates) -> None:
+    # A commonName "a,O=lab+x\\y" must not read as more attributes: every listener writes
+    # the same escaped text.
+    _, server_view, _ = delivered(pair, {"tls": certs.mutual_server}, tls=certs.tricky_client)
+    subject = server_view.tls_subject
+    assert subject is not None
+    assert subject.startswith("O=Lab\\, Inc.,OU=ml\\+ops,CN=a\\,O=lab\\+x\\\\y"), subject
+
+
 def test_mutual_tls_refuses_a_client_without_a_certificate(
     pair: Pair, certs: Certificates, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -56,6 +56,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gradstream")
 
+# Seconds a closing listener waits for the events its stopped accept loop still sends.
+_LAST_EVENTS = 5.0
+
 __all__ = ["Connection", "Listener", "Server", "connect", "listen", "serve"]
 
 
@@ -304,6 +307,9 @@ class Listener:
                 break
             if event[0] == "connection":
                 connection = Connection(event[1], self._session)
+                if self._closed:  # passed as the listener closed: not to be accepted
+                    await connection.close()
+                    continue
                 log_accepted(self.address, connection.peer, self._protocol)
                 self._ready.put(connection)
             elif event[0] == "silent":
@@ -328,12 +334,15 @@ class Listener:
         if self._closed:
             return
         self._closed = True
+        await self._ready.close()
         hub = _aio.hub()
         await hub.track(self._native.close(hub.native))
+        # The events still on their way (a handshake that passed as the listener closed)
+        # end with the accept loop's tasks: the pump closes their connections, then ends.
+        await asyncio.wait({self._pump}, timeout=_LAST_EVENTS)
         self._pump.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._pump
-        await self._ready.close()
         log.info("listener %s closed", peer_text(self.address))
 
     async def __aenter__(self) -> Listener:

@@ -164,3 +164,24 @@ def test_a_sender_waits_for_the_ack_under_its_timeout(gs: ModuleType) -> None:
     exc = run(main)
     assert not isinstance(exc, StreamDeadlineError)
     assert str(exc) == "no progress for 0.3 s (after 3 of 3 chunks); the peer stalled"
+
+
+def test_a_timeout_before_a_gradient_begins_leaves_the_connection_in_step(gs: ModuleType) -> None:
+    # Nothing moved: the connection is still in step, open, and the next recv works.
+    async def main() -> tuple[StreamTimeoutError, np.ndarray]:
+        async with await gs.listen(LOCAL) as listener:
+            accepted = asyncio.create_task(listener.accept())
+            async with await gs.connect(listener.address, timeout=0.2) as conn:
+                theirs = await accepted
+                with pytest.raises(StreamTimeoutError) as info:
+                    await conn.recv()
+                assert not conn.closed
+                sending = asyncio.create_task(theirs.send(np.arange(10, dtype=np.float32)))
+                got = await conn.recv()
+                assert await sending == 1
+                await theirs.close()
+                return info.value, got
+
+    exc, got = run(main)
+    assert exc.timeout == 0.2 and not isinstance(exc, StreamDeadlineError)
+    assert np.array_equal(got, np.arange(10, dtype=np.float32))

@@ -181,8 +181,10 @@ class Connection:
         with self._turns.turn(phase, call):
             try:
                 yield
-            except BaseException:
-                if not self._link.in_step:
+            except BaseException as exc:
+                # Out of step, or broken (a reset; a timeout before any byte is neither).
+                broken = isinstance(exc, StreamIOError) and not isinstance(exc, TimeoutError)
+                if broken or not self._link.in_step:
                     self._drop(abort=True)
                 raise
 

@@ -514,7 +514,7 @@ impl Link {
                     Ok(Ended::BeforeFirstByte(receiver))
                 }
                 Ok(got) => Ok(got),
-                Err(e) => self.fail(e).await,
+                Err(e) => self.failed_receive(e, None).await,
             };
         };
         let id = keys.id(false);
@@ -532,10 +532,7 @@ impl Link {
                 self.closed("the peer closed it".into());
                 Ok(Ended::BeforeFirstByte(receiver))
             }
-            Err(e) => {
-                self.refuse(message_instead(e, first, self.peer.address))
-                    .await
-            }
+            Err(e) => self.failed_receive(e, Some(first)).await,
         }
     }
 
@@ -567,7 +564,7 @@ impl Link {
                     Ok(Received::End)
                 }
                 Ok(set) => Ok(Received::Transfer(set)),
-                Err(e) => self.fail(e).await,
+                Err(e) => self.failed_receive(e, None).await,
             };
         };
         let id = keys.id(false);
@@ -585,10 +582,7 @@ impl Link {
                 self.accept(digest).await?;
                 Ok(Received::Transfer(set))
             }
-            Err(e) => {
-                self.refuse(message_instead(e, first, self.peer.address))
-                    .await
-            }
+            Err(e) => self.failed_receive(e, Some(first)).await,
         }
     }
 
@@ -606,6 +600,27 @@ impl Link {
         match sent.await {
             Ok(()) => Ok(()),
             Err(e) => self.fail(e.into()).await,
+        }
+    }
+
+    /// After a receive failed: a broken connection closes; a transfer of which no byte
+    /// moved (a timeout while waiting for it) leaves the link in step and open; any other
+    /// is refused (a `"gradstream"` link, whose first header `first` was) and closes.
+    async fn failed_receive<T>(
+        &mut self,
+        error: GradientStreamError,
+        first: Option<Option<[u8; HEADER_LEN]>>,
+    ) -> Result<T> {
+        let untouched =
+            matches!(self.state, State::Running { moved } if moved == self.stream.moved);
+        match first {
+            _ if is_io(&error) => self.fail(error).await,
+            _ if untouched => Err(error),
+            Some(first) => {
+                let address = self.peer.address;
+                self.refuse(message_instead(error, first, address)).await
+            }
+            None => self.fail(error).await,
         }
     }
 

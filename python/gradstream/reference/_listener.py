@@ -44,6 +44,9 @@ from ._tls import broke_off, listener_tls_error
 
 logger = logging.getLogger("gradstream")
 
+# Seconds before a failed accept (out of descriptors, say) is tried again.
+_ACCEPT_RETRY = 0.1
+
 
 @dataclass(frozen=True)
 class ListenerLimits:
@@ -124,7 +127,7 @@ class Listener:
                 # Out of descriptors, say: refuse nobody in particular, and try again.
                 self._connection_slots.release()
                 self._refusals.refused(None, f"accept failed: {exc}")
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(_ACCEPT_RETRY)
                 continue
             except BaseException:
                 self._connection_slots.release()

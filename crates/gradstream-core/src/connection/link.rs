@@ -4,7 +4,9 @@
 //! A `Link` owns the byte stream (TCP, or TLS over it) and, for a `"gradstream"`
 //! connection, the handshake's keys: the nonces every transfer id derives from and the
 //! count of transfers each way, so the receiver knows the one id it must see next. A
-//! failed transfer leaves the connection out of step, so the link closes (`State`).
+//! failed transfer leaves the connection out of step, so the link closes (`State`); so
+//! does one abandoned midway (its future dropped: a cancelled task), which the byte counts
+//! of its stream (`Counted`) tell from one abandoned before its first byte.
 //!
 //! Uses `handshake` (`Established`), `tap`, `protocol` (ids, acks), `seal`, `stream`
 //! and `tensors::stream`; used by `dial`, `listener` and the bindings.

@@ -5,7 +5,8 @@ The protocol (TLS, the hello, authentication, seals, acks) runs in Rust on tokio
 (``gradstream._native.Link`` and ``Listener``); this module checks the arguments once,
 turns each call into one job on the loop's hub, logs, and hands numpy arrays back as the
 session does. ``gradstream.reference`` has its own implementation of the same API and
-bytes; ``_peers`` holds what the two share (``TLS``, ``Peer``, addresses, defaults).
+bytes; ``_peers`` holds what the two share (``TLS``, ``Peer``, addresses, defaults, the
+keyword checks, the one-transfer-at-a-time state, the log lines, ``Server``).
 """
 
 from __future__ import annotations
@@ -14,35 +15,49 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy.typing as npt
 
 from . import _aio
-from ._native import TransferProgress
 from ._peers import (
     HANDSHAKE_TIMEOUT,
-    LISTENER_DEADLINE,
     MAX_CONNECTIONS,
     MAX_PENDING_HANDSHAKES,
     Peer,
+    Phase,
+    Ready,
     RefusalLog,
+    Server,
+    Turns,
     check_authkey,
     check_count,
+    check_handler,
     check_handshake_timeout,
     check_plain_seed,
     check_protocol,
+    check_seconds,
     client_tls,
+    connection_waits,
+    describe_side,
     listener_tls,
+    log_accepted,
     parse_address,
     peer_text,
+    silent_text,
 )
 from ._session import GradientStreamSession, _hand_back, _lend, _tensor_dict
-from .errors import SettingError, StreamIOError
+
+if TYPE_CHECKING:
+    # The session layer alone imports the extension (tests/api/test_layers.py).
+    from . import TransferProgress
 
 log = logging.getLogger("gradstream")
+
+# Seconds a closing listener waits for the events its stopped accept loop still sends.
+_LAST_EVENTS = 5.0
 
 __all__ = ["Connection", "Listener", "Server", "connect", "listen", "serve"]
 
@@ -58,48 +73,29 @@ def _session(session: Any) -> GradientStreamSession:
     return session
 
 
-def _seconds(value: Any, name: str) -> float | None:
-    """None, or a positive finite number of seconds (as the session checks its own)."""
-    if value is None:
-        return None
-    if isinstance(value, (bool, str)) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be None or a number, not {type(value).__name__}")
-    if not (0 < value < float("inf")):
-        raise SettingError(name, f"{name} must be a positive number of seconds, got {value!r}")
-    return float(value)
-
-
 def _link_settings(
     session: GradientStreamSession,
     *,
     listening: bool,
-    tls: Any = None,
-    authkey: Any = None,
-    protocol: Any = "gradstream",
-    handshake_timeout: Any = HANDSHAKE_TIMEOUT,
-    timeout: Any = None,
-    deadline: Any = None,
-    **caps: Any,
-) -> tuple[dict[str, Any], tuple[int, int]]:
+    tls: Any,
+    authkey: Any,
+    protocol: Any,
+    timeout: Any,
+    deadline: Any,
+    handshake_timeout: Any,
+) -> tuple[dict[str, Any], str]:
     """The checked keywords of ``connect`` or ``listen`` (``listening``), in the order
-    and with the words of the reference (``_peers``), as the engine takes them; and a
-    listener's caps. A call's timeout and deadline override the session's; a listener's
-    connections give a gradient, once begun, LISTENER_DEADLINE seconds when neither
-    sets a deadline."""
+    and with the words of the reference, as the engine takes them; and what the side
+    speaks, for the logs."""
     kind = check_protocol(protocol)
     checked_tls = listener_tls(tls) if listening else client_tls(tls)
     key = check_authkey(authkey)
-    wait = _seconds(timeout, "timeout")
-    bound = _seconds(deadline, "deadline")
+    wait = check_seconds(timeout)
+    bound = check_seconds(deadline, "deadline")
     check_plain_seed(kind, checked_tls, key)
-    wait = session.timeout if wait is None else wait
-    bound = session.deadline if bound is None else bound
-    if listening and bound is None:
-        bound = LISTENER_DEADLINE
-    unknown = set(caps) - ({"max_pending_handshakes", "max_connections"} if listening else set())
-    if unknown:
-        call = "listen" if listening else "connect"
-        raise TypeError(f"{call}() got an unexpected keyword argument {sorted(unknown)[0]!r}")
+    wait, bound = connection_waits(
+        session.timeout, session.deadline, wait, bound, listening=listening
+    )
     args = {
         "protocol": kind,
         "tls": None if checked_tls is None else (checked_tls.cert, checked_tls.key, checked_tls.ca),
@@ -108,12 +104,7 @@ def _link_settings(
         "timeout": wait,
         "deadline": bound,
     }
-    pending = caps.get("max_pending_handshakes", MAX_PENDING_HANDSHAKES)
-    connections = caps.get("max_connections", MAX_CONNECTIONS)
-    return args, (
-        check_count(pending, "max_pending_handshakes"),
-        check_count(connections, "max_connections"),
-    )
+    return args, describe_side(kind, checked_tls is not None, key is not None)
 
 
 class Connection:
@@ -126,20 +117,31 @@ class Connection:
         self._session = session
         address, subject, authenticated = link.peer()
         self.peer = Peer(address=tuple(address), tls_subject=subject, authenticated=authenticated)
-        self._closed = False
+        self._turns = Turns()
 
     def __repr__(self) -> str:
-        host, port = self.peer.address
-        return f"<gradstream.Connection to {host}:{port}>"
+        return f"<Connection with {peer_text(self.peer.address)} {self._turns.phase.value}>"
 
     @property
     def closed(self) -> bool:
         """True once the connection is closed: by close(), by the peer, or after a
         failed transfer left it out of step."""
-        return self._closed or self._link.closed()
+        self._notice_close()
+        return self._turns.closed
 
-    async def _run(self, job: int) -> Any:
-        return await _aio.hub().track(job)
+    def _notice_close(self) -> None:
+        # The link closes itself (the peer's end, a failed or abandoned transfer).
+        if self._link.closed():
+            self._turns.close()
+
+    @contextlib.contextmanager
+    def _turn(self, phase: Phase, call: str) -> Iterator[None]:
+        self._notice_close()
+        with self._turns.turn(phase, call):
+            try:
+                yield
+            finally:
+                self._notice_close()
 
     async def send(
         self,
@@ -149,11 +151,13 @@ class Connection:
         deadline: float | None = None,
     ) -> int:
         """Send one gradient; the number of chunks, once the peer has verified it (its
-        ack). ``DeliveryError`` when it did not."""
-        args = self._session._take(gradient)
-        hub = _aio.hub()
-        started = time.perf_counter()
-        sent: int = await hub.track(self._link.send(hub.native, args, progress, deadline))
+        ack). ``DeliveryError`` when it did not; ``deadline`` replaces the connection's."""
+        with self._turn(Phase.SENDING, "send"):
+            args = self._session._take(gradient)
+            bound = check_seconds(deadline, "deadline")
+            hub = _aio.hub()
+            started = time.perf_counter()
+            sent: int = await hub.track(self._link.send(hub.native, args, progress, bound))
         _log_transfer("sent", "gradient", args[0].nbytes, started, self.peer)
         return sent
 
@@ -167,7 +171,8 @@ class Connection:
         """Receive one gradient, as ``receive_from`` (into ``out`` when given: then
         ``out`` itself); what ``receive_from`` gives at the end (an empty array) when the
         peer closed the connection before another began (``closed`` is then True)."""
-        got = await self._recv(out, progress, deadline, none_at_end=False)
+        with self._turn(Phase.RECEIVING, "recv"):
+            got = await self._recv(out, progress, deadline, none_at_end=False)
         assert got is not None  # none_at_end=False gives the empty gradient instead
         return got
 
@@ -180,13 +185,12 @@ class Connection:
         none_at_end: bool,
     ) -> npt.NDArray[Any] | None:
         lent = None if out is None else _lend(out)
+        bound = check_seconds(deadline, "deadline")
         hub = _aio.hub()
         started = time.perf_counter()
         args = None if lent is None else lent.args
-        job = self._link.recv(hub.native, progress, args, deadline, none_at_end)
+        job = self._link.recv(hub.native, progress, args, bound, none_at_end)
         values = await hub.track(job)
-        if self._link.closed():
-            self._closed = True
         if values is None:
             return None
         got = lent.array if lent is not None else _hand_back(values)
@@ -201,10 +205,13 @@ class Connection:
         deadline: float | None = None,
     ) -> int:
         """Send a named set of tensors; the number of frames, once acknowledged."""
-        taken = self._session._tensors(tensors, "sending")
-        hub = _aio.hub()
-        started = time.perf_counter()
-        sent: int = await hub.track(self._link.send_tensors(hub.native, taken, progress, deadline))
+        with self._turn(Phase.SENDING, "send_tensors"):
+            taken = self._session._tensors(tensors, "sending")
+            bound = check_seconds(deadline, "deadline")
+            hub = _aio.hub()
+            started = time.perf_counter()
+            job = self._link.send_tensors(hub.native, taken, progress, bound)
+            sent: int = await hub.track(job)
         size = sum(values.nbytes for _, values, _, _ in taken)
         _log_transfer("sent", "tensor set", size, started, self.peer)
         return sent
@@ -217,11 +224,12 @@ class Connection:
     ) -> dict[str, npt.NDArray[Any]]:
         """Receive a named set of tensors, in the sender's order; ``{}`` when the peer
         closed the connection before another began (``closed`` is then True)."""
-        hub = _aio.hub()
-        started = time.perf_counter()
-        got = await hub.track(self._link.recv_tensors(hub.native, progress, deadline))
+        with self._turn(Phase.RECEIVING, "recv_tensors"):
+            bound = check_seconds(deadline, "deadline")
+            hub = _aio.hub()
+            started = time.perf_counter()
+            got = await hub.track(self._link.recv_tensors(hub.native, progress, bound))
         if got is None:
-            self._closed = True
             return {}
         tensors = _tensor_dict(got)
         size = sum(t.nbytes for t in tensors.values())
@@ -232,14 +240,17 @@ class Connection:
         return self._gradients()
 
     async def _gradients(self) -> AsyncIterator[npt.NDArray[Any]]:
-        while (gradient := await self._recv(None, None, None, none_at_end=True)) is not None:
+        while not self.closed:
+            with self._turn(Phase.RECEIVING, "async for"):
+                gradient = await self._recv(None, None, None, none_at_end=True)
+            if gradient is None:
+                return
             yield gradient
 
     async def close(self) -> None:
         """Close the connection (after a running transfer, which the caller cancels
         first if it must not finish); idempotent."""
-        if not self._closed:
-            self._closed = True
+        if self._turns.close():
             hub = _aio.hub()
             await hub.track(self._link.close(hub.native))
 
@@ -258,14 +269,12 @@ class Connection:
 def _log_transfer(done: str, what: str, size: int, started: float, peer: Peer) -> None:
     if log.isEnabledFor(logging.DEBUG):
         seconds = max(time.perf_counter() - started, 1e-9)
-        host, port = peer.address
         log.debug(
-            "%s a %s of %d bytes with %s:%d in %.3f s (%.1f MB/s)",
+            "%s a %s of %d bytes with %s in %.3f s (%.1f MB/s)",
             done,
             what,
             size,
-            host,
-            port,
+            peer_text(peer.address),
             seconds,
             size / seconds / 1e6,
         )
@@ -273,20 +282,22 @@ def _log_transfer(done: str, what: str, size: int, started: float, peer: Peer) -
 
 class Listener:
     """A bound listener: peers through TLS, the hello and authentication come out of
-    ``accept`` (or ``async for``); every other peer is logged and dropped."""
+    ``accept`` (or ``async for``); every other peer is logged (rate-limited) and
+    dropped."""
 
-    def __init__(self, native: Any, session: GradientStreamSession) -> None:
+    def __init__(self, native: Any, session: GradientStreamSession, protocol: Any) -> None:
         self._native = native
         self._session = session
+        self._protocol = protocol
         self.address: tuple[str, int] = native.address
-        self._accepted: asyncio.Queue[Connection | None] = asyncio.Queue()
+        self._ready: Ready[Connection] = Ready()
         self._refusals = RefusalLog(peer_text(self.address))
         self._pump = asyncio.get_running_loop().create_task(self._take_events())
         self._closed = False
 
     def __repr__(self) -> str:
-        host, port = self.address
-        return f"<gradstream.Listener on {host}:{port}>"
+        state = "closed" if self._closed else "listening"
+        return f"<Listener {peer_text(self.address)} {self._protocol} {state}>"
 
     async def _take_events(self) -> None:
         hub = _aio.hub()
@@ -296,46 +307,43 @@ class Listener:
                 break
             if event[0] == "connection":
                 connection = Connection(event[1], self._session)
-                host, port = connection.peer.address
-                log.info("accepted a connection from %s:%d", host, port)
-                self._accepted.put_nowait(connection)
+                if self._closed:  # passed as the listener closed: not to be accepted
+                    await connection.close()
+                    continue
+                log_accepted(self.address, connection.peer, self._protocol)
+                self._ready.put(connection)
+            elif event[0] == "silent":
+                self._refusals.refused(tuple(event[1]), silent_text(event[2]))
             else:
-                _, address, error = event
-                self._refusals.refused(tuple(address), str(error))
-        self._accepted.put_nowait(None)
+                self._refusals.refused(tuple(event[1]), str(event[2]))
 
     async def accept(self) -> Connection:
         """The next peer through the handshake (``StreamIOError`` once closed)."""
-        if self._closed:
-            raise StreamIOError("the listener is closed")
-        got = await self._accepted.get()
-        if got is None:
-            self._accepted.put_nowait(None)  # for every other waiter
-            raise StreamIOError("the listener is closed")
-        return got
+        return await self._ready.accept()
 
     def __aiter__(self) -> AsyncIterator[Connection]:
         return self._connections()
 
     async def _connections(self) -> AsyncIterator[Connection]:
-        while True:
-            try:
-                yield await self.accept()
-            except StreamIOError:
-                if self._closed:
-                    return
-                raise
+        while (got := await self._ready.next()) is not None:
+            yield got
 
     async def close(self) -> None:
-        """Stop accepting; connections already accepted stay open."""
+        """Stop listening: handshakes under way are dropped, connections not yet
+        accepted are closed; connections accept() gave out stay their owners'."""
         if self._closed:
             return
         self._closed = True
-        self._native.close()
+        await self._ready.close()
+        hub = _aio.hub()
+        await hub.track(self._native.close(hub.native))
+        # The events still on their way (a handshake that passed as the listener closed)
+        # end with the accept loop's tasks: the pump closes their connections, then ends.
+        await asyncio.wait({self._pump}, timeout=_LAST_EVENTS)
         self._pump.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._pump
-        self._accepted.put_nowait(None)
+        log.info("listener %s closed", peer_text(self.address))
 
     async def __aenter__(self) -> Listener:
         return self
@@ -352,100 +360,79 @@ class Listener:
 async def listen(
     address: Any,
     *,
-    session: GradientStreamSession | None = None,
-    **settings: Any,
+    session: Any = None,
+    tls: Any = None,
+    authkey: Any = None,
+    handshake_timeout: Any = HANDSHAKE_TIMEOUT,
+    max_pending_handshakes: Any = MAX_PENDING_HANDSHAKES,
+    max_connections: Any = MAX_CONNECTIONS,
+    timeout: Any = None,
+    deadline: Any = None,
+    protocol: Any = "gradstream",
 ) -> Listener:
-    """Listen on ``address`` (``"host:port"`` or ``(host, port)``; port 0 for any); the
-    keywords are README "Connections"'s (tls, authkey, handshake_timeout,
-    max_pending_handshakes, max_connections, timeout, deadline, protocol)."""
-    session = _session(session)
+    """Listen on ``address`` (``"host:port"`` or ``(host, port)``; port 0 for any, see
+    ``Listener.address``)."""
     host, port = parse_address(address)
-    args, caps = _link_settings(session, listening=True, **settings)
+    own = _session(session)
+    args, speaks = _link_settings(
+        own,
+        listening=True,
+        tls=tls,
+        authkey=authkey,
+        protocol=protocol,
+        timeout=timeout,
+        deadline=deadline,
+        handshake_timeout=handshake_timeout,
+    )
+    caps = (
+        check_count(max_pending_handshakes, "max_pending_handshakes"),
+        check_count(max_connections, "max_connections"),
+    )
     hub = _aio.hub()
-    native = await hub.track(session._engine.listen(hub.native, host, port, args, caps))
-    listener = Listener(native, session)
-    log.info("listening on %s:%d", *listener.address)
+    native = await hub.track(own._engine.listen(hub.native, host, port, args, caps))
+    listener = Listener(native, own, args["protocol"])
+    log.info("listening on %s (%s)", peer_text(listener.address), speaks)
     return listener
 
 
 async def connect(
     address: Any,
     *,
-    session: GradientStreamSession | None = None,
-    **settings: Any,
+    session: Any = None,
+    tls: Any = None,
+    authkey: Any = None,
+    timeout: Any = None,
+    deadline: Any = None,
+    protocol: Any = "gradstream",
+    handshake_timeout: Any = HANDSHAKE_TIMEOUT,
 ) -> Connection:
-    """Connect to ``address`` and run the handshake; the keywords are README
-    "Connections"'s (tls, authkey, handshake_timeout, timeout, deadline, protocol)."""
-    session = _session(session)
+    """Connect to a listener at ``address`` and shake hands; ``handshake_timeout``
+    bounds the TCP connect, TLS and the hello together."""
     host, port = parse_address(address)
-    args, _ = _link_settings(session, listening=False, **settings)
+    own = _session(session)
+    args, speaks = _link_settings(
+        own,
+        listening=False,
+        tls=tls,
+        authkey=authkey,
+        protocol=protocol,
+        timeout=timeout,
+        deadline=deadline,
+        handshake_timeout=handshake_timeout,
+    )
     hub = _aio.hub()
-    link = await hub.track(session._engine.connect(hub.native, host, port, args))
-    connection = Connection(link, session)
-    log.info("connected to %s:%d", host, port)
+    link = await hub.track(own._engine.connect(hub.native, host, port, args))
+    connection = Connection(link, own)
+    log.info("connected to %s (%s)", peer_text(connection.peer.address), speaks)
     return connection
-
-
-Handler = Callable[[Connection], Awaitable[Any]]
-
-
-class Server:
-    """``serve``'s result: a listener whose every connection runs ``handler`` in a task
-    of its own; a handler's exception is logged and its connection closed."""
-
-    def __init__(self, listener: Listener, handler: Handler) -> None:
-        self.listener = listener
-        self.address = listener.address
-        self._handler = handler
-        self._handlers: set[asyncio.Task[None]] = set()
-        self._accepting = asyncio.get_running_loop().create_task(self._accept_all())
-
-    async def _accept_all(self) -> None:
-        async for connection in self.listener:
-            task = asyncio.get_running_loop().create_task(self._handle(connection))
-            self._handlers.add(task)
-            task.add_done_callback(self._handlers.discard)
-
-    async def _handle(self, connection: Connection) -> None:
-        async with connection:
-            try:
-                await self._handler(connection)
-            except Exception:
-                host, port = connection.peer.address
-                log.exception("the handler of the connection from %s:%d failed", host, port)
-
-    async def serve_forever(self) -> None:
-        """Wait until the server is closed."""
-        await asyncio.shield(self._accepting)
-
-    async def close(self) -> None:
-        """Stop accepting and cancel the running handlers."""
-        await self.listener.close()
-        self._accepting.cancel()
-        for task in list(self._handlers):
-            task.cancel()
-        await asyncio.gather(self._accepting, *self._handlers, return_exceptions=True)
-
-    async def __aenter__(self) -> Server:
-        return self
-
-    async def __aexit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.close()
 
 
 async def serve(
     address: Any,
-    handler: Handler,
-    *,
-    session: GradientStreamSession | None = None,
-    **settings: Any,
-) -> Server:
-    """Listen on ``address`` and run ``handler(connection)`` for every connection,
-    concurrently; the keywords are ``listen``'s."""
-    listener = await listen(address, session=session, **settings)
-    return Server(listener, handler)
+    handler: Callable[[Connection], Awaitable[Any] | Any],
+    **keywords: Any,
+) -> Server[Connection]:
+    """``listen(address, **keywords)``, each connection handed to ``handler(conn)`` in a
+    task of its own; the connection is closed when the handler returns."""
+    check_handler(handler)
+    return Server(await listen(address, **keywords), handler)

@@ -30,6 +30,18 @@ __all__ = [
     "TensorSetReceiver",
     "TransferProgress",
     "_error_samples",
+    "_protocol_ack",
+    "_protocol_ack_rest",
+    "_protocol_auth",
+    "_protocol_describe",
+    "_protocol_digest",
+    "_protocol_digest_of_stream",
+    "_protocol_hello",
+    "_protocol_hello_rest",
+    "_protocol_read_ack",
+    "_protocol_read_auth",
+    "_protocol_read_hello",
+    "_protocol_transfer_id",
     "manifest_json",
     "read_manifest",
     "tensor_note",
@@ -309,12 +321,13 @@ class Link:
 @final
 class Listener:
     """A bound listener; next() returns a job whose result is ("connection", Link),
-    ("refused", (host, port), exception) or None once closed."""
+    ("refused", (host, port), exception), ("silent", (host, port), handshake_timeout)
+    or None once closed; close() a job done once the listening socket is closed."""
 
     @property
     def address(self) -> tuple[str, int]: ...
     def next(self, completions: Completions) -> int: ...
-    def close(self) -> None: ...
+    def close(self, completions: Completions) -> int: ...
 
 @final
 class Completions:
@@ -337,3 +350,22 @@ def manifest_json(entries: list[tuple[str, str, tuple[int, ...]]]) -> str:
 
 def _error_samples() -> list[tuple[GradientStreamError, str]]:
     """One core error of every variant: (its Python exception, the Rust Display text)."""
+
+# The protocol's messages (README "Protocol"), sans-I/O, for the golden tests
+# (tests/support/protocol.py); every refusal is a gradstream.errors.ProtocolError.
+def _protocol_hello(
+    role_byte: int, auth: bool, nonce: bytes, max_gradient_len: int, max_payload_len: int
+) -> bytes: ...
+def _protocol_hello_rest(head: bytes) -> int: ...
+def _protocol_read_hello(data: bytes, own_role: int) -> tuple[int, int, bytes, int, int]: ...
+def _protocol_auth(
+    key: bytes, role_byte: int, client_hello: bytes, server_hello: bytes
+) -> bytes: ...
+def _protocol_read_auth(data: bytes) -> bytes: ...
+def _protocol_transfer_id(client: bytes, server: bytes, direction: int, counter: int) -> bytes: ...
+def _protocol_digest(transfer: bytes, headers: list[bytes]) -> bytes: ...
+def _protocol_digest_of_stream(transfer: bytes, pieces: list[bytes]) -> bytes: ...
+def _protocol_ack(counter: int, digest: bytes, reason: str | None) -> bytes: ...
+def _protocol_ack_rest(head: bytes) -> int: ...
+def _protocol_read_ack(data: bytes) -> tuple[int, bytes, str | None]: ...
+def _protocol_describe(head: bytes) -> str: ...

@@ -1,7 +1,9 @@
 """What both implementations of connections (README "Connections") share, in plain Python:
 the ``TLS`` settings, the ``Peer`` a connection names, addresses, the defaults, the checks
-of the connection keywords, the text of a certificate's subject, and the rate limit on a
-listener's refusal logs.
+of the connection keywords and the waits they give, the one-transfer-at-a-time state of a
+connection (``Turns``), the text of a certificate's subject, the listener's log lines
+(with the rate limit on refusals), and ``Server``, which runs a handler per connection
+over either implementation's listener.
 
 Plain Python like ``errors.py``, for the same reason: the native connection layer and
 ``gradstream.reference`` both import it, so it imports neither (only ``errors``), and
@@ -10,17 +12,24 @@ the two implementations refuse the same arguments with the same words.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import enum
+import errno
+import inspect
 import ipaddress
 import logging
 import math
 import operator
 import os
+import ssl
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
+from typing import Protocol as _Protocol
 
-from .errors import SettingError, _peer_text
+from .errors import SettingError, StreamIOError, _peer_text
 
 __all__ = [
     "HANDSHAKE_TIMEOUT",
@@ -33,16 +42,27 @@ __all__ = [
     "TLS",
     "Address",
     "Peer",
+    "Phase",
     "Protocol",
+    "Ready",
     "RefusalLog",
+    "Server",
+    "Turns",
     "check_authkey",
     "check_count",
+    "check_handler",
     "check_handshake_timeout",
     "check_protocol",
+    "check_seconds",
     "client_tls",
+    "connection_waits",
+    "describe_side",
     "listener_tls",
+    "log_accepted",
     "parse_address",
     "peer_text",
+    "quoted",
+    "silent_text",
     "subject_text",
 ]
 
@@ -295,6 +315,43 @@ def check_plain_seed(protocol: Protocol, tls: TLS | None, authkey: bytes | None)
         )
 
 
+def check_seconds(value: Any, name: str = "timeout") -> float | None:
+    """``timeout=`` or ``deadline=`` (``name``), a session's or a call's: None, or a
+    positive finite number of seconds."""
+    if value is None:
+        return None
+    # What float() accepts from a number (int, float, numpy scalars, Decimal...), but not
+    # a str, which float() would parse.
+    kind = type(value)
+    if not (hasattr(kind, "__float__") or hasattr(kind, "__index__")):
+        raise TypeError(f"{name} must be None or a number, not {kind.__name__}")
+    seconds = float(value)
+    # NaN fails the comparison; infinity is None's job ("wait for ever").
+    if not 0.0 < seconds < float("inf"):
+        raise SettingError(
+            name, f"{name} must be None or a positive number of seconds, got {value!r}"
+        )
+    return seconds
+
+
+def connection_waits(
+    session_timeout: float | None,
+    session_deadline: float | None,
+    timeout: float | None,
+    deadline: float | None,
+    *,
+    listening: bool,
+) -> tuple[float | None, float | None]:
+    """The timeout and deadline of a connection's transfers: a call's (``connect``,
+    ``listen``) replace the session's; a listener's connections give a gradient, once
+    begun, LISTENER_DEADLINE seconds when neither sets a deadline."""
+    wait = session_timeout if timeout is None else timeout
+    bound = session_deadline if deadline is None else deadline
+    if listening and bound is None:
+        bound = LISTENER_DEADLINE
+    return wait, bound
+
+
 def check_handshake_timeout(value: Any) -> float:
     """A positive, finite number of seconds (None is refused: a listener must not wait for
     ever on a silent peer)."""
@@ -314,6 +371,12 @@ def check_handshake_timeout(value: Any) -> float:
     return seconds
 
 
+def check_handler(handler: Any) -> None:
+    """``serve``'s handler: anything callable (a coroutine function or a plain one)."""
+    if not callable(handler):
+        raise TypeError(f"handler must be callable, not {type(handler).__name__}")
+
+
 def check_count(value: Any, name: str) -> int:
     """max_pending_handshakes, max_connections: an int of at least 1."""
     if isinstance(value, bool):
@@ -326,8 +389,8 @@ def check_count(value: Any, name: str) -> int:
 
 # --------------------------------------------------------------------------- subjects
 
-# README "Connections": the keys of the subject text; any other attribute keeps the name
-# Python's ssl.getpeercert() gives it.
+# README "TLS and authentication": the keys of the subject text; any other attribute is
+# named by its dotted OID (the native side reads the OIDs from the DER itself).
 SUBJECT_KEYS = {
     "commonName": "CN",
     "organizationName": "O",
@@ -335,7 +398,19 @@ SUBJECT_KEYS = {
     "countryName": "C",
     "stateOrProvinceName": "ST",
     "localityName": "L",
+    "emailAddress": "emailAddress",
 }
+
+
+def _key(name: str) -> str:
+    """The key of an attribute ``ssl.getpeercert()`` names ``name``: its short name, else
+    its OID (OpenSSL's long names mapped back; a name it does not know is kept)."""
+    if name in SUBJECT_KEYS:
+        return SUBJECT_KEYS[name]
+    try:
+        return str(ssl._ASN1Object.fromname(name).oid)
+    except ValueError:
+        return name
 
 
 def _escaped(value: str) -> str:
@@ -350,9 +425,209 @@ def subject_text(subject: Any) -> str:
     ``Peer.tls_subject``: ``KEY=value`` in certificate order, joined by ``,``, the parts of
     a multi-valued RDN joined by ``+``."""
     return ",".join(
-        "+".join(f"{SUBJECT_KEYS.get(name, name)}={_escaped(value)}" for name, value in rdn)
-        for rdn in subject
+        "+".join(f"{_key(name)}={_escaped(value)}" for name, value in rdn) for rdn in subject
     )
+
+
+# --------------------------------------------------------------------------- texts
+
+
+def quoted(text: str) -> str:
+    """A path or name in a message: in single quotes, ``\\`` and ``'`` escaped by a
+    backslash (the native side writes the same)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def silent_text(limit: float) -> str:
+    """Why a listener dropped a peer that did not finish its handshake in time."""
+    return f"silent past handshake_timeout ({limit:g} s)"
+
+
+def describe_side(protocol: Protocol, tls: bool, authkey: bool) -> str:
+    """What a side speaks, for the logs: ``gradstream, TLS, authkey``."""
+    parts = [protocol, "TLS" if tls else "", "authkey" if authkey else ""]
+    return ", ".join(part for part in parts if part)
+
+
+def log_accepted(listener: Address, peer: Peer, protocol: Protocol) -> None:
+    """The INFO line of a peer through a listener's handshake."""
+    logger.info(
+        "listener %s accepted %s (%s%s%s)",
+        peer_text(listener),
+        peer_text(peer.address),
+        protocol,
+        f", TLS subject {peer.tls_subject}" if peer.tls_subject else "",
+        ", authenticated" if peer.authenticated else "",
+    )
+
+
+# --------------------------------------------------------------------------- one transfer at a time
+
+
+class Phase(enum.Enum):
+    """Where a connection stands: at most one transfer runs at a time."""
+
+    IDLE = "idle"
+    SENDING = "sending"
+    RECEIVING = "receiving"
+    CLOSED = "closed"
+
+
+class Turns:
+    """The state of a connection (README "Connections"): one transfer at a time, in
+    either direction; a call while one runs is a SettingError, a call on a closed
+    connection a StreamIOError (ENOTCONN)."""
+
+    def __init__(self) -> None:
+        self.phase = Phase.IDLE
+
+    @property
+    def closed(self) -> bool:
+        return self.phase is Phase.CLOSED
+
+    @contextlib.contextmanager
+    def turn(self, phase: Phase, call: str) -> Iterator[None]:
+        """For the time of one transfer (``call`` names it in the errors): ``phase``,
+        then idle again unless the transfer closed the connection."""
+        if self.phase is Phase.CLOSED:
+            raise StreamIOError(errno.ENOTCONN, f"{call} on a closed connection")
+        if self.phase is not Phase.IDLE:
+            raise SettingError(
+                "connection",
+                f"{call} while this connection is {self.phase.value}: one transfer at a "
+                "time per connection (open a second connection for the other direction)",
+            )
+        self.phase = phase
+        try:
+            yield
+        finally:
+            if self.phase is phase:
+                self.phase = Phase.IDLE
+
+    def close(self) -> bool:
+        """Mark the connection closed; False when it already was."""
+        was_open = self.phase is not Phase.CLOSED
+        self.phase = Phase.CLOSED
+        return was_open
+
+
+# --------------------------------------------------------------------------- serve
+
+
+class _Connection(_Protocol):
+    @property
+    def peer(self) -> Peer: ...
+    async def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=_Connection)
+C_co = TypeVar("C_co", bound=_Connection, covariant=True)
+
+
+class _Listener(_Protocol[C_co]):
+    @property
+    def address(self) -> Address: ...
+    def __aiter__(self) -> AsyncIterator[C_co]: ...
+    async def close(self) -> None: ...
+
+
+class Ready(Generic[C]):
+    """A listener's connections through their handshake that ``accept()`` has not given
+    out yet (README "Connections": they count against max_connections, and closing the
+    listener closes them); once closed, ``accept()`` is a StreamIOError (EBADF) and
+    ``next()`` None."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[C | None] = asyncio.Queue()
+        self._closed = False
+
+    def put(self, conn: C) -> None:
+        self._queue.put_nowait(conn)
+
+    async def next(self) -> C | None:
+        """The next connection; None once closed (for ``async for``)."""
+        if self._closed:
+            return None
+        conn = await self._queue.get()
+        if conn is None:
+            self._queue.put_nowait(None)  # for every other waiter
+        return conn
+
+    async def accept(self) -> C:
+        conn = await self.next()
+        if conn is None:
+            raise StreamIOError(errno.EBADF, "accept() on a closed listener")
+        return conn
+
+    async def close(self) -> None:
+        """Close the connections still waiting, and wake every waiter."""
+        self._closed = True
+        while not self._queue.empty():
+            waiting = self._queue.get_nowait()
+            if waiting is not None:
+                await waiting.close()
+        self._queue.put_nowait(None)
+
+
+class Server(Generic[C]):
+    """``serve``'s result, over either implementation's listener: each connection goes
+    to ``handler`` in a task of its own, concurrently, and is closed when it returns; a
+    handler's exception is logged (WARNING, with the traceback) and ends its connection
+    only. ``address`` is the listener's."""
+
+    def __init__(
+        self, listener: _Listener[C], handler: Callable[[C], Awaitable[Any] | Any]
+    ) -> None:
+        self._listener = listener
+        self._handler = handler
+        self._handlers: set[asyncio.Task[None]] = set()
+        self._dispatcher = asyncio.create_task(self._dispatch())
+
+    @property
+    def address(self) -> Address:
+        return self._listener.address
+
+    def __repr__(self) -> str:
+        return f"<Server {self._listener!r}>"
+
+    async def _dispatch(self) -> None:
+        async for conn in self._listener:
+            task = asyncio.create_task(self._serve(conn))
+            self._handlers.add(task)
+            task.add_done_callback(self._handlers.discard)
+
+    async def _serve(self, conn: C) -> None:
+        try:
+            result = self._handler(conn)
+            if inspect.isawaitable(result):
+                await result
+        except Exception as exc:
+            logger.warning(
+                "handler of the connection with %s failed: %r",
+                peer_text(conn.peer.address),
+                exc,
+                exc_info=exc,
+            )
+        finally:
+            await conn.close()
+
+    async def serve_forever(self) -> None:
+        """Wait until the server is closed."""
+        await asyncio.shield(self._dispatcher)
+
+    async def close(self) -> None:
+        """Stop listening and end the running handlers (their connections closed)."""
+        await self._listener.close()
+        self._dispatcher.cancel()
+        for task in list(self._handlers):
+            task.cancel()
+        await asyncio.gather(self._dispatcher, *self._handlers, return_exceptions=True)
+
+    async def __aenter__(self) -> Server[C]:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
 
 
 # --------------------------------------------------------------------------- refusal logs

@@ -1,12 +1,15 @@
 """authkey= (README "TLS and authentication"): an HMAC-SHA256 challenge and response over
 both hellos. A wrong or missing key fails on both sides before any gradient byte, a hello
 edited on the way (a man in the middle) fails the same way, a tag reflected back to its
-sender is refused, and the listener goes on serving the others."""
+sender is refused, and the listener goes on serving the others. In every pair of
+implementations (``pair``: listener, client), or each one against a peer by hand."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -30,13 +33,20 @@ def refusals(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if " refused " in r.getMessage()]
 
 
+Pair = tuple[ModuleType, ModuleType]
+
+
 async def refused_client(
-    listen_key: bytes | None, connect_key: bytes | None, via_proxy: Proxy | None = None
+    pair: Pair,
+    listen_key: bytes | None,
+    connect_key: bytes | None,
+    via_proxy: Proxy | None = None,
 ) -> tuple[BaseException, int]:
     """A client with ``connect_key`` at a listener with ``listen_key`` (through the
     proxy when given): the client's error, and how many connections accept() gave."""
-    async with await ref.listen(LOCAL, authkey=listen_key) as listener:
-        accepted: list[ref.Connection] = []
+    server, client = pair
+    async with await server.listen(LOCAL, authkey=listen_key) as listener:
+        accepted: list[Any] = []
 
         async def accepting() -> None:
             accepted.append(await listener.accept())
@@ -47,9 +57,9 @@ async def refused_client(
             via_proxy.target = address
             address = await via_proxy.start()
         with pytest.raises((AuthenticationError, ProtocolError)) as info:
-            await ref.connect(address, authkey=connect_key)
+            await client.connect(address, authkey=connect_key)
         # The listener goes on: a good client is served.
-        good = await ref.connect(listener.address, authkey=listen_key)
+        good = await client.connect(listener.address, authkey=listen_key)
         await task
         await good.close()
         await accepted[0].close()
@@ -83,6 +93,7 @@ async def refused_client(
     ids=["wrong", "missing", "unexpected"],
 )
 def test_a_key_mismatch_fails_on_both_sides(
+    pair: Pair,
     listen_key: bytes | None,
     connect_key: bytes | None,
     client_says: str,
@@ -90,7 +101,7 @@ def test_a_key_mismatch_fails_on_both_sides(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="gradstream"):
-        exc, accepted = run(lambda: refused_client(listen_key, connect_key))
+        exc, accepted = run(lambda: refused_client(pair, listen_key, connect_key))
     assert isinstance(exc, AuthenticationError)
     assert exc.detail == client_says
     assert str(exc).startswith("authentication with 127.0.0.1:")
@@ -104,13 +115,13 @@ def test_a_key_mismatch_fails_on_both_sides(
     [(52, "max_gradient_len"), (60, "max_payload_len"), (30, "nonce")],
 )
 def test_a_man_in_the_middle_editing_a_hello_field_fails_authentication(
-    offset: int, what: str, caplog: pytest.LogCaptureFixture
+    pair: Pair, offset: int, what: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The client's hello passes the proxy with one byte changed: both tags are over the
     # hellos each side saw, so they differ, and both sides refuse.
     proxy = Proxy(("127.0.0.1", 0), edit_at=offset, edit_xor=0x01)
     with caplog.at_level(logging.WARNING, logger="gradstream"):
-        exc, accepted = run(lambda: refused_client(KEY, KEY, proxy))
+        exc, accepted = run(lambda: refused_client(pair, KEY, KEY, proxy))
     assert isinstance(exc, AuthenticationError), what
     assert "the peer's tag does not match" in exc.detail
     assert accepted == 1
@@ -119,14 +130,14 @@ def test_a_man_in_the_middle_editing_a_hello_field_fails_authentication(
 
 
 def test_a_man_in_the_middle_editing_the_version_is_refused(
-    caplog: pytest.LogCaptureFixture,
+    pair: Pair, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The version is checked before the tags: the listener refuses the hello
     # (ProtocolError, logged) and closes; the client, waiting for the listener's tag,
     # learns that it was refused.
     proxy = Proxy(("127.0.0.1", 0), edit_at=12, edit_xor=0x03)
     with caplog.at_level(logging.WARNING, logger="gradstream"):
-        exc, accepted = run(lambda: refused_client(KEY, KEY, proxy))
+        exc, accepted = run(lambda: refused_client(pair, KEY, KEY, proxy))
     assert isinstance(exc, AuthenticationError) and accepted == 1
     assert exc.detail.startswith("the peer closed the connection instead of authenticating")
     lines = refusals(caplog)
@@ -134,7 +145,7 @@ def test_a_man_in_the_middle_editing_the_version_is_refused(
     assert "expected a hello of version 1, got a hello of version 2" in lines[0]
 
 
-def test_a_reflected_tag_is_refused() -> None:
+def test_a_reflected_tag_is_refused(gs: ModuleType) -> None:
     # A listener without the key that sends the client's own tag back as its answer.
     async def main() -> AuthenticationError:
         async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -148,7 +159,7 @@ def test_a_reflected_tag_is_refused() -> None:
         server = await asyncio.start_server(on_connection, "127.0.0.1", 0)
         try:
             with pytest.raises(AuthenticationError) as info:
-                await ref.connect(server.sockets[0].getsockname()[:2], authkey=KEY)
+                await gs.connect(server.sockets[0].getsockname()[:2], authkey=KEY)
             return info.value
         finally:
             server.close()
@@ -157,10 +168,10 @@ def test_a_reflected_tag_is_refused() -> None:
 
 
 def test_a_client_guessing_a_tag_is_refused_before_any_gradient_byte(
-    caplog: pytest.LogCaptureFixture,
+    gs: ModuleType, caplog: pytest.LogCaptureFixture
 ) -> None:
     async def main() -> bytes:
-        async with await ref.listen(LOCAL, authkey=KEY) as listener:
+        async with await gs.listen(LOCAL, authkey=KEY) as listener:
             async with raw_peer(listener.address) as (reader, writer):
                 writer.write(p.encode_hello(p.Hello(1, 1, bytes(32), 1 << 30, 1 << 28)))
                 await reader.readexactly(80)
@@ -174,10 +185,12 @@ def test_a_client_guessing_a_tag_is_refused_before_any_gradient_byte(
     assert "the peer's tag does not match" in refusals(caplog)[0]
 
 
-def test_authenticated_peers_say_so() -> None:
+def test_authenticated_peers_say_so(pair: Pair) -> None:
+    server_side, client_side = pair
+
     async def main() -> tuple[ref.Peer, ref.Peer]:
-        async with await ref.listen(LOCAL, authkey=KEY) as listener:
-            client = await ref.connect(listener.address, authkey=KEY)
+        async with await server_side.listen(LOCAL, authkey=KEY) as listener:
+            client = await client_side.connect(listener.address, authkey=KEY)
             server = await listener.accept()
             peers = client.peer, server.peer
             await client.close()

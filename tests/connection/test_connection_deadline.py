@@ -2,17 +2,21 @@
 gradient once begun (300 s unless the session or listen(deadline=) says otherwise), so a
 peer dripping a gradient a few bytes at a time is cut off, refused and dropped; waiting
 for a gradient to begin is idle time; a sender's deadline and timeout bound its writes and
-its wait for the ack."""
+its wait for the ack. Each implementation (``gs``) against peers by hand or itself."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from types import ModuleType
 
 import numpy as np
 import pytest
 
+import gradstream
 import gradstream.reference as ref
+from gradstream import _connection as native_connection
+from gradstream._peers import connection_waits
 from gradstream.errors import StreamDeadlineError, StreamTimeoutError
 from gradstream.reference import _connection
 from gradstream.reference import _protocol as p
@@ -25,10 +29,10 @@ from support.connections import (
     raw_peer,
     read_to_end,
     run,
+    sealed_frames,
 )
 
-S = ref.GradientStreamSession("s", 1024)
-WIRE = S.encode_frames(np.arange(20_000, dtype=np.float32))  # ~80 KB
+GRADIENT = np.arange(20_000, dtype=np.float32)  # ~80 KB of frames
 
 
 async def drip(writer: asyncio.StreamWriter, data: bytes, piece: int = 512) -> None:
@@ -39,13 +43,15 @@ async def drip(writer: asyncio.StreamWriter, data: bytes, piece: int = 512) -> N
             await asyncio.sleep(0.01)  # ~50 KB/s: far inside any timeout here
 
 
-def test_a_slow_drip_at_a_listener_is_cut_off_and_refused() -> None:
+def test_a_slow_drip_at_a_listener_is_cut_off_and_refused(gs: ModuleType) -> None:
+    s = gs.GradientStreamSession("s", 1024)
+
     async def main() -> tuple[StreamDeadlineError, p.Ack]:
-        async with await ref.listen(LOCAL, session=S, timeout=5, deadline=0.4) as listener:
+        async with await gs.listen(LOCAL, session=s, timeout=5, deadline=0.4) as listener:
             async with raw_peer(listener.address) as streams:
-                await hello_by_hand(streams, p.ROLE_CLIENT)
+                nonces = await hello_by_hand(streams, p.ROLE_CLIENT)
                 conn = await listener.accept()
-                dripping = asyncio.create_task(drip(streams[1], WIRE))
+                dripping = asyncio.create_task(drip(streams[1], sealed_frames(GRADIENT, *nonces)))
                 with pytest.raises(StreamDeadlineError) as info:
                     await conn.recv()
                 assert conn.closed
@@ -60,18 +66,19 @@ def test_a_slow_drip_at_a_listener_is_cut_off_and_refused() -> None:
     assert ack.reason == str(exc)
 
 
-def test_idle_time_before_a_gradient_is_not_counted() -> None:
+def test_idle_time_before_a_gradient_is_not_counted(gs: ModuleType) -> None:
     grads = [np.full(3000, k, np.float32) for k in range(2)]
+    s = gs.GradientStreamSession("s", 1024)
 
     async def main() -> list[np.ndarray]:
-        async with await ref.listen(LOCAL, session=S, deadline=0.3) as listener:
+        async with await gs.listen(LOCAL, session=s, deadline=0.3) as listener:
 
             async def receive() -> list[np.ndarray]:
                 async with await listener.accept() as conn:
                     return [g async for g in conn]
 
             receiving = asyncio.create_task(receive())
-            async with await ref.connect(listener.address, session=S) as conn:
+            async with await gs.connect(listener.address, session=s) as conn:
                 for g in grads:
                     await asyncio.sleep(0.5)  # longer than the deadline, between gradients
                     await conn.send(g)
@@ -82,26 +89,46 @@ def test_idle_time_before_a_gradient_is_not_counted() -> None:
 
 
 def test_the_listeners_deadline_defaults() -> None:
-    def made(listener: bool, **keywords: object) -> float | None:
-        settings = {
-            "session": None,
-            "tls": None,
-            "authkey": None,
-            "timeout": None,
-            "deadline": None,
-            "protocol": "gradstream",
-        }
+    # (session timeout, session deadline, call's timeout, call's deadline), listening.
+    assert connection_waits(None, None, None, None, listening=True) == (None, 300.0)
+    assert connection_waits(None, None, None, None, listening=False) == (None, None)
+    assert connection_waits(5.0, 7.0, None, None, listening=True) == (5.0, 7.0)
+    assert connection_waits(5.0, 7.0, 1.0, 2.0, listening=True) == (1.0, 2.0)
+    assert connection_waits(None, 7.0, None, None, listening=False) == (None, 7.0)
+
+
+@pytest.mark.parametrize("listening", [True, False])
+def test_both_implementations_wait_as_the_shared_rule_says(listening: bool) -> None:
+    def reference(**keywords: object) -> tuple[float | None, float | None]:
+        settings: dict[str, object] = {"tls": None, "authkey": None, "protocol": "gradstream"}
+        settings.update(timeout=None, deadline=None, session=None)
         settings.update(keywords)
-        return _connection.endpoint(listener=listener, **settings).session.deadline
+        ends = _connection.endpoint(listener=listening, **settings)
+        return ends.session.timeout, ends.session.deadline
 
-    assert made(True) == 300.0
-    assert made(False) is None
-    assert made(True, session=ref.GradientStreamSession("s", deadline=7)) == 7.0
-    assert made(True, session=ref.GradientStreamSession("s", deadline=7), deadline=2) == 2.0
-    assert made(False, session=ref.GradientStreamSession("s", deadline=7)) == 7.0
+    def native(**keywords: object) -> tuple[float | None, float | None]:
+        settings: dict[str, object] = {"timeout": None, "deadline": None}
+        session = keywords.pop("session", None) or gradstream.GradientStreamSession("s")
+        settings.update(keywords)
+        args, _ = native_connection._link_settings(
+            session,  # type: ignore[arg-type]
+            listening=listening,
+            tls=None,
+            authkey=None,
+            protocol="gradstream",
+            handshake_timeout=10,
+            **settings,
+        )
+        return args["timeout"], args["deadline"]
+
+    for made, gs in ((reference, ref), (native, gradstream)):
+        session = gs.GradientStreamSession("s", timeout=5, deadline=7)
+        assert made() == connection_waits(None, None, None, None, listening=listening)
+        assert made(session=session) == (5.0, 7.0)
+        assert made(session=session, timeout=1, deadline=2) == (1.0, 2.0)
 
 
-def test_a_senders_deadline_bounds_its_writes() -> None:
+def test_a_senders_deadline_bounds_its_writes(gs: ModuleType) -> None:
     # A listener that shakes hands and then reads nothing: the sender's writes stall.
     async def main() -> StreamDeadlineError:
         done = asyncio.Event()
@@ -110,7 +137,7 @@ def test_a_senders_deadline_bounds_its_writes() -> None:
             await done.wait()
 
         async with hostile_listener(deaf) as address:
-            async with await ref.connect(address, deadline=0.5) as conn:
+            async with await gs.connect(address, deadline=0.5) as conn:
                 with pytest.raises(StreamDeadlineError) as info:
                     await conn.send(np.ones(1 << 24, np.float32))  # 64 MiB
                 assert conn.closed
@@ -120,14 +147,15 @@ def test_a_senders_deadline_bounds_its_writes() -> None:
     assert run(main).deadline == 0.5
 
 
-def test_a_sender_waits_for_the_ack_under_its_timeout() -> None:
+def test_a_sender_waits_for_the_ack_under_its_timeout(gs: ModuleType) -> None:
     async def silent(streams: Streams, client: bytes, server: bytes) -> None:
         await frames_by_hand(streams[0])
         await read_to_end(streams[0])  # never answers
 
     async def main() -> StreamTimeoutError:
         async with hostile_listener(silent) as address:
-            async with await ref.connect(address, session=S, timeout=0.3) as conn:
+            s = gs.GradientStreamSession("s", 1024)
+            async with await gs.connect(address, session=s, timeout=0.3) as conn:
                 with pytest.raises(StreamTimeoutError) as info:
                     await conn.send(np.ones(3000, np.float32))
                 assert conn.closed
@@ -136,3 +164,24 @@ def test_a_sender_waits_for_the_ack_under_its_timeout() -> None:
     exc = run(main)
     assert not isinstance(exc, StreamDeadlineError)
     assert str(exc) == "no progress for 0.3 s (after 3 of 3 chunks); the peer stalled"
+
+
+def test_a_timeout_before_a_gradient_begins_leaves_the_connection_in_step(gs: ModuleType) -> None:
+    # Nothing moved: the connection is still in step, open, and the next recv works.
+    async def main() -> tuple[StreamTimeoutError, np.ndarray]:
+        async with await gs.listen(LOCAL) as listener:
+            accepted = asyncio.create_task(listener.accept())
+            async with await gs.connect(listener.address, timeout=0.2) as conn:
+                theirs = await accepted
+                with pytest.raises(StreamTimeoutError) as info:
+                    await conn.recv()
+                assert not conn.closed
+                sending = asyncio.create_task(theirs.send(np.arange(10, dtype=np.float32)))
+                got = await conn.recv()
+                assert await sending == 1
+                await theirs.close()
+                return info.value, got
+
+    exc, got = run(main)
+    assert exc.timeout == 0.2 and not isinstance(exc, StreamDeadlineError)
+    assert np.array_equal(got, np.arange(10, dtype=np.float32))

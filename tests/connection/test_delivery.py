@@ -2,13 +2,16 @@
 transfer, and raises DeliveryError when a hostile or failing receiver refuses it, acks
 another digest or another counter, or closes first; a frame header where the ack belongs
 is a ProtocolError. The real receiver refuses what its rules refuse, with the reason, and
-the sender refuses before a byte goes what the peer's hello says it will not take."""
+the sender refuses before a byte goes what the peer's hello says it will not take. Each
+implementation's sender against a receiver by hand (``gs``), each one's receiver against
+a sender by hand, and real pairs (``pair``)."""
 
 from __future__ import annotations
 
 import asyncio
 import struct
 from collections.abc import Awaitable, Callable
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -33,6 +36,7 @@ from support.connections import (
     raw_peer,
     read_to_end,
     run,
+    sealed_frames,
 )
 
 GRAD = np.arange(3000, dtype=np.float32)
@@ -43,11 +47,14 @@ def first_id(client: bytes, server: bytes, counter: int = 0) -> bytes:
     return p.transfer_id(client, server, p.TO_SERVER, counter)
 
 
-async def send_to_hostile(script: object) -> BaseException | int:
+Pair = tuple[ModuleType, ModuleType]
+
+
+async def send_to_hostile(gs: ModuleType, script: object) -> BaseException | int:
     """connect to a listener running ``script`` after its handshake, send GRAD; what
     send gave or raised, and whether the connection was closed after."""
     async with hostile_listener(script) as address:  # type: ignore[arg-type]
-        conn = await ref.connect(address, session=S)
+        conn = await gs.connect(address, session=gs.GradientStreamSession("s", 1024))
         try:
             return await conn.send(GRAD)
         except (DeliveryError, ProtocolError) as exc:
@@ -57,89 +64,93 @@ async def send_to_hostile(script: object) -> BaseException | int:
             await conn.close()
 
 
-def test_a_correct_ack_by_hand_is_accepted() -> None:
+def test_a_correct_ack_by_hand_is_accepted(gs: ModuleType) -> None:
     async def script(streams: Streams, client: bytes, server: bytes) -> None:
         headers = await frames_by_hand(streams[0])
         digest = p.ack_digest(first_id(client, server), headers)
         streams[1].write(p.encode_ack(p.Ack(0, digest, None)))
         await read_to_end(streams[0])
 
-    assert run(lambda: send_to_hostile(script)) == 3
+    assert run(lambda: send_to_hostile(gs, script)) == 3
 
 
-def test_a_refusal_is_a_delivery_error_with_the_reason() -> None:
+def test_a_refusal_is_a_delivery_error_with_the_reason(gs: ModuleType) -> None:
     async def script(streams: Streams, client: bytes, server: bytes) -> None:
         await frames_by_hand(streams[0])
         streams[1].write(p.encode_ack(p.Ack(0, bytes(32), "chunk 1 failed its CRC check")))
 
-    exc = run(lambda: send_to_hostile(script))
+    exc = run(lambda: send_to_hostile(gs, script))
     assert isinstance(exc, DeliveryError)
     assert exc.reason == "chunk 1 failed its CRC check"
     assert exc.peer is not None and exc.peer[0] == "127.0.0.1"
     assert str(exc).endswith("the peer refused it: chunk 1 failed its CRC check")
 
 
-def test_an_ack_of_another_digest_is_a_delivery_error() -> None:
+def test_an_ack_of_another_digest_is_a_delivery_error(gs: ModuleType) -> None:
     async def script(streams: Streams, client: bytes, server: bytes) -> None:
         headers = await frames_by_hand(streams[0])
         headers[0], headers[1] = headers[1], headers[0]  # the frames in another order
         digest = p.ack_digest(first_id(client, server), headers)
         streams[1].write(p.encode_ack(p.Ack(0, digest, None)))
 
-    exc = run(lambda: send_to_hostile(script))
+    exc = run(lambda: send_to_hostile(gs, script))
     assert isinstance(exc, DeliveryError) and exc.reason is None
     assert "the peer acknowledged other frames than were sent" in str(exc)
 
 
-def test_an_ack_keyed_by_another_transfer_id_is_a_delivery_error() -> None:
+def test_an_ack_keyed_by_another_transfer_id_is_a_delivery_error(gs: ModuleType) -> None:
     async def script(streams: Streams, client: bytes, server: bytes) -> None:
         headers = await frames_by_hand(streams[0])
         # The right headers under the id of the other direction: a reflected ack.
         digest = p.ack_digest(p.transfer_id(client, server, p.TO_CLIENT, 0), headers)
         streams[1].write(p.encode_ack(p.Ack(0, digest, None)))
 
-    exc = run(lambda: send_to_hostile(script))
+    exc = run(lambda: send_to_hostile(gs, script))
     assert isinstance(exc, DeliveryError)
     assert "acknowledged other frames" in str(exc)
 
 
-def test_an_ack_of_another_counter_is_a_delivery_error() -> None:
+def test_an_ack_of_another_counter_is_a_delivery_error(gs: ModuleType) -> None:
     async def script(streams: Streams, client: bytes, server: bytes) -> None:
         headers = await frames_by_hand(streams[0])
         digest = p.ack_digest(first_id(client, server), headers)
         streams[1].write(p.encode_ack(p.Ack(1, digest, None)))
 
-    exc = run(lambda: send_to_hostile(script))
+    exc = run(lambda: send_to_hostile(gs, script))
     assert isinstance(exc, DeliveryError)
     assert "the peer acknowledged transfer 1; this was transfer 0" in str(exc)
 
 
-def test_closing_before_the_ack_is_a_delivery_error() -> None:
+def test_closing_before_the_ack_is_a_delivery_error(gs: ModuleType) -> None:
     async def script(streams: Streams, client: bytes, server: bytes) -> None:
         await frames_by_hand(streams[0])
 
-    exc = run(lambda: send_to_hostile(script))
+    exc = run(lambda: send_to_hostile(gs, script))
     assert isinstance(exc, DeliveryError)
     assert "the connection ended before the peer acknowledged the transfer" in str(exc)
 
 
-def test_a_frame_header_where_the_ack_belongs_is_a_protocol_error() -> None:
+def test_a_frame_header_where_the_ack_belongs_is_a_protocol_error(gs: ModuleType) -> None:
     async def script(streams: Streams, client: bytes, server: bytes) -> None:
         await frames_by_hand(streams[0])
         streams[1].write(S.encode_frames(np.ones(3, np.float32)))  # a gradient back instead
         await read_to_end(streams[0])
 
-    exc = run(lambda: send_to_hostile(script))
+    exc = run(lambda: send_to_hostile(gs, script))
     assert isinstance(exc, ProtocolError)
     assert exc.expected == "an ack"
     assert exc.seen.startswith("a frame header (chunk 0 of 1,")
     assert "the peer started a transfer while this side waited for its ack" in exc.seen
 
 
-def test_two_sends_at_once_from_both_sides_are_protocol_errors() -> None:
+def test_two_sends_at_once_from_both_sides_are_protocol_errors(pair: Pair) -> None:
+    server_side, client_side = pair
+
     async def main() -> list[BaseException | int]:
-        async with await ref.listen(LOCAL, session=S) as listener:
-            client = await ref.connect(listener.address, session=S)
+        s = server_side.GradientStreamSession("s", 1024)
+        async with await server_side.listen(LOCAL, session=s) as listener:
+            c = client_side.GradientStreamSession("s", 1024)
+            client = await client_side.connect(listener.address, session=c)
             server = await listener.accept()
             results = await asyncio.gather(
                 client.send(GRAD), server.send(GRAD), return_exceptions=True
@@ -152,7 +163,7 @@ def test_two_sends_at_once_from_both_sides_are_protocol_errors() -> None:
     assert all(isinstance(r, ProtocolError) and r.expected == "an ack" for r in results), results
 
 
-def test_a_second_gradient_is_acked_with_its_counter() -> None:
+def test_a_second_gradient_is_acked_with_its_counter(gs: ModuleType) -> None:
     async def script(streams: Streams, client: bytes, server: bytes) -> None:
         for k in range(3):
             headers = await frames_by_hand(streams[0])
@@ -162,7 +173,8 @@ def test_a_second_gradient_is_acked_with_its_counter() -> None:
 
     async def main() -> list[int]:
         async with hostile_listener(script) as address:
-            async with await ref.connect(address, session=S) as conn:
+            s = gs.GradientStreamSession("s", 1024)
+            async with await gs.connect(address, session=s) as conn:
                 return [await conn.send(GRAD) for _ in range(3)]
 
     assert run(main) == [3, 3, 3]
@@ -171,17 +183,18 @@ def test_a_second_gradient_is_acked_with_its_counter() -> None:
 # --------------------------------------------------------------------------- the real receiver
 
 
-def test_the_receiver_refuses_what_its_rules_refuse_and_says_why() -> None:
+def test_the_receiver_refuses_what_its_rules_refuse_and_says_why(gs: ModuleType) -> None:
     # A sender by hand whose second chunk's CRC is wrong: the listener's connection raises
     # the ChecksumMismatchError, answers with a refusal naming it, and closes.
-    frames = bytearray(S.encode_frames(GRAD))
-    second = 16 + struct.unpack_from("<I", frames, 8)[0]
-    struct.pack_into("<I", frames, second + 12, 0xDEADBEEF)
 
     async def main() -> tuple[BaseException, p.Ack, bytes]:
-        async with await ref.listen(LOCAL, session=S) as listener:
+        s = gs.GradientStreamSession("s", 1024)
+        async with await gs.listen(LOCAL, session=s) as listener:
             async with raw_peer(listener.address) as streams:
-                await hello_by_hand(streams, p.ROLE_CLIENT)
+                nonces = await hello_by_hand(streams, p.ROLE_CLIENT)
+                frames = bytearray(sealed_frames(GRAD, *nonces))
+                second = 16 + struct.unpack_from("<I", frames, 8)[0]
+                struct.pack_into("<I", frames, second + 12, 0xDEADBEEF)
                 conn = await listener.accept()
                 streams[1].write(bytes(frames))
                 with pytest.raises(Exception) as info:
@@ -198,16 +211,19 @@ def test_the_receiver_refuses_what_its_rules_refuse_and_says_why() -> None:
     assert after == b""  # and nothing after the refusal
 
 
-Receive = Callable[[ref.Connection], Awaitable[object]]
-Send = Callable[[ref.Connection], Awaitable[int]]
+Receive = Callable[[Any], Awaitable[object]]
+Send = Callable[[Any], Awaitable[int]]
 
 
-def refused(receive: Receive, refusal: type[Exception], send: Send, **listen: Any) -> DeliveryError:
+def refused(
+    pair: Pair, receive: Receive, refusal: type[Exception], send: Send, **listen: Any
+) -> DeliveryError:
     """A real listener whose connection's ``receive`` raises ``refusal``, and the
     DeliveryError a real sender's ``send`` raises for it (its connection then closed)."""
+    server, client = pair
 
     async def main() -> DeliveryError:
-        async with await ref.listen(LOCAL, **listen) as listener:
+        async with await server.listen(LOCAL, **listen) as listener:
 
             async def receiving() -> None:
                 async with await listener.accept() as conn:
@@ -215,7 +231,7 @@ def refused(receive: Receive, refusal: type[Exception], send: Send, **listen: An
                         await receive(conn)
 
             task = asyncio.create_task(receiving())
-            async with await ref.connect(listener.address) as conn:
+            async with await client.connect(listener.address) as conn:
                 with pytest.raises(DeliveryError) as info:
                     await send(conn)
                 assert conn.closed
@@ -225,10 +241,11 @@ def refused(receive: Receive, refusal: type[Exception], send: Send, **listen: An
     return run(main)
 
 
-def test_the_sender_gets_the_receivers_reason() -> None:
+def test_the_sender_gets_the_receivers_reason(pair: Pair) -> None:
     # A one-frame gradient the receiver refuses (its out= is float64): every byte was
     # read, so the refusal is the last thing on the wire and reaches the sender.
     exc = refused(
+        pair,
         lambda conn: conn.recv(out=np.empty(100, np.float64)),
         GradientDtypeError,
         lambda conn: conn.send(np.ones(100, np.float32)),
@@ -236,24 +253,30 @@ def test_the_sender_gets_the_receivers_reason() -> None:
     assert exc.reason == "the gradient is float32; out= is float64"
 
 
-def test_a_tensor_set_over_the_receivers_limit_is_refused_with_the_reason() -> None:
+def test_a_tensor_set_over_the_receivers_limit_is_refused_with_the_reason(pair: Pair) -> None:
     exc = refused(
+        pair,
         lambda conn: conn.recv_tensors(),
         TensorSetError,
         lambda conn: conn.send_tensors({"w": np.ones(11, np.float32)}),
-        session=ref.GradientStreamSession("s", 1024, max_gradient_len=10),
+        session=pair[0].GradientStreamSession("s", 1024, max_gradient_len=10),
     )
     assert exc.reason == "tensor set holds 11 values, above max_gradient_len 10"
 
 
-def test_the_sender_refuses_a_gradient_over_the_peers_limit_before_a_byte() -> None:
-    small = ref.GradientStreamSession("s", 1024, max_gradient_len=100)
+def test_the_sender_refuses_a_gradient_over_the_peers_limit_before_a_byte(pair: Pair) -> None:
+    server_side, client = pair
+    small = server_side.GradientStreamSession("s", 1024, max_gradient_len=100)
 
     async def main() -> None:
-        async with await ref.listen(LOCAL, session=small) as listener:
-            async with await ref.connect(listener.address) as conn:
-                with pytest.raises(DeliveryError, match="above the peer's max_gradient_len 100"):
+        async with await server_side.listen(LOCAL, session=small) as listener:
+            async with await client.connect(listener.address) as conn:
+                with pytest.raises(DeliveryError) as info:
                     await conn.send(np.ones(101, np.float32))
+                assert info.value.detail == (
+                    "the gradient holds 101 values, above the peer's max_gradient_len 100; "
+                    "nothing was sent"
+                )
                 assert not conn.closed  # nothing was sent: still in step
                 server = await listener.accept()
                 receiving = asyncio.create_task(server.recv())
@@ -264,25 +287,37 @@ def test_the_sender_refuses_a_gradient_over_the_peers_limit_before_a_byte() -> N
     run(main)
 
 
-def test_the_sender_refuses_a_payload_over_the_peers_limit_before_a_byte() -> None:
-    small = ref.GradientStreamSession("s", 1024, max_payload_len=2000)
+def test_the_sender_refuses_a_payload_over_the_peers_limit_before_a_byte(pair: Pair) -> None:
+    server_side, client = pair
+    small = server_side.GradientStreamSession("s", 1024, max_payload_len=2000)
 
-    async def main() -> None:
-        async with await ref.listen(LOCAL, session=small) as listener:
-            async with await ref.connect(listener.address, session=S) as conn:
-                with pytest.raises(DeliveryError, match="above the peer's max_payload_len 2000"):
+    async def main() -> str:
+        async with await server_side.listen(LOCAL, session=small) as listener:
+            s = client.GradientStreamSession("s", 1024)
+            async with await client.connect(listener.address, session=s) as conn:
+                with pytest.raises(DeliveryError) as info:
                     await conn.send(GRAD)
                 assert not conn.closed
+                return info.value.detail
 
-    run(main)
+    detail = run(main)
+    # The first chunk's (the largest) as the sender encodes it, sealed as every chunk of
+    # a connection is (each implementation writes payloads of its own size).
+    sealed = client.GradientStreamSession("s", 1024, seal=True).encode_frames(GRAD)
+    payload = struct.unpack_from("<I", sealed, 8)[0]
+    assert detail == (
+        f"chunk 0's payload of {payload} bytes is above the peer's max_payload_len 2000; use "
+        "a smaller chunk_size"
+    )
 
 
-def test_a_sender_cut_off_midway_gets_the_refusal() -> None:
+def test_a_sender_cut_off_midway_gets_the_refusal(pair: Pair) -> None:
     # The receiver refuses at chunk 1 (its out= is too small) while the sender still has
     # megabytes to write. The sender watches for the answer as it writes, stops at the
     # refusal and closes; the receiver drops what is still on the way until then, so
     # the refusal is not lost to a reset.
     exc = refused(
+        pair,
         lambda conn: conn.recv(out=np.empty(100_000, np.float32)),
         GradientSizeError,
         lambda conn: conn.send(np.ones(1 << 22, np.float32)),
@@ -292,9 +327,9 @@ def test_a_sender_cut_off_midway_gets_the_refusal() -> None:
     )
 
 
-def test_a_sender_without_a_listener_after_the_handshake() -> None:
+def test_a_sender_without_a_listener_after_the_handshake(gs: ModuleType) -> None:
     async def script(streams: Streams, client: bytes, server: bytes) -> None:
         pass  # the hostile listener closes right after the handshake
 
-    exc = run(lambda: send_to_hostile(script))
+    exc = run(lambda: send_to_hostile(gs, script))
     assert isinstance(exc, (DeliveryError, StreamIOError)), exc

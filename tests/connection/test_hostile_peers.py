@@ -2,7 +2,8 @@
 plaintext listener, an ipfrs-transport peer's bare frames, a peer of another version,
 peers that stay silent, and more of them than the caps allow. None reaches ``accept()``;
 each is logged (WARNING, with its address and why, rate-limited) and dropped, gets a clear
-answer where it can read one, and the listener goes on serving good clients."""
+answer where it can read one, and the listener goes on serving good clients. Each
+implementation's listener (``gs``) against the same peers by hand."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import asyncio
 import functools
 import logging
 import socket
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,9 +20,15 @@ import pytest
 import gradstream.reference as ref
 from gradstream._peers import RefusalLog
 from gradstream.errors import ProtocolError
-from gradstream.reference import _listener
 from gradstream.reference import _protocol as p
-from support.connections import LOCAL, raw_peer, read_to_end, run, tls_client_hello
+from support.connections import (
+    LOCAL,
+    listener_module,
+    raw_peer,
+    read_to_end,
+    run,
+    tls_client_hello,
+)
 
 GRAD = np.arange(5000, dtype=np.float32)
 
@@ -32,7 +41,7 @@ def refusals(caplog: pytest.LogCaptureFixture) -> list[str]:
     ]
 
 
-async def good_client_is_served(listener: ref.Listener) -> None:
+async def good_client_is_served(gs: ModuleType, listener: Any) -> None:
     """A real client connects and delivers a gradient while the bad peers are (or were)
     there."""
 
@@ -41,15 +50,16 @@ async def good_client_is_served(listener: ref.Listener) -> None:
             return await conn.recv()
 
     serving = asyncio.create_task(serve_one())
-    async with await ref.connect(listener.address) as conn:
+    async with await gs.connect(listener.address) as conn:
         assert await conn.send(GRAD) == 1
     assert np.array_equal(await serving, GRAD)
 
 
-async def hostile(listener: ref.Listener, first: bytes) -> bytes:
+async def hostile(listener: Any, first: bytes) -> bytes:
     """A peer that sends ``first`` and reads until the listener drops it: what it got."""
     async with raw_peer(listener.address) as (reader, writer):
         writer.write(first)
+        writer.write_eof()
         return await read_to_end(reader)
 
 
@@ -63,19 +73,24 @@ CASES = {
         "expected a hello of version 1, got a hello of version 2",
     ),
     "garbage": (bytes(range(100, 116)) * 2, "hello, got bytes 6465666768"),
+    "short hello": (
+        p.encode_hello(p.Hello(1, 0, bytes(32), 1, 1))[:30],
+        "hello, got the end of the connection 14 bytes into its last 64",
+    ),
+    "short head": (b"GSHL", "hello, got the end of the connection after 4 bytes (4753484c)"),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_foreign_peer_is_refused_logged_and_the_listener_goes_on(
-    case: str, caplog: pytest.LogCaptureFixture
+    gs: ModuleType, case: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     first, seen = CASES[case]
 
     async def main() -> bytes:
-        async with await ref.listen(LOCAL) as listener:
+        async with await gs.listen(LOCAL) as listener:
             got = await hostile(listener, tls_client_hello() if first is None else first)
-            await good_client_is_served(listener)
+            await good_client_is_served(gs, listener)
             return got
 
     with caplog.at_level(logging.INFO, logger="gradstream"):
@@ -90,11 +105,13 @@ def test_a_foreign_peer_is_refused_logged_and_the_listener_goes_on(
     assert len(accepted) == 1 and accepted[0].startswith("listener 127.0.0.1:")
 
 
-def test_a_gradstream_client_at_a_seed_listener_is_not_a_downgrade() -> None:
+def test_a_gradstream_client_at_a_seed_listener_is_not_a_downgrade(pair: Any) -> None:
+    server, client = pair
+
     # The other way round: a gradstream client meeting a seed peer (here: a seed
     # listener's connection that sends a gradient at once) fails with a clear error.
     async def main() -> ProtocolError:
-        async with await ref.listen(LOCAL, protocol="seed") as listener:
+        async with await server.listen(LOCAL, protocol="seed") as listener:
 
             async def push() -> None:
                 async with await listener.accept() as conn:
@@ -102,7 +119,7 @@ def test_a_gradstream_client_at_a_seed_listener_is_not_a_downgrade() -> None:
 
             pushing = asyncio.create_task(push())
             with pytest.raises(ProtocolError) as info:
-                await ref.connect(listener.address)
+                await client.connect(listener.address)
             await pushing
             return info.value
 
@@ -111,10 +128,10 @@ def test_a_gradstream_client_at_a_seed_listener_is_not_a_downgrade() -> None:
     assert exc.seen.startswith("a bare seed frame header (chunk 0 of 1,")
 
 
-def test_bare_frames_at_a_seed_listener_are_accepted() -> None:
+def test_bare_frames_at_a_seed_listener_are_accepted(gs: ModuleType) -> None:
     async def main() -> np.ndarray:
-        async with await ref.listen(
-            LOCAL, protocol="seed", session=ref.GradientStreamSession("s", 1024)
+        async with await gs.listen(
+            LOCAL, protocol="seed", session=gs.GradientStreamSession("s", 1024)
         ) as listener:
             async with raw_peer(listener.address) as (_, writer):
                 writer.write(SEED_FRAMES)
@@ -128,13 +145,13 @@ def test_bare_frames_at_a_seed_listener_are_accepted() -> None:
 
 
 def test_a_silent_peer_is_dropped_past_the_handshake_timeout(
-    caplog: pytest.LogCaptureFixture,
+    gs: ModuleType, caplog: pytest.LogCaptureFixture
 ) -> None:
     async def main() -> bytes:
-        async with await ref.listen(LOCAL, handshake_timeout=0.3) as listener:
+        async with await gs.listen(LOCAL, handshake_timeout=0.3) as listener:
             async with raw_peer(listener.address) as (reader, _):
                 # Served while the silent one waits...
-                await good_client_is_served(listener)
+                await good_client_is_served(gs, listener)
                 # ...which gets the listener's hello and then the end.
                 return await read_to_end(reader)
 
@@ -145,11 +162,11 @@ def test_a_silent_peer_is_dropped_past_the_handshake_timeout(
     assert len(lines) == 1 and lines[0].endswith("silent past handshake_timeout (0.3 s)")
 
 
-def test_handshakes_wait_for_a_free_slot(caplog: pytest.LogCaptureFixture) -> None:
+def test_handshakes_wait_for_a_free_slot(gs: ModuleType, caplog: pytest.LogCaptureFixture) -> None:
     # Two slots: two silent peers take them (each is sent the listener's hello, so the
     # test knows its handshake began); a third peer gets no hello until one leaves.
     async def main() -> None:
-        async with await ref.listen(
+        async with await gs.listen(
             LOCAL, max_pending_handshakes=2, handshake_timeout=60
         ) as listener:
             loop = asyncio.get_running_loop()
@@ -174,13 +191,13 @@ def test_handshakes_wait_for_a_free_slot(caplog: pytest.LogCaptureFixture) -> No
     )
 
 
-def test_at_most_max_connections_are_open() -> None:
+def test_at_most_max_connections_are_open(gs: ModuleType) -> None:
     async def main() -> None:
-        async with await ref.listen(LOCAL, max_connections=2) as listener:
-            conns = [await ref.connect(listener.address) for _ in range(2)]
+        async with await gs.listen(LOCAL, max_connections=2) as listener:
+            conns = [await gs.connect(listener.address) for _ in range(2)]
             accepted = [await listener.accept() for _ in range(2)]
             # A third one's handshake cannot begin: connect waits for the hello.
-            third = asyncio.create_task(ref.connect(listener.address))
+            third = asyncio.create_task(gs.connect(listener.address))
             await asyncio.sleep(0.3)
             assert not third.done()
             await accepted[0].close()  # a slot frees...
@@ -193,16 +210,16 @@ def test_at_most_max_connections_are_open() -> None:
 
 
 def test_refusal_logs_are_rate_limited(
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    gs: ModuleType, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The listener's clock stands still for 15 refusals, then moves on a second.
     now = [0.0]
     monkeypatch.setattr(
-        _listener, "RefusalLog", functools.partial(RefusalLog, clock=lambda: now[0])
+        listener_module(gs), "RefusalLog", functools.partial(RefusalLog, clock=lambda: now[0])
     )
 
     async def main() -> None:
-        async with await ref.listen(LOCAL) as listener:
+        async with await gs.listen(LOCAL) as listener:
             for _ in range(15):
                 await hostile(listener, b"GET / HTTP/1.1\r\n\r\n")
             now[0] += 1.0

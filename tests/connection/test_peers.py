@@ -212,3 +212,39 @@ def test_refusal_logs_are_limited_and_the_rest_counted(caplog: pytest.LogCapture
         "listener 127.0.0.1:7000 refused 10.0.0.2:9: silent (15 more refusals were not logged)"
     )
     assert {r.levelno for r in caplog.records} == {logging.WARNING}
+
+
+# --------------------------------------------------------------------------- waits, texts, turns
+
+
+def test_seconds_are_checked_as_the_sessions_are() -> None:
+    assert _peers.check_seconds(None) is None
+    assert _peers.check_seconds(2) == 2.0
+    for bad in (0, -1.5, float("nan"), float("inf")):
+        with pytest.raises(SettingError, match="deadline must be None or a positive number"):
+            _peers.check_seconds(bad, "deadline")
+    with pytest.raises(TypeError, match="timeout must be None or a number, not str"):
+        _peers.check_seconds("1")
+
+
+def test_the_texts_both_sides_write() -> None:
+    assert _peers.quoted("/tmp/a b.pem") == "'/tmp/a b.pem'"
+    assert _peers.quoted("it's\\here") == "'it\\'s\\\\here'"
+    assert _peers.silent_text(0.3) == "silent past handshake_timeout (0.3 s)"
+    assert _peers.silent_text(10.0) == "silent past handshake_timeout (10 s)"
+    assert _peers.describe_side("gradstream", True, True) == "gradstream, TLS, authkey"
+    assert _peers.describe_side("seed", False, False) == "seed"
+
+
+def test_turns_let_one_transfer_run_at_a_time() -> None:
+    turns = _peers.Turns()
+    with turns.turn(_peers.Phase.SENDING, "send"):
+        with pytest.raises(SettingError, match="recv while this connection is sending"):
+            with turns.turn(_peers.Phase.RECEIVING, "recv"):
+                pass
+        assert turns.phase is _peers.Phase.SENDING
+    assert turns.phase is _peers.Phase.IDLE
+    assert turns.close() and not turns.close()
+    with pytest.raises(OSError, match="send on a closed connection"):
+        with turns.turn(_peers.Phase.SENDING, "send"):
+            pass

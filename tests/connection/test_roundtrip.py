@@ -1,20 +1,33 @@
-"""Connections that work (README "Connections"), reference to reference over loopback:
-gradients of every dtype and shape, tensor sets, out=, ``async for`` until the peer
-closes, several gradients each way, request and reply, serve() with handlers at once,
-``protocol="seed"``, and the rules of one transfer at a time."""
+"""Connections that work (README "Connections") over loopback, in each implementation and
+across them (``pair``: every listener with every client): gradients of every dtype and
+shape, tensor sets, out=, ``async for`` until the peer closes, several gradients each
+way, request and reply, serve() with handlers at once, ``protocol="seed"``, per-call
+deadlines and progress, and the rules of one transfer at a time."""
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
 
-import gradstream.reference as ref
-from gradstream.errors import SettingError, StreamIOError
-from support.connections import KEY, LOCAL, accept_in_background, run
+from gradstream.errors import SettingError, StreamDeadlineError, StreamIOError, StreamTimeoutError
+from gradstream.reference import _protocol as p
+from support.connections import (
+    KEY,
+    LOCAL,
+    accept_in_background,
+    hello_by_hand,
+    raw_peer,
+    run,
+    sealed_frames,
+)
+
+Pair = tuple[ModuleType, ModuleType]
 
 
 def bits(a: np.ndarray) -> np.ndarray:
@@ -35,18 +48,24 @@ GRADIENTS = [
 
 
 @pytest.mark.parametrize("authkey", [None, KEY], ids=["plain", "authkey"])
-def test_gradients_of_every_dtype_and_shape_arrive_bit_for_bit(authkey: bytes | None) -> None:
-    s = ref.GradientStreamSession("s", 4096, keep_shape=True, keep_dtype=True)
+def test_gradients_of_every_dtype_and_shape_arrive_bit_for_bit(
+    pair: Pair, authkey: bytes | None
+) -> None:
+    server, client = pair
+
+    def s(gs: ModuleType) -> Any:
+        return gs.GradientStreamSession("s", 4096, keep_shape=True, keep_dtype=True)
 
     async def main() -> tuple[list[int], list[np.ndarray], list[np.ndarray]]:
-        async with await ref.listen(LOCAL, session=s, authkey=authkey) as listener:
+        async with await server.listen(LOCAL, session=s(server), authkey=authkey) as listener:
 
-            async def receive() -> tuple[list[np.ndarray], ref.Connection]:
+            async def receive() -> tuple[list[np.ndarray], Any]:
                 conn = await listener.accept()
                 return [g async for g in conn], conn
 
             receiving = asyncio.create_task(receive())
-            async with await ref.connect(listener.address, session=s, authkey=authkey) as conn:
+            address = listener.address
+            async with await client.connect(address, session=s(client), authkey=authkey) as conn:
                 counts = [await conn.send(g) for g in GRADIENTS]
                 assert conn.peer.authenticated is (authkey is not None)
             got, server_side = await receiving
@@ -62,14 +81,51 @@ def test_gradients_of_every_dtype_and_shape_arrive_bit_for_bit(authkey: bytes | 
         assert same(a, b), (a.dtype, a.shape)
 
 
-def test_several_gradients_each_way_and_request_reply() -> None:
+def test_a_round_trip_both_ways_with_acks(pair: Pair) -> None:
+    # (Folded in from the lead's test_connections.py.) A 74-chunk gradient one way, a
+    # reply the other, and the end of the connection as receive_from's end.
+    server, client = pair
+    grad = np.linspace(-1, 1, 300_001, dtype=np.float32)
+    reply = np.arange(5, dtype=np.float32)
+
+    async def main() -> tuple[Any, ...]:
+        s = server.GradientStreamSession("conn", 4096, timeout=10)
+        async with await server.listen(LOCAL, session=s) as listener:
+            host, port = listener.address
+            assert host == "127.0.0.1" and port > 0
+
+            async def serve_one() -> tuple[Any, ...]:
+                async with await listener.accept() as conn:
+                    got = await conn.recv()
+                    sent = await conn.send(reply)
+                    end = await conn.recv()
+                    return got, sent, end, conn.peer, conn.closed
+
+            task = asyncio.create_task(serve_one())
+            c = client.GradientStreamSession("conn", 4096, timeout=10)
+            async with await client.connect(("127.0.0.1", port), session=c) as conn:
+                n = await conn.send(grad)
+                back = await conn.recv()
+            return n, back, *await task
+
+    n, back, got, sent, end, peer, closed = run(main)
+    assert n == 74 and sent == 1  # ceil(300001 / 4096) chunks, then one
+    assert end.size == 0 and closed  # the client closed between gradients
+    assert same(got, grad) and same(back, reply)
+    assert peer.address[0] == "127.0.0.1"
+    assert peer.tls_subject is None and peer.authenticated is False
+
+
+def test_several_gradients_each_way_and_request_reply(pair: Pair) -> None:
+    server_side, client = pair
+
     async def main() -> list[np.ndarray]:
-        async def handler(conn: ref.Connection) -> None:
+        async def handler(conn: Any) -> None:
             async for g in conn:  # each request answered with its double
                 await conn.send(g * 2)
 
-        async with await ref.serve(LOCAL, handler) as server:
-            async with await ref.connect(server.address) as conn:
+        async with await server_side.serve(LOCAL, handler) as server:
+            async with await client.connect(server.address) as conn:
                 replies = []
                 for k in range(5):
                     assert await conn.send(np.full(70_000, k, np.float32)) == 2
@@ -80,7 +136,8 @@ def test_several_gradients_each_way_and_request_reply() -> None:
         assert same(reply, np.full(70_000, 2 * k, np.float32))
 
 
-def test_recv_into_out_and_tensor_sets() -> None:
+def test_recv_into_out_and_tensor_sets(pair: Pair) -> None:
+    server, client = pair
     tensors = {
         "fc.weight": np.arange(12, dtype=np.float32).reshape(3, 4),
         "fc.bias": np.ones(3, np.float64),
@@ -89,7 +146,7 @@ def test_recv_into_out_and_tensor_sets() -> None:
 
     async def main() -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], dict[str, np.ndarray]]:
         out = np.empty((50, 20), np.float32)
-        async with await ref.listen(LOCAL) as listener:
+        async with await server.listen(LOCAL) as listener:
 
             async def receive() -> tuple[np.ndarray, dict[str, np.ndarray]]:
                 async with await listener.accept() as conn:
@@ -99,7 +156,7 @@ def test_recv_into_out_and_tensor_sets() -> None:
                     return got, t
 
             receiving = asyncio.create_task(receive())
-            async with await ref.connect(listener.address) as conn:
+            async with await client.connect(listener.address) as conn:
                 await conn.send(np.arange(1000, dtype=np.float32))
                 assert await conn.send_tensors(tensors) == 4  # manifest + one frame each
                 back = await conn.recv_tensors()
@@ -115,23 +172,23 @@ def test_recv_into_out_and_tensor_sets() -> None:
 
 
 def test_serve_runs_handlers_at_once_and_survives_a_failing_one(
-    caplog: pytest.LogCaptureFixture,
+    gs: ModuleType, caplog: pytest.LogCaptureFixture
 ) -> None:
     async def main() -> list[float]:
         both_in = asyncio.Barrier(3)  # two handlers and the test
 
-        async def handler(conn: ref.Connection) -> None:
+        async def handler(conn: Any) -> None:
             g = await conn.recv()
             if g[0] < 0:
                 raise RuntimeError("a handler that fails")
             await both_in.wait()  # only passes if the two good handlers run at once
             await conn.send(g + 1)
 
-        async with await ref.serve(LOCAL, handler) as server:
-            bad = await ref.connect(server.address)
+        async with await gs.serve(LOCAL, handler) as server:
+            bad = await gs.connect(server.address)
             await bad.send(np.full(3, -1, np.float32))
             assert len(await bad.recv()) == 0  # the handler failed: its connection closed
-            conns = [await ref.connect(server.address) for _ in range(2)]
+            conns = [await gs.connect(server.address) for _ in range(2)]
             for k, conn in enumerate(conns):
                 await conn.send(np.full(3, k, np.float32))
             await both_in.wait()
@@ -144,14 +201,35 @@ def test_serve_runs_handlers_at_once_and_survives_a_failing_one(
         assert run(main) == [1.0, 2.0]
     failed = [r for r in caplog.records if "handler of the connection" in r.getMessage()]
     assert len(failed) == 1 and "a handler that fails" in failed[0].getMessage()
+    assert failed[0].levelno == logging.WARNING and failed[0].exc_info is not None
 
 
-def test_seed_protocol_speaks_bare_frames() -> None:
+def test_serve_takes_a_plain_function_and_closes_the_connection_after_it(
+    gs: ModuleType,
+) -> None:
+    async def main() -> tuple[list[str], np.ndarray]:
+        seen: list[str] = []
+
+        def handler(conn: Any) -> None:  # not a coroutine function
+            seen.append(conn.peer.address[0])
+
+        async with await gs.serve(LOCAL, handler) as server:
+            async with await gs.connect(server.address) as conn:
+                end = await conn.recv()  # the handler returned: its side closed
+                assert conn.closed
+        return seen, end
+
+    seen, end = run(main)
+    assert seen == ["127.0.0.1"] and end.size == 0
+
+
+def test_seed_protocol_speaks_bare_frames(pair: Pair) -> None:
+    server, client = pair
     grad = np.arange(5000, dtype=np.float32)
 
     async def main() -> tuple[bytes, np.ndarray]:
-        s = ref.GradientStreamSession("s", 1024)
-        async with await ref.listen(LOCAL, protocol="seed", session=s) as listener:
+        s = server.GradientStreamSession("s", 1024)
+        async with await server.listen(LOCAL, protocol="seed", session=s) as listener:
             # What goes on the wire is encode_frames, and nothing else.
             reader, writer = await asyncio.open_connection(*listener.address)
             conn = await listener.accept()
@@ -160,7 +238,8 @@ def test_seed_protocol_speaks_bare_frames() -> None:
             await conn.close()
             wire = await reader.read()
             writer.close()
-            async with await ref.connect(listener.address, protocol="seed", session=s) as c:
+            s = client.GradientStreamSession("s", 1024)
+            async with await client.connect(listener.address, protocol="seed", session=s) as c:
                 other = await listener.accept()
                 await c.send(grad)
                 got = await other.recv()
@@ -168,15 +247,15 @@ def test_seed_protocol_speaks_bare_frames() -> None:
             return wire, got
 
     wire, got = run(main)
-    assert wire == ref.GradientStreamSession("s", 1024).encode_frames(grad)
+    assert wire == server.GradientStreamSession("s", 1024).encode_frames(grad)
     assert same(got, grad)
 
 
-def test_one_transfer_at_a_time() -> None:
+def test_one_transfer_at_a_time(gs: ModuleType) -> None:
     async def main() -> None:
-        async with await ref.listen(LOCAL) as listener:
+        async with await gs.listen(LOCAL) as listener:
             _, accepted = await accept_in_background(listener)
-            async with await ref.connect(listener.address) as conn:
+            async with await gs.connect(listener.address) as conn:
                 receiving = asyncio.create_task(conn.recv())
                 await asyncio.sleep(0.05)  # let it start waiting
                 with pytest.raises(SettingError, match="send while this connection is receiving"):
@@ -198,14 +277,17 @@ def test_one_transfer_at_a_time() -> None:
     run(main)
 
 
-def test_a_closed_connection_refuses_calls() -> None:
+def test_a_closed_connection_refuses_calls(gs: ModuleType) -> None:
     async def main() -> None:
-        async with await ref.listen(LOCAL) as listener:
-            conn = await ref.connect(listener.address)
+        async with await gs.listen(LOCAL) as listener:
+            conn = await gs.connect(listener.address)
             await conn.close()
             await conn.close()  # twice is fine
-            with pytest.raises(StreamIOError, match="send on a closed connection"):
+            with pytest.raises(StreamIOError, match="send on a closed connection") as info:
                 await conn.send(np.ones(3, np.float32))
+            assert info.value.errno == errno.ENOTCONN
+            with pytest.raises(StreamIOError, match="recv_tensors on a closed connection"):
+                await conn.recv_tensors()
             assert [g async for g in conn] == []
 
     run(main)
@@ -218,53 +300,156 @@ def test_a_closed_connection_refuses_calls() -> None:
         ({"protocol": "tcp"}, SettingError, "protocol must be 'gradstream' or 'seed'"),
         ({"authkey": b"short"}, SettingError, "authkey must hold at least 16 bytes"),
         ({"timeout": 0}, SettingError, "timeout must be None or a positive number"),
-        ({"session": object()}, TypeError, "session must be a gradstream.reference"),
+        ({"deadline": "1"}, TypeError, "deadline must be None or a number, not str"),
+        ({"handshake_timeout": 0}, SettingError, "handshake_timeout must be a positive"),
+        ({"session": object()}, TypeError, "session must be a {gs}.GradientStreamSession"),
     ],
 )
 def test_bad_keywords_are_refused_before_connecting(
-    keywords: dict[str, Any], error: type[Exception], match: str
+    gs: ModuleType, keywords: dict[str, Any], error: type[Exception], match: str
 ) -> None:
+    match = match.format(gs=gs.__name__)
+
     async def main() -> None:
         with pytest.raises(error, match=match):
-            await ref.connect("127.0.0.1:9", **keywords)
+            await gs.connect("127.0.0.1:9", **keywords)
         with pytest.raises(error, match=match):
-            await ref.listen(LOCAL, **keywords)
+            await gs.listen(LOCAL, **keywords)
 
     run(main)
 
 
-def test_listener_keywords_are_checked() -> None:
+def test_listener_keywords_are_checked(gs: ModuleType) -> None:
     async def main() -> None:
         with pytest.raises(SettingError, match="max_pending_handshakes must be at least 1"):
-            await ref.listen(LOCAL, max_pending_handshakes=0)
+            await gs.listen(LOCAL, max_pending_handshakes=0)
         with pytest.raises(SettingError, match="handshake_timeout must be a positive number"):
-            await ref.listen(LOCAL, handshake_timeout=-1)
+            await gs.listen(LOCAL, handshake_timeout=-1)
         with pytest.raises(TypeError, match="handler must be callable"):
-            await ref.serve(LOCAL, "handler")  # type: ignore[arg-type]
+            await gs.serve(LOCAL, "handler")
+        with pytest.raises(TypeError, match="unexpected keyword argument 'max_connections'"):
+            await gs.connect("127.0.0.1:9", max_connections=3)
 
     run(main)
 
 
-def test_accept_on_a_closed_listener() -> None:
+def test_accept_on_a_closed_listener(gs: ModuleType) -> None:
     async def main() -> None:
-        listener = await ref.listen(LOCAL)
+        listener = await gs.listen(LOCAL)
         waiting = asyncio.create_task(listener.accept())
         await asyncio.sleep(0)
         await listener.close()
-        with pytest.raises(StreamIOError, match=r"accept\(\) on a closed listener"):
+        with pytest.raises(StreamIOError, match=r"accept\(\) on a closed listener") as info:
             await waiting
+        assert info.value.errno == errno.EBADF
+        with pytest.raises(StreamIOError, match=r"accept\(\) on a closed listener"):
+            await listener.accept()
         assert [c async for c in listener] == []
 
     run(main)
 
 
-def test_a_connection_to_nobody_is_a_stream_io_error() -> None:
+def test_a_connection_to_nobody_is_a_stream_io_error(gs: ModuleType) -> None:
     async def main() -> None:
-        listener = await ref.listen(LOCAL)
+        listener = await gs.listen(LOCAL)
         address = listener.address
         await listener.close()
         with pytest.raises(StreamIOError) as info:
-            await ref.connect(address)
+            await gs.connect(address)
         assert isinstance(info.value, ConnectionRefusedError) or info.value.errno == 111
 
     run(main)
+
+
+def test_connections_not_yet_accepted_are_closed_with_the_listener(pair: Pair) -> None:
+    server, client = pair
+
+    async def main() -> np.ndarray | StreamIOError:
+        listener = await server.listen(LOCAL)
+        conn = await client.connect(listener.address)  # through its handshake, never accepted
+        await listener.close()
+        async with conn:
+            try:
+                # The listener closed its side: the end, or a reset when it closed in
+                # the middle of its own half of the handshake (the client's hello unread).
+                return await conn.recv()
+            except StreamIOError as exc:
+                return exc
+            finally:
+                assert conn.closed
+
+    got = run(main)
+    assert isinstance(got, StreamIOError) or got.size == 0, got
+
+
+def test_a_silent_listener_is_cut_off_by_connects_handshake_timeout(gs: ModuleType) -> None:
+    # A TCP server that accepts and never says a word: connect gives up after
+    # handshake_timeout, however long its session's timeout is.
+    async def main() -> StreamTimeoutError:
+        done = asyncio.Event()
+
+        async def mute(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await done.wait()
+            writer.close()
+
+        server = await asyncio.start_server(mute, "127.0.0.1", 0)
+        try:
+            with pytest.raises(StreamTimeoutError) as info:
+                await gs.connect(server.sockets[0].getsockname()[:2], handshake_timeout=0.3)
+            return info.value
+        finally:
+            done.set()
+            server.close()
+
+    exc = run(main)
+    assert exc.timeout == 0.3 and not isinstance(exc, StreamDeadlineError)
+
+
+def test_a_calls_deadline_overrides_the_connections(gs: ModuleType) -> None:
+    # A listener without a deadline of its own but 300 s; recv(deadline=0.4) cuts a slow
+    # drip off, and the connection is refused and closed.
+    s = gs.GradientStreamSession("s", 1024)
+
+    async def main() -> StreamDeadlineError:
+        async with await gs.listen(LOCAL, session=s) as listener:
+            async with raw_peer(listener.address) as streams:
+                client, server = await hello_by_hand(streams, p.ROLE_CLIENT)
+                wire = sealed_frames(np.arange(20_000, dtype=np.float32), client, server)
+                conn = await listener.accept()
+
+                async def drip() -> None:
+                    for start in range(0, len(wire), 512):
+                        streams[1].write(wire[start : start + 512])
+                        await streams[1].drain()
+                        await asyncio.sleep(0.01)
+
+                dripping = asyncio.create_task(drip())
+                with pytest.raises(StreamDeadlineError) as info:
+                    await conn.recv(deadline=0.4)
+                assert conn.closed
+                dripping.cancel()
+                await asyncio.gather(dripping, return_exceptions=True)
+                return info.value
+
+    assert run(main).deadline == 0.4
+
+
+def test_progress_counts_a_calls_chunks(pair: Pair) -> None:
+    server, client = pair
+
+    async def main() -> tuple[Any, Any]:
+        sent, received = client.TransferProgress(), server.TransferProgress()
+        async with await server.listen(LOCAL) as listener:
+            accepted = asyncio.create_task(listener.accept())
+            s = client.GradientStreamSession("s", 1000)
+            async with await client.connect(listener.address, session=s) as conn:
+                theirs = await accepted
+                receiving = asyncio.create_task(theirs.recv(progress=received))
+                assert await conn.send(np.ones(3500, np.float32), progress=sent) == 4
+                assert (await receiving).size == 3500
+                await theirs.close()
+        return sent, received
+
+    sent, received = run(main)
+    assert (sent.chunks, sent.total_chunks) == (4, 4)
+    assert (received.chunks, received.total_chunks) == (4, 4)

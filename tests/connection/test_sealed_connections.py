@@ -5,7 +5,8 @@ Each is refused by the receiver with a FrameError, and the sender learns it from
 refusal (DeliveryError with the receiver's reason). The same swap on a bare
 `protocol="seed"` connection goes through as a wrong gradient: the hole the seal closes.
 
-Every combination of implementations (native and reference, each side), on 127.0.0.1.
+Every combination of implementations (``pair``: native and reference, each side), on
+127.0.0.1.
 """
 
 from __future__ import annotations
@@ -17,14 +18,11 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
-import pytest
 
-import gradstream
-import gradstream.reference
 from gradstream.errors import DeliveryError, FrameError
+from support.connections import run as run_scenario
 
-IMPLS = {"native": gradstream, "reference": gradstream.reference}
-PAIRS = [(a, b) for a in IMPLS for b in IMPLS]
+Pair = tuple[ModuleType, ModuleType]
 HELLO_LEN = 80
 ACK_MAGIC = b"GSAK"
 
@@ -33,7 +31,7 @@ Tamper = Callable[[int, Transfer], Transfer]  # (index of the transfer that way,
 
 
 def run(coro: Any) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, 60))
+    return run_scenario(lambda: coro)
 
 
 async def read_unit(reader: asyncio.StreamReader) -> tuple[str, Any] | None:
@@ -127,9 +125,8 @@ async def through_proxy(
 GRAD = np.arange(3000, dtype=np.float32)  # 3 chunks of 1000
 
 
-@pytest.mark.parametrize(("server", "client"), PAIRS)
-def test_swapped_chunk_indices_are_refused(server: str, client: str) -> None:
-    gs_s, gs_c = IMPLS[server], IMPLS[client]
+def test_swapped_chunk_indices_are_refused(pair: Pair) -> None:
+    gs_s, gs_c = pair
 
     def setup(proxy: Proxy) -> None:
         proxy.to_server = lambda k, frames: swap_first_two_indices(frames)
@@ -150,10 +147,7 @@ def test_swapped_chunk_indices_are_refused(server: str, client: str) -> None:
     assert sent.reason is not None and "sealed as chunk" in sent.reason
 
 
-@pytest.mark.parametrize("name", list(IMPLS))
-def test_the_same_swap_on_a_seed_connection_is_a_wrong_gradient(name: str) -> None:
-    gs = IMPLS[name]
-
+def test_the_same_swap_on_a_seed_connection_is_a_wrong_gradient(gs: ModuleType) -> None:
     async def main() -> Any:
         listener = await gs.listen("127.0.0.1:0", session=session(gs), protocol="seed")
         proxy_server = await asyncio.start_server(
@@ -190,9 +184,8 @@ async def splice_seed(
     c_writer.close()
 
 
-@pytest.mark.parametrize(("server", "client"), PAIRS)
-def test_a_transfer_replayed_into_another_connection_is_refused(server: str, client: str) -> None:
-    gs_s, gs_c = IMPLS[server], IMPLS[client]
+def test_a_transfer_replayed_into_another_connection_is_refused(pair: Pair) -> None:
+    gs_s, gs_c = pair
     recorded: list[Transfer] = []
 
     def record(proxy: Proxy) -> None:
@@ -223,9 +216,8 @@ def test_a_transfer_replayed_into_another_connection_is_refused(server: str, cli
     assert isinstance(sent, DeliveryError), sent
 
 
-@pytest.mark.parametrize(("server", "client"), PAIRS)
-def test_a_repeated_transfer_is_refused(server: str, client: str) -> None:
-    gs_s, gs_c = IMPLS[server], IMPLS[client]
+def test_a_repeated_transfer_is_refused(pair: Pair) -> None:
+    gs_s, gs_c = pair
 
     def repeat(proxy: Proxy) -> None:
         proxy.to_server = lambda k, frames: proxy.seen["to_server"][0] if k == 1 else frames
@@ -247,9 +239,8 @@ def test_a_repeated_transfer_is_refused(server: str, client: str) -> None:
     assert isinstance(sent, DeliveryError), sent
 
 
-@pytest.mark.parametrize(("server", "client"), PAIRS)
-def test_a_transfer_reflected_to_its_sender_is_refused(server: str, client: str) -> None:
-    gs_s, gs_c = IMPLS[server], IMPLS[client]
+def test_a_transfer_reflected_to_its_sender_is_refused(pair: Pair) -> None:
+    gs_s, gs_c = pair
 
     def reflect(proxy: Proxy) -> None:
         proxy.to_client = lambda k, frames: proxy.seen["to_server"][0]

@@ -54,6 +54,13 @@ class Certificates:
         return gs.TLS(ca=self.path("stranger.pem"))
 
     @property
+    def tricky_client(self) -> gs.TLS:
+        """A client whose certificate's names hold the subject text's separators."""
+        return gs.TLS(
+            cert=self.path("tricky.pem"), key=self.path("tricky.key"), ca=self.path("ca.pem")
+        )
+
+    @property
     def ca_file(self) -> pathlib.Path:
         return self.path("ca.pem")
 
@@ -67,6 +74,12 @@ def make_certificates(folder: pathlib.Path) -> Certificates:
         "server": ca.issue_cert("127.0.0.1", "localhost"),
         "client": ca.issue_cert(f"{CLIENT_CN}@lab.example", common_name=CLIENT_CN),
         "other": ca.issue_cert("example.org"),
+        "tricky": ca.issue_cert(
+            "tricky@lab.example",
+            common_name="a,O=lab+x\\y",
+            organization_name="Lab, Inc.",
+            organization_unit_name="ml+ops",
+        ),
     }
     for name, leaf in issued.items():
         with open(folder / f"{name}.pem", "wb") as out:

@@ -1,17 +1,22 @@
 """What the connection tests (tests/connection/) share: a deadline for each scenario, a
 listener on 127.0.0.1 with its connections collected, peers that speak the protocol by
-hand (to be hostile on purpose), and a proxy that records and edits the bytes between
-two peers (a man in the middle)."""
+hand (to be hostile on purpose) with frames sealed as a connection seals them, the module
+whose listener logs refusals in each implementation, and a proxy that records and edits
+the bytes between two peers (a man in the middle)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import functools
+import importlib
 import ssl
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
+from types import ModuleType
 from typing import Any
+
+import numpy as np
 
 import gradstream.reference as ref
 from gradstream.reference import _protocol as p
@@ -98,6 +103,28 @@ async def hello_by_hand(
         await reader.readexactly(48)
     await writer.drain()
     return p.nonce_of(client), p.nonce_of(server)
+
+
+def sealed_frames(
+    gradient: np.ndarray,
+    client_nonce: bytes,
+    server_nonce: bytes,
+    *,
+    direction: int = p.TO_SERVER,
+    counter: int = 0,
+    chunk_size: int = 1024,
+) -> bytes:
+    """A gradient's frames as the ``counter``-th transfer of ``direction`` on the
+    connection of these nonces seals them (README "Sealed chunks"), by the reference's
+    encoder."""
+    transfer = p.transfer_id(client_nonce, server_nonce, direction, counter)
+    return ref.GradientStreamSession("s", chunk_size)._encode_frames_sealed(gradient, transfer)
+
+
+def listener_module(gs: ModuleType) -> ModuleType:
+    """The module whose ``RefusalLog`` a listener of ``gs`` logs its refusals through."""
+    name = "gradstream.reference._listener" if gs is ref else "gradstream._connection"
+    return importlib.import_module(name)
 
 
 async def frames_by_hand(reader: asyncio.StreamReader) -> list[bytes]:

@@ -1,12 +1,14 @@
 """The protocol's messages (README "Protocol") of each implementation behind one small
 interface, ``Codec``, so the golden tests (connection/test_protocol_golden.py) hold every
-implementation to the same bytes: the reference's is ``REFERENCE``; the native side's
-joins ``CODECS`` when its functions are exposed."""
+implementation to the same bytes and the same refusals: the reference's
+``_protocol`` (``REFERENCE``) and the core's, through the extension's ``_protocol_*``
+functions (``NATIVE``)."""
 
 from __future__ import annotations
 
 from typing import Protocol
 
+from gradstream import _native
 from gradstream.reference import _protocol as p
 
 # (role, auth, nonce, max_gradient_len, max_payload_len)
@@ -79,5 +81,48 @@ class ReferenceCodec:
         return p.describe(head)
 
 
+class NativeCodec:
+    name = "native"
+
+    def hello(
+        self, role: int, auth: int, nonce: bytes, max_gradient_len: int, max_payload_len: int
+    ) -> bytes:
+        return _native._protocol_hello(role, bool(auth), nonce, max_gradient_len, max_payload_len)
+
+    def hello_rest(self, head: bytes) -> int:
+        return _native._protocol_hello_rest(head)
+
+    def read_hello(self, data: bytes, own_role: int) -> HelloFields:
+        return _native._protocol_read_hello(data, own_role)
+
+    def auth(self, key: bytes, role: int, client_hello: bytes, server_hello: bytes) -> bytes:
+        return _native._protocol_auth(key, role, client_hello, server_hello)
+
+    def read_auth(self, data: bytes) -> bytes:
+        return _native._protocol_read_auth(data)
+
+    def transfer_id(self, client: bytes, server: bytes, direction: int, counter: int) -> bytes:
+        return _native._protocol_transfer_id(client, server, direction, counter)
+
+    def digest(self, transfer: bytes, headers: list[bytes]) -> bytes:
+        return _native._protocol_digest(transfer, headers)
+
+    def digest_of_stream(self, transfer: bytes, pieces: list[bytes]) -> bytes:
+        return _native._protocol_digest_of_stream(transfer, pieces)
+
+    def ack(self, counter: int, digest: bytes, reason: str | None) -> bytes:
+        return _native._protocol_ack(counter, digest, reason)
+
+    def ack_rest(self, head: bytes) -> int:
+        return _native._protocol_ack_rest(head)
+
+    def read_ack(self, data: bytes) -> AckFields:
+        return _native._protocol_read_ack(data)
+
+    def describe(self, head: bytes) -> str:
+        return _native._protocol_describe(head)
+
+
 REFERENCE = ReferenceCodec()
-CODECS: list[Codec] = [REFERENCE]
+NATIVE = NativeCodec()
+CODECS: list[Codec] = [REFERENCE, NATIVE]

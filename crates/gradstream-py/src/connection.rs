@@ -22,7 +22,8 @@ use super::settings::seconds_arg;
 use super::stream::{progress_counters, TransferProgress};
 use super::tensors::{HeldTensors, TensorArgs};
 use gradstream_core::connection::{
-    self, DialSettings, Event, Link, ListenSettings, Listener, Peer, Protocol, Received,
+    self, DialSettings, Event, Link, ListenSettings, Listener, Peer, Protocol, Received, Refusal,
+    Stopper,
 };
 use gradstream_core::error::{GradientStreamError, Result};
 use gradstream_core::receiver::Ended;
@@ -105,7 +106,7 @@ pub fn connect(
     let waits = args.waits();
     let tls = match args.tls {
         Some(files) => Some(Arc::new(
-            TlsConnector::new(&files.into()).map_err(|e| to_py_err(py, e))?,
+            TlsConnector::new(&files.into()).map_err(|e| tls_setting_error(py, e))?,
         )),
         None => None,
     };
@@ -137,7 +138,7 @@ pub fn listen(
     let waits = args.waits();
     let tls = match args.tls {
         Some(files) => Some(Arc::new(
-            TlsAcceptor::new(&files.into()).map_err(|e| to_py_err(py, e))?,
+            TlsAcceptor::new(&files.into()).map_err(|e| tls_setting_error(py, e))?,
         )),
         None => None,
     };
@@ -156,7 +157,7 @@ pub fn listen(
         let listener = Listener::bind(&host, port, settings).await?;
         Ok(Outcome::Object(Box::new(move |py| {
             let address = address_tuple(listener.address());
-            let stopper = listener.stopper();
+            let stopper = Arc::new(listener.stopper());
             let listener = PyListener {
                 listener: Arc::new(AsyncMutex::new(listener)),
                 stopper,
@@ -353,7 +354,7 @@ impl PyLink {
 pub struct PyListener {
     listener: Arc<AsyncMutex<Listener>>,
     /// Stops the accept loop without waiting for the lock a pending `next` holds.
-    stopper: tokio::task::AbortHandle,
+    stopper: Arc<Stopper>,
     engine: Py<Engine>,
     waits: Waits,
     address: (String, u16),
@@ -381,24 +382,46 @@ impl PyListener {
                     let link = Py::new(py, PyLink::new(link, engine, waits))?;
                     Ok(("connection", link).into_pyobject(py)?.into_any().unbind())
                 })),
-                Some(Event::Refused { address, error }) => {
-                    Outcome::Object(Box::new(move |py| refused(py, address, error)))
+                Some(Event::Refused { address, why }) => {
+                    Outcome::Object(Box::new(move |py| refused(py, address, why)))
                 }
             })
         })
     }
 
-    /// Stop accepting (handshakes under way are dropped; accepted links live on).
-    fn close(&self) {
-        self.stopper.abort();
+    /// Stop accepting; a job (its result None) done once the listening socket is closed
+    /// (handshakes under way are dropped; accepted links live on).
+    fn close(&self, completions: &Bound<'_, Completions>) -> u64 {
+        let stopper = self.stopper.clone();
+        completions.get().spawn(async move {
+            stopper.stop().await;
+            Ok(Outcome::End)
+        })
     }
 }
 
-/// `("refused", (host, port), exception)`.
-fn refused(py: Python<'_>, address: SocketAddr, error: GradientStreamError) -> PyResult<Py<PyAny>> {
-    let exception = to_py_err(py, error).into_value(py);
-    Ok(("refused", address_tuple(address), exception)
-        .into_pyobject(py)?
-        .into_any()
-        .unbind())
+/// `("refused", (host, port), exception)`, or `("silent", (host, port), seconds)` for a
+/// peer that did not finish its handshake within that long.
+fn refused(py: Python<'_>, address: SocketAddr, why: Refusal) -> PyResult<Py<PyAny>> {
+    let address = address_tuple(address);
+    let event = match why {
+        Refusal::Failed(error) => {
+            let exception = to_py_err(py, error).into_value(py);
+            ("refused", address, exception.into_any()).into_pyobject(py)?
+        }
+        Refusal::Silent(limit) => {
+            let seconds = limit.as_secs_f64().into_pyobject(py)?.into_any();
+            ("silent", address, seconds).into_pyobject(py)?
+        }
+    };
+    Ok(event.into_any().unbind())
+}
+
+/// A TLS side's files that do not load: a `SettingError` (setting `tls`), made before any
+/// peer is met.
+fn tls_setting_error(py: Python<'_>, error: GradientStreamError) -> PyErr {
+    match error {
+        GradientStreamError::Tls { detail, .. } => setting_error(py, "tls", detail),
+        other => to_py_err(py, other),
+    }
 }

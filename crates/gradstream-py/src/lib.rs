@@ -6,7 +6,7 @@
 //!
 //! The arrows point one way: `session` uses `settings`, `stream`, `complete`, `convert`,
 //! `chunk`; `stream` and `complete` use `convert`; `convert` uses no sibling; `chunk` uses
-//! `buffers`; `tensors` uses `convert` and `stream`, `complete` uses `tensors`; `settings`, `complete`, `stream` and `session` use `errors`.
+//! `buffers`; `tensors` uses `convert` and `stream`, `complete` uses `tensors`; `settings`, `complete`, `stream`, `session`, `connection` and `protocol` use `errors`.
 
 mod buffers;
 mod chunk;
@@ -14,6 +14,7 @@ mod complete;
 mod connection;
 mod convert;
 mod errors;
+mod protocol;
 mod session;
 mod settings;
 mod stream;
@@ -50,6 +51,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tensor_note, m)?)?;
     m.add_function(wrap_pyfunction!(read_manifest, m)?)?;
     m.add_function(wrap_pyfunction!(manifest_json, m)?)?;
+    protocol::add(m)?;
     Ok(())
 }
 

@@ -57,13 +57,13 @@ classes this package as their home.
 
 from __future__ import annotations
 
-from .._peers import TLS, Peer
+from .._peers import TLS, Peer, Server
 from . import _wire
 from ._channels import TransferProgress
 from ._chunk import GradientChunk
 from ._connection import Connection, connect
 from ._guard import _footer_blocks as _footer_blocks
-from ._listener import Listener, Server, listen, serve
+from ._listener import Listener, listen, serve
 from ._reader import decode_payload as decode_payload
 from ._session import GradientStreamSession
 from ._settings import DEFAULT_CHUNK_SIZE as DEFAULT_CHUNK_SIZE
@@ -96,6 +96,6 @@ _shape_text = _wire.shape_text
 # The classes are defined in the submodules, but their public home is this package: so
 # reprs of the classes and pickles of their instances name gradstream.reference, as they
 # did before the split, and not a private module that may move again.
-for _cls in (Connection, GradientChunk, GradientStreamSession, Listener, Server, TransferProgress):
+for _cls in (Connection, GradientChunk, GradientStreamSession, Listener, TransferProgress):
     _cls.__module__ = __name__
 del _cls

@@ -11,9 +11,8 @@ what, when.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import enum
-import errno
 import logging
 import ssl
 from collections.abc import Callable, Iterator
@@ -24,23 +23,29 @@ import numpy as np
 
 from .._io import Stalled, within
 from .._peers import (
-    LISTENER_DEADLINE,
+    HANDSHAKE_TIMEOUT,
     Address,
     Peer,
+    Phase,
     Protocol,
+    Turns,
     check_authkey,
+    check_handshake_timeout,
     check_plain_seed,
     check_protocol,
+    check_seconds,
     client_tls,
+    connection_waits,
+    describe_side,
     listener_tls,
     parse_address,
     peer_text,
 )
-from ..errors import SettingError, StreamIOError, StreamTimeoutError
+from ..errors import StreamIOError, StreamTimeoutError
 from . import _protocol as p
+from ._channels import TransferProgress
 from ._handshake import handshake
 from ._session import GradientStreamSession
-from ._settings import _check_timeout
 from ._streams import Streams, open_client
 from ._tls import checked_peer, client_context, listener_context, tls_error
 from ._transfers import AckedLink, BareLink
@@ -73,8 +78,7 @@ class Endpoint:
 
     def describe(self) -> str:
         """For the logs: ``gradstream, TLS, authkey``."""
-        parts = [self.protocol, "TLS" if self.tls else "", "authkey" if self.authkey else ""]
-        return ", ".join(part for part in parts if part)
+        return describe_side(self.protocol, self.tls, self.authkey is not None)
 
 
 def _session(session: Any) -> GradientStreamSession:
@@ -91,9 +95,8 @@ def _session(session: Any) -> GradientStreamSession:
 def _with_waits(
     session: GradientStreamSession, timeout: float | None, deadline: float | None
 ) -> GradientStreamSession:
-    """``session`` with another timeout and deadline (every other setting its own)."""
-    # SEAL: seal=True here once the session has it (branch seal): always on in a
-    # "gradstream" connection.
+    """``session`` with another timeout and deadline (every other setting its own; a
+    "gradstream" connection's links seal each transfer with the connection's own ids)."""
     return GradientStreamSession(
         session.session_id,
         session.chunk_size,
@@ -119,20 +122,16 @@ def endpoint(
     protocol: Any,
     listener: bool,
 ) -> Endpoint:
-    """The keywords of ``connect`` (``listener=False``) or ``listen``, checked in order.
-    A call's timeout and deadline override the session's; a listener's connections give
-    a gradient, once begun, LISTENER_DEADLINE seconds when neither sets a deadline."""
+    """The keywords of ``connect`` (``listener=False``) or ``listen``, checked in order;
+    the waits as ``_peers.connection_waits`` gives them."""
     own = _session(session)
     kind = check_protocol(protocol)
     settings = listener_tls(tls) if listener else client_tls(tls)
     key = check_authkey(authkey)
-    wait = _check_timeout(timeout)
-    bound = _check_timeout(deadline, "deadline")
+    wait = check_seconds(timeout)
+    bound = check_seconds(deadline, "deadline")
     check_plain_seed(kind, settings, key)
-    wait = own.timeout if wait is None else wait
-    bound = own.deadline if bound is None else bound
-    if listener and bound is None:
-        bound = LISTENER_DEADLINE
+    wait, bound = connection_waits(own.timeout, own.deadline, wait, bound, listening=listener)
     context = None
     if settings is not None:
         context = listener_context(settings) if listener else client_context(settings)
@@ -141,15 +140,6 @@ def endpoint(
 
 
 # --------------------------------------------------------------------------- the connection
-
-
-class _Phase(enum.Enum):
-    """Where a connection stands: at most one transfer runs at a time."""
-
-    IDLE = "idle"
-    SENDING = "sending"
-    RECEIVING = "receiving"
-    CLOSED = "closed"
 
 
 class Connection:
@@ -173,7 +163,7 @@ class Connection:
         self._writer = streams[1]
         self._peer = peer
         self._on_close = on_close
-        self._phase = _Phase.IDLE
+        self._turns = Turns()
 
     @property
     def peer(self) -> Peer:
@@ -181,55 +171,70 @@ class Connection:
 
     @property
     def closed(self) -> bool:
-        return self._phase is _Phase.CLOSED
+        return self._turns.closed
 
     def __repr__(self) -> str:
-        return f"<Connection with {peer_text(self._peer.address)} {self._phase.value}>"
+        return f"<Connection with {peer_text(self._peer.address)} {self._turns.phase.value}>"
 
     @contextlib.contextmanager
-    def _turn(self, phase: _Phase, call: str) -> Iterator[None]:
-        if self._phase is _Phase.CLOSED:
-            raise StreamIOError(errno.ENOTCONN, f"{call} on a closed connection")
-        if self._phase is not _Phase.IDLE:
-            raise SettingError(
-                "connection",
-                f"{call} while this connection is {self._phase.value}: one transfer at a "
-                "time per connection (open a second connection for the other direction)",
-            )
-        self._phase = phase
-        try:
-            yield
-        except BaseException:
-            if not self._link.in_step:
-                self._drop(abort=True)
-            raise
-        finally:
-            if self._phase is phase:
-                self._phase = _Phase.IDLE
+    def _turn(self, phase: Phase, call: str) -> Iterator[None]:
+        with self._turns.turn(phase, call):
+            try:
+                yield
+            except BaseException as exc:
+                # Out of step, or broken (a reset; a timeout before any byte is neither).
+                broken = isinstance(exc, StreamIOError) and not isinstance(exc, TimeoutError)
+                if broken or not self._link.in_step:
+                    self._drop(abort=True)
+                raise
 
-    async def send(self, gradient: Any) -> int:
-        """Send one gradient; its chunk count, once the peer verified it."""
-        with self._turn(_Phase.SENDING, "send"):
-            return await self._link.send(gradient)
+    async def send(
+        self,
+        gradient: Any,
+        *,
+        progress: TransferProgress | None = None,
+        deadline: float | None = None,
+    ) -> int:
+        """Send one gradient; its chunk count, once the peer verified it (``deadline``:
+        the call's, else the connection's)."""
+        with self._turn(Phase.SENDING, "send"):
+            return await self._link.send(gradient, progress, deadline)
 
-    async def send_tensors(self, tensors: Any) -> int:
+    async def send_tensors(
+        self,
+        tensors: Any,
+        *,
+        progress: TransferProgress | None = None,
+        deadline: float | None = None,
+    ) -> int:
         """Send one tensor set; its frame count, once the peer verified it."""
-        with self._turn(_Phase.SENDING, "send_tensors"):
-            return await self._link.send_tensors(tensors)
+        with self._turn(Phase.SENDING, "send_tensors"):
+            return await self._link.send_tensors(tensors, progress, deadline)
 
-    async def recv(self, out: np.ndarray | None = None) -> np.ndarray:
+    async def recv(
+        self,
+        out: np.ndarray | None = None,
+        *,
+        progress: TransferProgress | None = None,
+        deadline: float | None = None,
+    ) -> np.ndarray:
         """Receive one gradient, as receive_from (into ``out`` when given); what
         receive_from gives at the end (an empty array) when the peer closed first."""
-        with self._turn(_Phase.RECEIVING, "recv"):
-            values, ended = await self._link.recv(out)
+        with self._turn(Phase.RECEIVING, "recv"):
+            values, ended = await self._link.recv(out, progress, deadline)
         if ended:
             self._drop()
         return values
 
-    async def recv_tensors(self) -> dict[str, np.ndarray]:
+    async def recv_tensors(
+        self,
+        *,
+        progress: TransferProgress | None = None,
+        deadline: float | None = None,
+    ) -> dict[str, np.ndarray]:
         """Receive one tensor set; ``{}`` when the peer closed first."""
-        with self._turn(_Phase.RECEIVING, "recv_tensors"):
-            tensors, ended = await self._link.recv_tensors()
+        with self._turn(Phase.RECEIVING, "recv_tensors"):
+            tensors, ended = await self._link.recv_tensors(progress, deadline)
         if ended:
             self._drop()
         return tensors
@@ -238,9 +243,9 @@ class Connection:
         return self
 
     async def __anext__(self) -> np.ndarray:
-        if self._phase is _Phase.CLOSED:
+        if self._turns.closed:
             raise StopAsyncIteration
-        with self._turn(_Phase.RECEIVING, "async for"):
+        with self._turn(Phase.RECEIVING, "async for"):
             values, ended = await self._link.recv(None)
         if ended:
             self._drop()
@@ -250,9 +255,8 @@ class Connection:
     def _drop(self, abort: bool = False) -> None:
         """Close at once (the peer gone, or close()); with ``abort`` (out of step) drop
         what is still buffered for the peer instead of waiting for it to be read."""
-        if self._phase is _Phase.CLOSED:
+        if not self._turns.close():
             return
-        self._phase = _Phase.CLOSED
         if abort:
             self._writer.transport.abort()
         else:
@@ -335,8 +339,11 @@ async def connect(
     timeout: Any = None,
     deadline: Any = None,
     protocol: Any = "gradstream",
+    handshake_timeout: Any = HANDSHAKE_TIMEOUT,
 ) -> Connection:
-    """Connect to a listener at ``address`` and shake hands (README "Connections")."""
+    """Connect to a listener at ``address`` and shake hands (README "Connections");
+    ``handshake_timeout`` bounds the TCP connect, TLS and the hello together (each wait
+    in them also by the connection's ``timeout``)."""
     host, port = parse_address(address)
     ends = endpoint(
         session=session,
@@ -347,6 +354,20 @@ async def connect(
         protocol=protocol,
         listener=False,
     )
+    limit = check_handshake_timeout(handshake_timeout)
+    try:
+        async with asyncio.timeout(limit) as bound:
+            conn = await _dial(host, port, ends)
+    except TimeoutError:
+        if not bound.expired():
+            raise
+        raise StreamTimeoutError(limit) from None
+    logger.info("connected to %s (%s)", peer_text(conn.peer.address), ends.describe())
+    return conn
+
+
+async def _dial(host: str, port: int, ends: Endpoint) -> Connection:
+    """TCP (and TLS) to ``host:port``, then the handshake, each wait under the timeout."""
     wait = ends.session.timeout
     try:
         streams = await within(open_client(host, port, ends.context, wait), wait)
@@ -357,6 +378,4 @@ async def connect(
     except OSError as exc:
         raise StreamIOError.from_os_error(exc) from exc
     peer = _peername(streams, (host, port))
-    conn = await establish(streams, ends, p.ROLE_CLIENT, peer, timeout=wait)
-    logger.info("connected to %s (%s)", peer_text(peer), ends.describe())
-    return conn
+    return await establish(streams, ends, p.ROLE_CLIENT, peer, timeout=wait)

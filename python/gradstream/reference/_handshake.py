@@ -59,6 +59,24 @@ def _as_ours(peer: Address | None) -> Iterator[None]:
         raise StreamIOError.from_os_error(exc) from exc
 
 
+class _Ended(ProtocolError):
+    """The end of the connection inside a message: a ProtocolError naming the bytes that
+    came (``partial`` of ``wanted``: the message's first 16 when ``head``, else the rest
+    its head announced)."""
+
+    def __init__(
+        self, expected: str, partial: bytes, wanted: int, head: bool, peer: Address | None
+    ) -> None:
+        seen = (
+            p.describe(partial)
+            if head
+            else f"the end of the connection {len(partial)} bytes into its last {wanted}"
+        )
+        super().__init__(expected, seen, peer)
+        self.partial = partial
+        self.head = head
+
+
 class _Exchange:
     """One handshake's reads and writes over ``streams``, each wait bounded by
     ``timeout`` (a client's; a listener bounds the whole handshake instead)."""
@@ -79,20 +97,22 @@ class _Exchange:
             self.writer.write(data)
             await self._wait(self.writer.drain())
 
-    async def _exactly(self, n: int, expected: str) -> bytes:
+    async def _exactly(self, n: int, expected: str, head: bool) -> bytes:
+        """``n`` bytes: a message's first 16 (``head``; cut short, they are named as
+        ``describe`` names them) or the rest its head announced."""
         with _as_ours(self.peer):
             try:
                 return await self._wait(self.reader.readexactly(n))
             except asyncio.IncompleteReadError as short:
-                raise ProtocolError(expected, p.describe(short.partial), self.peer) from None
+                raise _Ended(expected, short.partial, n, head, self.peer) from None
 
     async def message(
         self, check_head: Callable[[bytes, Address | None], int], expected: str
     ) -> bytes:
         """One message: its first 16 bytes, checked, then the rest they announce."""
-        head = await self._exactly(p.HEAD_LEN, expected)
+        head = await self._exactly(p.HEAD_LEN, expected, head=True)
         rest = check_head(head, self.peer)
-        return head + await self._exactly(rest, expected)
+        return head + await self._exactly(rest, expected, head=False)
 
 
 def _own_hello(
@@ -122,14 +142,12 @@ async def _authenticate(
     await exchange.send(p.encode_auth(p.auth_tag(authkey, role, client_hello, server_hello)))
     try:
         data = await exchange.message(p.check_auth_head, "an authentication message")
-    except ProtocolError as exc:
-        if exc.seen.startswith("the end of the connection"):
-            raise AuthenticationError(
-                "the peer closed the connection instead of authenticating: it refused this "
-                "side's hello or authkey",
-                exchange.peer,
-            ) from None
-        raise
+    except _Ended:
+        raise AuthenticationError(
+            "the peer closed the connection instead of authenticating: it refused this "
+            "side's hello or authkey",
+            exchange.peer,
+        ) from None
     expected = p.auth_tag(authkey, other, client_hello, server_hello)
     if not p.tags_match(expected, p.parse_auth(data, exchange.peer)):
         raise AuthenticationError(
@@ -142,7 +160,8 @@ _A_HELLO = "a gradstream hello"
 
 
 def _dropped(tls: bool, peer: Address | None) -> GradientStreamError:
-    """What a client is told when the listener closes before its hello: the listener
+    """What a client is told when the listener closes before its hello (with nothing, or
+    only a TLS alert record, sent): the listener
     dropped it, and its log says why; the likely reasons, by whether this side speaks
     TLS (a TLS 1.3 client learns only now that its certificate was refused)."""
     if tls:
@@ -178,8 +197,9 @@ async def handshake(
     await exchange.send(own)
     try:
         theirs = await exchange.message(p.check_hello_head, _A_HELLO)
-    except ProtocolError as exc:
-        if role == p.ROLE_CLIENT and exc.seen == p.describe(b""):
+    except _Ended as ended:
+        # Nothing, or a TLS alert record only: the listener dropped this side.
+        if role == p.ROLE_CLIENT and ended.head and ended.partial[:2] in (b"", b"\x15\x03"):
             raise _dropped(tls, peer) from None
         raise
     hello = p.parse_hello(theirs, role, peer)

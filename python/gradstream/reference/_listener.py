@@ -6,14 +6,13 @@ handshake under ``handshake_timeout``, and the connections that passed queued fo
 logged (rate-limited) and dropped: it never reaches ``accept()``.
 
 Apart from the connection because this is the server's bookkeeping (slots, tasks,
-refusals); how a connection is made once a socket is accepted is ``establish``'s.
+refusals); how a connection is made once a socket is accepted is ``establish``'s, and
+``serve``'s handlers run in ``_peers.Server``, which both implementations share.
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
-import inspect
 import logging
 import socket
 import ssl
@@ -26,19 +25,27 @@ from .._peers import (
     MAX_CONNECTIONS,
     MAX_PENDING_HANDSHAKES,
     Address,
+    Ready,
     RefusalLog,
+    Server,
     check_count,
+    check_handler,
     check_handshake_timeout,
+    log_accepted,
     parse_address,
     peer_text,
+    silent_text,
 )
-from ..errors import GradientStreamError, StreamIOError, TlsError
+from ..errors import GradientStreamError, StreamIOError
 from . import _protocol as p
 from ._connection import Connection, Endpoint, endpoint, establish
 from ._streams import open_accepted
-from ._tls import tls_error
+from ._tls import broke_off, listener_tls_error
 
 logger = logging.getLogger("gradstream")
+
+# Seconds before a failed accept (out of descriptors, say) is tried again.
+_ACCEPT_RETRY = 0.1
 
 
 @dataclass(frozen=True)
@@ -90,7 +97,7 @@ class Listener:
         # closes; a handshake slot while its handshake runs.
         self._connection_slots = asyncio.Semaphore(limits.max_connections)
         self._handshake_slots = asyncio.Semaphore(limits.max_pending_handshakes)
-        self._ready: asyncio.Queue[Connection | None] = asyncio.Queue()
+        self._ready: Ready[Connection] = Ready()
         self._handshakes: set[asyncio.Task[None]] = set()
         self._closed = False
         self._acceptor = asyncio.create_task(self._accept_loop())
@@ -120,7 +127,7 @@ class Listener:
                 # Out of descriptors, say: refuse nobody in particular, and try again.
                 self._connection_slots.release()
                 self._refusals.refused(None, f"accept failed: {exc}")
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(_ACCEPT_RETRY)
                 continue
             except BaseException:
                 self._connection_slots.release()
@@ -140,7 +147,7 @@ class Listener:
             except TimeoutError:
                 if not bound.expired():
                     raise
-                self._refuse(address, f"silent past handshake_timeout ({limit:g} s)")
+                self._refuse(address, silent_text(limit))
                 return
         except (GradientStreamError, OSError) as exc:
             self._refuse(address, str(exc) or repr(exc))
@@ -150,15 +157,8 @@ class Listener:
             raise
         finally:
             self._handshake_slots.release()
-        logger.info(
-            "listener %s accepted %s (%s%s%s)",
-            peer_text(self._address),
-            peer_text(address),
-            self._ends.protocol,
-            f", TLS subject {conn.peer.tls_subject}" if conn.peer.tls_subject else "",
-            ", authenticated" if conn.peer.authenticated else "",
-        )
-        self._ready.put_nowait(conn)
+        log_accepted(self._address, conn.peer, self._ends.protocol)
+        self._ready.put(conn)
 
     def _refuse(self, address: Address, reason: str) -> None:
         self._connection_slots.release()
@@ -169,16 +169,12 @@ class Listener:
         try:
             streams = await open_accepted(sock, ends.context, self._limits.handshake_timeout)
         except ssl.SSLError as exc:
-            raise tls_error(exc, address) from None
+            raise listener_tls_error(exc, address) from None
         except OSError as exc:
             if ends.context is None:
                 raise
             # A client that refuses this listener's certificate aborts its handshake.
-            raise TlsError(
-                f"the client broke off the TLS handshake ({exc!r}): it refused this "
-                "listener's certificate, or is no TLS client",
-                address,
-            ) from None
+            raise broke_off(repr(exc), address) from None
         # The whole handshake is under handshake_timeout: no wait of its own.
         return await establish(
             streams,
@@ -191,26 +187,15 @@ class Listener:
 
     # ---- handing them out
 
-    async def _next(self) -> Connection | None:
-        if self._closed:
-            return None
-        conn = await self._ready.get()
-        if conn is None:
-            self._ready.put_nowait(None)  # for every other waiter
-        return conn
-
     async def accept(self) -> Connection:
         """The next connection that passed its handshake."""
-        conn = await self._next()
-        if conn is None:
-            raise StreamIOError(errno.EBADF, "accept() on a closed listener")
-        return conn
+        return await self._ready.accept()
 
     def __aiter__(self) -> Listener:
         return self
 
     async def __anext__(self) -> Connection:
-        conn = await self._next()
+        conn = await self._ready.next()
         if conn is None:
             raise StopAsyncIteration
         return conn
@@ -226,11 +211,7 @@ class Listener:
             task.cancel()
         await asyncio.gather(self._acceptor, *self._handshakes, return_exceptions=True)
         self._sock.close()
-        while not self._ready.empty():
-            waiting = self._ready.get_nowait()
-            if waiting is not None:
-                await waiting.close()
-        self._ready.put_nowait(None)
+        await self._ready.close()
         logger.info("listener %s closed", peer_text(self._address))
 
     async def __aenter__(self) -> Listener:
@@ -279,62 +260,9 @@ async def listen(
 Handler = Callable[[Connection], Awaitable[Any] | Any]
 
 
-class Server:
-    """A listener whose connections each go to ``handler``, concurrently; a handler's
-    exception is logged and ends its connection only. ``address`` as the listener's."""
-
-    def __init__(self, listener: Listener, handler: Handler) -> None:
-        self._listener = listener
-        self._handler = handler
-        self._handlers: set[asyncio.Task[None]] = set()
-        self._dispatcher = asyncio.create_task(self._dispatch())
-
-    @property
-    def address(self) -> Address:
-        return self._listener.address
-
-    def __repr__(self) -> str:
-        return f"<Server {self._listener!r}>"
-
-    async def _dispatch(self) -> None:
-        async for conn in self._listener:
-            task = asyncio.create_task(self._serve(conn))
-            self._handlers.add(task)
-            task.add_done_callback(self._handlers.discard)
-
-    async def _serve(self, conn: Connection) -> None:
-        try:
-            result = self._handler(conn)
-            if inspect.isawaitable(result):
-                await result
-        except Exception as exc:
-            logger.warning(
-                "handler of the connection with %s failed: %r",
-                peer_text(conn.peer.address),
-                exc,
-                exc_info=exc,
-            )
-        finally:
-            await conn.close()
-
-    async def close(self) -> None:
-        """Stop listening and end the running handlers (their connections closed)."""
-        await self._listener.close()
-        self._dispatcher.cancel()
-        for task in list(self._handlers):
-            task.cancel()
-        await asyncio.gather(self._dispatcher, *self._handlers, return_exceptions=True)
-
-    async def __aenter__(self) -> Server:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
-
-async def serve(address: Any, handler: Handler, **keywords: Any) -> Server:
+async def serve(address: Any, handler: Handler, **keywords: Any) -> Server[Connection]:
     """``listen(address, **keywords)``, each connection handed to ``handler(conn)`` in a
-    task of its own; the connection is closed when the handler returns."""
-    if not callable(handler):
-        raise TypeError(f"handler must be callable, not {type(handler).__name__}")
+    task of its own (``_peers.Server``); the connection is closed when the handler
+    returns."""
+    check_handler(handler)
     return Server(await listen(address, **keywords), handler)

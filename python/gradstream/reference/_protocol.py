@@ -75,22 +75,29 @@ _HTTP_OTHER = (b"CONNECT ", b"TRACE ", b"PRI * HTTP/2")
 _MESSAGES = {HELLO_MAGIC: "a hello", AUTH_MAGIC: "an authentication message", ACK_MAGIC: "an ack"}
 
 
-def _printable(data: bytes) -> str:
-    text = data.decode("latin-1")
-    return "".join(c if " " <= c <= "~" else "." for c in text)
+def _request_line(data: bytes) -> str:
+    """An HTTP request line's start, quoted: the bytes up to the first CR or LF, ``\\``
+    and ``'`` escaped by a backslash, bytes outside printable ASCII as ``\\xNN``, in
+    single quotes."""
+    line = data.split(b"\r", 1)[0].split(b"\n", 1)[0]
+    text = "".join(
+        "\\" + chr(b) if b in b"\\'" else chr(b) if 0x20 <= b <= 0x7E else f"\\x{b:02x}"
+        for b in line
+    )
+    return f"'{text}'"
 
 
 def describe(head: bytes) -> str:
     """What a peer sent when its first bytes (up to 16) are not the message awaited: the
     ``seen`` of a ProtocolError."""
+    head = head[:HEAD_LEN]
     n = len(head)
     if n == 0:
         return "the end of the connection"
     if n < HEAD_LEN:
         return f"the end of the connection after {n} bytes ({head.hex()})"
     if head.startswith(_HTTP_METHODS + _HTTP_OTHER):
-        line = _printable(head).rstrip(".")
-        return f"an HTTP request ({line!r}...)"
+        return f"an HTTP request ({_request_line(head)}...)"
     if head[0] == 0x16 and head[1] == 0x03 and head[5] == 0x01:
         return "a TLS ClientHello (a TLS client at a plaintext listener: give both sides tls=)"
     if head[0] == 0x15 and head[1] == 0x03:

@@ -12,6 +12,7 @@ import operator
 from typing import Any, Literal
 
 from .._dtypes import DTYPES
+from .._peers import check_seconds
 from ..errors import SettingError
 from ._wire import LAYOUTS, U32_MAX, USIZE_MAX
 
@@ -78,23 +79,8 @@ def _check_max_payload_len(value: Any) -> int:
     return _check_limit(value, "max_payload_len", U32_MAX, f"in 1..{U32_MAX}")
 
 
-def _check_timeout(value: Any, name: str = "timeout") -> float | None:
-    """``timeout=`` or ``deadline=`` (``name``), the setting or a call's: None, or a
-    positive finite number of seconds."""
-    if value is None:
-        return None
-    # What float() accepts from a number (int, float, numpy scalars, Decimal...), but not
-    # a str, which float() would parse.
-    kind = type(value)
-    if not (hasattr(kind, "__float__") or hasattr(kind, "__index__")):
-        raise TypeError(f"{name} must be None or a number, not {kind.__name__}")
-    seconds = float(value)
-    # NaN fails the comparison; infinity is None's job ("wait for ever").
-    if not 0.0 < seconds < float("inf"):
-        raise SettingError(
-            name, f"{name} must be None or a positive number of seconds, got {value!r}"
-        )
-    return seconds
+# ``timeout=`` / ``deadline=``: the check the connection keywords use too.
+_check_timeout = check_seconds
 
 
 def _check_wire_dtype(value: Any) -> str | None:

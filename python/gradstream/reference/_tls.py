@@ -13,7 +13,7 @@ from __future__ import annotations
 import ssl
 from typing import Any
 
-from .._peers import TLS, subject_text
+from .._peers import TLS, quoted, subject_text
 from ..errors import Address, SettingError, TlsError
 
 ALPN = "gradstream/1"
@@ -29,14 +29,19 @@ def _context(purpose: int, tls: TLS) -> ssl.SSLContext:
             context.load_cert_chain(tls.cert, tls.key)
     except (ssl.SSLError, OSError) as exc:
         raise SettingError(
-            "tls", f"TLS cert= {tls.cert!r} and key= {tls.key!r} do not load: {_what(exc)}"
+            "tls",
+            f"TLS cert= {_path(tls.cert)} and key= {_path(tls.key)} do not load: {_what(exc)}",
         ) from None
     try:
         if tls.ca is not None:
             context.load_verify_locations(cafile=tls.ca)
     except (ssl.SSLError, OSError) as exc:
-        raise SettingError("tls", f"TLS ca= {tls.ca!r} does not load: {_what(exc)}") from None
+        raise SettingError("tls", f"TLS ca= {_path(tls.ca)} does not load: {_what(exc)}") from None
     return context
+
+
+def _path(path: str | None) -> str:
+    return "None" if path is None else quoted(path)
 
 
 def listener_context(tls: TLS) -> ssl.SSLContext:
@@ -85,6 +90,25 @@ def tls_error(exc: BaseException, peer: Address | None) -> TlsError:
     what = _what(exc)
     hint = _HINTS.get(what)
     return TlsError(what if hint is None else f"{hint} ({what})", peer)
+
+
+def broke_off(what: str, peer: Address | None) -> TlsError:
+    """A listener's TlsError for a client that hung up, or sent an alert of its own,
+    during the handshake (``what``: what the failure said)."""
+    return TlsError(
+        f"the client broke off the TLS handshake ({what}): it refused this listener's "
+        "certificate, or is no TLS client",
+        peer,
+    )
+
+
+def listener_tls_error(exc: ssl.SSLError, peer: Address | None) -> TlsError:
+    """The TlsError of a listener's handshake: a client's own alert is the client
+    breaking off (unless its reason has a plainer hint)."""
+    what = _what(exc)
+    if " alert " in f" {what} " and what not in _HINTS:
+        return broke_off(what, peer)
+    return tls_error(exc, peer)
 
 
 def checked_peer(ssl_object: Any, peer: Address | None, verified_client: bool) -> str | None:

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from .._convert import value_buffer
 from .._io import Clock, Stalled, within
 from .._peers import peer_text
 from ..errors import (
@@ -31,8 +32,10 @@ from ..errors import (
     StreamTimeoutError,
 )
 from . import _protocol as p
-from ._channels import _sending_channel
+from . import _tensors
+from ._channels import _check_progress, _sending_channel
 from ._handshake import Handshake
+from ._receiver import _zero_values
 from ._session import GradientStreamSession
 from ._streams import Streams
 
@@ -88,33 +91,65 @@ class BareLink:
 
     # ---- the transfers
 
-    async def send(self, gradient: Any) -> int:
-        """One gradient; its chunk count once delivered."""
-        session = self._session
-        prepared = session._input(gradient)
-        self._check_length(len(prepared.values))
-        clock = session._clock(None)
-        channel = _sending_channel(self._writer, clock)
-        # SEAL: sealed with this transfer's id once the session can (branch seal).
-        return await self._outgoing(lambda: session._send(channel, prepared, None), clock)
+    def _outgoing_id(self) -> bytes | None:
+        """The transfer id the next outgoing transfer is sealed with: none here."""
+        return None
 
-    async def send_tensors(self, tensors: Any) -> int:
-        """One tensor set; its frame count once delivered."""
+    def _incoming_id(self) -> bytes | None:
+        """The transfer id the next incoming transfer must be sealed with: none here."""
+        return None
+
+    async def send(self, gradient: Any, progress: Any = None, deadline: float | None = None) -> int:
+        """One gradient; its chunk count once delivered (``deadline``: the call's, else
+        the connection's)."""
         session = self._session
-        # SEAL: sealed with this transfer's id once the session can (branch seal).
+        prepared = session._input(gradient, self._outgoing_id())
+        self._check_length(len(prepared.values))
+        clock = session._clock(deadline)
+        checked = _check_progress(progress)
+        channel = _sending_channel(self._writer, clock)
+        return await self._outgoing(lambda: session._send(channel, prepared, checked), clock)
+
+    async def send_tensors(
+        self, tensors: Any, progress: Any = None, deadline: float | None = None
+    ) -> int:
+        """One tensor set; its frame count once delivered."""
+        session, transfer = self._session, self._outgoing_id()
         return await self._outgoing(
-            lambda: session.stream_tensors(tensors, self._writer), session._clock(None)
+            lambda: _tensors.stream_tensors(
+                session, tensors, self._writer, progress, deadline, transfer
+            ),
+            session._clock(deadline),
         )
 
-    async def recv(self, out: np.ndarray | None) -> tuple[np.ndarray, bool]:
+    async def recv(
+        self, out: np.ndarray | None, progress: Any = None, deadline: float | None = None
+    ) -> tuple[np.ndarray, bool]:
         """One gradient, acknowledged; and True (with receive_from's empty result) when
         the peer closed before it began."""
-        # SEAL: expecting this transfer's id once the session can (branch seal).
-        return await self._incoming(lambda: self._session.receive_from(self._reader, out=out))
+        session, transfer = self._session, self._incoming_id()
 
-    async def recv_tensors(self) -> tuple[dict[str, np.ndarray], bool]:
-        # SEAL: expecting this transfer's id once the session can (branch seal).
-        return await self._incoming(lambda: self._session.receive_tensors(self._reader))
+        async def one() -> np.ndarray:
+            if transfer is None:
+                return await session.receive_from(
+                    self._reader, out=out, progress=progress, deadline=deadline
+                )
+            values = await session._receive_from_sealed(
+                self._reader, transfer, out=out, progress=progress, deadline=deadline
+            )
+            if values is None:  # as receive_from at the end: empty, or the zeroed out=
+                return _zero_values(None if out is None else value_buffer(out))
+            return values
+
+        return await self._incoming(one)
+
+    async def recv_tensors(
+        self, progress: Any = None, deadline: float | None = None
+    ) -> tuple[dict[str, np.ndarray], bool]:
+        session, transfer = self._session, self._incoming_id()
+        return await self._incoming(
+            lambda: _tensors.receive_tensors(session, self._reader, progress, deadline, transfer)
+        )
 
     async def _outgoing(self, run: Callable[[], Awaitable[int]], clock: Clock) -> int:
         tap = self._tap = self._outgoing_tap()
@@ -190,11 +225,17 @@ class AckedLink(BareLink):
         h = self._handshake
         return p.transfer_id(h.client_nonce, h.server_nonce, direction, counter)
 
+    def _outgoing_id(self) -> bytes:
+        return self._id(self._out_direction, self._sent)
+
+    def _incoming_id(self) -> bytes:
+        return self._id(self._in_direction, self._received)
+
     def _outgoing_tap(self) -> p.FrameDigest:
-        return p.FrameDigest(self._id(self._out_direction, self._sent), self._check_frame)
+        return p.FrameDigest(self._outgoing_id(), self._check_frame)
 
     def _incoming_tap(self) -> p.FrameDigest:
-        return p.FrameDigest(self._id(self._in_direction, self._received))
+        return p.FrameDigest(self._incoming_id())
 
     def _check_length(self, n_values: int) -> None:
         limit = self._handshake.peer.max_gradient_len

@@ -32,13 +32,11 @@ pub async fn connect(host: &str, port: u16, settings: &DialSettings) -> Result<L
     let limit = settings.handshake_timeout;
     match tokio::time::timeout(limit, establish(host, port, settings)).await {
         Ok(done) => done,
-        Err(_) => Err(GradientStreamError::Protocol {
-            expected: "a finished handshake".into(),
-            seen: format!(
-                "no finished handshake within handshake_timeout ({} s)",
-                crate::error::general_format(limit.as_secs_f64())
-            ),
-            peer: None,
+        // As the reference: a wait that ran out, a StreamTimeoutError.
+        Err(_) => Err(GradientStreamError::Timeout {
+            timeout: limit.as_secs_f64(),
+            received: 0,
+            total: None,
         }),
     }
 }
@@ -61,8 +59,15 @@ async fn establish(host: &str, port: u16, settings: &DialSettings) -> Result<Lin
     match &settings.tls {
         None => {
             let mut stream = tcp;
-            let established =
-                handshake(&mut stream, Role::Client, authkey, settings.limits, peer).await?;
+            let established = handshake(
+                &mut stream,
+                Role::Client,
+                false,
+                authkey,
+                settings.limits,
+                peer,
+            )
+            .await?;
             let who = Peer {
                 address,
                 tls_subject: None,
@@ -74,12 +79,19 @@ async fn establish(host: &str, port: u16, settings: &DialSettings) -> Result<Lin
             let mut stream = tls.connect(host, buffered(tcp), peer).await?;
             // Under TLS 1.3 a listener's refusal of our certificate arrives as an alert on
             // the first read after the handshake: the hello's.
-            let established = handshake(&mut stream, Role::Client, authkey, settings.limits, peer)
-                .await
-                .map_err(|e| match e {
-                    GradientStreamError::Io(io) => tls::from_io(io, peer),
-                    other => other,
-                })?;
+            let established = handshake(
+                &mut stream,
+                Role::Client,
+                true,
+                authkey,
+                settings.limits,
+                peer,
+            )
+            .await
+            .map_err(|e| match e {
+                GradientStreamError::Io(io) => tls::from_io(io, peer),
+                other => other,
+            })?;
             // The server's certificate was verified against `ca`, for the name dialled;
             // `tls_subject` names a client certificate a listener verified.
             let who = Peer {

@@ -10,28 +10,34 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::error::{GradientStreamError, Result};
 use crate::frame::Limits;
-use crate::protocol::{auth, Hello, Role, HELLO_LEN};
+use crate::protocol::{auth, describe, Hello, Kind, Role, HELLO_LEN, START_LEN};
 
 /// What a finished handshake leaves the connection: the two nonces (every transfer id
-/// derives from them), what the peer accepts, and whether it proved the authkey.
+/// derives from them), the peer's hello (what it accepts), and whether it proved the
+/// authkey.
 #[derive(Clone, Debug)]
 pub struct Established {
     pub role: Role,
     pub client_nonce: [u8; 32],
     pub server_nonce: [u8; 32],
-    /// The peer's limits from its hello: a sender refuses what they would refuse.
-    pub peer_limits: Limits,
+    /// The peer's hello: a sender refuses what its limits would refuse.
+    pub peer_hello: Hello,
     pub authenticated: bool,
 }
 
-/// Read into all of `buf`; the bytes read when the stream ended first.
+/// Read into all of `buf`; the bytes read when the stream ended first (a TLS peer that
+/// closed without its close_notify ends the stream too).
 pub(crate) async fn read_full<R: AsyncRead + Unpin>(
     reader: &mut R,
     buf: &mut [u8],
 ) -> std::io::Result<std::result::Result<(), usize>> {
     let mut have = 0;
     while have < buf.len() {
-        let n = reader.read(&mut buf[have..]).await?;
+        let n = match reader.read(&mut buf[have..]).await {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => 0,
+            Err(e) => return Err(e),
+        };
         if n == 0 {
             return Ok(Err(have));
         }
@@ -40,29 +46,60 @@ pub(crate) async fn read_full<R: AsyncRead + Unpin>(
     Ok(Ok(()))
 }
 
-/// A message's bytes, or the ProtocolError of a stream that ended inside it.
+/// Where a message was cut short by the end of the connection: the bytes that came.
+struct Ended(Vec<u8>);
+
+/// A message's bytes, or the bytes that came before the stream ended.
 async fn read_message<R: AsyncRead + Unpin>(
     reader: &mut R,
     buf: &mut [u8],
-    expected: &str,
-    peer: Option<SocketAddr>,
-) -> Result<()> {
-    read_full(reader, buf)
+) -> Result<std::result::Result<(), Ended>> {
+    Ok(read_full(reader, buf)
         .await?
-        .map_err(|got| GradientStreamError::Protocol {
-            expected: expected.to_string(),
-            seen: format!(
-                "the end of the connection after {got} of its {} bytes",
-                buf.len()
-            ),
-            peer,
-        })
+        .map_err(|got| Ended(buf[..got].to_vec())))
 }
 
-/// Exchange hellos (and, with `authkey`, tags) as `role`.
+/// The ProtocolError of a message cut short in its first 16 bytes.
+fn cut_short(ended: &Ended, kind: Kind, peer: Option<SocketAddr>) -> GradientStreamError {
+    GradientStreamError::Protocol {
+        expected: kind.expected().to_string(),
+        seen: describe(&ended.0),
+        peer,
+    }
+}
+
+/// What a client is told when the listener closes before its hello (with nothing, or
+/// only a TLS alert record, sent): the listener dropped it, and its log says why; the
+/// likely reason by whether this side speaks TLS (a TLS 1.3 client learns only now that
+/// its certificate was refused). `None` for any other end.
+fn dropped(ended: &Ended, tls: bool, peer: Option<SocketAddr>) -> Option<GradientStreamError> {
+    if !(ended.0.is_empty() || ended.0.starts_with(&[0x15, 0x03])) {
+        return None;
+    }
+    Some(if tls {
+        GradientStreamError::Tls {
+            detail: "the listener closed the connection after the TLS handshake: it requires \
+                     a client certificate signed by its ca (give tls=TLS(cert=, key=, ca=)), \
+                     or refused this side's"
+                .into(),
+            peer,
+        }
+    } else {
+        GradientStreamError::Protocol {
+            expected: Kind::Hello.expected().to_string(),
+            seen: "the end of the connection: the listener dropped this side before its \
+                   hello (a TLS listener drops a plaintext client; its log says why)"
+                .into(),
+            peer,
+        }
+    })
+}
+
+/// Exchange hellos (and, with `authkey`, tags) as `role`, over TLS when `tls`.
 pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     role: Role,
+    tls: bool,
     authkey: Option<&[u8]>,
     limits: Limits,
     peer: Option<SocketAddr>,
@@ -73,12 +110,27 @@ pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     stream.write_all(&mine_bytes).await?;
     stream.flush().await?;
     // The first 16 bytes decide: a foreign peer is named from them, before more is read.
-    let mut start = [0u8; 16];
-    read_message(stream, &mut start, "a gradstream hello", peer).await?;
-    Hello::check_start(&start, peer)?;
     let mut theirs_bytes = [0u8; HELLO_LEN];
-    theirs_bytes[..16].copy_from_slice(&start);
-    read_message(stream, &mut theirs_bytes[16..], "a gradstream hello", peer).await?;
+    let mut start = [0u8; START_LEN];
+    if let Err(ended) = read_message(stream, &mut start).await? {
+        let told = (role == Role::Client).then(|| dropped(&ended, tls, peer));
+        return Err(told
+            .flatten()
+            .unwrap_or_else(|| cut_short(&ended, Kind::Hello, peer)));
+    }
+    Hello::check_start(&start, peer)?;
+    theirs_bytes[..START_LEN].copy_from_slice(&start);
+    if let Err(ended) = read_message(stream, &mut theirs_bytes[START_LEN..]).await? {
+        return Err(GradientStreamError::Protocol {
+            expected: Kind::Hello.expected().to_string(),
+            seen: format!(
+                "the end of the connection {} bytes into its last {}",
+                ended.0.len(),
+                HELLO_LEN - START_LEN
+            ),
+            peer,
+        });
+    }
     let theirs = Hello::parse(&theirs_bytes, role.peer(), peer)?;
     let (client, server) = match role {
         Role::Client => (&mine_bytes, &theirs_bytes),
@@ -92,7 +144,9 @@ pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
             stream.write_all(&auth::auth_message(tag)).await?;
             stream.flush().await?;
             let mut message = [0u8; auth::AUTH_LEN];
-            read_message(stream, &mut message, "the peer's auth message", peer).await?;
+            if read_message(stream, &mut message).await?.is_err() {
+                return Err(auth::closed_instead(peer));
+            }
             let peer_tag = auth::parse_auth(&message, peer)?;
             auth::verify(key, role.peer(), client, server, &peer_tag, peer)?;
             true
@@ -106,10 +160,7 @@ pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
         role,
         client_nonce,
         server_nonce,
-        peer_limits: Limits {
-            max_payload_len: theirs.max_payload_len,
-            max_gradient_len: usize::try_from(theirs.max_gradient_len).unwrap_or(usize::MAX),
-        },
+        peer_hello: theirs,
         authenticated,
     })
 }

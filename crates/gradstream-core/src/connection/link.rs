@@ -4,7 +4,9 @@
 //! A `Link` owns the byte stream (TCP, or TLS over it) and, for a `"gradstream"`
 //! connection, the handshake's keys: the nonces every transfer id derives from and the
 //! count of transfers each way, so the receiver knows the one id it must see next. A
-//! failed transfer leaves the connection out of step, so the link closes (`State`).
+//! failed transfer leaves the connection out of step, so the link closes (`State`); so
+//! does one abandoned midway (its future dropped: a cancelled task), which the byte counts
+//! of its stream (`Counted`) tell from one abandoned before its first byte.
 //!
 //! Uses `handshake` (`Established`), `tap`, `protocol` (ids, acks), `seal`, `stream`
 //! and `tensors::stream`; used by `dial`, `listener` and the bindings.
@@ -12,7 +14,10 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::handshake::{read_full, Established};
@@ -22,7 +27,7 @@ use crate::encoder::Gradient;
 use crate::error::{GradientStreamError, Result};
 use crate::frame::HEADER_LEN;
 use crate::protocol::describe::{describe, Kind};
-use crate::protocol::{transfer_id, Ack, Digest, Direction, Verdict, ACK_HEAD_LEN};
+use crate::protocol::{transfer_id, Ack, Digest, Direction, Verdict, START_LEN};
 use crate::receiver::{Ended, FrameReceiver};
 use crate::seal::{Position, Seal, SealCheck, TransferId};
 use crate::session::SessionConfig;
@@ -44,8 +49,70 @@ pub struct Peer {
 }
 
 /// How long a refusing receiver keeps reading (and discarding) what the sender is still
-/// writing, so that the sender reaches the refusal instead of a reset connection.
-const LINGER: Duration = Duration::from_secs(2);
+/// writing, so that the sender reaches the refusal instead of a reset connection (README
+/// "Connections": at most 1 s); also how long a close waits for the stream's shutdown.
+const LINGER: Duration = Duration::from_secs(1);
+
+/// The link's stream, counting the bytes that moved each way: a transfer dropped midway
+/// (its task cancelled) is told from one dropped before its first byte by the counts.
+struct Counted {
+    inner: Box<dyn Duplex>,
+    moved: u64,
+}
+
+impl AsyncRead for Counted {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
+        this.moved += (buf.filled().len() - before) as u64;
+        polled
+    }
+}
+
+impl AsyncWrite for Counted {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = polled {
+            this.moved += n as u64;
+        }
+        polled
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = polled {
+            this.moved += n as u64;
+        }
+        polled
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
 
 /// The protocol state of the connection.
 enum Mode {
@@ -85,13 +152,19 @@ impl Keys {
 /// Whether the link can still carry a transfer.
 enum State {
     Open,
+    /// A transfer began when `moved` bytes had moved, and has not ended: if its future
+    /// was dropped (a cancelled task) after a byte of it moved, the peer and this side
+    /// no longer agree where the next transfer starts.
+    Running {
+        moved: u64,
+    },
     /// Closed, by this side or after a failure (its text), or by the peer.
     Closed(String),
 }
 
 /// One connection.
 pub struct Link {
-    stream: Box<dyn Duplex>,
+    stream: Counted,
     mode: Mode,
     peer: Peer,
     state: State,
@@ -126,7 +199,10 @@ impl Link {
 
     fn new(stream: Box<dyn Duplex>, mode: Mode, peer: Peer) -> Self {
         Self {
-            stream,
+            stream: Counted {
+                inner: stream,
+                moved: 0,
+            },
             mode,
             peer,
             state: State::Open,
@@ -144,34 +220,66 @@ impl Link {
         &self.peer
     }
 
-    /// Closed: by this side, by the peer (between transfers), or after a failure.
+    /// Closed: by this side, by the peer (between transfers), after a failure, or after
+    /// a transfer abandoned midway.
     pub fn is_closed(&self) -> bool {
-        matches!(self.state, State::Closed(_))
+        match self.state {
+            State::Open => false,
+            State::Running { moved } => moved != self.stream.moved,
+            State::Closed(_) => true,
+        }
+    }
+
+    /// Mark the link closed (why) and give back its listener's connection slot.
+    fn closed(&mut self, why: String) {
+        self.state = State::Closed(why);
+        self._slot = None;
     }
 
     /// Close the connection (a TLS close_notify first); idempotent.
     pub async fn close(&mut self) {
-        if let State::Open = self.state {
-            self.state = State::Closed("it was closed".into());
+        if !matches!(self.state, State::Closed(_)) {
+            self.closed("it was closed".into());
             // The peer may be gone already; there is nothing left to tell it.
             let _ = tokio::time::timeout(LINGER, self.stream.shutdown()).await;
         }
     }
 
-    fn check_open(&self) -> Result<()> {
-        match &self.state {
-            State::Open => Ok(()),
-            State::Closed(why) => Err(std::io::Error::new(
+    /// Start a transfer: refused on a closed link, and on one whose last transfer was
+    /// abandoned after its first byte (which closes it).
+    async fn begin(&mut self) -> Result<()> {
+        if self.is_closed() {
+            if let State::Running { .. } = self.state {
+                self.closed("a transfer was abandoned midway".into());
+                let _ = tokio::time::timeout(LINGER, self.stream.shutdown()).await;
+            }
+            let why = match &self.state {
+                State::Closed(why) => why.clone(),
+                _ => String::new(),
+            };
+            return Err(std::io::Error::new(
                 std::io::ErrorKind::NotConnected,
                 format!("the connection is closed: {why}"),
             )
-            .into()),
+            .into());
         }
+        self.state = State::Running {
+            moved: self.stream.moved,
+        };
+        Ok(())
+    }
+
+    /// End a transfer: the link is open for the next one unless the transfer closed it.
+    fn end<T>(&mut self, result: Result<T>) -> Result<T> {
+        if let State::Running { .. } = self.state {
+            self.state = State::Open;
+        }
+        result
     }
 
     /// Close after a failed transfer: the stream is out of step with the peer.
     async fn fail<T>(&mut self, error: GradientStreamError) -> Result<T> {
-        self.state = State::Closed(error.to_string());
+        self.closed(error.to_string());
         let _ = tokio::time::timeout(LINGER, self.stream.shutdown()).await;
         Err(error)
     }
@@ -184,33 +292,24 @@ impl Link {
         }
     }
 
-    /// Refuse, before a byte is sent, what the peer said it would refuse.
+    /// Refuse, before a byte is sent, what the peer said it would refuse: more values
+    /// than its max_gradient_len, a first chunk (the largest, uncompressed) whose payload
+    /// is over its max_payload_len.
     fn check_fits(&self, config: &SessionConfig, values: usize) -> Result<()> {
         let Mode::Sealed(keys) = &self.mode else {
             return Ok(());
         };
-        let limits = keys.established.peer_limits;
-        if values > limits.max_gradient_len {
-            return Err(self.delivery(
-                format!(
-                    "the gradient has {values} values; the peer accepts at most {}",
-                    limits.max_gradient_len
-                ),
-                None,
-            ));
-        }
+        let hello = &keys.established.peer_hello;
+        let peer = Some(self.peer.address);
+        hello.check_gradient_len(values, peer)?;
+        // Measured as this side will send it: sealed.
+        let sealed = SessionConfig {
+            seal: true,
+            ..config.clone()
+        };
         let chunk = config.chunk_size.min(values.max(1));
-        let payload = config.frames_len(chunk)?.saturating_sub(HEADER_LEN);
-        if payload > limits.max_payload_len as usize {
-            return Err(self.delivery(
-                format!(
-                    "a chunk's payload is {payload} bytes; the peer accepts at most {}",
-                    limits.max_payload_len
-                ),
-                None,
-            ));
-        }
-        Ok(())
+        let payload = sealed.frames_len(chunk)?.saturating_sub(HEADER_LEN);
+        hello.check_payload_len(0, payload, peer)
     }
 
     /// Send one gradient; the number of chunks, once the peer has acknowledged it.
@@ -221,8 +320,21 @@ impl Link {
         waits: Waits,
         progress: &Progress,
     ) -> Result<usize> {
-        self.check_open()?;
         self.check_fits(config, gradient.len())?;
+        self.begin().await?;
+        let sent = self
+            .send_gradient_begun(config, gradient, waits, progress)
+            .await;
+        self.end(sent)
+    }
+
+    async fn send_gradient_begun(
+        &mut self,
+        config: &SessionConfig,
+        gradient: Gradient<'_>,
+        waits: Waits,
+        progress: &Progress,
+    ) -> Result<usize> {
         let clock = Clock::running(waits);
         let Mode::Sealed(keys) = &self.mode else {
             let sent = send_gradient_on(config, gradient, &mut self.stream, &clock, progress).await;
@@ -248,10 +360,23 @@ impl Link {
         waits: Waits,
         progress: &Progress,
     ) -> Result<usize> {
-        self.check_open()?;
-        for (entry, _) in tensors {
-            self.check_fits(config, entry.shape.iter().product())?;
-        }
+        // A set is not checked against the peer's limits here: its receiver refuses the
+        // manifest of a set over them, as README "Connections" says (and the reference).
+        self.begin().await?;
+        let sent = self
+            .send_tensors_begun(config, wire_dtype, tensors, waits, progress)
+            .await;
+        self.end(sent)
+    }
+
+    async fn send_tensors_begun(
+        &mut self,
+        config: &SessionConfig,
+        wire_dtype: Option<Dtype>,
+        tensors: &[(Entry, Gradient<'_>)],
+        waits: Waits,
+        progress: &Progress,
+    ) -> Result<usize> {
         let Mode::Sealed(keys) = &self.mode else {
             let sent = tensors::send_tensors(
                 config,
@@ -303,7 +428,10 @@ impl Link {
                 };
                 let error = error.unwrap_or_else(|| {
                     self.delivery(
-                        format!("the connection failed before the peer acknowledged it: {io}"),
+                        format!(
+                            "the connection failed before the peer acknowledged the transfer: \
+                             {io}"
+                        ),
                         None,
                     )
                 });
@@ -315,7 +443,8 @@ impl Link {
             return Ok(sent);
         };
         let counter = keys.sent;
-        let read = within(clock, (sent, None), async { Ok(self.read_ack().await) }).await;
+        let total = u32::try_from(sent).ok();
+        let read = within(clock, (sent, total), async { Ok(self.read_ack().await) }).await;
         let checked = match read {
             Ok(Ok(ack)) => ack.confirm(counter, &digest, peer),
             Ok(Err(e)) | Err(e) => Err(e),
@@ -331,22 +460,34 @@ impl Link {
         }
     }
 
-    /// The peer's next ack.
+    /// The peer's next ack: its first 16 bytes checked, then the rest they announce.
     async fn read_ack(&mut self) -> Result<Ack> {
         let peer = Some(self.peer.address);
-        let mut head = [0u8; ACK_HEAD_LEN];
-        if read_full(&mut self.stream, &mut head).await?.is_err() {
-            return Err(self.delivery(
-                "the connection closed before the peer acknowledged it".into(),
+        let ended = |link: &Self| {
+            link.delivery(
+                "the connection ended before the peer acknowledged the transfer".into(),
                 None,
-            ));
+            )
+        };
+        let mut start = [0u8; START_LEN];
+        let read = read_full(&mut self.stream, &mut start).await;
+        if !matches!(read, Ok(Ok(()))) {
+            return Err(read.map_or_else(|e| self.ack_failed(e), |_| ended(self)));
         }
-        let head = Ack::parse_head(&head, peer)?;
-        let mut reason = vec![0u8; head.reason_len()];
-        if read_full(&mut self.stream, &mut reason).await?.is_err() {
-            return Err(self.delivery("the connection closed inside the peer's ack".into(), None));
+        let mut ack = vec![0u8; START_LEN + Ack::check_start(&start, peer)?];
+        ack[..START_LEN].copy_from_slice(&start);
+        let read = read_full(&mut self.stream, &mut ack[START_LEN..]).await;
+        if !matches!(read, Ok(Ok(()))) {
+            return Err(read.map_or_else(|e| self.ack_failed(e), |_| ended(self)));
         }
-        head.finish(&reason, peer)
+        Ack::parse(&ack, peer)
+    }
+
+    fn ack_failed(&self, error: std::io::Error) -> GradientStreamError {
+        self.delivery(
+            format!("the connection failed before the peer acknowledged the transfer: {error}"),
+            None,
+        )
     }
 
     /// Receive one gradient through `receiver` (`config.receiver()` or `receiver_into`);
@@ -357,15 +498,25 @@ impl Link {
         waits: Waits,
         progress: &Progress,
     ) -> Result<Ended> {
-        self.check_open()?;
+        self.begin().await?;
+        let got = self.recv_gradient_begun(receiver, waits, progress).await;
+        self.end(got)
+    }
+
+    async fn recv_gradient_begun(
+        &mut self,
+        receiver: FrameReceiver,
+        waits: Waits,
+        progress: &Progress,
+    ) -> Result<Ended> {
         let Mode::Sealed(keys) = &self.mode else {
             return match receive_gradient(receiver, &mut self.stream, waits, progress).await {
                 Ok(Ended::BeforeFirstByte(receiver)) => {
-                    self.state = State::Closed("the peer closed it".into());
+                    self.closed("the peer closed it".into());
                     Ok(Ended::BeforeFirstByte(receiver))
                 }
                 Ok(got) => Ok(got),
-                Err(e) => self.fail(e).await,
+                Err(e) => self.failed_receive(e, None).await,
             };
         };
         let id = keys.id(false);
@@ -380,13 +531,10 @@ impl Link {
                 Ok(Ended::Gradient(values))
             }
             Ok(Ended::BeforeFirstByte(receiver)) => {
-                self.state = State::Closed("the peer closed it".into());
+                self.closed("the peer closed it".into());
                 Ok(Ended::BeforeFirstByte(receiver))
             }
-            Err(e) => {
-                self.refuse(message_instead(e, first, self.peer.address))
-                    .await
-            }
+            Err(e) => self.failed_receive(e, Some(first)).await,
         }
     }
 
@@ -397,18 +545,28 @@ impl Link {
         waits: Waits,
         progress: &Progress,
     ) -> Result<Received<TensorSet>> {
-        self.check_open()?;
+        self.begin().await?;
+        let got = self.recv_tensors_begun(config, waits, progress).await;
+        self.end(got)
+    }
+
+    async fn recv_tensors_begun(
+        &mut self,
+        config: &SessionConfig,
+        waits: Waits,
+        progress: &Progress,
+    ) -> Result<Received<TensorSet>> {
         let Mode::Sealed(keys) = &self.mode else {
             let mut tap = Tap::new(&mut self.stream, Digest::new(&[0; 16]));
             let got = tensors::receive_tensors(config, &mut tap, waits, progress).await;
             let began = tap.first_header().is_some();
             return match got {
                 Ok(_) if !began => {
-                    self.state = State::Closed("the peer closed it".into());
+                    self.closed("the peer closed it".into());
                     Ok(Received::End)
                 }
                 Ok(set) => Ok(Received::Transfer(set)),
-                Err(e) => self.fail(e).await,
+                Err(e) => self.failed_receive(e, None).await,
             };
         };
         let id = keys.id(false);
@@ -419,17 +577,14 @@ impl Link {
         let digest = tap.finish();
         match got {
             Ok(_) if first.is_none() => {
-                self.state = State::Closed("the peer closed it".into());
+                self.closed("the peer closed it".into());
                 Ok(Received::End)
             }
             Ok(set) => {
                 self.accept(digest).await?;
                 Ok(Received::Transfer(set))
             }
-            Err(e) => {
-                self.refuse(message_instead(e, first, self.peer.address))
-                    .await
-            }
+            Err(e) => self.failed_receive(e, Some(first)).await,
         }
     }
 
@@ -447,6 +602,27 @@ impl Link {
         match sent.await {
             Ok(()) => Ok(()),
             Err(e) => self.fail(e.into()).await,
+        }
+    }
+
+    /// After a receive failed: a broken connection closes; a transfer of which no byte
+    /// moved (a timeout while waiting for it) leaves the link in step and open; any other
+    /// is refused (a `"gradstream"` link, whose first header `first` was) and closes.
+    async fn failed_receive<T>(
+        &mut self,
+        error: GradientStreamError,
+        first: Option<Option<[u8; HEADER_LEN]>>,
+    ) -> Result<T> {
+        let untouched =
+            matches!(self.state, State::Running { moved } if moved == self.stream.moved);
+        match first {
+            _ if is_io(&error) => self.fail(error).await,
+            _ if untouched => Err(error),
+            Some(first) => {
+                let address = self.peer.address;
+                self.refuse(message_instead(error, first, address)).await
+            }
+            None => self.fail(error).await,
         }
     }
 
@@ -470,14 +646,10 @@ impl Link {
     }
 }
 
-/// A broken connection cannot carry a refusal.
+/// A broken connection cannot carry a refusal (a stalled or slow one can: it is told
+/// the timeout or deadline, as any other refusal, for at most LINGER).
 fn is_io(error: &GradientStreamError) -> bool {
-    matches!(
-        error,
-        GradientStreamError::Io(_)
-            | GradientStreamError::Timeout { .. }
-            | GradientStreamError::Deadline { .. }
-    )
+    matches!(error, GradientStreamError::Io(_))
 }
 
 /// A failed first frame that was a protocol message (an ack, a hello) is a
@@ -497,7 +669,7 @@ fn message_instead(
             expected: "a gradient's frames".into(),
             seen: format!(
                 "{}: both sides wait for the other (one transfer at a time on a connection)",
-                describe(&head, Kind::Hello)
+                describe(&head)
             ),
             peer: Some(peer),
         },

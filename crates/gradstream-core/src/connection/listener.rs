@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 use super::handshake::handshake;
 use super::link::{Link, Peer};
 use super::{buffered, Protocol};
-use crate::error::{general_format, GradientStreamError, Result};
+use crate::error::{GradientStreamError, Result};
 use crate::frame::Limits;
 use crate::protocol::Role;
 use crate::tls::TlsAcceptor;
@@ -36,22 +36,46 @@ pub struct ListenSettings {
     pub limits: Limits,
 }
 
+/// Why a peer was dropped.
+pub enum Refusal {
+    /// Its handshake failed.
+    Failed(GradientStreamError),
+    /// It did not finish its handshake within `handshake_timeout` (this long).
+    Silent(Duration),
+}
+
 /// What happened at the listener.
 pub enum Event {
     /// A peer through the handshake.
     Connected(Link),
     /// A peer dropped, and why.
-    Refused {
-        address: SocketAddr,
-        error: GradientStreamError,
-    },
+    Refused { address: SocketAddr, why: Refusal },
 }
+
+/// The accept loop's task, shared by the listener and its `Stopper`.
+type Accepting = Arc<std::sync::Mutex<Option<JoinHandle<()>>>>;
 
 /// A bound listener: its events arrive in `next`; dropping it stops accepting.
 pub struct Listener {
     events: mpsc::Receiver<Event>,
     address: SocketAddr,
-    accepting: JoinHandle<()>,
+    accepting: Accepting,
+}
+
+/// Stops a listener's accept loop from anywhere, while a `next` may hold the listener.
+pub struct Stopper(Accepting);
+
+impl Stopper {
+    /// Stop accepting, and return once the listening socket and the handshakes under way
+    /// are gone (a peer connecting after this is refused by the kernel).
+    pub async fn stop(&self) {
+        let handle = self.0.lock().map(|mut h| h.take()).unwrap_or(None);
+        if let Some(handle) = handle {
+            handle.abort();
+            // Cancelled, as asked: the loop's socket is dropped with it.
+            let _ = handle.await;
+        }
+    }
 }
 
 impl Listener {
@@ -63,7 +87,7 @@ impl Listener {
         Ok(Self {
             events,
             address,
-            accepting,
+            accepting: Arc::new(std::sync::Mutex::new(Some(accepting))),
         })
     }
 
@@ -72,10 +96,9 @@ impl Listener {
         self.address
     }
 
-    /// A handle that stops the accept loop from anywhere (the next `next` then ends once
-    /// the handshakes under way have).
-    pub fn stopper(&self) -> tokio::task::AbortHandle {
-        self.accepting.abort_handle()
+    /// What stops the accept loop from anywhere (the next `next` then ends).
+    pub fn stopper(&self) -> Stopper {
+        Stopper(self.accepting.clone())
     }
 
     /// The next connection or refusal; None once closed.
@@ -83,16 +106,22 @@ impl Listener {
         self.events.recv().await
     }
 
+    fn abort(&self) {
+        if let Ok(Some(handle)) = self.accepting.lock().as_deref() {
+            handle.abort();
+        }
+    }
+
     /// Stop accepting; handshakes under way are dropped.
     pub fn close(&mut self) {
-        self.accepting.abort();
+        self.abort();
         self.events.close();
     }
 }
 
 impl Drop for Listener {
     fn drop(&mut self) {
-        self.accepting.abort();
+        self.abort();
     }
 }
 
@@ -100,7 +129,11 @@ async fn accept_loop(tcp: TcpListener, settings: ListenSettings, events: mpsc::S
     let connections = Arc::new(Semaphore::new(settings.max_connections.max(1)));
     let handshakes = Arc::new(Semaphore::new(settings.max_pending_handshakes.max(1)));
     let settings = Arc::new(settings);
+    // The handshakes under way: dropped with this loop (an aborted one: a closed listener).
+    let mut handshaking = tokio::task::JoinSet::new();
     loop {
+        // Reap the finished ones, so the set holds only those still running.
+        while handshaking.try_join_next().is_some() {}
         // Both permits before the accept: past either cap, peers wait in the kernel's
         // backlog and cost this process nothing.
         let (Ok(slot), Ok(pending)) = (
@@ -118,23 +151,19 @@ async fn accept_loop(tcp: TcpListener, settings: ListenSettings, events: mpsc::S
             }
         };
         let (events, settings) = (events.clone(), settings.clone());
-        tokio::spawn(async move {
+        handshaking.spawn(async move {
             let limit = settings.handshake_timeout;
             let admitted = tokio::time::timeout(limit, admit(stream, address, &settings)).await;
             drop(pending);
             let event = match admitted {
                 Ok(Ok(link)) => Event::Connected(link.holding(slot)),
-                Ok(Err(error)) => Event::Refused { address, error },
+                Ok(Err(error)) => Event::Refused {
+                    address,
+                    why: Refusal::Failed(error),
+                },
                 Err(_) => Event::Refused {
                     address,
-                    error: GradientStreamError::Protocol {
-                        expected: "a finished handshake".into(),
-                        seen: format!(
-                            "silence past handshake_timeout ({} s)",
-                            general_format(limit.as_secs_f64())
-                        ),
-                        peer: Some(address),
-                    },
+                    why: Refusal::Silent(limit),
                 },
             };
             // A closed listener drops what is still arriving.
@@ -159,8 +188,16 @@ async fn admit(tcp: TcpStream, address: SocketAddr, settings: &ListenSettings) -
     match &settings.tls {
         None => {
             let mut stream = tcp;
-            let established =
-                handshake(&mut stream, Role::Server, authkey, settings.limits, peer).await?;
+            let shaken = handshake(
+                &mut stream,
+                Role::Server,
+                false,
+                authkey,
+                settings.limits,
+                peer,
+            )
+            .await;
+            let established = shaken.inspect_err(|_| discard_pending(&stream))?;
             let who = Peer {
                 address,
                 tls_subject: None,
@@ -170,14 +207,34 @@ async fn admit(tcp: TcpStream, address: SocketAddr, settings: &ListenSettings) -
         }
         Some(tls) => {
             let (mut stream, tls_subject) = tls.accept(buffered(tcp), peer).await?;
-            let established =
-                handshake(&mut stream, Role::Server, authkey, settings.limits, peer).await?;
+            let established = handshake(
+                &mut stream,
+                Role::Server,
+                true,
+                authkey,
+                settings.limits,
+                peer,
+            )
+            .await?;
             let who = Peer {
                 address,
                 authenticated: established.authenticated || tls_subject.is_some(),
                 tls_subject,
             };
             Ok(Link::sealed(Box::new(stream), established, who))
+        }
+    }
+}
+
+/// Drop what a refused peer already sent (at most 64 KiB, without waiting for more), so
+/// that closing ends the connection with a FIN, not a reset that would destroy the hello
+/// still on its way to the peer.
+fn discard_pending(stream: &TcpStream) {
+    let mut sink = [0u8; 4096];
+    for _ in 0..16 {
+        match stream.try_read(&mut sink) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
         }
     }
 }

@@ -62,7 +62,7 @@ impl<'s, S> Tap<'s, S> {
     }
 
     /// Walk `passed`, bytes that just moved.
-    fn observe(&mut self, mut passed: &[u8]) {
+    pub(super) fn observe(&mut self, mut passed: &[u8]) {
         while !passed.is_empty() {
             match &mut self.walk {
                 Walk::Header { bytes, have } => {

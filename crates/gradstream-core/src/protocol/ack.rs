@@ -10,7 +10,9 @@ use std::net::SocketAddr;
 
 use ring::digest::{Context, SHA256};
 
-use super::describe::{check_start, check_zeros, protocol_error, Kind, START_LEN};
+use super::describe::{
+    check_start, check_zeros, describe, frame_text, hex, protocol_error, Kind, START_LEN,
+};
 use super::ids::TRANSFER_ID_LEN;
 use crate::error::{GradientStreamError, Result};
 use crate::frame::HEADER_LEN;
@@ -36,51 +38,6 @@ pub struct Ack {
     /// The transfer answered: its direction's counter.
     pub counter: u64,
     pub verdict: Verdict,
-}
-
-/// An ack's head, checked: complete when it accepts, waiting for its reason when it refuses.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum AckHead {
-    Accepted(Ack),
-    Refused { counter: u64, reason_len: usize },
-}
-
-impl AckHead {
-    /// Bytes of reason that follow the head.
-    pub fn reason_len(&self) -> usize {
-        match self {
-            AckHead::Accepted(_) => 0,
-            AckHead::Refused { reason_len, .. } => *reason_len,
-        }
-    }
-
-    /// The whole ack, from the `reason_len()` bytes that followed the head (strict UTF-8).
-    pub fn finish(self, reason: &[u8], peer: Option<SocketAddr>) -> Result<Ack> {
-        let (counter, reason_len) = match self {
-            AckHead::Accepted(ack) => return Ok(ack),
-            AckHead::Refused {
-                counter,
-                reason_len,
-            } => (counter, reason_len),
-        };
-        let Some(reason) = reason.get(..reason_len) else {
-            return Err(malformed(
-                format!(
-                    "an ack whose reason ends after {} of {reason_len} bytes",
-                    reason.len()
-                ),
-                peer,
-            ));
-        };
-        let reason = std::str::from_utf8(reason)
-            .map_err(|_| malformed("an ack whose reason is not UTF-8".into(), peer))?;
-        Ok(Ack {
-            counter,
-            verdict: Verdict::Refused {
-                reason: reason.to_string(),
-            },
-        })
-    }
 }
 
 impl Ack {
@@ -118,44 +75,95 @@ impl Ack {
         out
     }
 
-    /// Check an ack's head: magic (a frame header here is a peer that started a transfer
-    /// while this side waits for its ack), zeros, a verdict of 0 or 1, a reason of at most
-    /// 1024 bytes and only on a refusal, a digest of zeros on a refusal.
-    pub fn parse_head(head: &[u8; ACK_HEAD_LEN], peer: Option<SocketAddr>) -> Result<AckHead> {
-        let mut start = [0u8; START_LEN];
-        start.copy_from_slice(&head[..START_LEN]);
-        check_start(&start, Kind::Ack, peer)?;
-        check_zeros(head, 13..14, Kind::Ack, peer)?;
-        let reason_len = usize::from(u16::from_le_bytes([head[14], head[15]]));
+    /// Check an ack's first 16 bytes before reading more: magic (a frame header here is
+    /// a peer that started a transfer while this side waits for its ack), zeros, a
+    /// verdict of 0 or 1, a reason of at most 1024 bytes and only on a refusal. The bytes
+    /// still to read: the rest of the head and the reason.
+    pub fn check_start(start: &[u8; START_LEN], peer: Option<SocketAddr>) -> Result<usize> {
+        if let Err(foreign) = check_start(start, Kind::Ack, peer) {
+            return Err(match frame_text(start) {
+                Some(fields) => protocol_error(
+                    Kind::Ack.expected(),
+                    format!(
+                        "a frame header ({fields}): the peer started a transfer while this \
+                         side waited for its ack; open a second connection for the other \
+                         direction"
+                    ),
+                    peer,
+                ),
+                None => foreign,
+            });
+        }
+        let verdict = start[12];
+        if verdict > 1 {
+            return Err(protocol_error(
+                "verdict 0 (accepted) or 1 (refused) in an ack",
+                format!("verdict {verdict}"),
+                peer,
+            ));
+        }
+        check_zeros(start, 13..14, Kind::Ack, peer)?;
+        let reason_len = usize::from(u16::from_le_bytes([start[14], start[15]]));
+        if reason_len > MAX_REASON_LEN {
+            return Err(protocol_error(
+                format!("an ack's reason of at most {MAX_REASON_LEN} bytes"),
+                format!("{reason_len} bytes"),
+                peer,
+            ));
+        }
+        if verdict == 0 && reason_len != 0 {
+            return Err(protocol_error(
+                "no reason in an accepting ack",
+                format!("{reason_len} bytes of reason"),
+                peer,
+            ));
+        }
+        Ok(ACK_HEAD_LEN - START_LEN + reason_len)
+    }
+
+    /// A whole ack, whose first 16 bytes `check_start` passed: a refusal's digest must be
+    /// zero and its reason UTF-8.
+    pub fn parse(bytes: &[u8], peer: Option<SocketAddr>) -> Result<Ack> {
+        let start: &[u8; START_LEN] = bytes
+            .get(..START_LEN)
+            .and_then(|s| s.try_into().ok())
+            .ok_or_else(|| protocol_error(Kind::Ack.expected(), describe(bytes), peer))?;
+        let whole = START_LEN + Self::check_start(start, peer)?;
+        if bytes.len() != whole {
+            return Err(protocol_error(
+                format!("an ack of {whole} bytes"),
+                format!("{} bytes", bytes.len()),
+                peer,
+            ));
+        }
         let mut counter = [0u8; 8];
-        counter.copy_from_slice(&head[16..24]);
+        counter.copy_from_slice(&bytes[16..24]);
         let counter = u64::from_le_bytes(counter);
         let mut digest = [0u8; 32];
-        digest.copy_from_slice(&head[24..56]);
-        match head[12] {
-            0 if reason_len != 0 => Err(malformed(
-                format!("an accepting ack with a {reason_len}-byte reason"),
-                peer,
-            )),
-            0 => Ok(AckHead::Accepted(Ack::accepted(counter, digest))),
-            1 if reason_len > MAX_REASON_LEN => Err(malformed(
-                format!("an ack with a {reason_len}-byte reason (at most {MAX_REASON_LEN})"),
-                peer,
-            )),
-            1 if digest != [0; 32] => Err(malformed(
-                "a refusing ack with a nonzero digest".into(),
-                peer,
-            )),
-            1 => Ok(AckHead::Refused {
-                counter,
-                reason_len,
-            }),
-            other => Err(malformed(format!("an ack with verdict {other}"), peer)),
+        digest.copy_from_slice(&bytes[24..56]);
+        if bytes[12] == 0 {
+            return Ok(Ack::accepted(counter, digest));
         }
+        if digest != [0; 32] {
+            return Err(protocol_error(
+                "a zero digest in a refusal",
+                format!("digest {}", hex(&digest)),
+                peer,
+            ));
+        }
+        let reason = &bytes[ACK_HEAD_LEN..];
+        let reason = std::str::from_utf8(reason).map_err(|_| {
+            protocol_error(
+                "a UTF-8 reason in a refusal",
+                format!("bytes {}", hex(reason)),
+                peer,
+            )
+        })?;
+        Ok(Ack::refused(counter, reason))
     }
 
     /// The sender's check of the ack to transfer `counter`, whose frames it digested into
-    /// `digest`: a `DeliveryError` for a refusal, another counter or another digest.
+    /// `digest`: a `DeliveryError` for another counter, a refusal or another digest.
     pub fn confirm(&self, counter: u64, digest: &[u8; 32], peer: Option<SocketAddr>) -> Result<()> {
         let undelivered = |detail: String, reason: Option<String>| {
             Err(GradientStreamError::Delivery {
@@ -165,19 +173,24 @@ impl Ack {
             })
         };
         match &self.verdict {
-            Verdict::Refused { reason } => undelivered(
-                format!("the peer refused it: {reason}"),
-                Some(reason.clone()),
-            ),
-            Verdict::Accepted { .. } if self.counter != counter => undelivered(
+            _ if self.counter != counter => undelivered(
                 format!(
-                    "the peer acknowledged transfer {}, not {counter}",
+                    "the peer acknowledged transfer {}; this was transfer {counter}",
                     self.counter
                 ),
                 None,
             ),
+            Verdict::Refused { reason } => undelivered(
+                format!("the peer refused it: {reason}"),
+                Some(reason.clone()),
+            ),
             Verdict::Accepted { digest: theirs } if theirs != digest => undelivered(
-                "the peer acknowledged other bytes than were sent".into(),
+                format!(
+                    "the peer acknowledged other frames than were sent (its digest {}..., \
+                     this side's {}...)",
+                    hex(&theirs[..8]),
+                    hex(&digest[..8])
+                ),
                 None,
             ),
             Verdict::Accepted { .. } => Ok(()),
@@ -192,10 +205,6 @@ fn cut(reason: &str) -> &str {
         end -= 1;
     }
     &reason[..end]
-}
-
-fn malformed(seen: String, peer: Option<SocketAddr>) -> GradientStreamError {
-    protocol_error(Kind::Ack.expected(), seen, peer)
 }
 
 /// The digest of a transfer: `SHA-256("gradstream/1 digest" || id || every frame's
@@ -246,18 +255,16 @@ mod tests {
         digest.finish()
     }
 
-    fn head(bytes: &[u8]) -> [u8; ACK_HEAD_LEN] {
-        let mut out = [0u8; ACK_HEAD_LEN];
-        out.copy_from_slice(&bytes[..ACK_HEAD_LEN]);
+    fn start(bytes: &[u8]) -> [u8; START_LEN] {
+        let mut out = [0u8; START_LEN];
+        out.copy_from_slice(&bytes[..START_LEN]);
         out
     }
 
-    fn seen(result: Result<AckHead>) -> String {
+    /// The (expected, seen) of a ProtocolError.
+    fn refusal<T: std::fmt::Debug>(result: Result<T>) -> (String, String) {
         match result {
-            Err(GradientStreamError::Protocol { expected, seen, .. }) => {
-                assert_eq!(expected, "an ack");
-                seen
-            }
+            Err(GradientStreamError::Protocol { expected, seen, .. }) => (expected, seen),
             other => panic!("not a ProtocolError: {other:?}"),
         }
     }
@@ -298,105 +305,92 @@ mod tests {
             Ack::refused(8, "\u{e9}".repeat(512)),
         ] {
             let bytes = ack.to_bytes();
-            let head_of = Ack::parse_head(&head(&bytes), None).unwrap();
-            assert_eq!(head_of.reason_len(), bytes.len() - ACK_HEAD_LEN);
-            assert_eq!(head_of.finish(&bytes[ACK_HEAD_LEN..], None), Ok(ack));
+            let rest = Ack::check_start(&start(&bytes), None).unwrap();
+            assert_eq!(START_LEN + rest, bytes.len());
+            assert_eq!(Ack::parse(&bytes, None), Ok(ack));
         }
     }
 
     #[test]
     fn long_reasons_are_cut_on_a_character_boundary() {
-        // 1023 ASCII bytes and a two-byte character: the character does not fit.
         let reason = format!("{}\u{e9}tail", "x".repeat(1023));
         let bytes = Ack::refused(1, reason).to_bytes();
         assert_eq!(bytes.len(), ACK_HEAD_LEN + 1023);
-        let ack = Ack::parse_head(&head(&bytes), None)
-            .unwrap()
-            .finish(&bytes[ACK_HEAD_LEN..], None)
-            .unwrap();
-        assert_eq!(ack, Ack::refused(1, "x".repeat(1023)));
+        assert_eq!(
+            Ack::parse(&bytes, None),
+            Ok(Ack::refused(1, "x".repeat(1023)))
+        );
         assert_eq!(cut(&"y".repeat(5000)).len(), MAX_REASON_LEN);
     }
 
     #[test]
     fn a_frame_header_where_an_ack_belongs_is_named() {
         // The peer began a transfer of its own while this side waits for an ack.
-        let mut bytes = [0u8; ACK_HEAD_LEN];
         let header = FrameHeader {
             chunk_index: 0,
             total_chunks: 3,
             payload_len: 4104,
             checksum: 9,
         };
-        bytes[..HEADER_LEN].copy_from_slice(&header.to_bytes());
         assert_eq!(
-            Ack::parse_head(&bytes, Some(PEER)),
+            Ack::check_start(&header.to_bytes(), Some(PEER)),
             Err(protocol_error(
                 "an ack",
-                "a frame header (chunk 0 of 3, 4104-byte payload)",
+                "a frame header (chunk 0 of 3, payload_len 4104, checksum 0x00000009): the \
+                 peer started a transfer while this side waited for its ack; open a second \
+                 connection for the other direction",
                 Some(PEER)
             ))
         );
     }
 
     #[test]
-    fn malformed_heads_are_refused() {
+    fn malformed_acks_are_refused() {
         let accepted = Ack::accepted(0, [1; 32]).to_bytes();
         let refused = Ack::refused(0, "no").to_bytes();
         let with = |bytes: &[u8], at: usize, value: u8| {
-            let mut out = head(bytes);
+            let mut out = bytes.to_vec();
             out[at] = value;
             out
         };
-        for at in (4..12).chain(13..14) {
-            assert_eq!(
-                seen(Ack::parse_head(&with(&accepted, at, 1), None)),
-                format!("an ack with a nonzero reserved byte at offset {at}")
-            );
-        }
+        let pair = |e: &str, s: &str| (e.to_string(), s.to_string());
+        let head = |bytes: Vec<u8>| refusal(Ack::check_start(&start(&bytes), None));
         assert_eq!(
-            seen(Ack::parse_head(&with(&accepted, 12, 2), None)),
-            "an ack with verdict 2"
+            head(with(&accepted, 6, 1)).1,
+            describe(&with(&accepted, 6, 1))
         );
         assert_eq!(
-            seen(Ack::parse_head(&with(&accepted, 14, 5), None)),
-            "an accepting ack with a 5-byte reason"
-        );
-        let mut long = head(&refused);
-        long[14..16].copy_from_slice(&1025u16.to_le_bytes());
-        assert_eq!(
-            seen(Ack::parse_head(&long, None)),
-            "an ack with a 1025-byte reason (at most 1024)"
+            head(with(&accepted, 12, 2)),
+            pair("verdict 0 (accepted) or 1 (refused) in an ack", "verdict 2")
         );
         assert_eq!(
-            seen(Ack::parse_head(&with(&refused, 40, 1), None)),
-            "a refusing ack with a nonzero digest"
+            head(with(&accepted, 13, 1)),
+            pair("zero bytes at offsets 13..13 of an ack", "01")
         );
-    }
-
-    #[test]
-    fn reasons_must_be_whole_utf8() {
-        let head_of = AckHead::Refused {
-            counter: 0,
-            reason_len: 3,
-        };
-        for bad in [&b"a\xffb"[..], b"\xe9ab", b"ab\xc3"] {
-            assert_eq!(
-                head_of.clone().finish(bad, Some(PEER)),
-                Err(protocol_error(
-                    "an ack",
-                    "an ack whose reason is not UTF-8",
-                    Some(PEER)
-                ))
-            );
-        }
         assert_eq!(
-            head_of.finish(b"ab", None),
-            Err(protocol_error(
-                "an ack",
-                "an ack whose reason ends after 2 of 3 bytes",
-                None
-            ))
+            head(with(&accepted, 14, 5)),
+            pair("no reason in an accepting ack", "5 bytes of reason")
+        );
+        assert_eq!(
+            head(with(&refused, 15, 4)),
+            pair("an ack's reason of at most 1024 bytes", "1026 bytes")
+        );
+        assert_eq!(
+            refusal(Ack::parse(&with(&refused, 40, 1), None)),
+            pair(
+                "a zero digest in a refusal",
+                &format!("digest {}01{}", "00".repeat(16), "00".repeat(15))
+            )
+        );
+        assert_eq!(
+            refusal(Ack::parse(&refused[..refused.len() - 1], None)),
+            pair("an ack of 58 bytes", "57 bytes")
+        );
+        let mut bad = refused.clone();
+        bad[ACK_HEAD_LEN] = 0xff;
+        assert_eq!(
+            refusal(Ack::parse(&bad, None)),
+            pair("a UTF-8 reason in a refusal", "bytes ff6f")
         );
     }
 
@@ -411,12 +405,20 @@ mod tests {
         };
         assert_eq!(
             delivery(ack.confirm(1, &digest, None)),
-            ("the peer acknowledged transfer 0, not 1".into(), None)
+            (
+                "the peer acknowledged transfer 0; this was transfer 1".into(),
+                None
+            )
         );
         assert_eq!(
-            delivery(ack.confirm(0, &[0; 32], None)),
+            delivery(Ack::accepted(0, digest).confirm(0, &[0; 32], None)),
             (
-                "the peer acknowledged other bytes than were sent".into(),
+                format!(
+                    "the peer acknowledged other frames than were sent (its digest {}..., \
+                     this side's {}...)",
+                    hex(&digest[..8]),
+                    "00".repeat(8)
+                ),
                 None
             )
         );

@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use ring::digest::{digest, SHA256};
 use ring::hmac;
 
-use super::describe::{check_start, check_zeros, Kind, START_LEN};
+use super::describe::{check_start, Kind, START_LEN};
 use super::hello::{Role, HELLO_LEN, NONCE_AT};
 use crate::error::{GradientStreamError, Result};
 
@@ -69,7 +69,6 @@ pub fn parse_auth(bytes: &[u8; AUTH_LEN], peer: Option<SocketAddr>) -> Result<[u
     let mut start = [0u8; START_LEN];
     start.copy_from_slice(&bytes[..START_LEN]);
     check_start(&start, Kind::Auth, peer)?;
-    check_zeros(bytes, 12..START_LEN, Kind::Auth, peer)?;
     let mut tag = [0u8; 32];
     tag.copy_from_slice(&bytes[START_LEN..]);
     Ok(tag)
@@ -87,7 +86,10 @@ pub fn verify(
     let key = hmac::Key::new(hmac::HMAC_SHA256, key);
     let message = tagged(role_of_peer, client_hello, server_hello);
     hmac::verify(&key, &message, peer_tag).map_err(|_| {
-        authentication_error("the peer's tag does not match this side's authkey", peer)
+        authentication_error(
+            "the peer's tag does not match: another authkey, or a hello changed on the way",
+            peer,
+        )
     })
 }
 
@@ -96,15 +98,25 @@ pub fn verify(
 pub fn check_modes(has_key: bool, peer_auth: bool, peer: Option<SocketAddr>) -> Result<()> {
     match (has_key, peer_auth) {
         (true, false) => Err(authentication_error(
-            "this side requires an authkey; the peer has none",
+            "this side requires an authkey and the peer's hello offers none",
             peer,
         )),
         (false, true) => Err(authentication_error(
-            "the peer requires an authkey; this side has none",
+            "the peer requires an authkey and this side has none (give authkey=)",
             peer,
         )),
         _ => Ok(()),
     }
+}
+
+/// The error of a side whose peer closed the connection where its auth message belongs
+/// (it refused this side's hello, or its authkey, and said so in its own log).
+pub fn closed_instead(peer: Option<SocketAddr>) -> GradientStreamError {
+    authentication_error(
+        "the peer closed the connection instead of authenticating: it refused this side's \
+         hello or authkey",
+        peer,
+    )
 }
 
 fn authentication_error(detail: &str, peer: Option<SocketAddr>) -> GradientStreamError {
@@ -157,7 +169,7 @@ mod tests {
         assert_eq!(
             result,
             Err(authentication_error(
-                "the peer's tag does not match this side's authkey",
+                "the peer's tag does not match: another authkey, or a hello changed on the way",
                 Some(PEER)
             ))
         );
@@ -218,25 +230,23 @@ mod tests {
     #[test]
     fn malformed_auth_messages_are_protocol_errors() {
         let message = auth_message([7; 32]);
-        for at in 4..START_LEN {
-            let mut bytes = message;
-            bytes[at] = 1;
-            assert_eq!(
-                parse_auth(&bytes, None),
-                Err(protocol_error(
-                    "an auth message",
-                    format!("an auth message with a nonzero reserved byte at offset {at}"),
-                    None
-                ))
-            );
-        }
+        let mut bytes = message;
+        bytes[9] = 1;
+        assert_eq!(
+            parse_auth(&bytes, None),
+            Err(protocol_error(
+                "zero bytes at offsets 4..15 of an authentication message",
+                "000000000001000000000000",
+                None
+            ))
+        );
         let mut hello_instead = [0u8; AUTH_LEN];
         hello_instead.copy_from_slice(&client_hello().to_bytes()[..AUTH_LEN]);
         assert_eq!(
             parse_auth(&hello_instead, Some(PEER)),
             Err(protocol_error(
-                "an auth message",
-                "a gradstream hello",
+                "an authentication message",
+                "a hello of version 1 (80 bytes)",
                 Some(PEER)
             ))
         );
@@ -249,16 +259,16 @@ mod tests {
         assert_eq!(
             check_modes(true, false, None).map_err(|e| e.to_string()),
             Err(
-                "authentication with the peer failed: this side requires an authkey; the \
-                 peer has none"
+                "authentication with the peer failed: this side requires an authkey and the \
+                 peer's hello offers none"
                     .into()
             )
         );
         assert_eq!(
             check_modes(false, true, Some(PEER)).map_err(|e| e.to_string()),
             Err(
-                "authentication with 127.0.0.1:7000 failed: the peer requires an authkey; \
-                 this side has none"
+                "authentication with 127.0.0.1:7000 failed: the peer requires an authkey \
+                 and this side has none (give authkey=)"
                     .into()
             )
         );

@@ -129,16 +129,16 @@ impl Hello {
         let version = u16::from_le_bytes([first[12], first[13]]);
         if version != VERSION {
             return Err(protocol_error(
-                format!("a version {VERSION} hello"),
-                format!("a version {version} hello"),
+                format!("a hello of version {VERSION}"),
+                format!("a hello of version {version}"),
                 peer,
             ));
         }
         let length = u16::from_le_bytes([first[14], first[15]]);
         if usize::from(length) != HELLO_LEN {
             return Err(protocol_error(
-                format!("an {HELLO_LEN}-byte hello"),
-                format!("a {length}-byte hello"),
+                format!("a version {VERSION} hello of {HELLO_LEN} bytes"),
+                format!("a length of {length}"),
                 peer,
             ));
         }
@@ -155,22 +155,15 @@ impl Hello {
         let mut first = [0u8; START_LEN];
         first.copy_from_slice(&bytes[..START_LEN]);
         Self::check_start(&first, peer)?;
-        let expected = || format!("a hello from a {}", expected_role.name());
         let role = match Role::from_byte(bytes[16]) {
             Some(role) if role == expected_role => role,
-            Some(role) => {
+            other => {
+                let name = other.map_or_else(|| format!("role {}", bytes[16]), |r| r.name().into());
                 return Err(protocol_error(
-                    expected(),
-                    format!("a hello from a {}", role.name()),
+                    format!("the hello of a {}", expected_role.name()),
+                    format!("the hello of a {name}"),
                     peer,
-                ))
-            }
-            None => {
-                return Err(protocol_error(
-                    expected(),
-                    format!("a hello with role {}", bytes[16]),
-                    peer,
-                ))
+                ));
             }
         };
         let auth = match bytes[17] {
@@ -178,13 +171,14 @@ impl Hello {
             1 => true,
             other => {
                 return Err(protocol_error(
-                    "a hello with auth 0 or 1",
-                    format!("a hello with auth {other}"),
+                    "auth 0 (none) or 1 (authkey) in the hello",
+                    format!("auth {other}"),
                     peer,
                 ))
             }
         };
-        check_zeros(bytes, (18..20).chain(64..HELLO_LEN), Kind::Hello, peer)?;
+        check_zeros(bytes, 18..20, Kind::Hello, peer)?;
+        check_zeros(bytes, 64..HELLO_LEN, Kind::Hello, peer)?;
         let mut nonce = [0u8; 32];
         nonce.copy_from_slice(&bytes[NONCE_AT..NONCE_AT + 32]);
         let mut gradient = [0u8; 8];
@@ -206,7 +200,8 @@ impl Hello {
         if u64::try_from(values).unwrap_or(u64::MAX) > self.max_gradient_len {
             return Err(undeliverable(
                 format!(
-                    "the gradient holds {values} values, above the peer's max_gradient_len {}",
+                    "the gradient holds {values} values, above the peer's max_gradient_len \
+                     {}; nothing was sent",
                     self.max_gradient_len
                 ),
                 peer,
@@ -215,14 +210,19 @@ impl Hello {
         Ok(())
     }
 
-    /// A sender's check, on the peer's hello, that the peer accepts a frame of
+    /// A sender's check, on the peer's hello, that the peer accepts chunk `chunk_index`'s
     /// `payload_len` payload bytes: a `DeliveryError` before the frame is sent, if not.
-    pub fn check_payload_len(&self, payload_len: usize, peer: Option<SocketAddr>) -> Result<()> {
+    pub fn check_payload_len(
+        &self,
+        chunk_index: usize,
+        payload_len: usize,
+        peer: Option<SocketAddr>,
+    ) -> Result<()> {
         if u64::try_from(payload_len).unwrap_or(u64::MAX) > u64::from(self.max_payload_len) {
             return Err(undeliverable(
                 format!(
-                    "a chunk's payload of {payload_len} bytes is above the peer's \
-                     max_payload_len {}",
+                    "chunk {chunk_index}'s payload of {payload_len} bytes is above the peer's \
+                     max_payload_len {}; use a smaller chunk_size",
                     self.max_payload_len
                 ),
                 peer,
@@ -329,17 +329,17 @@ mod tests {
         // A hello reflected back to its sender, or two clients wired together.
         assert_eq!(
             refusal(&client_hello().to_bytes(), Role::Server),
-            pair("a hello from a server", "a hello from a client")
+            pair("the hello of a server", "the hello of a client")
         );
         assert_eq!(
             refusal(&server_hello().to_bytes(), Role::Client),
-            pair("a hello from a client", "a hello from a server")
+            pair("the hello of a client", "the hello of a server")
         );
         let mut bytes = client_hello().to_bytes();
         bytes[16] = 0;
         assert_eq!(
             refusal(&bytes, Role::Client),
-            pair("a hello from a client", "a hello with role 0")
+            pair("the hello of a client", "the hello of a role 0")
         );
     }
 
@@ -349,33 +349,45 @@ mod tests {
         bytes[12] = 2;
         assert_eq!(
             refusal(&bytes, Role::Client),
-            pair("a version 1 hello", "a version 2 hello")
+            pair("a hello of version 1", "a hello of version 2")
         );
         let mut bytes = client_hello().to_bytes();
         bytes[14..16].copy_from_slice(&96u16.to_le_bytes());
         assert_eq!(
             refusal(&bytes, Role::Client),
-            pair("an 80-byte hello", "a 96-byte hello")
+            pair("a version 1 hello of 80 bytes", "a length of 96")
         );
         let mut bytes = client_hello().to_bytes();
         bytes[17] = 2;
         assert_eq!(
             refusal(&bytes, Role::Client),
-            pair("a hello with auth 0 or 1", "a hello with auth 2")
+            pair("auth 0 (none) or 1 (authkey) in the hello", "auth 2")
         );
     }
 
     #[test]
     fn every_reserved_byte_must_be_zero() {
-        let reserved = (4..12).chain(18..20).chain(64..80);
-        for at in reserved {
+        for at in 4..12 {
             let mut bytes = client_hello().to_bytes();
             bytes[at] = 0x80;
+            let (expected, seen) = refusal(&bytes, Role::Client);
+            assert_eq!(expected, "a gradstream hello", "offset {at}");
+            assert!(seen.starts_with("a hello (4753484c"), "offset {at}: {seen}");
+        }
+        for (range, at) in [(18..20, 19), (64..80, 70)] {
+            let mut bytes = client_hello().to_bytes();
+            bytes[at] = 0x80;
+            let mut zeros = vec![0u8; range.len()];
+            zeros[at - range.start] = 0x80;
             assert_eq!(
                 refusal(&bytes, Role::Client),
                 pair(
-                    "a gradstream hello",
-                    &format!("a hello with a nonzero reserved byte at offset {at}")
+                    &format!(
+                        "zero bytes at offsets {}..{} of the hello",
+                        range.start,
+                        range.end - 1
+                    ),
+                    &hex(&zeros)
                 ),
                 "offset {at}"
             );
@@ -393,7 +405,7 @@ mod tests {
             Hello::check_start(&first, Some(PEER)),
             Err(protocol_error(
                 "a gradstream hello",
-                "an HTTP request (\"GET / HTTP/1.1\")",
+                "an HTTP request ('GET / HTTP/1.1'...)",
                 Some(PEER)
             ))
         );
@@ -407,21 +419,23 @@ mod tests {
             ..server_hello()
         };
         assert!(hello.check_gradient_len(10, None).is_ok());
-        assert!(hello.check_payload_len(100, None).is_ok());
+        assert!(hello.check_payload_len(0, 100, None).is_ok());
         assert_eq!(
             hello.check_gradient_len(11, Some(PEER)),
             Err(undeliverable(
-                "the gradient holds 11 values, above the peer's max_gradient_len 10".into(),
+                "the gradient holds 11 values, above the peer's max_gradient_len 10; nothing \
+                 was sent"
+                    .into(),
                 Some(PEER)
             ))
         );
         assert_eq!(
             hello
-                .check_payload_len(101, None)
+                .check_payload_len(2, 101, None)
                 .map_err(|e| e.to_string()),
             Err(
-                "gradient not delivered to the peer: a chunk's payload of 101 bytes is \
-                 above the peer's max_payload_len 100"
+                "gradient not delivered to the peer: chunk 2's payload of 101 bytes is \
+                 above the peer's max_payload_len 100; use a smaller chunk_size"
                     .into()
             )
         );

@@ -21,7 +21,7 @@ pub mod ids;
 #[cfg(test)]
 mod testing;
 
-pub use ack::{Ack, AckHead, Digest, Verdict, ACK_HEAD_LEN, MAX_REASON_LEN};
+pub use ack::{Ack, Digest, Verdict, ACK_HEAD_LEN, MAX_REASON_LEN};
 pub use auth::{auth_message, check_modes, parse_auth, tag, verify, AUTH_LEN};
 pub use describe::{describe, Kind, START_LEN};
 pub use hello::{Hello, Role, HELLO_LEN, VERSION};

@@ -14,7 +14,7 @@ use tokio_rustls::server::TlsStream;
 
 use super::files::TlsFiles;
 use super::subject::subject_text;
-use super::{check_alpn, handshake_error, provider, tls_error, ALPN, VERSIONS};
+use super::{check_alpn, handshake_error, provider, tls_error, Side, ALPN, VERSIONS};
 use crate::error::Result;
 
 /// A listener's TLS settings, ready to accept connections.
@@ -49,10 +49,7 @@ impl TlsAcceptor {
         let mut config = builder
             .with_single_cert(identity.chain, identity.key)
             .map_err(|e| {
-                tls_error(
-                    format!("the certificate and key do not go together: {e}"),
-                    None,
-                )
+                files.identity_error(format!("the certificate and key do not go together: {e}"))
             })?;
         config.alpn_protocols = vec![ALPN.to_vec()];
         config.session_storage = Arc::new(NoServerSessionStorage {});
@@ -74,9 +71,9 @@ impl TlsAcceptor {
             .inner
             .accept(stream)
             .await
-            .map_err(|e| handshake_error(e, peer))?;
+            .map_err(|e| handshake_error(e, Side::Listener, peer))?;
         let connection = tls.get_ref().1;
-        check_alpn(connection.alpn_protocol(), "the client", peer)?;
+        check_alpn(connection.alpn_protocol(), peer)?;
         let subject = match (self.mutual, connection.peer_certificates()) {
             (false, _) => None,
             (true, Some([certificate, ..])) => Some(subject_text(certificate).map_err(|why| {

@@ -14,7 +14,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::client::TlsStream;
 
 use super::files::TlsFiles;
-use super::{check_alpn, handshake_error, provider, tls_error, ALPN, VERSIONS};
+use super::{check_alpn, handshake_error, provider, tls_error, Side, ALPN, VERSIONS};
 use crate::error::Result;
 
 /// A client's TLS settings, ready to connect.
@@ -38,10 +38,7 @@ impl TlsConnector {
             Some(identity) => builder
                 .with_client_auth_cert(identity.chain, identity.key)
                 .map_err(|e| {
-                    tls_error(
-                        format!("the certificate and key do not go together: {e}"),
-                        None,
-                    )
+                    files.identity_error(format!("the certificate and key do not go together: {e}"))
                 })?,
         };
         config.alpn_protocols = vec![ALPN.to_vec()];
@@ -70,8 +67,8 @@ impl TlsConnector {
             .inner
             .connect(name, stream)
             .await
-            .map_err(|e| handshake_error(e, peer))?;
-        check_alpn(tls.get_ref().1.alpn_protocol(), "the server", peer)?;
+            .map_err(|e| handshake_error(e, Side::Client, peer))?;
+        check_alpn(tls.get_ref().1.alpn_protocol(), peer)?;
         Ok(tls)
     }
 }

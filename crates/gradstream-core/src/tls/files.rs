@@ -1,5 +1,7 @@
 //! The PEM files a TLS side is given (`TlsFiles`), read into a certificate chain, a
-//! private key and a store of CA roots; every failure a `Tls` error naming the file.
+//! private key and a store of CA roots; every failure a `Tls` error naming the keyword
+//! and the file (`TLS cert= ... and key= ... do not load: ...`, `TLS ca= ... does not
+//! load: ...`, the reference's words), which the bindings raise as a `SettingError`.
 //!
 //! Uses rustls-pki-types' PEM reader and rustls's root store; used by `acceptor` and
 //! `connector`.
@@ -11,7 +13,7 @@ use rustls_pki_types::pem::{self, PemObject};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
 use super::tls_error;
-use crate::error::Result;
+use crate::error::{GradientStreamError, Result};
 
 /// Where a side's certificate, key and CA are, each a PEM file.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -34,10 +36,11 @@ impl TlsFiles {
     /// The chain and key, when `cert` and `key` are both given (both or neither).
     pub(crate) fn identity(&self) -> Result<Option<Identity>> {
         match (&self.cert, &self.key) {
-            (Some(cert), Some(key)) => Ok(Some(Identity {
-                chain: certificates(cert)?,
-                key: private_key(key)?,
-            })),
+            (Some(cert), Some(key)) => {
+                let loaded = certificates(cert).and_then(|chain| Ok((chain, private_key(key)?)));
+                let (chain, key) = loaded.map_err(|what| self.identity_error(what))?;
+                Ok(Some(Identity { chain, key }))
+            }
             (None, None) => Ok(None),
             _ => Err(tls_error(
                 "cert and key go together: give both or neither",
@@ -52,39 +55,64 @@ impl TlsFiles {
             return Ok(None);
         };
         let mut roots = RootCertStore::empty();
-        for certificate in certificates(path)? {
-            roots.add(certificate).map_err(|e| {
-                tls_error(
+        let loaded = certificates(path).and_then(|chain| {
+            for certificate in chain {
+                roots.add(certificate).map_err(|e| {
                     format!(
                         "{} holds a CA certificate rustls refuses: {e}",
                         path.display()
-                    ),
-                    None,
-                )
-            })?;
-        }
+                    )
+                })?;
+            }
+            Ok(())
+        });
+        loaded.map_err(|what| {
+            tls_error(
+                format!("TLS ca= {} does not load: {what}", quoted(path)),
+                None,
+            )
+        })?;
         Ok(Some(roots))
+    }
+
+    /// A failure to load `cert` and `key`, or to use them together (`what`), in the
+    /// words of a setting (the bindings raise it as a `SettingError`).
+    pub(crate) fn identity_error(&self, what: impl std::fmt::Display) -> GradientStreamError {
+        let path = |p: &Option<PathBuf>| p.as_deref().map_or_else(|| "None".into(), quoted);
+        tls_error(
+            format!(
+                "TLS cert= {} and key= {} do not load: {what}",
+                path(&self.cert),
+                path(&self.key)
+            ),
+            None,
+        )
     }
 }
 
-fn read(path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|e| tls_error(format!("cannot read {}: {e}", path.display()), None))
+/// A path as the Python side quotes it (`_peers.quoted`): in single quotes, `\` and `'`
+/// escaped by a backslash.
+fn quoted(path: &Path) -> String {
+    let text = path.display().to_string();
+    format!("'{}'", text.replace('\\', "\\\\").replace('\'', "\\'"))
 }
 
-fn unreadable(path: &Path, what: &str, error: pem::Error) -> crate::error::GradientStreamError {
+/// A file's failure to load, in words.
+type Unloaded = String;
+
+fn read(path: &Path) -> std::result::Result<Vec<u8>, Unloaded> {
+    std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+}
+
+fn unreadable(path: &Path, what: &str, error: pem::Error) -> Unloaded {
     match error {
-        pem::Error::NoItemsFound => {
-            tls_error(format!("{} holds no PEM {what}", path.display()), None)
-        }
-        other => tls_error(
-            format!("{} is not valid PEM: {other}", path.display()),
-            None,
-        ),
+        pem::Error::NoItemsFound => format!("{} holds no PEM {what}", path.display()),
+        other => format!("{} is not valid PEM: {other}", path.display()),
     }
 }
 
 /// Every certificate in a PEM file; at least one.
-fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
+fn certificates(path: &Path) -> std::result::Result<Vec<CertificateDer<'static>>, Unloaded> {
     let text = read(path)?;
     let chain = CertificateDer::pem_slice_iter(&text)
         .collect::<std::result::Result<Vec<_>, _>>()
@@ -96,7 +124,7 @@ fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
 }
 
 /// The first private key in a PEM file (PKCS#8, PKCS#1 or SEC1).
-fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>> {
+fn private_key(path: &Path) -> std::result::Result<PrivateKeyDer<'static>, Unloaded> {
     let text = read(path)?;
     PrivateKeyDer::from_pem_slice(&text).map_err(|e| unreadable(path, "private key", e))
 }

@@ -70,23 +70,82 @@ pub(crate) fn tls_error(
     }
 }
 
+/// Which side of a handshake this is: a listener's words for a client that broke off
+/// differ from a client's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Side {
+    Listener,
+    Client,
+}
+
+/// What a peer that does not speak TLS at all is told (and the log says).
+const NOT_TLS: &str = "the peer does not speak TLS (give both sides tls=, or neither)";
+
+/// Our words for what rustls said where its words have a plainer cause, as the
+/// reference's for what `ssl` says (README "TLS and authentication"): `{hint} ({rustls's
+/// words})`; else rustls's words alone.
+fn described(error: &rustls::Error) -> String {
+    use rustls::{AlertDescription, Error, InvalidMessage, PeerIncompatible};
+    let hint = match error {
+        Error::InvalidMessage(InvalidMessage::InvalidContentType) => Some(NOT_TLS),
+        Error::PeerIncompatible(
+            PeerIncompatible::SupportedVersionsExtensionRequired
+            | PeerIncompatible::Tls12NotOffered
+            | PeerIncompatible::Tls12NotOfferedOrEnabled,
+        ) => Some("the peer does not offer TLS 1.3"),
+        Error::NoCertificatesPresented => {
+            Some("the client presented no certificate (this listener requires one: mutual TLS)")
+        }
+        Error::AlertReceived(AlertDescription::CertificateRequired) => Some(
+            "the listener requires a client certificate (mutual TLS): give tls=TLS(cert=, \
+             key=, ca=)",
+        ),
+        Error::AlertReceived(AlertDescription::ProtocolVersion) => Some("the peer refused TLS 1.3"),
+        _ => None,
+    };
+    match hint {
+        Some(hint) => format!("{hint} ({error})"),
+        None => error.to_string(),
+    }
+}
+
 /// An error of a TLS stream's read or write: `Tls` with what rustls said when the error
 /// is rustls's (a fatal alert the peer sent, a corrupt record), else `Io`.
 pub fn from_io(error: std::io::Error, peer: Option<SocketAddr>) -> GradientStreamError {
     match rustls_error(&error) {
-        Some(e) => tls_error(e.to_string(), peer),
+        Some(e) => tls_error(described(e), peer),
         None => GradientStreamError::Io(error),
     }
 }
 
-/// An error of a handshake: always `Tls`, with rustls's own words when it has them.
-fn handshake_error(error: std::io::Error, peer: Option<SocketAddr>) -> GradientStreamError {
-    let detail = match rustls_error(&error) {
-        Some(e) => e.to_string(),
-        None if error.kind() == std::io::ErrorKind::UnexpectedEof => {
+/// An error of a handshake: always `Tls`, with rustls's own words when it has them. A
+/// listener whose client hung up or sent an alert of its own is told the likely reason.
+fn handshake_error(
+    error: std::io::Error,
+    side: Side,
+    peer: Option<SocketAddr>,
+) -> GradientStreamError {
+    let broke_off = |what: String| {
+        format!(
+            "the client broke off the TLS handshake ({what}): it refused this listener's \
+             certificate, or is no TLS client"
+        )
+    };
+    let detail = match (rustls_error(&error), side) {
+        (Some(e @ rustls::Error::AlertReceived(_)), Side::Listener) => {
+            let said = described(e);
+            if said == e.to_string() {
+                broke_off(said)
+            } else {
+                said
+            }
+        }
+        (Some(e), _) => described(e),
+        (None, Side::Listener) => broke_off(error.to_string()),
+        (None, Side::Client) if error.kind() == std::io::ErrorKind::UnexpectedEof => {
             "the connection closed during the handshake".to_string()
         }
-        None => error.to_string(),
+        (None, Side::Client) => error.to_string(),
     };
     tls_error(detail, peer)
 }
@@ -97,18 +156,21 @@ fn rustls_error(error: &std::io::Error) -> Option<&rustls::Error> {
 
 /// Refuse a handshake that did not settle on `gradstream/1` (rustls refuses a peer that
 /// offers only other protocols; one that offers none would otherwise pass).
-fn check_alpn(
-    agreed: Option<&[u8]>,
-    who: &str,
-    peer: Option<SocketAddr>,
-) -> crate::error::Result<()> {
-    if agreed == Some(ALPN) {
-        return Ok(());
+fn check_alpn(agreed: Option<&[u8]>, peer: Option<SocketAddr>) -> crate::error::Result<()> {
+    match agreed {
+        Some(ALPN) => Ok(()),
+        None => Err(tls_error(
+            "the peer negotiated no ALPN; 'gradstream/1' is required",
+            peer,
+        )),
+        Some(other) => Err(tls_error(
+            format!(
+                "the peer negotiated ALPN '{}'; 'gradstream/1' is required",
+                String::from_utf8_lossy(other)
+            ),
+            peer,
+        )),
     }
-    Err(tls_error(
-        format!("{who} did not agree on ALPN protocol gradstream/1"),
-        peer,
-    ))
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! A certificate's subject as text, the way both implementations write it (README "TLS
 //! and authentication"; the reference reads Python's `ssl.getpeercert()`): attributes in
 //! certificate order, `KEY=value` joined by `,`, the parts of a multi-valued RDN joined by
-//! `+`; keys `CN O OU C ST L emailAddress` for their OIDs, any other OID dotted. Values are
+//! `+`; keys `CN O OU C ST L emailAddress` for their OIDs, any other OID dotted; a `\`, `,`
+//! or `+` inside a value escaped with a `\` (so no value reads as a second attribute). Values are
 //! decoded as OpenSSL's `ASN1_STRING_to_UTF8` decodes them (which is what Python sees):
 //! UTF8String as UTF-8, the one-byte string types as Latin-1, BMPString as UCS-2 and
 //! UniversalString as UCS-4, big-endian; any other value type is refused, as Python refuses it.
@@ -124,11 +125,24 @@ fn name_text(name: &[u8]) -> Result<String, Malformed> {
             if !attribute.is_empty() {
                 return Err("an attribute with more than a type and a value");
             }
-            rdn.push(format!("{key}={}", string_value(tag, value)?));
+            rdn.push(format!("{key}={}", escaped(&string_value(tag, value)?)));
         }
         parts.push(rdn.join("+"));
     }
     Ok(parts.join(","))
+}
+
+/// A value with the separators in it escaped: a commonName `a,O=lab` must not read as a
+/// second attribute.
+fn escaped(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        if matches!(c, '\\' | ',' | '+') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// An attribute type's key: its short name, or its OID dotted.
@@ -291,6 +305,19 @@ mod tests {
     }
 
     #[test]
+    fn separators_inside_values_are_escaped() {
+        let subject = [
+            rdn(&[attribute(CN, 0x0c, b"a,O=lab")]),
+            rdn(&[attribute(O, 0x0c, b"x+y\\z")]),
+        ]
+        .concat();
+        assert_eq!(
+            subject_text(&certificate(&subject)),
+            Ok("CN=a\\,O=lab,O=x\\+y\\\\z".into())
+        );
+    }
+
+    #[test]
     fn every_short_name_and_dotted_oids() {
         let names = [
             (&[0x55, 0x04, 0x03][..], "CN"),
@@ -321,7 +348,7 @@ mod tests {
     fn values_decode_as_openssl_decodes_them() {
         let value =
             |tag, bytes: &[u8]| subject_text(&certificate(&rdn(&[attribute(CN, tag, bytes)])));
-        assert_eq!(value(0x0c, "é,+".as_bytes()), Ok("CN=é,+".into()));
+        assert_eq!(value(0x0c, "é,+".as_bytes()), Ok("CN=é\\,\\+".into()));
         assert_eq!(value(0x14, b"caf\xe9"), Ok("CN=café".into()));
         assert_eq!(value(0x1e, b"\x00h\x00\xe9\x4e\x2d"), Ok("CN=hé中".into()));
         assert_eq!(value(0x1c, b"\x00\x01\xf6\x00"), Ok("CN=\u{1f600}".into()));

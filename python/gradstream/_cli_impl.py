@@ -2,10 +2,9 @@
 (``gradstream``) or the reference (``gradstream.reference``), each with its
 ``GradientStreamSession``, ``TLS``, ``serve`` and ``connect``.
 
-The two differ in one way the command sees: the native connections take a
-``TransferProgress`` per transfer (so ``send`` shows a bar and ``recv`` counts chunks),
-the reference's take none. ``Impl`` hides that, and turns a ``LinkSettings`` into the
-keywords of ``serve`` / ``connect``. Used by ``_cli_recv`` and ``_cli_send``.
+Both connections take a ``TransferProgress`` per transfer (so ``send`` shows a bar and
+``recv`` counts chunks); ``Impl`` checks that from the signature (a build without it
+gets none), and turns a ``LinkSettings`` into the keywords of ``serve`` / ``connect``. Used by ``_cli_recv`` and ``_cli_send``.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from ._cli_link import LinkSettings
 
 __all__ = ["IMPLS", "SESSION_ID", "Connection", "Impl", "Progress", "Server", "load_impl"]
 
-# The progress of one transfer: only the native's connections take one.
+# The progress of one transfer, where the implementation's connections take one.
 Progress = TransferProgress
 
 IMPLS = ("native", "reference")
@@ -65,7 +64,7 @@ class Received:
 class Impl:
     name: str
     module: ModuleType
-    # Whether Connection.send / recv take progress= (the native's do).
+    # Whether Connection.send / recv take progress= (both do).
     progress_on_connections: bool
 
     def session(

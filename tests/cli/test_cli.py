@@ -59,20 +59,11 @@ needs_proc = pytest.mark.skipif(
     not Path("/proc/self/status").exists(), reason="peak RSS is read from /proc"
 )
 SEED = ("--protocol", "seed")
-# The reference's connections do not seal their transfers yet (its _transfers.py: "SEAL:
-# ... once the session can"), and a native receiver refuses unsealed chunks.
-UNSEALED = pytest.mark.xfail(
-    strict=True, reason="reference connections send unsealed chunks; a native receiver refuses"
-)
 
 
 def checks_passed(impl: str, chunks: int) -> str:
-    """recv's last line: the native's connections count chunks, the reference's do not."""
-    return (
-        f"all {chunks} chunk CRC-32 checks passed"
-        if impl == "native"
-        else ("all chunk CRC-32 checks passed")
-    )
+    """recv's last line: both implementations' connections count the chunks."""
+    return f"all {chunks} chunk CRC-32 checks passed"
 
 
 def refused_then_closed(receiver: Child, port: int, wire: bytes) -> tuple[int, str, str]:
@@ -91,7 +82,7 @@ def refused_then_closed(receiver: Child, port: int, wire: bytes) -> tuple[int, s
         ("reference", "reference"),
         pytest.param("native", "native", marks=needs_native),
         pytest.param("native", "reference", marks=needs_native),
-        pytest.param("reference", "native", marks=[needs_native, UNSEALED]),
+        pytest.param("reference", "native", marks=[needs_native]),
     ],
 )
 def test_send_recv_bit_equal(

@@ -4,7 +4,8 @@
 
 Both connections take a ``TransferProgress`` per transfer (so ``send`` shows a bar and
 ``recv`` counts chunks); ``Impl`` checks that from the signature (a build without it
-gets none), and turns a ``LinkSettings`` into the keywords of ``serve`` / ``connect``. Used by ``_cli_recv`` and ``_cli_send``.
+gets none), and turns a ``LinkSettings`` into the keywords of ``serve`` / ``connect``.
+Used by ``_cli_recv`` and ``_cli_send``.
 """
 
 from __future__ import annotations

@@ -122,6 +122,21 @@ async def through_proxy(
     return (listener, proxy), conn, theirs
 
 
+async def close_all(listener: Any, proxy: Proxy, conn: Any, theirs: Any) -> None:
+    """Close both ends of a connection through ``proxy``, its listener and the proxy."""
+    await conn.close()
+    await theirs.close()
+    await listener.close()
+    proxy.server.close()
+
+
+def assert_refused_as_another_transfer(sent: Any, received: Any) -> None:
+    """The receiver refused frames sealed for another transfer, and told the sender."""
+    assert isinstance(received, FrameError), received
+    assert "sealed for transfer" in str(received)
+    assert isinstance(sent, DeliveryError), sent
+
+
 GRAD = np.arange(3000, dtype=np.float32)  # 3 chunks of 1000
 
 
@@ -134,10 +149,7 @@ def test_swapped_chunk_indices_are_refused(pair: Pair) -> None:
     async def main() -> tuple[BaseException | None, BaseException | None]:
         (listener, proxy), conn, theirs = await through_proxy(gs_s, gs_c, setup)
         results = await asyncio.gather(conn.send(GRAD), theirs.recv(), return_exceptions=True)
-        await conn.close()
-        await theirs.close()
-        await listener.close()
-        proxy.server.close()
+        await close_all(listener, proxy, conn, theirs)
         return results[0], results[1]  # type: ignore[return-value]
 
     sent, received = run(main())
@@ -198,22 +210,14 @@ def test_a_transfer_replayed_into_another_connection_is_refused(pair: Pair) -> N
         (listener, proxy), conn, theirs = await through_proxy(gs_s, gs_c, record)
         await asyncio.gather(conn.send(GRAD), theirs.recv())
         recorded.extend(proxy.seen["to_server"])
-        await conn.close()
-        await theirs.close()
-        await listener.close()
-        proxy.server.close()
+        await close_all(listener, proxy, conn, theirs)
         (listener, proxy), conn, theirs = await through_proxy(gs_s, gs_c, replay)
         results = await asyncio.gather(conn.send(GRAD + 1), theirs.recv(), return_exceptions=True)
-        await conn.close()
-        await theirs.close()
-        await listener.close()
-        proxy.server.close()
+        await close_all(listener, proxy, conn, theirs)
         return results[0], results[1]
 
     sent, received = run(main())
-    assert isinstance(received, FrameError), received
-    assert "sealed for transfer" in str(received)
-    assert isinstance(sent, DeliveryError), sent
+    assert_refused_as_another_transfer(sent, received)
 
 
 def test_a_repeated_transfer_is_refused(pair: Pair) -> None:
@@ -226,17 +230,12 @@ def test_a_repeated_transfer_is_refused(pair: Pair) -> None:
         (listener, proxy), conn, theirs = await through_proxy(gs_s, gs_c, repeat)
         _first, got = await asyncio.gather(conn.send(GRAD), theirs.recv())
         results = await asyncio.gather(conn.send(GRAD + 1), theirs.recv(), return_exceptions=True)
-        await conn.close()
-        await theirs.close()
-        await listener.close()
-        proxy.server.close()
+        await close_all(listener, proxy, conn, theirs)
         return got, results[0], results[1]
 
     got, sent, received = run(main())
     np.testing.assert_array_equal(got, GRAD)
-    assert isinstance(received, FrameError), received
-    assert "sealed for transfer" in str(received)
-    assert isinstance(sent, DeliveryError), sent
+    assert_refused_as_another_transfer(sent, received)
 
 
 def test_a_transfer_reflected_to_its_sender_is_refused(pair: Pair) -> None:
@@ -251,13 +250,8 @@ def test_a_transfer_reflected_to_its_sender_is_refused(pair: Pair) -> None:
         # The server answers with a gradient of the same size; the client is handed
         # its own transfer instead.
         results = await asyncio.gather(theirs.send(GRAD * 2), conn.recv(), return_exceptions=True)
-        await conn.close()
-        await theirs.close()
-        await listener.close()
-        proxy.server.close()
+        await close_all(listener, proxy, conn, theirs)
         return results[0], results[1]
 
     sent, received = run(main())
-    assert isinstance(received, FrameError), received
-    assert "sealed for transfer" in str(received)
-    assert isinstance(sent, DeliveryError), sent
+    assert_refused_as_another_transfer(sent, received)

@@ -48,11 +48,7 @@ async fn establish(host: &str, port: u16, settings: &DialSettings) -> Result<Lin
     let address = tcp.peer_addr()?;
     let peer = Some(address);
     if let Protocol::Seed = settings.protocol {
-        let who = Peer {
-            address,
-            tls_subject: None,
-            authenticated: false,
-        };
+        let who = Peer::without_certificate(address, false);
         return Ok(Link::seed(Box::new(tcp), who));
     }
     let authkey = settings.authkey.as_deref();
@@ -68,11 +64,7 @@ async fn establish(host: &str, port: u16, settings: &DialSettings) -> Result<Lin
                 peer,
             )
             .await?;
-            let who = Peer {
-                address,
-                tls_subject: None,
-                authenticated: established.authenticated,
-            };
+            let who = Peer::without_certificate(address, established.authenticated);
             Ok(Link::sealed(Box::new(stream), established, who))
         }
         Some(tls) => {
@@ -94,11 +86,7 @@ async fn establish(host: &str, port: u16, settings: &DialSettings) -> Result<Lin
             })?;
             // The server's certificate was verified against `ca`, for the name dialled;
             // `tls_subject` names a client certificate a listener verified.
-            let who = Peer {
-                address,
-                tls_subject: None,
-                authenticated: true,
-            };
+            let who = Peer::without_certificate(address, true);
             Ok(Link::sealed(Box::new(stream), established, who))
         }
     }

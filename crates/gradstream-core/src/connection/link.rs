@@ -48,6 +48,18 @@ pub struct Peer {
     pub authenticated: bool,
 }
 
+impl Peer {
+    /// A peer that presented no certificate this side verified (every client's view,
+    /// and a listener's without mutual TLS): authenticated or not by other means.
+    pub fn without_certificate(address: SocketAddr, authenticated: bool) -> Self {
+        Self {
+            address,
+            tls_subject: None,
+            authenticated,
+        }
+    }
+}
+
 /// How long a refusing receiver keeps reading (and discarding) what the sender is still
 /// writing, so that the sender reaches the refusal instead of a reset connection (README
 /// "Connections": at most 1 s); also how long a close waits for the stream's shutdown.

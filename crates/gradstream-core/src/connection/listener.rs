@@ -177,11 +177,7 @@ async fn admit(tcp: TcpStream, address: SocketAddr, settings: &ListenSettings) -
     tcp.set_nodelay(true)?;
     let peer = Some(address);
     if let Protocol::Seed = settings.protocol {
-        let who = Peer {
-            address,
-            tls_subject: None,
-            authenticated: false,
-        };
+        let who = Peer::without_certificate(address, false);
         return Ok(Link::seed(Box::new(tcp), who));
     }
     let authkey = settings.authkey.as_deref();
@@ -198,11 +194,7 @@ async fn admit(tcp: TcpStream, address: SocketAddr, settings: &ListenSettings) -
             )
             .await;
             let established = shaken.inspect_err(|_| discard_pending(&stream))?;
-            let who = Peer {
-                address,
-                tls_subject: None,
-                authenticated: established.authenticated,
-            };
+            let who = Peer::without_certificate(address, established.authenticated);
             Ok(Link::sealed(Box::new(stream), established, who))
         }
         Some(tls) => {

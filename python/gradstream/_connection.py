@@ -44,6 +44,7 @@ from ._peers import (
     describe_side,
     listener_tls,
     log_accepted,
+    log_transfer,
     parse_address,
     peer_text,
     silent_text,
@@ -156,9 +157,10 @@ class Connection:
             args = self._session._take(gradient)
             bound = check_seconds(deadline, "deadline")
             hub = _aio.hub()
-            started = time.perf_counter()
-            sent: int = await hub.track(self._link.send(hub.native, args, progress, bound))
-        _log_transfer("sent", "gradient", args[0].nbytes, started, self.peer)
+            timed = _Timed(progress)
+            job = self._link.send(hub.native, args, timed.progress, bound)
+            sent: int = await hub.track(job)
+        timed.log("sent", "gradient", self.peer)
         return sent
 
     async def recv(
@@ -187,15 +189,14 @@ class Connection:
         lent = None if out is None else _lend(out)
         bound = check_seconds(deadline, "deadline")
         hub = _aio.hub()
-        started = time.perf_counter()
+        timed = _Timed(progress)
         args = None if lent is None else lent.args
-        job = self._link.recv(hub.native, progress, args, bound, none_at_end)
+        job = self._link.recv(hub.native, timed.progress, args, bound, none_at_end)
         values = await hub.track(job)
         if values is None:
             return None
-        got = lent.array if lent is not None else _hand_back(values)
-        _log_transfer("received", "gradient", got.nbytes, started, self.peer)
-        return got
+        timed.log("received", "gradient", self.peer)
+        return lent.array if lent is not None else _hand_back(values)
 
     async def send_tensors(
         self,
@@ -209,11 +210,10 @@ class Connection:
             taken = self._session._tensors(tensors, "sending")
             bound = check_seconds(deadline, "deadline")
             hub = _aio.hub()
-            started = time.perf_counter()
-            job = self._link.send_tensors(hub.native, taken, progress, bound)
+            timed = _Timed(progress)
+            job = self._link.send_tensors(hub.native, taken, timed.progress, bound)
             sent: int = await hub.track(job)
-        size = sum(values.nbytes for _, values, _, _ in taken)
-        _log_transfer("sent", "tensor set", size, started, self.peer)
+        timed.log("sent", "tensor set", self.peer)
         return sent
 
     async def recv_tensors(
@@ -227,14 +227,12 @@ class Connection:
         with self._turn(Phase.RECEIVING, "recv_tensors"):
             bound = check_seconds(deadline, "deadline")
             hub = _aio.hub()
-            started = time.perf_counter()
-            got = await hub.track(self._link.recv_tensors(hub.native, progress, bound))
+            timed = _Timed(progress)
+            got = await hub.track(self._link.recv_tensors(hub.native, timed.progress, bound))
         if got is None:
             return {}
-        tensors = _tensor_dict(got)
-        size = sum(t.nbytes for t in tensors.values())
-        _log_transfer("received", "tensor set", size, started, self.peer)
-        return tensors
+        timed.log("received", "tensor set", self.peer)
+        return _tensor_dict(got)
 
     def __aiter__(self) -> AsyncIterator[npt.NDArray[Any]]:
         return self._gradients()
@@ -266,18 +264,26 @@ class Connection:
         await self.close()
 
 
-def _log_transfer(done: str, what: str, size: int, started: float, peer: Peer) -> None:
-    if log.isEnabledFor(logging.DEBUG):
-        seconds = max(time.perf_counter() - started, 1e-9)
-        log.debug(
-            "%s a %s of %d bytes with %s in %.3f s (%.1f MB/s)",
-            done,
-            what,
-            size,
-            peer_text(peer.address),
-            seconds,
-            size / seconds / 1e6,
-        )
+class _Timed:
+    """One transfer's DEBUG line (``_peers.log_transfer``): its wire bytes, counted by the
+    caller's progress or, when DEBUG is on and there is none, by one of its own, and its
+    time from the call."""
+
+    def __init__(self, progress: TransferProgress | None) -> None:
+        self.logging = log.isEnabledFor(logging.DEBUG)
+        if progress is None and self.logging:
+            from . import TransferProgress as Counters  # the package holds it by now
+
+            progress = Counters()
+        self.progress = progress
+        # A caller's counters add up over transfers: this one's are the difference.
+        self.before = 0 if progress is None else progress.bytes
+        self.started = time.perf_counter()
+
+    def log(self, done: str, what: str, peer: Peer) -> None:
+        if self.logging and self.progress is not None:
+            moved = self.progress.bytes - self.before
+            log_transfer(done, what, moved, time.perf_counter() - self.started, peer.address)
 
 
 class Listener:

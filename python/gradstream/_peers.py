@@ -59,6 +59,7 @@ __all__ = [
     "describe_side",
     "listener_tls",
     "log_accepted",
+    "log_transfer",
     "parse_address",
     "peer_text",
     "quoted",
@@ -458,6 +459,25 @@ def log_accepted(listener: Address, peer: Peer, protocol: Protocol) -> None:
         protocol,
         f", TLS subject {peer.tls_subject}" if peer.tls_subject else "",
         ", authenticated" if peer.authenticated else "",
+    )
+
+
+def log_transfer(done: str, what: str, wire_bytes: int, seconds: float, peer: Address) -> None:
+    """The DEBUG line of one transfer, the same in both implementations: ``sent a
+    gradient (N bytes on the wire) to HOST:PORT in T s (R MB/s)``; ``done`` is "sent" or
+    "received", ``what`` "gradient" or "tensor set". N is what ``progress=`` counts: the
+    frames' bytes (a set's tensors, not its manifest); T runs from the call (a receive's
+    includes its wait for the first byte)."""
+    rate = f"{wire_bytes / seconds / 1e6:.1f} MB/s" if seconds > 0 else "at once"
+    logger.debug(
+        "%s a %s (%d bytes on the wire) %s %s in %.3f s (%s)",
+        done,
+        what,
+        wire_bytes,
+        "to" if done == "sent" else "from",
+        peer_text(peer),
+        seconds,
+        rate,
     )
 
 

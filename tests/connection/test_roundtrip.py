@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import re
 from types import ModuleType
 from typing import Any
 
@@ -453,3 +454,41 @@ def test_progress_counts_a_calls_chunks(pair: Pair) -> None:
     sent, received = run(main)
     assert (sent.chunks, sent.total_chunks) == (4, 4)
     assert (received.chunks, received.total_chunks) == (4, 4)
+
+
+def test_each_transfer_is_logged_at_debug_with_its_wire_bytes(
+    pair: Pair, caplog: pytest.LogCaptureFixture
+) -> None:
+    # README "Logging": one DEBUG line per transfer, the same words in both
+    # implementations; the two ends count the same wire bytes for the same transfer.
+    server, client = pair
+    grad = np.arange(10_000, dtype=np.float32)
+    tensors = {"w": np.ones((3, 4), np.float64)}
+
+    async def main() -> None:
+        async with await server.listen(LOCAL) as listener:
+            task = asyncio.create_task(accept_and_receive(listener))
+            async with await client.connect(listener.address) as conn:
+                await conn.send(grad)
+                await conn.send_tensors(tensors)
+            await task
+
+    async def accept_and_receive(listener: Any) -> None:
+        async with await listener.accept() as conn:
+            await conn.recv()
+            await conn.recv_tensors()
+
+    caplog.set_level(logging.DEBUG, logger="gradstream")
+    run(main)
+    pattern = re.compile(
+        r"(sent|received) a (gradient|tensor set) \((\d+) bytes on the wire\) (to|from) "
+        r"127\.0\.0\.1:\d+ in [0-9.]+ s \(([0-9.]+ MB/s|at once)\)"
+    )
+    lines = [m.groups()[:3] for r in caplog.records if (m := pattern.fullmatch(r.getMessage()))]
+    wire = {(done, what): int(n) for done, what, n in lines}
+    assert len(lines) == 4 and len(wire) == 4, lines
+    for what in ("gradient", "tensor set"):
+        assert wire["sent", what] == wire["received", what]
+    # Every value's bytes, and the frames' headers and Arrow files around them.
+    assert wire["sent", "gradient"] > grad.nbytes
+    assert wire["sent", "tensor set"] > tensors["w"].nbytes

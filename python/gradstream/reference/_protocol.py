@@ -284,6 +284,7 @@ class FrameDigest:
         self._skip = 0  # payload bytes still to pass
         self.moved = 0  # bytes seen
         self.headers = 0  # headers seen whole
+        self.first_frame = 0  # bytes of the first frame (a tensor set's manifest), once seen
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         view = memoryview(data).cast("B")
@@ -304,6 +305,8 @@ class FrameDigest:
                 self._hash.update(self._header)
                 self._header.clear()
                 self._skip = fields[2]
+                if not self.headers:
+                    self.first_frame = HEADER_LEN + fields[2]
                 self.headers += 1
         # Counted once the piece has passed: a piece refused by on_header never moved.
         self.moved += size

@@ -23,7 +23,7 @@ import numpy as np
 
 from .._convert import value_buffer
 from .._io import Clock, Stalled, within
-from .._peers import peer_text
+from .._peers import log_transfer, peer_text
 from ..errors import (
     Address,
     DeliveryError,
@@ -49,8 +49,10 @@ _NO_TRANSFER = bytes(p.ID_LEN)  # what a bare link's tap is keyed by: it sends n
 REFUSAL_LINGER = 1.0
 
 
-def _rate(nbytes: int, seconds: float) -> str:
-    return f"{nbytes / seconds / 1e6:.1f} MB/s" if seconds > 0 else "at once"
+def _counted(tap: p.FrameDigest, what: str) -> int:
+    """The bytes a transfer's log line gives: what progress= counts, every frame of a
+    gradient, a tensor set's frames but its manifest's."""
+    return tap.moved - tap.first_frame if what == "tensor set" else tap.moved
 
 
 class BareLink:
@@ -108,7 +110,9 @@ class BareLink:
         clock = session._clock(deadline)
         checked = _check_progress(progress)
         channel = _sending_channel(self._writer, clock)
-        return await self._outgoing(lambda: session._send(channel, prepared, checked), clock)
+        return await self._outgoing(
+            lambda: session._send(channel, prepared, checked), clock, "gradient"
+        )
 
     async def send_tensors(
         self, tensors: Any, progress: Any = None, deadline: float | None = None
@@ -120,6 +124,7 @@ class BareLink:
                 session, tensors, self._writer, progress, deadline, transfer
             ),
             session._clock(deadline),
+            "tensor set",
         )
 
     async def recv(
@@ -141,36 +146,30 @@ class BareLink:
                 return _zero_values(None if out is None else value_buffer(out))
             return values
 
-        return await self._incoming(one)
+        return await self._incoming(one, "gradient")
 
     async def recv_tensors(
         self, progress: Any = None, deadline: float | None = None
     ) -> tuple[dict[str, np.ndarray], bool]:
         session, transfer = self._session, self._incoming_id()
         return await self._incoming(
-            lambda: _tensors.receive_tensors(session, self._reader, progress, deadline, transfer)
+            lambda: _tensors.receive_tensors(session, self._reader, progress, deadline, transfer),
+            "tensor set",
         )
 
-    async def _outgoing(self, run: Callable[[], Awaitable[int]], clock: Clock) -> int:
+    async def _outgoing(self, run: Callable[[], Awaitable[int]], clock: Clock, what: str) -> int:
         tap = self._tap = self._outgoing_tap()
         clock.start()
         started = time.monotonic()
         with self._writer.tapping(tap):
             chunks = await self._deliver(run, tap, clock)
         self._tap = None
-        took = time.monotonic() - started
-        logger.debug(
-            "sent %d bytes (%d frames) to %s in %.3f s (%s)",
-            tap.moved,
-            tap.headers,
-            peer_text(self._peer),
-            took,
-            _rate(tap.moved, took),
-        )
+        log_transfer("sent", what, _counted(tap, what), time.monotonic() - started, self._peer)
         return chunks
 
-    async def _incoming(self, run: Callable[[], Awaitable[T]]) -> tuple[T, bool]:
+    async def _incoming(self, run: Callable[[], Awaitable[T]], what: str) -> tuple[T, bool]:
         tap = self._tap = self._incoming_tap()
+        started = time.monotonic()
         try:
             with self._reader.tapping(tap):
                 result = await run()
@@ -182,9 +181,8 @@ class BareLink:
             return result, True
         await self._answer(tap, None)
         self._tap = None
-        logger.debug(
-            "received %d bytes (%d frames) from %s", tap.moved, tap.headers, peer_text(self._peer)
-        )
+        took = time.monotonic() - started
+        log_transfer("received", what, _counted(tap, what), took, self._peer)
         return result, False
 
 

@@ -161,6 +161,8 @@ struct SealAt {
 
 /// A payload cut into what goes out, borrowed: the template's bytes with the seal's text
 /// between them (`Template::parts`) and the values as they lie in memory; and its CRC-32.
+// Read by the tokio sender alone (feature `tokio`), as `Template::pieces` is.
+#[cfg_attr(not(feature = "tokio"), allow(dead_code))]
 pub struct Pieces<'a> {
     pub parts: [&'a [u8]; 7],
     pub checksum: u32,

@@ -2,9 +2,10 @@
 streams, and each event loop's hub for the transfers that run natively.
 
 Sockets go to Rust and tokio entirely (their results come back through the loop's
-``Hub``); for an asyncio ``StreamReader``/``StreamWriter`` the frames are still encoded
-and checked in Rust (the engine's ``FrameEncoder`` and ``FrameReceiver``, GIL released),
-and this module only moves the bytes: ``write`` + ``drain`` out, ``read`` in, each wait
+``Hub``), and so do asyncio streams on a plain socket (``_handover``); for any other
+asyncio ``StreamReader``/``StreamWriter`` (TLS, uvloop) the frames are still encoded and
+checked in Rust (the engine's ``FrameEncoder`` and ``FrameReceiver``, GIL released), and
+this module only moves the bytes: ``write`` + ``drain`` out, ``read`` in, each wait
 bounded by the session's timeout. Called by ``_session`` alone; it calls the engine's
 public methods only.
 """
@@ -22,22 +23,35 @@ from .errors import StreamIOError
 T = TypeVar("T")
 
 
-def _half(stream: Any, index: int, kind: type[T], method: str) -> T:
-    """The reader (index 0) or writer (1) of a stream or a (reader, writer) pair."""
+def half_of(stream: Any, index: int, kind: type[T]) -> T | None:
+    """The reader (index 0) or writer (1) of a stream or a (reader, writer) pair; None
+    when it is not one."""
     if isinstance(stream, tuple) and len(stream) == 2:
         stream = stream[index]
-    if not isinstance(stream, kind):
+    return stream if isinstance(stream, kind) else None
+
+
+def _half(stream: Any, index: int, kind: type[T], method: str) -> T:
+    """``half_of``, or the TypeError naming ``method``."""
+    half = half_of(stream, index, kind)
+    if half is None:
+        kept = stream[index] if isinstance(stream, tuple) and len(stream) == 2 else stream
         raise TypeError(
             f"{method} takes a connected socket.socket, an asyncio.{kind.__name__} or a "
-            f"(reader, writer) pair, not {type(stream).__name__}"
+            f"(reader, writer) pair, not {type(kept).__name__}"
         )
-    return stream
+    return half
 
 
 def writer_of(stream: Any, method: str) -> asyncio.StreamWriter:
     """The StreamWriter of an asyncio stream or a (reader, writer) pair; TypeError naming
     ``method`` for anything else."""
     return _half(stream, 1, asyncio.StreamWriter, method)
+
+
+def reader_in(stream: Any) -> asyncio.StreamReader | None:
+    """The StreamReader of an asyncio stream or a (reader, writer) pair, or None."""
+    return half_of(stream, 0, asyncio.StreamReader)
 
 
 def reader_of(stream: Any, method: str) -> asyncio.StreamReader:

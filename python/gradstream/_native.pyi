@@ -1,6 +1,7 @@
 # Type stubs of the Rust extension module (crates/gradstream-py). mypy's stubtest checks
 # them against the built module (the Makefile's lint), so they cannot drift from the code.
 import socket
+from asyncio.trsock import TransportSocket
 from collections.abc import Iterable
 from typing import Any, Final, Literal, final
 
@@ -24,6 +25,7 @@ __all__ = [
     "FrameEncoder",
     "FrameReceiver",
     "GradientChunk",
+    "Handover",
     "Link",
     "Listener",
     "TensorFrameEncoder",
@@ -48,6 +50,10 @@ __all__ = [
 ]
 
 _DtypeName = Literal["float16", "bfloat16", "float32", "float64"]
+# What the socket path drives: a socket, or an asyncio transport's (TransportSocket);
+# a receive also takes one handed over with the bytes its reader held.
+_Socket = socket.socket | TransportSocket
+_ReceiveSocket = _Socket | Handover
 
 DEFAULT_MAX_GRADIENT_LEN: Final[int]
 
@@ -158,14 +164,14 @@ class Engine:
         self,
         completions: Completions,
         gradient: _GradientArgs,
-        socket: socket.socket,
+        socket: _Socket,
         progress: TransferProgress | None,
         deadline: float | None,
     ) -> int: ...
     def receive_from_socket(
         self,
         completions: Completions,
-        socket: socket.socket,
+        socket: _ReceiveSocket,
         progress: TransferProgress | None,
         none_at_end: bool,
         out: _OutArgs | None,
@@ -192,14 +198,14 @@ class Engine:
         self,
         completions: Completions,
         tensors: list[_TensorArgs],
-        socket: socket.socket,
+        socket: _Socket,
         progress: TransferProgress | None,
         deadline: float | None,
     ) -> int: ...
     def receive_tensors_socket(
         self,
         completions: Completions,
-        socket: socket.socket,
+        socket: _ReceiveSocket,
         progress: TransferProgress | None,
         deadline: float | None,
     ) -> int: ...
@@ -338,6 +344,14 @@ class Completions:
     def drain(self) -> list[tuple[int, bool, Any]]: ...
     def abort(self, job: int) -> bool: ...
     def __len__(self) -> int: ...
+
+@final
+class Handover:
+    """A socket an asyncio transport stopped reading and the bytes its reader held, for
+    one native receive (used by gradstream._handover only)."""
+
+    def __new__(cls, socket: _Socket, buffered: Buffer) -> Handover: ...
+    def unread(self) -> bytes: ...
 
 def tensor_note(doing: str, name: str, k: int, n: int) -> str:
     """The note of an error met on tensor k of n: 'while <doing> tensor "name" (k of n) ...'."""

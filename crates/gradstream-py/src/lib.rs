@@ -5,7 +5,8 @@
 //! into `gradstream.errors` to build exceptions.
 //!
 //! The arrows point one way: `session` uses `settings`, `stream`, `complete`, `convert`,
-//! `chunk`; `stream` and `complete` use `convert`; `convert` uses no sibling; `chunk` uses
+//! `chunk`; `stream` and `complete` use `convert`; `stream` uses `handover`, which uses
+//! `buffers`; `convert` uses no sibling; `chunk` uses
 //! `buffers`; `tensors` uses `convert` and `stream`, `complete` uses `tensors`; `settings`, `complete`, `stream`, `session`, `connection` and `protocol` use `errors`.
 
 mod buffers;
@@ -14,6 +15,7 @@ mod complete;
 mod connection;
 mod convert;
 mod errors;
+mod handover;
 mod protocol;
 mod session;
 mod settings;
@@ -35,6 +37,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<chunk::PyChunk>()?;
     m.add_class::<stream::TransferProgress>()?;
     m.add_class::<complete::Completions>()?;
+    m.add_class::<handover::Handover>()?;
     m.add_class::<connection::PyLink>()?;
     m.add_class::<connection::PyListener>()?;
     m.add("DEFAULT_CHUNK_SIZE", DEFAULT_CHUNK_SIZE)?;

@@ -113,6 +113,10 @@ def _borrowed(reader: asyncio.StreamReader, transport: Any) -> Iterator[Handover
         yield handover
     finally:
         buffer[:0] = handover.unread()
+        if handover.ended():
+            # The end of the stream came to the native side: the reader says so at once
+            # (the transport would tell it only on a later turn of the loop).
+            reader.feed_eof()
         if pause:
             transport.resume_reading()
 

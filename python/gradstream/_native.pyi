@@ -50,10 +50,6 @@ __all__ = [
 ]
 
 _DtypeName = Literal["float16", "bfloat16", "float32", "float64"]
-# What the socket path drives: a socket, or an asyncio transport's (TransportSocket);
-# a receive also takes one handed over with the bytes its reader held.
-_Socket = socket.socket | TransportSocket
-_ReceiveSocket = _Socket | Handover
 
 DEFAULT_MAX_GRADIENT_LEN: Final[int]
 
@@ -352,6 +348,12 @@ class Handover:
 
     def __new__(cls, socket: _Socket, buffered: Buffer) -> Handover: ...
     def unread(self) -> bytes: ...
+    def ended(self) -> bool: ...
+
+# What the socket path drives: a socket, or an asyncio transport's (TransportSocket);
+# a receive also takes one handed over with the bytes its reader held.
+_Socket = socket.socket | TransportSocket
+_ReceiveSocket = _Socket | Handover
 
 def tensor_note(doing: str, name: str, k: int, n: int) -> str:
     """The note of an error met on tensor k of n: 'while <doing> tensor "name" (k of n) ...'."""

@@ -425,14 +425,14 @@ class GradientStreamSession:
         none_at_end: bool,
         args: _OutArgs | None,
         deadline: float | None,
-    ) -> _Values | np.ndarray | None:
-        """One gradient from a socket (or an asyncio stream's, handed over) natively."""
+    ) -> Any:
+        """One gradient from a socket (or an asyncio stream's, handed over) natively: the
+        values, ``out``'s array, or None at the end of the stream (as ``_receive``)."""
         hub = _aio.hub()
         job = self._engine.receive_from_socket(
             hub.native, sock, progress, none_at_end, args, deadline
         )
-        values: _Values | np.ndarray | None = await hub.track(job)
-        return values
+        return await hub.track(job)
 
     # ---- tensor sets (README "Tensor sets")
 

@@ -10,8 +10,9 @@
 //! Uses `buffers` (the bytes given); used by `stream` (`SocketStream::from_socket`
 //! unwraps a `Handover`, `SocketIo` reads its bytes first).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -24,12 +25,33 @@ pub struct Buffered {
     bytes: Vec<u8>,
     /// How many of `bytes` a receive has taken (read from the loop's thread afterwards).
     taken: AtomicUsize,
+    /// Whether the socket said end of stream (the reader must then be at EOF too).
+    ended: AtomicBool,
 }
 
 impl Buffered {
+    /// A read of the socket through `read`, after these bytes: served from them while
+    /// any are left, and an end of stream the socket gives noted.
+    pub fn poll_read(
+        &self,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+        read: impl FnOnce(&mut Context<'_>, &mut ReadBuf<'_>) -> Poll<std::io::Result<()>>,
+    ) -> Poll<std::io::Result<()>> {
+        if self.serve(buf) {
+            return Poll::Ready(Ok(()));
+        }
+        let (room, before) = (buf.remaining(), buf.filled().len());
+        let polled = read(cx, buf);
+        if room > 0 && buf.filled().len() == before && matches!(polled, Poll::Ready(Ok(()))) {
+            self.ended.store(true, Ordering::Release);
+        }
+        polled
+    }
+
     /// Copy as many of the bytes not yet taken as `buf` has room for; false when none
     /// are left (then the socket is read).
-    pub fn serve(&self, buf: &mut ReadBuf<'_>) -> bool {
+    fn serve(&self, buf: &mut ReadBuf<'_>) -> bool {
         let from = self.taken.load(Ordering::Acquire);
         let left = self.bytes.get(from..).unwrap_or_default();
         let n = left.len().min(buf.remaining());
@@ -79,6 +101,7 @@ impl Handover {
             buffered: Arc::new(Buffered {
                 bytes,
                 taken: AtomicUsize::new(0),
+                ended: AtomicBool::new(false),
             }),
         })
     }
@@ -86,5 +109,10 @@ impl Handover {
     /// The buffered bytes no receive has taken: what followed the gradient.
     fn unread<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         PyBytes::new(py, self.buffered.unread())
+    }
+
+    /// Whether a receive met the end of the stream on the socket.
+    fn ended(&self) -> bool {
+        self.buffered.ended.load(Ordering::Acquire)
     }
 }

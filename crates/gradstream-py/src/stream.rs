@@ -239,12 +239,14 @@ impl AsyncRead for SocketIo {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        if self.buffered.as_ref().is_some_and(|b| b.serve(buf)) {
-            return Poll::Ready(Ok(()));
-        }
-        match &mut self.get_mut().kind {
+        let this = self.get_mut();
+        let mut read = |cx: &mut Context<'_>, buf: &mut ReadBuf<'_>| match &mut this.kind {
             Kind::Tcp(s) => Pin::new(s).poll_read(cx, buf),
             Kind::Unix(s) => Pin::new(s).poll_read(cx, buf),
+        };
+        match &this.buffered {
+            Some(buffered) => buffered.poll_read(cx, buf, read),
+            None => read(cx, buf),
         }
     }
 }

@@ -106,25 +106,28 @@ async def receive(receiver: Any, reader: asyncio.StreamReader, none_at_end: bool
     clock = Clock(*receiver.waits)
     while True:
         want = receiver.want()
-        # Grown as bytes arrive, not sized by the header: a 16-byte header must not
-        # cost max_payload_len of memory before its payload shows up.
-        unit = bytearray()
+        # Kept as the pieces that arrive, not sized by the header: a 16-byte header must
+        # not cost max_payload_len of memory before its payload shows up. Joined into
+        # one immutable bytes (or a lone piece as it is), the receiver reads it in place.
+        pieces: list[bytes] = []
+        got = 0
         try:
-            while len(unit) < want:
-                piece = await clock.within(reader.read(want - len(unit)))
+            while got < want:
+                piece = await clock.within(reader.read(want - got))
                 if not piece:
-                    got = receiver.end(len(unit))
-                    if got is None and not none_at_end:
+                    ended = receiver.end(got)
+                    if ended is None and not none_at_end:
                         return receiver.finish()
-                    return got
-                unit += piece
+                    return ended
+                pieces.append(piece)
+                got += len(piece)
                 clock.start()
         except Stalled as stalled:
             receiver.timed_out(stalled.limit, stalled.late)
             raise  # timed_out raised StreamTimeoutError; this line is never reached
         except OSError as exc:
             raise _noted(StreamIOError.from_os_error(exc), receiver) from exc
-        if receiver.feed(unit):
+        if receiver.feed(pieces[0] if len(pieces) == 1 else b"".join(pieces)):
             return receiver.finish()
 
 

@@ -18,13 +18,20 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("gradstream._native", reason="native extension not built")
 
 import gradstream as gs
 import gradstream.reference as ref
 from gradstream import _handover
-from gradstream.errors import FrameError, GradientStreamError, IncompleteStreamError
+from gradstream.errors import (
+    FrameError,
+    GradientStreamError,
+    IncompleteStreamError,
+    StreamTimeoutError,
+)
 from support.aio import run
 from support.certs import Certificates
 from support.streams import assert_bit_equal, gradient
@@ -469,3 +476,124 @@ def test_uvloop_keeps_the_generic_path() -> None:
 
     uvloop.run(main())
     assert counts() == before
+
+
+# ------------------------------------------------------------------ both paths alike
+
+
+async def received_both_ways(
+    s: gs.GradientStreamSession, stream: bytes, cut: int, tail: int, **kwargs: Any
+) -> list[tuple[Any, ...]]:
+    """What receive_from(**kwargs) gives, then the ``tail`` bytes the reader has after it,
+    on each path: the peer wrote ``stream[:cut]`` before the receive started, the rest
+    after, then closed."""
+    seen = []
+    for lend in (_handover.lend_reader, lambda reader: None):
+        async with tcp_streams() as ((_, cw), (sr, _)):
+            cw.write(stream[:cut])
+            await cw.drain()
+            await buffered_at_least(sr, cut)
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(_handover, "lend_reader", lend)
+                receiving = asyncio.ensure_future(s.receive_from(sr, **kwargs))
+                await asyncio.sleep(0)
+                cw.write(stream[cut:])
+                cw.write_eof()
+                try:
+                    got = await receiving
+                    result: tuple[Any, ...] = ("ok", got.dtype, got.tobytes())
+                except GradientStreamError as exc:
+                    result = ("error", type(exc), str(exc))
+            after = await sr.readexactly(tail) if result[0] == "ok" else b""
+            seen.append((*result, after))
+    return seen
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n=st.integers(0, 3 * CHUNK + 5),
+    cut_at=st.floats(0, 1),
+    trailer=st.binary(min_size=1, max_size=40),
+    damage=st.one_of(st.none(), st.integers(0, 10**6)),
+)
+def test_both_paths_give_the_same_whatever_was_buffered(
+    n: int, cut_at: float, trailer: bytes, damage: int | None
+) -> None:
+    """Differential: any gradient, any cut between what the reader buffered before the
+    receive and what came after, a trailer, maybe one byte damaged (an error then, the
+    same one) or the stream cut short: the same values, error and following bytes."""
+    s = gs.GradientStreamSession("t", CHUNK, timeout=10)
+    wire = bytearray(s.encode_frames(gradient(n, seed=n)))
+    if damage is not None:
+        wire[damage % len(wire)] ^= 0x5A
+    stream = bytes(wire) + trailer
+    cut = round(cut_at * len(stream))
+    seen = run(lambda: received_both_ways(s, stream, cut, len(trailer)))
+    assert seen[0] == seen[1]
+    if damage is None:
+        assert seen[0][0] == "ok" and seen[0][-1] == trailer
+
+
+@pytest.mark.parametrize("room", [2 * CHUNK, 2 * CHUNK - 1, 2 * CHUNK + 1])
+def test_into_out_and_its_size_checked_alike(room: int) -> None:
+    s = gs.GradientStreamSession("t", CHUNK, timeout=10)
+    grad = gradient(2 * CHUNK, seed=12)
+    out = np.full(room, np.nan, np.float32)
+
+    async def main() -> list[tuple[Any, ...]]:
+        return await received_both_ways(s, s.encode_frames(grad) + b"T", 0, 1, out=out)
+
+    seen = run(main)
+    assert seen[0] == seen[1]
+    if room == grad.size:
+        assert seen[0] == ("ok", np.dtype(np.float32), grad.tobytes(), b"T")
+    else:
+        assert seen[0][0] == "error"
+
+
+def test_a_stalled_peer_times_out_alike() -> None:
+    """The peer sends one frame of two and stalls: StreamTimeoutError, the same words
+    (chunks received, total) on both paths. Only the error is compared, never a time."""
+    s = gs.GradientStreamSession("t", CHUNK, timeout=0.2)
+    wire = s.encode_frames(gradient(2 * CHUNK, seed=13))
+    seen = []
+
+    async def once(lend: Callable[[Any], Any]) -> None:
+        async with tcp_streams() as ((_, cw), (sr, _)):
+            cw.write(wire[: len(wire) // 2 + 20])
+            await cw.drain()
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(_handover, "lend_reader", lend)
+                seen.append(await outcome_of(s.receive_from(sr)))
+
+    run(lambda: once(_handover.lend_reader))
+    run(lambda: once(lambda reader: None))
+    assert seen[0] == seen[1]
+    assert issubclass(seen[0][0], StreamTimeoutError)
+
+
+def test_a_tensor_set_then_the_next_already_buffered() -> None:
+    s = gs.GradientStreamSession("t", CHUNK, timeout=10)
+    one = {"a": gradient(CHUNK + 1, seed=14)}
+    two = {"b": np.arange(3, dtype=np.float16), "c": gradient(5, seed=15)}
+    stream = s.encode_tensors(one) + s.encode_tensors(two) + b"end"
+    before = counts()[1]
+
+    async def main() -> None:
+        async with tcp_streams() as ((_, cw), (sr, _)):
+            cw.write(stream)
+            await buffered_at_least(sr, len(stream))
+            for want in (one, two):
+                got = await s.receive_tensors(sr)
+                assert list(got) == list(want)
+                for name, t in want.items():
+                    np.testing.assert_array_equal(got[name], t)
+            assert await sr.readexactly(3) == b"end"
+            cw.write_eof()
+            assert await s.receive_tensors(sr) == {}
+            assert sr.at_eof()
+            # At EOF already: the generic path says so too.
+            assert await s.receive_tensors(sr) == {}
+
+    run(main)
+    assert counts()[1] == before + 3

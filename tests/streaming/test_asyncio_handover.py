@@ -597,3 +597,22 @@ def test_a_tensor_set_then_the_next_already_buffered() -> None:
 
     run(main)
     assert counts()[1] == before + 3
+
+
+def test_both_directions_at_once_on_one_connection(mode: str) -> None:
+    """Each end sends and receives at the same time: two transfers share each socket."""
+    s = gs.GradientStreamSession("t", CHUNK, timeout=10)
+    a, b = gradient(20 * CHUNK, seed=16), gradient(30 * CHUNK + 1, seed=17)
+
+    async def main() -> None:
+        async with tcp_streams() as ((cr, cw), (sr, sw)):
+            _, got_b, _, got_a = await asyncio.gather(
+                s.stream_to(a, cw), s.receive_from(cr), s.stream_to(b, sw), s.receive_from(sr)
+            )
+            assert_bit_equal(got_a, a)
+            assert_bit_equal(got_b, b)
+            cw.write(b"x")
+            sw.write(b"y")
+            assert (await sr.readexactly(1), await cr.readexactly(1)) == (b"x", b"y")
+
+    run(main)

@@ -9,7 +9,9 @@ transport, a transfer borrows that socket for its duration:
   buffered, and hands them with the socket to the native receive (a ``Handover``), which
   reads them first; it reads no byte past the gradient's last frame, so what it leaves of
   them goes back into the reader, and the transport resumes reading: the next
-  ``await reader.read()`` sees exactly the bytes after the gradient;
+  ``await reader.read()`` sees exactly the bytes after the gradient (and an end of the
+  stream the native side met is fed to the reader at once, as the generic path leaves
+  it);
 - a send writes from the native side once the transport's write buffer is empty (when
   it is not, the bytes queued there go first: the generic path writes behind them).
 

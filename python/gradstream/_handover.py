@@ -74,7 +74,10 @@ def socket_to_write(writer: asyncio.StreamWriter) -> Any:
     bytes still queued in the transport, which must go first)."""
     transport = writer.transport
     sock = _plain_socket(transport)
-    if sock is None or transport.get_write_buffer_size() != 0:
+    try:
+        if sock is None or transport.get_write_buffer_size() != 0:
+            return None
+    except NotImplementedError:  # a transport of the caller's own making
         return None
     handed_over["send"] += 1
     return sock
@@ -92,7 +95,11 @@ def _reading_transport(reader: asyncio.StreamReader) -> Any:
     if transport is None or _plain_socket(transport) is None:
         return None
     # Its protocol must feed this reader (after start_tls the old transport feeds TLS).
-    if getattr(transport.get_protocol(), "_stream_reader", None) is not reader:
+    try:
+        if getattr(transport.get_protocol(), "_stream_reader", None) is not reader:
+            return None
+        transport.is_reading()
+    except NotImplementedError:  # a transport of the caller's own making
         return None
     return transport
 

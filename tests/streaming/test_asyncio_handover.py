@@ -616,3 +616,27 @@ def test_both_directions_at_once_on_one_connection(mode: str) -> None:
             assert (await sr.readexactly(1), await cr.readexactly(1)) == (b"x", b"y")
 
     run(main)
+
+
+def test_a_stream_upgraded_by_start_tls_keeps_the_generic_path(certs: Certificates) -> None:
+    """After StreamWriter.start_tls the reader's old transport feeds the TLS layer, not
+    the reader: a handover would read ciphertext. The generic path runs, the values
+    arrive."""
+    s = gs.GradientStreamSession("t", CHUNK, timeout=10)
+    grad = gradient(4 * CHUNK + 3, seed=18)
+    contexts = ssl_contexts(certs)
+    before = counts()
+
+    async def main() -> None:
+        async with tcp_streams() as ((cr, cw), (sr, sw)):
+            await asyncio.gather(
+                cw.start_tls(contexts["client"], server_hostname="127.0.0.1"),
+                sw.start_tls(contexts["server"]),
+            )
+            _, got = await asyncio.gather(s.stream_to(grad, cw), s.receive_from((sr, sw)))
+            assert_bit_equal(got, grad)
+            _, back = await asyncio.gather(s.stream_to(grad, sw), s.receive_from(cr))
+            assert_bit_equal(back, grad)
+
+    run(main)
+    assert counts() == before

@@ -79,6 +79,7 @@ def figures_tables(doc: dict[str, Any]) -> list[str]:
     lines: list[str] = []
     for section, title in SECTIONS.items():
         rows = [r for r in doc["rows"] if r["section"] == section and _shown(r)]
+        rows.sort(key=lambda r: r["key"] != "memcpy")  # the reference figure first, as printed
         if not rows:
             continue
         if lines:

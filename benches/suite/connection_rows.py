@@ -14,9 +14,12 @@ from pathlib import Path
 from types import FrameType, ModuleType
 
 from .children import ChildError
-from .config import Config, size_text
+from .config import Config, importable, size_text
 from .results import Results, Row, timed_row
 
+# The script checks no bits itself: the connection's CRCs and its ack's digest do (and the
+# bare receive's CRCs).
+NOTE = "by benches/connections.py: its own two processes, no bit-for-bit check"
 SCRIPT = Path(__file__).resolve().parent.parent / "connections.py"
 LAYOUT = "compact"  # the script's default: TLS moves twice the wire bytes in the seed one
 NAMES = {
@@ -50,7 +53,7 @@ def _out_of_time(signum: int, frame: FrameType | None) -> None:
 def _measure(cfg: Config) -> dict[str, list[float]]:
     """The script's measurement under a deadline: it waits on its pipes without one, so a
     child that dies early would hold this run forever."""
-    limit = int(cfg.deadline * (cfg.repeats + 1))
+    limit = max(1, round(cfg.deadline * (cfg.repeats + 1)))  # alarm(0) would be none
     previous = signal.signal(signal.SIGALRM, _out_of_time)
     signal.alarm(limit)
     try:
@@ -71,9 +74,10 @@ def bench_connections(cfg: Config, res: Results) -> None:
     n = cfg.e2e_elements
     label = f"{LAYOUT}, {size_text(n * 4)}, into out="
     keys = {kind: f"conn_{kind}" for kind in NAMES}
-    if importlib.util.find_spec("trustme") is None:
+    if not importable("trustme"):  # the script makes its TLS certificates with it
         for kind, key in keys.items():
-            res.add(Row(key, "connections", f"{NAMES[kind]}, {label}", "skipped", "no trustme"))
+            name = f"{NAMES[kind]}, {label}"
+            res.add(Row(key, "connections", name, "skipped", "trustme is not importable"))
         return
     try:
         times = _measure(cfg)
@@ -88,4 +92,6 @@ def bench_connections(cfg: Config, res: Results) -> None:
         if len(samples) != cfg.repeats:
             res.add(Row(key, "connections", name, "failed", "missing repeats"))
             continue
-        res.add(timed_row(key, "connections", name, samples, elements=n, gradient_bytes=n * 4))
+        row = timed_row(key, "connections", name, samples, elements=n, gradient_bytes=n * 4)
+        row.note = NOTE
+        res.add(row)

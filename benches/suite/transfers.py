@@ -35,6 +35,7 @@ from .config import (
     LAYOUTS,
     Config,
     SessionSpec,
+    importable,
     layout_arg,
     now_ns,
     progress_class,
@@ -380,7 +381,7 @@ GS_ROWS = (
     *(GsRow("reference", layout, route) for route in (Route(), STREAMS) for layout in LAYOUTS),
 )
 # What each kind of row has that the others do not (the "keep every peer honest" notes).
-STREAMS_NOTE = "open_connection(sock=) on both ends: the transport start_server gives"
+STREAMS_NOTE = "open_connection(sock=) at both ends (start_server's transport)"
 PICKLE_NOTES = {
     False: "handicap: dumps makes a new bytes and loads a new array (no out=); "
     "the receive buffer is reused",
@@ -393,8 +394,8 @@ def _gs_plan(row: GsRow, cfg: Config, grad: F32, available: dict[str, str | None
     why = available[row.impl]
     if row.layout == "compact" and why is not None:
         return Planned(row.key, "e2e", name, None, why)
-    if row.route.loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
-        return Planned(row.key, "e2e", name, None, "uvloop is not installed")
+    if row.route.loop == "uvloop" and not importable("uvloop"):
+        return Planned(row.key, "e2e", name, None, "uvloop is not importable")
     spec = SessionSpec(
         row.impl, 65536, layout_arg(row.layout, available, row.impl), cfg.stall_timeout
     )

@@ -191,32 +191,30 @@ def _raw_receiver(out: Any, ctl: Any, sock: socket.socket, grad: F32, mode: str)
     """mode "reuse": recv_into one pre-faulted gradient-sized buffer; "slices": the same
     buffer in 1 MiB recv_into calls; "new": into a new array each time; "hot": into one
     1 MiB buffer, again and again (the bytes are lost)."""
-    size = HOT_BUFFER if mode == "hot" else grad.size * 4
-    dst: F32 | None = np.empty(size // 4, dtype=np.float32)
-    assert dst is not None
-    dst.fill(0)  # pre-faulted (np.zeros would map its pages lazily)
-    if mode == "new":
-        dst = None  # not held between turns
+    kept: F32 | None = None  # "new": no buffer is held between turns
+    if mode != "new":
+        kept = np.empty((HOT_BUFFER if mode == "hot" else grad.nbytes) // 4, dtype=np.float32)
+        kept.fill(0)  # pre-faulted (np.zeros would map its pages lazily)
     for rep in turns(ctl):
-        buf = np.empty(grad.size, dtype=np.float32) if dst is None else dst
+        buf = np.empty(grad.size, dtype=np.float32) if kept is None else kept
         sock.sendall(GO)
+        view = buf.data.cast("B")
         if mode == "hot":
-            view, got = buf.data.cast("B"), 0
+            got = 0
             while got < grad.nbytes:
                 step = recv_exactly(sock, view[: min(len(view), grad.nbytes - got)])
                 if step == 0:
                     break
                 got += step
-            ok = got == grad.nbytes
         else:
-            view = buf.data.cast("B")
             got = _recv_slices(sock, view) if mode == "slices" else recv_exactly(sock, view)
-            ok = got == grad.nbytes and same_bits(buf, grad)
-            if mode != "new":
-                buf.fill(0)  # a stale copy must not pass the check next round
+        # The clock stops when the bytes are in, before the check (as for every peer).
         t1 = now_ns()
+        ok = got == grad.nbytes and (mode == "hot" or same_bits(buf, grad))
+        if kept is not None:
+            buf.fill(0)  # a stale copy must not pass the check next round
         out.put(("t1", rep, t1, got, ok))
-        del buf
+        del view, buf
 
 
 def _pickle_sender(out: Any, _: Any, sock: socket.socket, grad: F32, oob: bool) -> None:

@@ -107,7 +107,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="smaller gradients and 3 repeats (about two minutes) instead of 5 (under ten)",
+        help="smaller gradients and 3 repeats (a few minutes) instead of 5",
     )
     parser.add_argument(
         "--json", metavar="FILE", default=None, help="also write every row and ratio to FILE"

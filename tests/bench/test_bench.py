@@ -14,6 +14,7 @@ import importlib.util
 import json
 import multiprocessing
 import os
+import re
 import subprocess
 import sys
 import time
@@ -551,3 +552,15 @@ def test_the_readme_table_of_a_missing_or_broken_file_is_an_error(tmp_path: Path
         done = subprocess.run([*README_TABLE, str(path)], capture_output=True, text=True)
         assert done.returncode == 1 and done.stdout == ""
         assert str(path) in done.stderr
+
+
+def test_the_readme_shows_tables_pasted_from_the_generator() -> None:
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("\n## Performance\n") : text.index("\n### Connections\n")]
+    begin = "<!-- the output of `python benches/readme_table.py FILE`, pasted: begin -->\n"
+    block = section[section.index(begin) + len(begin) : section.index("\n<!-- end -->")]
+    lines = block.splitlines()
+    assert re.match(r"`python benches/bench.py` \((full|quick) run, median of \d+, ", lines[0])
+    assert "| ratio (two figures of this run) | measured | target | |" in lines
+    assert "| figure | GB/s | wire GB/s | other | note |" in lines
+    assert all(line.count("|") in (0, 5, 6) for line in lines[1:]), "a table line lost a cell"

@@ -47,6 +47,14 @@ from .results import Results, Row, timed_row
 # ------------------------------------------------------------- end-to-end children: gradstream
 
 
+def prefaulted(like: F32) -> F32:
+    """A new array of like's size with every page faulted in (np.zeros would map them
+    lazily) and no value of a gradient. For the clock it is a buffer kept from turn to
+    turn; made per turn, it keeps idle pairs from holding a gradient-sized buffer each
+    (a full run has some twenty pairs of 1 GiB gradients)."""
+    return np.ones_like(like)
+
+
 @dataclass(frozen=True)
 class Route:
     """How a gradstream row moves its gradient: over the socket itself or asyncio streams
@@ -136,19 +144,17 @@ def _gs_receiver(
     async def run() -> None:
         link = _Link(sock, route.path)
         await link.open()
-        # One buffer for every round, as a training loop keeps its gradient buffer (the
-        # raw TCP row likewise receives into a reused buffer).
-        dest = np.ones_like(grad) if route.into_out else None
         for rep in turns(ctl):
+            # A pre-faulted out= array, as a training loop keeps its gradient buffer (the
+            # raw TCP rows likewise): made before the go byte and dropped after the turn.
+            dest = prefaulted(grad) if route.into_out else None
             progress = progress_cls()
             await link.send_go()
             got = await session.receive_from(link.stream, progress=progress, out=dest)
             t1 = now_ns()
             same = (dest is None or got is dest) and same_bits(got, grad)
             out.put(("t1", rep, t1, progress.bytes, same))
-            if dest is not None:
-                dest.fill(0.0)  # a stale copy must not pass the check next round
-            del got
+            del got, dest
         await link.close()
 
     _run(run(), route.loop)
@@ -188,15 +194,17 @@ def _recv_slices(sock: socket.socket, view: memoryview) -> int:
 
 
 def _raw_receiver(out: Any, ctl: Any, sock: socket.socket, grad: F32, mode: str) -> None:
-    """mode "reuse": recv_into one pre-faulted gradient-sized buffer; "slices": the same
-    buffer in 1 MiB recv_into calls; "new": into a new array each time; "hot": into one
-    1 MiB buffer, again and again (the bytes are lost)."""
-    kept: F32 | None = None  # "new": no buffer is held between turns
-    if mode != "new":
-        kept = np.empty((HOT_BUFFER if mode == "hot" else grad.nbytes) // 4, dtype=np.float32)
-        kept.fill(0)  # pre-faulted (np.zeros would map its pages lazily)
+    """mode "reuse": recv_into a pre-faulted gradient-sized buffer; "slices": the same in
+    1 MiB recv_into calls; "new": into a new array (its page faults timed); "hot": into
+    one 1 MiB buffer, again and again (the bytes are lost)."""
+    hot = prefaulted(np.empty(HOT_BUFFER // 4, dtype=np.float32))
     for rep in turns(ctl):
-        buf = np.empty(grad.size, dtype=np.float32) if kept is None else kept
+        if mode == "hot":
+            buf = hot
+        elif mode == "new":
+            buf = np.empty(grad.size, dtype=np.float32)  # faulted in by recv_into, timed
+        else:
+            buf = prefaulted(grad)  # untimed: made before the go byte
         sock.sendall(GO)
         view = buf.data.cast("B")
         if mode == "hot":
@@ -211,8 +219,6 @@ def _raw_receiver(out: Any, ctl: Any, sock: socket.socket, grad: F32, mode: str)
         # The clock stops when the bytes are in, before the check (as for every peer).
         t1 = now_ns()
         ok = got == grad.nbytes and (mode == "hot" or same_bits(buf, grad))
-        if kept is not None:
-            buf.fill(0)  # a stale copy must not pass the check next round
         out.put(("t1", rep, t1, got, ok))
         del view, buf
 

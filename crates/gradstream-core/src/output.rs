@@ -151,6 +151,24 @@ impl ValueSink for OutSlice {
     }
 }
 
+impl OutSlice {
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    /// The memory of the next `n` values, when they are float32 and fit: where a receiver
+    /// may read a payload's values straight from the stream (`crate::direct`). What is
+    /// written there counts only once `put_placed(n)` says so.
+    fn slot_f32(&mut self, n: usize) -> Option<&mut [u8]> {
+        let end = self.offered.checked_add(n)?;
+        if self.dtype != Dtype::F32 || end > self.capacity {
+            return None;
+        }
+        // SAFETY: offered + n <= capacity keeps the range inside the buffer, which is ours
+        // alone (see `new`); float32 values are plain bytes, any of which are valid.
+        Some(unsafe {
+            std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(self.offered * 4), n * 4)
+        })
+    }
+}
+
 /// Values of our own, typed by their width (bfloat16 and float16 as u16 bits).
 #[derive(Debug)]
 pub enum Store {
@@ -310,6 +328,25 @@ impl Output {
             Values::Owned(Store::F32(v)) => drop(v.try_reserve(n)),
             Values::Owned(Store::F64(v)) => drop(v.try_reserve(n)),
             Values::Lent(_) => {}
+        }
+    }
+
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    /// The caller's memory for the next `n` float32 values (see `OutSlice::slot_f32`):
+    /// None for values of our own, or when the buffer is not float32 or has no room.
+    pub(crate) fn slot_f32(&mut self, n: usize) -> Option<&mut [u8]> {
+        match &mut self.values {
+            Values::Lent(out) if self.dtype == Dtype::F32 => out.slot_f32(n),
+            _ => None,
+        }
+    }
+
+    /// Count the `n` values a receiver wrote into `slot_f32(n)`'s memory as put.
+    pub(crate) fn put_placed(&mut self, n: usize) {
+        match &mut self.values {
+            Values::Lent(out) => out.offered += n,
+            // No slot is given for values of our own, so none can be placed there.
+            Values::Owned(_) => debug_assert_eq!(n, 0, "values placed in no slot"),
         }
     }
 

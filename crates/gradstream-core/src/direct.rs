@@ -90,12 +90,17 @@ impl Direct {
         head.resize(cut.head, 0);
         tail.resize(cut.tail, 0);
         let mut got = 0;
-        for part in [&mut head[..], &mut *slot, &mut tail[..]] {
-            if !fill(reader, part, &mut got, clock, at, progress).await? {
+        if !fill(reader, head, None, &mut got, clock, at, progress).await? {
+            return Ok(Read::Ended(got));
+        }
+        // The CRC runs over the values as each read lands them, while they are in cache.
+        let mut crc = template.crc_of_head(head);
+        for part in [&mut *slot, &mut tail[..]] {
+            if !fill(reader, part, crc.as_mut(), &mut got, clock, at, progress).await? {
                 return Ok(Read::Ended(got));
             }
         }
-        let Some(seal) = template.fits_around(head, tail) else {
+        let (Some(seal), Some(crc)) = (template.fits_around(head, tail), crc) else {
             // Predict afresh from this payload once it is fed (`learn`).
             self.predicted = None;
             unit.clear();
@@ -105,7 +110,7 @@ impl Direct {
             return Ok(Read::Assembled);
         };
         let placed = Placed {
-            checksum: template.checksum_around(seal.map(str::as_bytes), slot, tail),
+            checksum: crc.finalize(),
             values: cut.values,
             seal: seal.map(str::to_owned),
         };
@@ -113,11 +118,13 @@ impl Direct {
     }
 }
 
-/// Fill `part` from `reader`, counting into `got` what came; false when the stream ended
-/// first. Each read is bounded by the clock, as `stream::read_unit`'s are.
+/// Fill `part` from `reader`, into `crc` as it comes when given, counting into `got` what
+/// came; false when the stream ended first. Each read is bounded by the clock, as
+/// `stream::read_unit`'s are.
 async fn fill<R: AsyncRead + Unpin>(
     reader: &mut R,
     part: &mut [u8],
+    mut crc: Option<&mut crc32fast::Hasher>,
     got: &mut usize,
     clock: &mut Clock,
     at: (usize, Option<u32>),
@@ -131,6 +138,9 @@ async fn fill<R: AsyncRead + Unpin>(
         }
         clock.start();
         progress.add(n, 0);
+        if let Some(crc) = crc.as_mut() {
+            crc.update(&part[filled..filled + n]);
+        }
         filled += n;
         *got += n;
     }

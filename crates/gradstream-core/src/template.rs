@@ -513,7 +513,7 @@ impl Template {
     /// When a payload cut as `cut()` says, whose bytes before the values are `head` and
     /// after them `tail`, is this template's but for its values (and, sealed, its seal,
     /// the same UTF-8 text in both copies): its seal (None when unsealed). The
-    /// `matches` test, on a payload whose values lie elsewhere; the CRC is `checksum_around`.
+    /// `matches` test, on a payload whose values lie elsewhere; the CRC is `crc_of_head`'s.
     pub fn fits_around<'p>(&self, head: &'p [u8], tail: &'p [u8]) -> Option<Option<&'p str>> {
         let (cut, end) = (self.cut(), self.values_end());
         if head.len() != cut.head || tail.len() != cut.tail {
@@ -544,10 +544,16 @@ impl Template {
         constant.then_some(seal)
     }
 
-    /// The CRC-32 of a payload that `fits_around` this template with `seal`, holding
-    /// `raw` (its value bytes) then `tail`.
-    pub fn checksum_around(&self, seal: Option<&[u8]>, raw: &[u8], tail: &[u8]) -> u32 {
-        self.checksum_of(seal, raw, tail)
+    /// The CRC-32 of a payload's bytes before its values, from their `head` (cut as
+    /// `cut()` says) alone: the template's prefix CRC with, sealed, the head's copy of the
+    /// seal. Ready to take the values as they arrive, then the tail; it is the payload's
+    /// CRC when the payload `fits_around` the template.
+    pub fn crc_of_head(&self, head: &[u8]) -> Option<crc32fast::Hasher> {
+        let seal = match self.seal_at {
+            Some(at) => Some(head.get(at.message..at.message + SEAL_LEN)?),
+            None => None,
+        };
+        Some(self.crc_of_prefix(seal))
     }
 
     /// Whether `payload` (whole) is this template's but for its values and seal.

@@ -1,6 +1,9 @@
 """Connections against the bare socket path (README "Performance"): one gradient moved
 between two processes over loopback TCP, by
 
+* `raw`: the gradient's bytes as one `sendall` / `recv_into` the same `out=` array in
+  slices, on the same socket as `bare` (no frames, no CRC: the issue's fair baseline for
+  a receive into `out=`);
 * `bare`: `stream_to(grad, sock)` / `receive_from(sock, out=)` on a plain TCP socket;
 * `plain`: a `gradstream.connect` / `listen` connection (hello, seal, ack);
 * `authkey`: the same with an authkey;
@@ -13,10 +16,10 @@ receiver starts its receive into a pre-faulted `out=` array and says so on a pip
 parent then tells the sender to go; the sender reads CLOCK_MONOTONIC (t0) and sends; the
 receiver reads it when the array is whole (t1); t1 - t0 spans the first byte to the last
 (a connection's sender returns later still, once the ack is back: that wait is not in the
-figure, being one round trip). Turns go in rounds (bare plain authkey tls, bare plain ...)
+figure, being one round trip). Turns go in rounds (raw bare plain authkey tls, raw bare ...)
 so a slow stretch of the shared machine hits all alike; figures are medians, and the
-ratios printed are of figures of this one run. Targets (issue 11): plain >= 0.95 x bare;
-TLS >= 0.6 x plain.
+ratios printed are of figures of this one run. Targets (issues 11, 12): bare >= 0.9 x
+raw; plain >= 0.95 x bare; TLS >= 0.6 x plain.
 """
 
 from __future__ import annotations
@@ -34,9 +37,9 @@ from typing import Any
 
 import numpy as np
 
-KINDS = ("bare", "plain", "authkey", "tls")
+KINDS = ("raw", "bare", "plain", "authkey", "tls")
 KEY = b"benchmark authkey, 32 bytes long"
-TARGETS = {("plain", "bare"): 0.95, ("tls", "plain"): 0.6}
+TARGETS = {("bare", "raw"): 0.9, ("plain", "bare"): 0.95, ("tls", "plain"): 0.6}
 
 
 def _tls_files(folder: Path) -> dict[str, str]:
@@ -53,6 +56,16 @@ def _tls_files(folder: Path) -> dict[str, str]:
 
 def _session(gs: Any, layout: str) -> Any:
     return gs.GradientStreamSession("bench", layout=layout, timeout=60)
+
+
+def _recv_into(sock: socket.socket, out: np.ndarray) -> None:
+    """Fill `out` from `sock` in slices, as `recv_into` gives them."""
+    view, got = out.data.cast("B"), 0
+    while got < len(view):
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            raise ConnectionError("the sender closed early")
+        got += n
 
 
 def receiver(pipe: Any, elements: int, layout: str, files: dict[str, str]) -> None:
@@ -80,7 +93,10 @@ def receiver(pipe: Any, elements: int, layout: str, files: dict[str, str]) -> No
             kind = await loop.run_in_executor(None, pipe.recv)
             if kind is None:
                 return
-            if kind == "bare":
+            task: asyncio.Future[Any]
+            if kind == "raw":
+                task = loop.run_in_executor(None, _recv_into, sock, out)
+            elif kind == "bare":
                 task = asyncio.ensure_future(s.receive_from(sock, out=out))
             else:
                 task = asyncio.ensure_future(conns[kind].recv(out))
@@ -116,7 +132,9 @@ def sender(
             if kind is None:
                 return
             t0 = time.monotonic()
-            if kind == "bare":
+            if kind == "raw":
+                await loop.run_in_executor(None, sock.sendall, grad.data.cast("B"))
+            elif kind == "bare":
                 await s.stream_to(grad, sock)
             else:
                 await conns[kind].send(grad)

@@ -3,7 +3,8 @@
 //! so no fresh pages are faulted in per gradient).
 //!
 //! Uses `dtype` and `error` only; `codec`'s reader writes through its `ValueSink`, and
-//! `rules`, `reassembler` and `receiver` fill its `Output`.
+//! `rules`, `reassembler` and `receiver` fill its `Output` (and `direct` reads values
+//! straight into a lent one's memory).
 
 use std::ptr::NonNull;
 
@@ -152,10 +153,11 @@ impl ValueSink for OutSlice {
 }
 
 impl OutSlice {
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     /// The memory of the next `n` values, when they are float32 and fit: where a receiver
     /// may read a payload's values straight from the stream (`crate::direct`). What is
     /// written there counts only once `put_placed(n)` says so.
+    // Only the tokio receiver (`direct`) places values.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     fn slot_f32(&mut self, n: usize) -> Option<&mut [u8]> {
         let end = self.offered.checked_add(n)?;
         if self.dtype != Dtype::F32 || end > self.capacity {
@@ -331,9 +333,10 @@ impl Output {
         }
     }
 
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     /// The caller's memory for the next `n` float32 values (see `OutSlice::slot_f32`):
     /// None for values of our own, or when the buffer is not float32 or has no room.
+    // Only the tokio receiver (`direct`) places values.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     pub(crate) fn slot_f32(&mut self, n: usize) -> Option<&mut [u8]> {
         match &mut self.values {
             Values::Lent(out) if self.dtype == Dtype::F32 => out.slot_f32(n),

@@ -17,9 +17,10 @@ use crate::seal::{Position, SealCheck, SealRule, TransferId};
 use crate::session::ChunkRef;
 use crate::shape::ShapeCheck;
 
-#[cfg_attr(not(feature = "tokio"), allow(dead_code))]
 /// A frame's payload as it reached the reassembly: its bytes, or (read straight into
 /// the output) what was checked of it.
+// Only the tokio receiver (`direct`) places values.
+#[cfg_attr(not(feature = "tokio"), allow(dead_code))]
 enum Arrived<'p> {
     Payload(&'p [u8]),
     Placed(Placed),
@@ -110,8 +111,9 @@ impl Reassembler {
         self.accept_arrived(header, Arrived::Payload(payload), offset)
     }
 
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     /// `accept` of a payload whose values a receiver read into `slot(header)`.
+    // Only the tokio receiver (`direct`) places values.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     pub(crate) fn accept_placed(
         &mut self,
         header: &FrameHeader,
@@ -121,12 +123,13 @@ impl Reassembler {
         self.accept_arrived(header, Arrived::Placed(placed), offset)
     }
 
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-    /// Where the values of the frame `header` begins go, for a receiver to read them
+    /// Where the values of the frame whose `header` just came go, for a receiver to read them
     /// straight from the stream (`crate::direct`): the caller's float32 buffer, when the
     /// frame is the next in order after the first taken and passes rules 5 to 7, and its
     /// `values` stay within max_gradient_len and the buffer. Else None: the payload is
     /// read whole and `accept`ed.
+    // Only the tokio receiver (`direct`) places values.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     pub(crate) fn slot(&mut self, header: &FrameHeader, values: usize) -> Option<&mut [u8]> {
         let (first_index, total) = self.first?;
         let ours = header.chunk_index == self.next
@@ -138,8 +141,9 @@ impl Reassembler {
         ours.then(|| self.values.slot_f32(values)).flatten()
     }
 
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     /// Whether the values go into the caller's float32 buffer (where `slot` finds room).
+    // Only the tokio receiver (`direct`) places values.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     pub(crate) fn lends_f32(&self) -> bool {
         self.values.limit().is_some() && self.values.dtype() == crate::dtype::Dtype::F32
     }

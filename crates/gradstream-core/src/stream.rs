@@ -4,8 +4,8 @@
 //! timeout, and the whole transfer by the optional deadline (`Waits`, run by a `Clock`);
 //! dropping the future (a cancelled Python task) stops the transfer there.
 //!
-//! Uses `session`, `encoder`, `receiver`, `template`, `frame` and `error`; used by
-//! `compat` and the bindings.
+//! Uses `session`, `encoder`, `receiver`, `direct` (the receiver's reads into `out=`),
+//! `template`, `frame` and `error`; used by `compat` and the bindings.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};

@@ -27,7 +27,7 @@
 //! copies are the same text.
 //!
 //! Uses `codec` (to build and check templates), `seal` and `dtype`; used by `encoder`,
-//! `rules` and `stream`.
+//! `rules`, `stream` and `direct`.
 
 use std::sync::{Arc, Mutex};
 
@@ -491,6 +491,7 @@ impl Template {
 /// into their destination (`crate::direct`): `head` bytes before them, `values` float32
 /// values, `tail` bytes after.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+// Read by the tokio receiver alone (feature `tokio`), as the functions below are.
 #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
 pub struct Cut {
     pub head: usize,
@@ -498,6 +499,7 @@ pub struct Cut {
     pub tail: usize,
 }
 
+// The direct read's (`crate::direct`, feature `tokio`).
 #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
 impl Template {
     /// Where this template's payloads hold their values.

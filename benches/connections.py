@@ -20,6 +20,11 @@ figure, being one round trip). Turns go in rounds (raw bare plain authkey tls, r
 so a slow stretch of the shared machine hits all alike; figures are medians, and the
 ratios printed are of figures of this one run. Targets (issues 11, 12): bare >= 0.9 x
 raw; plain >= 0.95 x bare; TLS >= 0.6 x plain.
+
+Beside each rate: the CPU time each process spent on the transfer (every thread, user
+and system; the sender's until its call returned), in seconds per GiB of gradient. On a
+machine shared with other work the rates follow what the processes were given; the CPU
+costs say what each path asks of a core, whatever the load.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing as mp
+import resource
 import socket
 import statistics
 import sys
@@ -56,6 +62,12 @@ def _tls_files(folder: Path) -> dict[str, str]:
 
 def _session(gs: Any, layout: str) -> Any:
     return gs.GradientStreamSession("bench", layout=layout, timeout=60)
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process, every thread (tokio's too), user and system."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _recv_into(sock: socket.socket, out: np.ndarray) -> None:
@@ -102,8 +114,9 @@ def receiver(pipe: Any, elements: int, layout: str, files: dict[str, str]) -> No
                 task = asyncio.ensure_future(conns[kind].recv(out))
             await asyncio.sleep(0)
             pipe.send("ready")
+            cpu = _cpu_seconds()
             await task
-            pipe.send(time.monotonic())
+            pipe.send((time.monotonic(), _cpu_seconds() - cpu))
 
     asyncio.run(main())
 
@@ -131,14 +144,14 @@ def sender(
             kind = await loop.run_in_executor(None, pipe.recv)
             if kind is None:
                 return
-            t0 = time.monotonic()
+            t0, cpu = time.monotonic(), _cpu_seconds()
             if kind == "raw":
                 await loop.run_in_executor(None, sock.sendall, grad.data.cast("B"))
             elif kind == "bare":
                 await s.stream_to(grad, sock)
             else:
                 await conns[kind].send(grad)
-            pipe.send(t0)
+            pipe.send((t0, _cpu_seconds() - cpu))
 
     asyncio.run(main())
 
@@ -164,15 +177,17 @@ def main(argv: list[str] | None = None) -> int:
         send_proc.start()
         assert s_here.recv() == "connected"
         times: dict[str, list[float]] = {k: [] for k in KINDS}
+        cpus: dict[str, list[tuple[float, float]]] = {k: [] for k in KINDS}
         try:
             for _ in range(repeats):
                 for kind in KINDS:
                     r_here.send(kind)
                     assert r_here.recv() == "ready"
                     s_here.send(kind)
-                    t0 = s_here.recv()
-                    t1 = r_here.recv()
+                    t0, sender_cpu = s_here.recv()
+                    t1, receiver_cpu = r_here.recv()
                     times[kind].append(t1 - t0)
+                    cpus[kind].append((receiver_cpu, sender_cpu))
         finally:
             r_here.send(None)
             s_here.send(None)
@@ -184,8 +199,14 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.layout}, median of {repeats}, GB/s of gradient"
     )
     rate = {k: size / statistics.median(v) / 1e9 for k, v in times.items()}
+    gib = size / 2**30
     for kind in KINDS:
-        print(f"  {kind:8s} {rate[kind]:6.2f} GB/s")
+        receiver_cpu = statistics.median(r for r, _ in cpus[kind]) / gib
+        sender_cpu = statistics.median(s for _, s in cpus[kind]) / gib
+        print(
+            f"  {kind:8s} {rate[kind]:6.2f} GB/s   CPU s per GiB: receiver {receiver_cpu:.2f}, "
+            f"sender {sender_cpu:.2f}"
+        )
     ok = True
     for (a, b), target in TARGETS.items():
         ratio = rate[a] / rate[b]

@@ -3,7 +3,8 @@
 //! so no fresh pages are faulted in per gradient).
 //!
 //! Uses `dtype` and `error` only; `codec`'s reader writes through its `ValueSink`, and
-//! `rules`, `reassembler` and `receiver` fill its `Output`.
+//! `rules`, `reassembler` and `receiver` fill its `Output` (and `direct` reads values
+//! straight into a lent one's memory).
 
 use std::ptr::NonNull;
 
@@ -148,6 +149,25 @@ impl ValueSink for OutSlice {
             convert(&raw[..n * from.width()], from, dst, self.dtype);
         }
         self.offered += n;
+    }
+}
+
+impl OutSlice {
+    /// The memory of the next `n` values, when they are float32 and fit: where a receiver
+    /// may read a payload's values straight from the stream (`crate::direct`). What is
+    /// written there counts only once `put_placed(n)` says so.
+    // Only the tokio receiver (`direct`) places values.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    fn slot_f32(&mut self, n: usize) -> Option<&mut [u8]> {
+        let end = self.offered.checked_add(n)?;
+        if self.dtype != Dtype::F32 || end > self.capacity {
+            return None;
+        }
+        // SAFETY: offered + n <= capacity keeps the range inside the buffer, which is ours
+        // alone (see `new`); float32 values are plain bytes, any of which are valid.
+        Some(unsafe {
+            std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(self.offered * 4), n * 4)
+        })
     }
 }
 
@@ -310,6 +330,26 @@ impl Output {
             Values::Owned(Store::F32(v)) => drop(v.try_reserve(n)),
             Values::Owned(Store::F64(v)) => drop(v.try_reserve(n)),
             Values::Lent(_) => {}
+        }
+    }
+
+    /// The caller's memory for the next `n` float32 values (see `OutSlice::slot_f32`):
+    /// None for values of our own, or when the buffer is not float32 or has no room.
+    // Only the tokio receiver (`direct`) places values.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn slot_f32(&mut self, n: usize) -> Option<&mut [u8]> {
+        match &mut self.values {
+            Values::Lent(out) if self.dtype == Dtype::F32 => out.slot_f32(n),
+            _ => None,
+        }
+    }
+
+    /// Count the `n` values a receiver wrote into `slot_f32(n)`'s memory as put.
+    pub(crate) fn put_placed(&mut self, n: usize) {
+        match &mut self.values {
+            Values::Lent(out) => out.offered += n,
+            // No slot is given for values of our own, so none can be placed there.
+            Values::Owned(_) => debug_assert_eq!(n, 0, "values placed in no slot"),
         }
     }
 

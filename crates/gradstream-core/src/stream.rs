@@ -4,14 +4,15 @@
 //! timeout, and the whole transfer by the optional deadline (`Waits`, run by a `Clock`);
 //! dropping the future (a cancelled Python task) stops the transfer there.
 //!
-//! Uses `session`, `encoder`, `receiver`, `template`, `frame` and `error`; used by
-//! `compat` and the bindings.
+//! Uses `session`, `encoder`, `receiver`, `direct` (the receiver's reads into `out=`),
+//! `template`, `frame` and `error`; used by `compat` and the bindings.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use crate::direct::{Direct, Read};
 use crate::encoder::{as_f32, kind, write_payload, Gradient};
 use crate::error::{GradientStreamError, Result};
 use crate::frame::{FrameHeader, HEADER_LEN};
@@ -275,14 +276,35 @@ pub async fn receive_gradient<R: AsyncRead + Unpin>(
     let mut clock = Clock::idle(waits);
     // Holds a header or a payload (at most max_payload_len, checked from the header).
     let mut unit = Vec::with_capacity(HEADER_LEN);
+    // The template the next payload is predicted to fit, to read its values in place.
+    let mut direct = Direct::default();
     loop {
-        let want = receiver.want();
-        let at = (receiver.received(), receiver.total());
-        if !read_unit(reader, &mut unit, want, &mut clock, at, Some(progress)).await? {
-            return receiver.end_of_stream(unit.len());
-        }
         let (before, known) = (receiver.received(), receiver.total().is_some());
-        let done = receiver.feed(&unit)?;
+        let payload = receiver.awaits_payload();
+        let mut read = Read::Whole;
+        if payload {
+            let reading =
+                direct.read_payload(&mut receiver, reader, &mut unit, &mut clock, progress);
+            read = reading.await?;
+        }
+        let done = match read {
+            Read::Placed(done) => done,
+            Read::Ended(got) => return receiver.end_of_stream(got),
+            Read::Whole | Read::Assembled => {
+                let (want, at) = (receiver.want(), (receiver.received(), receiver.total()));
+                let whole = matches!(read, Read::Whole);
+                if whole
+                    && !read_unit(reader, &mut unit, want, &mut clock, at, Some(progress)).await?
+                {
+                    return receiver.end_of_stream(unit.len());
+                }
+                let done = receiver.feed(&unit)?;
+                if payload && !done {
+                    direct.learn(&receiver, &unit);
+                }
+                done
+            }
+        };
         if let (false, Some(total)) = (known, receiver.total()) {
             progress.add_total(total);
         }

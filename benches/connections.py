@@ -158,7 +158,16 @@ def sender(
 
 def measure(elements: int, repeats: int, layout: str) -> dict[str, list[float]]:
     """Seconds of each repeat of each kind, in interleaved rounds (benches/suite calls this
-    too, for its connection rows)."""
+    for its connection rows)."""
+    return measure_with_cpu(elements, repeats, layout)[0]
+
+
+Times = dict[str, list[float]]
+CpuTimes = dict[str, list[tuple[float, float]]]
+
+
+def measure_with_cpu(elements: int, repeats: int, layout: str) -> tuple[Times, CpuTimes]:
+    """measure's seconds, and the CPU seconds (receiver, sender) of each repeat."""
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as folder:
         files = _tls_files(Path(folder))
@@ -187,7 +196,7 @@ def measure(elements: int, repeats: int, layout: str) -> dict[str, list[float]]:
             s_here.send(None)
             recv_proc.join(30)
             send_proc.join(30)
-    return times
+    return times, cpus
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     elements = args.elements or (2**26 if args.quick else 2**28)
     repeats = args.repeats or (3 if args.quick else 5)
-    times = measure(elements, repeats, args.layout)
+    times, cpus = measure_with_cpu(elements, repeats, args.layout)
     size = elements * 4
     print(
         f"connections: {elements:,} float32 values ({size / 2**30:.2f} GiB), layout "

@@ -12,6 +12,9 @@ and the huge-page threshold (4 MiB: 1,048,576 float32 values, 2,097,152 seed byt
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
+import sys
 import zlib
 from types import ModuleType
 from typing import Any
@@ -222,3 +225,37 @@ def test_results_dropped_are_freed(impl: ModuleType) -> None:
         buf = s.encode_frames(g, as_buffer=True)
         del buf
     assert proc_status("VmRSS") - start < 64 << 20
+
+
+def thp_mode() -> str:
+    """The kernel's transparent huge page setting ("" where there is none)."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+@pytest.mark.skipif(
+    "[madvise]" not in thp_mode(),
+    reason="the kernel's THP setting is not madvise: advice changes nothing to see",
+)
+def test_numpys_switch_turns_the_huge_page_advice_off() -> None:
+    # Under NUMPY_MADVISE_HUGEPAGE=0 neither numpy nor gradstream advises, so large
+    # results (8 MiB and more, each call) leave the process without huge pages.
+    script = (
+        "import re, numpy as np, gradstream as gs\n"
+        "g = np.ones(4 << 20, np.float32)\n"
+        "for layout in ('seed', 'compact'):\n"
+        "    s = gs.GradientStreamSession('s', 65536, layout=layout)\n"
+        "    kept = [s.encode_frames(g), s.encode_frames(g, as_buffer=True)]\n"
+        "    kept.append(s.decode_frames(kept[0]))\n"
+        "    kept.append(s.decode_frames(bytearray(kept[0])))\n"
+        "rollup = open('/proc/self/smaps_rollup').read()\n"
+        "print(re.search(r'AnonHugePages:\\s+(\\d+)', rollup).group(1))\n"
+    )
+    env = dict(os.environ, NUMPY_MADVISE_HUGEPAGE="0")
+    got = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    )
+    assert int(got.stdout) == 0

@@ -67,8 +67,13 @@ pub const HUGE_PAGES_FROM: usize = 4 << 20;
 /// whose THP setting is `madvise` (under `always` this changes nothing; under `never`,
 /// or off Linux, it does nothing). Only advice: the contents are not touched, so any
 /// memory may be given, and an error (an old kernel) is ignored.
+///
+/// With the kernel's `defrag` setting `madvise` (this VM's), an advised fault may compact
+/// memory when no huge page is free, which stalls it on a machine short of memory, as
+/// numpy's arrays do. `NUMPY_MADVISE_HUGEPAGE=0`, numpy's own switch, turns the advice off
+/// for both.
 pub fn advise_huge_pages(ptr: *const u8, len: usize) {
-    if len < HUGE_PAGES_FROM {
+    if len < HUGE_PAGES_FROM || !huge_pages_wanted() {
         return;
     }
     #[cfg(target_os = "linux")]
@@ -90,6 +95,13 @@ pub fn advise_huge_pages(ptr: *const u8, len: usize) {
     }
     #[cfg(not(target_os = "linux"))]
     let _ = ptr;
+}
+
+/// Whether `advise_huge_pages` advises: unless numpy's switch, read once, says not.
+fn huge_pages_wanted() -> bool {
+    static WANTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *WANTED
+        .get_or_init(|| std::env::var("NUMPY_MADVISE_HUGEPAGE").map_or(true, |v| v.trim() != "0"))
 }
 
 /// Advise the allocation of vector `v` (`capacity` values) for huge pages (see

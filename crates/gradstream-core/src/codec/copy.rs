@@ -10,8 +10,9 @@
 //! stream. Streaming stores skip both, for a destination nobody reads soon (a gradient of
 //! megabytes is read long after, and not from this core's cache).
 //!
-//! Uses `crc32fast` alone; used by `template` (encode and decode), `output` (values into
-//! a caller's `out=` array or a vector of ours) and the codec's callers through `mod.rs`.
+//! Uses `crc32fast` alone; used (through `mod.rs`) by `template` (a payload's values
+//! copied and CRC'd as it is written), `encoder` (which stores a frame stream takes) and
+//! `output` (values into a caller's `out=` array or a vector of ours).
 
 use std::mem::MaybeUninit;
 

@@ -6,7 +6,9 @@ and against the other's frames.
 A random float32 gradient (64M values, 256 MiB, by default; standard normal, fixed seed),
 encoded and decoded by the native module and by the reference (median of the repeats);
 then each decodes the other's frames. Prints the times, the GB/s and the native /
-reference ratios; exits non-zero if any round trip or cross-decode changes a bit. The
+reference ratios; exits non-zero if any round trip or cross-decode changes a bit. Then,
+per layout, the native calls against numpy's memcpy in interleaved rounds: into reused
+buffers (``out=``, the ratio to memcpy) and into new objects (the ratio to ``out=``). The
 full peer comparison is ``python benches/bench.py``.
 """
 
@@ -93,8 +95,53 @@ def codec_benchmark(elements: int, chunk_size: int | None, repeats: int) -> int:
         f"encode+decode {(r_enc + r_dec) / (n_enc + n_dec):.1f}x"
     )
     verified = all(r[3] for r in results.values()) and cross_ref and cross_native
+    verified = native_vs_memcpy(gradient, size, repeats) and verified
     print("verified" if verified else "VERIFICATION FAILED")
     return 0 if verified else 1
+
+
+def native_vs_memcpy(gradient: np.ndarray, chunk_size: int, repeats: int) -> bool:
+    """Per layout, rounds of: numpy memcpy into a reused array (the second of two copies,
+    as the suite samples it), native encode/decode into reused buffers, and into new
+    objects. Prints the medians and their ratios; True when every result is bit-equal."""
+    print(f"{'native, median of ' + str(repeats):28} {'GB/s':>6} {'x memcpy':>9} {'x out=':>7}")
+    return all(
+        _layout_rounds(
+            gradient, gs.GradientStreamSession("bench", chunk_size, layout=layout), layout, repeats
+        )
+        for layout in ("seed", "compact")
+    )
+
+
+def _layout_rounds(
+    gradient: np.ndarray, session: gs.GradientStreamSession, layout: str, repeats: int
+) -> bool:
+    dst = np.empty_like(gradient)
+    wire = session.encode_frames(gradient)
+    frames, values = bytearray(len(wire)), np.ones_like(gradient)
+    ops: dict[str, Callable[[], object]] = {
+        "memcpy": partial(np.copyto, dst, gradient),
+        "encode_frames(out=)": partial(session.encode_frames, gradient, out=frames),
+        "decode_frames(out=)": partial(session.decode_frames, wire, out=values),
+        "encode_frames(g)": partial(session.encode_frames, gradient),
+        "decode_frames(wire)": partial(session.decode_frames, wire),
+    }
+    times: dict[str, list[float]] = {op: [] for op in ops}
+    for _ in range(repeats):
+        np.copyto(dst, gradient)
+        for op, fn in ops.items():
+            start = time.perf_counter()
+            fn()
+            times[op].append(time.perf_counter() - start)
+    med = {op: statistics.median(t) for op, t in times.items()}
+    for op, t in med.items():
+        against = op.replace("(g)", "(out=)").replace("(wire)", "(out=)")
+        vs_out = f"{med[against] / t:7.2f}" if against != op else ""
+        print(
+            f"{layout + ' ' + op:28} {gradient.nbytes / t / 1e9:6.2f} "
+            f"{med['memcpy'] / t:9.2f} {vs_out:>7}"
+        )
+    return frames == wire and _bit_equal(values, gradient)
 
 
 def main(argv: list[str] | None = None) -> int:

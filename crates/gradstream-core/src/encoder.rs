@@ -9,9 +9,10 @@
 //! path), `seal`, `frame` and `dtype`; the decoding files never use it (its tests decode,
 //! to round-trip).
 
+use std::mem::MaybeUninit;
 use std::sync::Arc;
 
-use crate::codec::{self, Encoding, Layout};
+use crate::codec::{self, Encoding, Layout, Stores};
 use crate::dtype::{self, Dtype};
 use crate::error::{GradientStreamError, Result};
 use crate::frame::{FrameHeader, HEADER_LEN};
@@ -212,11 +213,23 @@ pub(crate) fn write_payload(
     raw: &[u8],
     out: &mut [u8],
 ) -> Result<u32> {
+    write_payload_with(layout, seal, raw, out, Stores::Cached)
+}
+
+/// `write_payload`, a template's bytes stored with `stores` (streaming for a frame stream
+/// larger than the caches).
+fn write_payload_with(
+    layout: Layout,
+    seal: Option<SealText>,
+    raw: &[u8],
+    out: &mut [u8],
+    stores: Stores,
+) -> Result<u32> {
     let values = as_f32(raw);
     let template = Template::get(kind(layout, raw.len() / 4, seal.is_some()));
     match values.zip(template) {
         Some((values, template)) if template.len() == out.len() => {
-            Ok(template.write(values, seal.as_ref(), out))
+            Ok(template.write(values, seal.as_ref(), out, stores))
         }
         _ => {
             codec::encode_payload_exact(layout, seal, raw, out)?;
@@ -388,8 +401,12 @@ impl SessionConfig {
     /// The bytes `stream_to` writes: each chunk's header then its payload.
     pub fn encode_frames<'g>(&self, gradient: impl Into<Gradient<'g>>) -> Result<Vec<u8>> {
         let plan = self.plan_frames(gradient)?;
-        let mut out = vec![0u8; plan.len];
-        self.write_frames(&plan, &mut out)?;
+        // Fresh memory, advised before the writes fault it in.
+        let mut out = Vec::with_capacity(plan.len);
+        crate::output::advise_huge_pages(out.as_ptr(), plan.len);
+        self.write_new_frames(&plan, &mut out.spare_capacity_mut()[..plan.len])?;
+        // SAFETY: write_new_frames initialised all `plan.len` bytes (it returned Ok).
+        unsafe { out.set_len(plan.len) };
         Ok(out)
     }
 
@@ -541,40 +558,97 @@ impl SessionConfig {
         window: &[u8],
         out: &mut [u8],
     ) -> Result<u32> {
+        self.write_chunk_with(plan, index, window, out, Stores::Cached)
+    }
+
+    /// `write_chunk`, storing with `stores`.
+    fn write_chunk_with(
+        &self,
+        plan: &FramePlan<'_>,
+        index: u32,
+        window: &[u8],
+        out: &mut [u8],
+        stores: Stores,
+    ) -> Result<u32> {
         match plan.encoded.get(index as usize) {
             Some((payload, checksum)) => {
-                out.copy_from_slice(payload);
+                stores.copy(payload, out);
                 Ok(*checksum)
             }
-            None => write_payload(self.layout, plan.seal_text(index), window, out),
+            None => write_payload_with(self.layout, plan.seal_text(index), window, out, stores),
         }
     }
 
     /// Write a planned frame stream into `out`, which must be `plan.len()` bytes long.
     pub fn write_frames(&self, plan: &FramePlan<'_>, out: &mut [u8]) -> Result<()> {
-        if out.len() != plan.len {
-            return Err(GradientStreamError::frame(
-                format!(
-                    "frame buffer of {} bytes for a {}-byte stream",
-                    out.len(),
-                    plan.len
-                ),
-                None,
-            ));
-        }
+        self.check_frames_len(plan, out.len())?;
+        // A stream larger than the caches is written around them: nothing reads it back
+        // soon, and streaming stores spare reading each line before it is written.
+        let stores = Stores::for_destination(plan.len);
         let mut rest = out;
         for (index, window, payload_len) in plan.chunks() {
             let (frame, tail) = rest.split_at_mut(HEADER_LEN + payload_len as usize);
             rest = tail;
-            let (head, payload) = frame.split_at_mut(HEADER_LEN);
-            let header = FrameHeader {
-                chunk_index: index,
-                total_chunks: plan.total,
-                payload_len,
-                checksum: self.write_chunk(plan, index, window, payload)?,
-            };
-            head.copy_from_slice(&header.to_bytes());
+            self.write_frame(plan, (index, window, payload_len), frame, stores)?;
         }
+        Ok(())
+    }
+
+    /// `write_frames` into memory just allocated (`plan.len()` bytes, not yet
+    /// initialised: a new `bytes` object's, a vector's spare capacity). Each frame's
+    /// bytes are zeroed just before it is written, so that its first touch (a page fault:
+    /// the kernel zeroes the page, 2 MiB of it with huge pages, and leaves it in cache),
+    /// the zeroing and the writes all land on the same cached lines, written back to
+    /// memory once; streaming stores would write them a second time. Every byte is
+    /// initialised on success; on error some may not be.
+    pub fn write_new_frames(
+        &self,
+        plan: &FramePlan<'_>,
+        out: &mut [MaybeUninit<u8>],
+    ) -> Result<()> {
+        self.check_frames_len(plan, out.len())?;
+        let mut rest = out;
+        for (index, window, payload_len) in plan.chunks() {
+            let (frame, tail) = rest.split_at_mut(HEADER_LEN + payload_len as usize);
+            rest = tail;
+            // SAFETY: zeroing every byte of `frame` initialises it, so it may then be seen
+            // as bytes (MaybeUninit<u8> and u8 have one layout).
+            let frame = unsafe {
+                std::ptr::write_bytes(frame.as_mut_ptr(), 0, frame.len());
+                &mut *(std::ptr::from_mut::<[MaybeUninit<u8>]>(frame) as *mut [u8])
+            };
+            self.write_frame(plan, (index, window, payload_len), frame, Stores::Cached)?;
+        }
+        Ok(())
+    }
+
+    fn check_frames_len(&self, plan: &FramePlan<'_>, len: usize) -> Result<()> {
+        if len == plan.len {
+            return Ok(());
+        }
+        Err(GradientStreamError::frame(
+            format!("frame buffer of {len} bytes for a {}-byte stream", plan.len),
+            None,
+        ))
+    }
+
+    /// One chunk of a plan (as `FramePlan::chunks` gives it) as a frame, header and
+    /// payload, into `frame` (its exact length).
+    fn write_frame(
+        &self,
+        plan: &FramePlan<'_>,
+        (index, window, payload_len): (u32, &[u8], u32),
+        frame: &mut [u8],
+        stores: Stores,
+    ) -> Result<()> {
+        let (head, payload) = frame.split_at_mut(HEADER_LEN);
+        let header = FrameHeader {
+            chunk_index: index,
+            total_chunks: plan.total,
+            payload_len,
+            checksum: self.write_chunk_with(plan, index, window, payload, stores)?,
+        };
+        head.copy_from_slice(&header.to_bytes());
         Ok(())
     }
 }
@@ -604,6 +678,52 @@ impl EncodedChunk {
 mod tests {
     use super::*;
     use crate::testing::{bytes_of, frame_error, frames_of, gradient, refs, session};
+
+    /// The frames as `encode_gradient` makes them, chunk by chunk (the Arrow writer and
+    /// the templates' `Cached` stores), for the stream writers to match.
+    fn frames_chunk_by_chunk(s: &SessionConfig, g: Gradient<'_>) -> Vec<u8> {
+        let chunks = s.encode_gradient(g).unwrap();
+        frames_of(&chunks)
+    }
+
+    #[test]
+    fn every_frame_writer_writes_the_same_bytes() {
+        // Sizes around a chunk, a block of the fused copy (16 KiB = 4096 values) and the
+        // streaming threshold (4 MiB of frames), with a short last chunk or none.
+        let sizes = [0, 1, 4095, 4097, 65_536, 65_537, 1_100_000];
+        for layout in [Layout::Seed, Layout::Compact] {
+            for seal in [false, true] {
+                for &n in &sizes {
+                    let mut s = session(65_536);
+                    s.layout = layout;
+                    let values = gradient(n);
+                    let g = Gradient::from(&values[..])
+                        .seal_with(seal.then(|| Seal::lone(TransferId([7; 16]))));
+                    let expected = frames_chunk_by_chunk(&s, g);
+                    let plan = s.plan_frames(g).unwrap();
+                    let mut reused = vec![0xa5u8; plan.len()];
+                    s.write_frames(&plan, &mut reused).unwrap();
+                    assert!(
+                        reused == expected,
+                        "write_frames {layout:?} n={n} seal={seal}"
+                    );
+                    let mut fresh = Vec::with_capacity(plan.len());
+                    s.write_new_frames(&plan, &mut fresh.spare_capacity_mut()[..plan.len()])
+                        .unwrap();
+                    // SAFETY: write_new_frames returned Ok: every byte is initialised.
+                    unsafe { fresh.set_len(plan.len()) };
+                    assert!(fresh == expected, "write_new_frames {layout:?} n={n}");
+                    assert!(s.encode_frames(g).unwrap() == expected);
+                    // A buffer of another length is refused, by both.
+                    let mut short = vec![0u8; plan.len() + 1];
+                    assert!(s.write_frames(&plan, &mut short).is_err());
+                    let mut spare = Vec::<u8>::with_capacity(plan.len() + 1);
+                    let spare = &mut spare.spare_capacity_mut()[..plan.len() + 1];
+                    assert!(s.write_new_frames(&plan, spare).is_err());
+                }
+            }
+        }
+    }
 
     #[test]
     fn chunking_mirrors_the_original() {

@@ -2,11 +2,19 @@
 //! lends (`out=` in Python, for training loops that receive into one buffer every step,
 //! so no fresh pages are faulted in per gradient).
 //!
-//! Uses `dtype` and `error` only; `codec`'s reader writes through its `ValueSink`, and
-//! `rules`, `reassembler` and `receiver` fill its `Output` (and `direct` reads values
-//! straight into a lent one's memory).
+//! Also `advise_huge_pages`, which makes fresh memory cheap to fault in: every result
+//! buffer of our own (vectors of values here, frame streams in `encoder`, `bytes` in the
+//! bindings) is advised with it.
+//!
+//! Uses `dtype`, `error` and `codec::Stores` (the copy into large destinations), and libc
+//! (madvise); `codec`'s reader writes through its `ValueSink`, and `rules`,
+//! `reassembler` and `receiver` fill its `Output` (and `direct` reads values straight
+//! into a lent one's memory).
 
+use std::mem::MaybeUninit;
 use std::ptr::NonNull;
+
+use crate::codec::Stores;
 
 use crate::dtype::{convert, Dtype};
 use crate::error::Result;
@@ -49,6 +57,64 @@ pub trait ValueSink {
     }
 }
 
+/// Buffers at least this large are advised to use huge pages: numpy's own threshold
+/// (it advises every array data allocation of 4 MiB or more).
+pub const HUGE_PAGES_FROM: usize = 4 << 20;
+
+/// Ask the kernel to back the `len` bytes at `ptr` (fresh memory about to be written)
+/// with transparent huge pages, when they are at least `HUGE_PAGES_FROM`. Each first
+/// touch then faults in 2 MiB instead of 4 KiB: numpy asks the same for its arrays, and a
+/// 256 MiB copy into a new array runs about 4 x faster for it on the development VM,
+/// whose THP setting is `madvise` (under `always` this changes nothing; under `never`,
+/// or off Linux, it does nothing). Only advice: the contents are not touched, so any
+/// memory may be given, and an error (an old kernel) is ignored.
+///
+/// With the kernel's `defrag` setting `madvise` (this VM's), an advised fault may compact
+/// memory when no huge page is free, which stalls it on a machine short of memory, as
+/// numpy's arrays do. `NUMPY_MADVISE_HUGEPAGE=0`, numpy's own switch, turns the advice off
+/// for both.
+pub fn advise_huge_pages(ptr: *const u8, len: usize) {
+    if len < HUGE_PAGES_FROM || !huge_pages_wanted() {
+        return;
+    }
+    #[cfg(target_os = "linux")]
+    {
+        const PAGE: usize = 4096;
+        // Every page the buffer touches, its ends included: madvise wants a page-aligned
+        // start, and a large allocation is a mapping of its own (glibc's, from 128 KiB up)
+        // whose first page holds the allocator's header. Advising only the pages inside
+        // would split that mapping in two, and a later realloc, which moves a mapping with
+        // mremap, would fail and copy instead (measured: a growing vector copied, its new
+        // half faulted 4 KiB at a time). Advising a neighbour's page is harmless.
+        let start = ptr as usize / PAGE * PAGE;
+        let end = (ptr as usize).saturating_add(len).div_ceil(PAGE) * PAGE;
+        // SAFETY: MADV_HUGEPAGE changes how later faults in the range are served, not its
+        // contents or mappings; the range is the pages of memory the caller holds.
+        unsafe {
+            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = ptr;
+}
+
+/// Whether `advise_huge_pages` advises: unless numpy's switch, read once, says not.
+fn huge_pages_wanted() -> bool {
+    static WANTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *WANTED
+        .get_or_init(|| std::env::var("NUMPY_MADVISE_HUGEPAGE").map_or(true, |v| v.trim() != "0"))
+}
+
+/// Advise the allocation of vector `v` (`capacity` values) for huge pages (see
+/// `advise_huge_pages`) when it has just grown from `old_capacity`.
+fn advise_growth<T>(v: &[T], capacity: usize, old_capacity: usize) {
+    if capacity != old_capacity {
+        // The whole allocation, so that its mapping keeps one advice (see above).
+        let bytes = capacity * std::mem::size_of::<T>();
+        advise_huge_pages(v.as_ptr().cast::<u8>(), bytes);
+    }
+}
+
 /// Append `raw` (values of `from`) to `v` as values of `to`, whose width is T's.
 fn append<T: Copy + Default>(v: &mut Vec<T>, raw: &[u8], from: Dtype, to: Dtype) {
     // The copies below size their bytes by `to`: a store of another width would overrun.
@@ -59,21 +125,30 @@ fn append<T: Copy + Default>(v: &mut Vec<T>, raw: &[u8], from: Dtype, to: Dtype)
     );
     let n = raw.len() / from.width();
     let len = v.len();
+    let capacity = v.capacity();
     if from == to {
         v.reserve(n);
-        // SAFETY: `reserve` made room for `n` more values; the copy fills exactly them
-        // (n values of T's width; any bit pattern is a float or u16) before the length
-        // covers them.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                raw.as_ptr(),
-                v.as_mut_ptr().add(len).cast::<u8>(),
+        advise_growth(v, v.capacity(), capacity);
+        // Our vectors are fresh memory: faulted in by these very stores, into cache (see
+        // `SessionConfig::write_new_frames`), so they go through it.
+        let stores = Stores::Cached;
+        let spare = &mut v.spare_capacity_mut()[..n];
+        // SAFETY: the n spare values are n * width bytes of T (plain data, no padding),
+        // viewed as possibly uninitialised bytes, as they are.
+        let spare = unsafe {
+            std::slice::from_raw_parts_mut(
+                spare.as_mut_ptr().cast::<MaybeUninit<u8>>(),
                 n * to.width(),
-            );
-            v.set_len(len + n);
-        }
+            )
+        };
+        stores.copy_uninit(&raw[..n * from.width()], spare);
+        // SAFETY: `reserve` made room for `n` more values and the copy filled exactly them
+        // (any bit pattern is a float or u16).
+        unsafe { v.set_len(len + n) };
         return;
     }
+    v.reserve(n);
+    advise_growth(v, v.capacity(), capacity);
     v.resize(len + n, T::default());
     // SAFETY: the n values just added are initialised T (plain data without padding).
     let dst = unsafe {
@@ -146,7 +221,13 @@ impl ValueSink for OutSlice {
                     n * width,
                 )
             };
-            convert(&raw[..n * from.width()], from, dst, self.dtype);
+            if from == self.dtype {
+                // A large `out=` array is written around the caches (see codec::Stores).
+                let stores = Stores::for_destination(self.capacity * width);
+                stores.copy(&raw[..n * width], dst);
+            } else {
+                convert(&raw[..n * from.width()], from, dst, self.dtype);
+            }
         }
         self.offered += n;
     }
@@ -325,10 +406,16 @@ impl Output {
     /// Make room for `n` more values, if the allocator gives it: a guess, so a refusal
     /// (a peer's header promising gigabytes) is ignored rather than aborting.
     pub fn reserve(&mut self, n: usize) {
+        fn grow<T>(v: &mut Vec<T>, n: usize) {
+            let capacity = v.capacity();
+            if v.try_reserve(n).is_ok() {
+                advise_growth(v, v.capacity(), capacity);
+            }
+        }
         match &mut self.values {
-            Values::Owned(Store::U16(v)) => drop(v.try_reserve(n)),
-            Values::Owned(Store::F32(v)) => drop(v.try_reserve(n)),
-            Values::Owned(Store::F64(v)) => drop(v.try_reserve(n)),
+            Values::Owned(Store::U16(v)) => grow(v, n),
+            Values::Owned(Store::F32(v)) => grow(v, n),
+            Values::Owned(Store::F64(v)) => grow(v, n),
             Values::Lent(_) => {}
         }
     }
@@ -417,6 +504,30 @@ mod tests {
             assert_eq!((out.len(), out.limit()), (5, Some(5)));
         }
         assert_eq!(buf, [1.0, 2.0, 3.0, 4.0, 5.0]);
+    }
+
+    #[test]
+    fn a_vector_of_ours_grows_past_the_huge_page_size_keeping_every_value() {
+        // 3 MiB reserved, then 6 MiB of values put in odd pieces: the vector grows (and is
+        // advised) past HUGE_PAGES_FROM; every value lands, in order, bit for bit.
+        let values: Vec<f32> = (0..(6 << 20) / 4)
+            .map(|i: u32| f32::from_bits(i.wrapping_mul(2_654_435_761)))
+            .collect();
+        let mut out = Output::default();
+        out.reserve((3 << 20) / 4);
+        for piece in values.chunks(65_537) {
+            out.put(piece);
+        }
+        assert_eq!(out.len(), values.len());
+        assert_eq!(out.owned_bytes(), crate::dtype::f32_bytes(&values));
+        // Advice changes no byte, whatever the range's alignment.
+        let mut bytes = vec![0x5au8; HUGE_PAGES_FROM + 4097];
+        advise_huge_pages(bytes[3..].as_ptr(), bytes.len() - 3);
+        bytes[HUGE_PAGES_FROM] = 1;
+        assert_eq!(
+            bytes.iter().filter(|&&b| b == 0x5a).count(),
+            bytes.len() - 1
+        );
     }
 
     #[test]

@@ -31,11 +31,9 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::codec::{self, Encoding, Layout};
+use crate::codec::{self, Encoding, Layout, Stores};
 use crate::seal::{Position, Seal, SealText, TransferId, SEAL_LEN};
 
-/// Bytes copied and CRC'd at a time: well inside L1/L2, so the second touch is a hit.
-const BLOCK: usize = 16 * 1024;
 /// Values a cached template may hold: at most 8 MiB of template (seed layout).
 const MAX_VALUES: usize = 1 << 20;
 /// Templates kept of the sizes this process's senders chose (two sizes per gradient, full
@@ -405,26 +403,38 @@ impl Template {
     /// The payload of `values` (exactly as many as the template was made for), sealed
     /// with `seal` (exactly when the template is sealed), into `out` (exactly
     /// `self.len()` bytes); its CRC-32.
-    pub fn write(&self, values: &[f32], seal: Option<&SealText>, out: &mut [u8]) -> u32 {
+    /// `stores` says how: streaming into a destination larger than the caches
+    /// (`codec::Stores::for_destination`).
+    pub fn write(
+        &self,
+        values: &[f32],
+        seal: Option<&SealText>,
+        out: &mut [u8],
+        stores: Stores,
+    ) -> u32 {
         self.check_args(values, seal);
         let raw = crate::dtype::f32_bytes(values);
         let end = self.values_end();
-        out[..self.values_at].copy_from_slice(&self.bytes[..self.values_at]);
-        out[end..].copy_from_slice(&self.bytes[end..]);
+        stores.copy(&self.bytes[..self.values_at], &mut out[..self.values_at]);
+        stores.copy(&self.bytes[end..], &mut out[end..]);
         if let (Some(at), Some(seal)) = (self.seal_at, seal) {
             for at in [at.message, at.footer] {
                 out[at..at + SEAL_LEN].copy_from_slice(&seal.0);
             }
         }
         let mut crc = self.crc_of_prefix(seal.map(|s| &s.0[..]));
-        // Copy and CRC one cache-sized block at a time: the CRC reads what the copy just
-        // brought into cache, instead of a second pass over memory.
-        let body = &mut out[self.values_at..end];
-        for (from, to) in raw.chunks(BLOCK).zip(body.chunks_mut(BLOCK)) {
-            to.copy_from_slice(from);
-            crc.update(from);
+        // Copy and CRC one cache-sized block at a time: one read of the values from memory.
+        codec::copy_and_crc(&mut crc, raw, &mut out[self.values_at..end], stores);
+        // The suffix as the template holds it (the same bytes but for a seal, which
+        // streaming stores have sent past the cache): a read of `out` would go to memory.
+        match (self.seal_at, seal) {
+            (Some(at), Some(seal)) => {
+                crc.update(&self.bytes[end..at.footer]);
+                crc.update(&seal.0);
+                crc.update(&self.bytes[at.footer + SEAL_LEN..]);
+            }
+            _ => crc.update(&self.bytes[end..]),
         }
-        crc.update(&out[end..]);
         crc.finalize()
     }
 
@@ -601,10 +611,13 @@ mod tests {
                     let t = Template::get(kind(layout, n, sealed)).expect("a template of ours");
                     let encoding = Encoding::from(layout).sealed(seal);
                     let expected = codec::encode_payload(encoding, &values).unwrap();
-                    let mut out = vec![0u8; t.len()];
-                    let crc = t.write(&values, seal.as_ref(), &mut out);
-                    assert_eq!(out, expected, "{layout:?} n={n} sealed={sealed}");
-                    assert_eq!(crc, codec::checksum(&expected));
+                    for stores in [Stores::Cached, Stores::Streaming] {
+                        let mut out = vec![0u8; t.len()];
+                        let crc = t.write(&values, seal.as_ref(), &mut out, stores);
+                        assert_eq!(out, expected, "{layout:?} n={n} sealed={sealed}");
+                        assert_eq!(crc, codec::checksum(&expected));
+                    }
+                    let crc = codec::checksum(&expected);
                     let pieces = t.pieces(&values, seal.as_ref());
                     assert_eq!(pieces.parts.concat(), expected);
                     assert_eq!(pieces.checksum, crc);

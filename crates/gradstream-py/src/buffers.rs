@@ -7,12 +7,14 @@
 //! that `pyarrow.py_buffer` can wrap it with no copy. `WritableBytes` holds a caller's
 //! `out=` buffer for `encode_frames` to write into.
 //!
-//! Uses pyo3 alone, no other file of this crate; used by `session`, `stream` and `chunk`.
+//! Uses pyo3 and the core's `output::advise_huge_pages`, no other file of this crate; used
+//! by `session`, `stream` and `chunk`.
 
+use std::mem::MaybeUninit;
 use std::os::raw::c_int;
 
 use pyo3::buffer::PyUntypedBuffer;
-use pyo3::exceptions::{PyBufferError, PyTypeError};
+use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
@@ -44,6 +46,7 @@ impl ReadBuffer {
         let (ptr, len) = (view.buf_ptr() as usize, view.len_bytes());
         let copy = obj.py().detach(|| {
             let mut copy = Vec::<u8>::with_capacity(len);
+            gradstream_core::output::advise_huge_pages(copy.as_ptr(), len);
             if len > 0 {
                 // SAFETY: the exporter guarantees `len` readable bytes at `ptr` while the
                 // view is held (until the end of this function); `copy` has room for them.
@@ -76,6 +79,36 @@ pub fn immutable_bytes(obj: &Bound<'_, PyAny>) -> PyResult<PyBackedBytes> {
         .call_method0("tobytes")?
         .cast_into::<PyBytes>()?;
     Ok(bytes.into())
+}
+
+/// A new `bytes` of `len` bytes, which `fill` must initialise every one of (it should
+/// release the GIL for heavy work; an error drops the object unseen). Unlike
+/// `PyBytes::new_with`, nothing zeroes the whole object first, a pass over memory of its
+/// own, and the memory is advised for huge pages before its first touch (see
+/// `gradstream_core::output::advise_huge_pages`).
+pub fn new_bytes_with<'py>(
+    py: Python<'py>,
+    len: usize,
+    fill: impl FnOnce(&mut [MaybeUninit<u8>]) -> PyResult<()>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let size = ffi::Py_ssize_t::try_from(len)
+        .map_err(|_| PyValueError::new_err(format!("{len} bytes do not fit a bytes object")))?;
+    // SAFETY: a NULL source asks CPython for a bytes object of `size` uninitialised bytes
+    // (or NULL with an exception set, which `from_owned_ptr_or_err` raises).
+    let bytes = unsafe {
+        Bound::from_owned_ptr_or_err(py, ffi::PyBytes_FromStringAndSize(std::ptr::null(), size))?
+            .cast_into_unchecked::<PyBytes>()
+    };
+    // SAFETY: a bytes object holds `len` bytes at `PyBytes_AsString`, kept alive by
+    // `bytes`; it is ours alone until returned (no other reference exists), and seen only
+    // as possibly uninitialised bytes.
+    let out = unsafe {
+        let data = ffi::PyBytes_AsString(bytes.as_ptr()).cast::<MaybeUninit<u8>>();
+        std::slice::from_raw_parts_mut(data, len)
+    };
+    gradstream_core::output::advise_huge_pages(out.as_ptr().cast::<u8>(), len);
+    fill(out)?;
+    Ok(bytes)
 }
 
 /// Immutable bytes made in Rust, exported through the buffer protocol.

@@ -13,7 +13,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
-use super::buffers::{vec_to_pyarrow, ReadBuffer, WritableBytes};
+use super::buffers::{new_bytes_with, vec_to_pyarrow, ReadBuffer, WritableBytes};
 use super::chunk::{HeldChunk, PyChunk};
 use super::complete::{Completions, Outcome};
 use super::connection::{self, LinkArgs};
@@ -480,11 +480,12 @@ impl Engine {
             let wire = py.detach(|| config.encode_frames(values)).py_err(py)?;
             return vec_to_pyarrow(py, wire);
         }
-        // Size the `bytes` exactly, then encode straight into it with the GIL released: the
-        // object is ours alone until it is returned, and no second copy of the stream exists.
+        // Size the `bytes` exactly, then encode straight into its fresh memory with the GIL
+        // released: the object is ours alone until it is returned, and no second copy of
+        // the stream exists.
         let plan = py.detach(|| config.plan_frames(values)).py_err(py)?;
-        let wire = PyBytes::new_with(py, plan.len(), |out| {
-            py.detach(|| config.write_frames(&plan, out)).py_err(py)
+        let wire = new_bytes_with(py, plan.len(), |out| {
+            py.detach(|| config.write_new_frames(&plan, out)).py_err(py)
         })?;
         Ok(wire.into_any())
     }

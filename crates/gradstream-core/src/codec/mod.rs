@@ -14,16 +14,20 @@
 //!   sees them), which uses `bounds` (what each compressed buffer may declare, from the
 //!   schema's columns);
 //! - `writer`: `encode_payload*`, the schemas, `Layout`, `Compression`, `Encoding`;
-//! - `shared`: what both sides use (the CRC, metadata keys, the borrowed Arrow buffer).
+//! - `shared`: what both sides use (the CRC, metadata keys, the borrowed Arrow buffer);
+//! - `copy`: value bytes into large destinations at memcpy's speed (streaming stores,
+//!   the copy fused with the CRC), for the templates and the outputs.
 //!
 //! Outside the codec it uses `dtype`, `error` and `output` (`Head`, `ValueSink`).
 
 mod bounds;
+mod copy;
 mod guard;
 mod reader;
 mod shared;
 mod writer;
 
+pub use copy::{copy_and_crc, Stores};
 pub use reader::decode_payload;
 pub use shared::{checksum, MANIFEST_KEY, SHAPE_KEY};
 pub(crate) use writer::{

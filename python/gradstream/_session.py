@@ -15,6 +15,7 @@ too (gradstream-core's ``tensors``): only the (name, tensor) pairs are read here
 
 from __future__ import annotations
 
+import _socket
 import errno
 import socket
 import ssl
@@ -110,6 +111,11 @@ def _tensor_dict(received: list[tuple[str, _Values]]) -> dict[str, np.ndarray]:
     return {name: _hand_back(values) for name, values in received}
 
 
+# socket.type without its enum conversion, which costs a small transfer more than the
+# check itself.
+_raw_type = _socket.socket.type.__get__
+
+
 def _stream_socket(stream: Any) -> socket.socket | None:
     """``stream`` when it is a socket the native I/O can drive, None when it is not a socket
     at all (asyncio streams); the error for a socket it cannot drive."""
@@ -121,7 +127,7 @@ def _stream_socket(stream: Any) -> socket.socket | None:
         raise TypeError(SSL_SOCKET_REFUSED)
     if stream.fileno() < 0:
         raise StreamIOError(errno.EBADF, "the socket is closed")  # as the reference says it
-    if stream.type != socket.SOCK_STREAM:
+    if _raw_type(stream) != socket.SOCK_STREAM:
         raise ValueError(
             f"stream must be a connected stream socket (SOCK_STREAM), not {stream.type!r}"
         )
@@ -354,8 +360,10 @@ class GradientStreamSession:
             return await _aio.send(frames, writer)
         hub = _aio.hub()
         args = self._take(gradient)
-        job = self._engine.stream_to_socket(hub.native, args, sock, progress, deadline)
-        sent: int = await hub.track(job)
+        now, value = self._engine.stream_to_socket(hub.native, args, sock, progress, deadline)
+        if now:  # a small gradient, all sent from this thread
+            return value
+        sent: int = await hub.track(value)
         return sent
 
     async def receive_from(
@@ -405,11 +413,8 @@ class GradientStreamSession:
             reader = _aio.reader_of(stream, "receive_from")
             values = await _aio.receive(receiver, reader, none_at_end)
         else:
-            hub = _aio.hub()
-            job = self._engine.receive_from_socket(
-                hub.native, sock, progress, none_at_end, args, deadline
-            )
-            values = await hub.track(job)
+            receive = self._engine.receive_from_socket(sock, progress, none_at_end, args, deadline)
+            values = await _aio.receive_socket(receive, sock.fileno())
         if values is None:
             return None
         return lent.array if lent is not None else _hand_back(values)

@@ -148,6 +148,18 @@ def compute_ratios(res: Results, cfg: Config) -> list[Ratio]:
             ">= 3 x reference",
         )
     )
+    ratios.append(
+        _ratio_of(
+            res,
+            "small-gradient round trips, connection / raw ping-pong with acks",
+            "pingpong_connection",
+            "pingpong_raw_ack",
+            "round_trips_per_s",
+            ">=",
+            0.5,
+            ">= 0.5 x raw with acks",
+        )
+    )
     rss_gib = cfg.rss_elements * 4 / GIB
     ratios.append(
         _rss_ratio(

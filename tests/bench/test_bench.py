@@ -70,7 +70,13 @@ TIMED_ROWS = {
     "e2e_pickle_oob",
     "e2e_gloo",
 }
-PING_PONG_ROWS = {"pingpong_native", "pingpong_reference", "pingpong_raw"}
+PING_PONG_ROWS = {
+    "pingpong_native",
+    "pingpong_reference",
+    "pingpong_raw",
+    "pingpong_connection",
+    "pingpong_raw_ack",
+}
 RSS_ROWS = {"rss_send", "rss_recv"}
 # Ratio name -> the row keys it divides (each ratio has a target it is checked against).
 RATIO_ROWS = {
@@ -115,6 +121,10 @@ RATIO_ROWS = {
         "pingpong_raw",
     ),
     "small-gradient round trips, native / reference": ("pingpong_native", "pingpong_reference"),
+    "small-gradient round trips, connection / raw ping-pong with acks": (
+        "pingpong_connection",
+        "pingpong_raw_ack",
+    ),
 }
 
 

@@ -26,13 +26,11 @@ build: $(STAMP)
 demo: build
 	$(PY) -m gradstream demo
 
-# The peer comparison suite (benches/suite/); e.g. `make bench BENCH_ARGS="--quick --json b.json"`.
+# The peer comparison suite (benches/suite/), the connection and TLS rows included; e.g.
+# `make bench BENCH_ARGS="--quick --json b.json"`, then `python benches/readme_table.py b.json`.
 BENCH_ARGS ?=
-# Then the connection rows (benches/connections.py: bare path, plain, authkey, TLS).
-CONNECTIONS_ARGS ?= $(filter --quick,$(BENCH_ARGS))
 bench: build
 	$(PY) benches/bench.py $(BENCH_ARGS)
-	$(PY) benches/connections.py $(CONNECTIONS_ARGS)
 
 # The core alone, without Python (no libpython linked): its unit tests, the original's API
 # tests (crates/gradstream-core/tests/), and a build without the tokio feature.

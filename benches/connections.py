@@ -125,24 +125,18 @@ def sender(
     asyncio.run(main())
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="3 repeats of 256 MiB")
-    parser.add_argument("--elements", type=int, help="float32 values (default 2^28: 1 GiB)")
-    parser.add_argument("--repeats", type=int)
-    parser.add_argument("--layout", default="compact", choices=("seed", "compact"))
-    args = parser.parse_args(argv)
-    elements = args.elements or (2**26 if args.quick else 2**28)
-    repeats = args.repeats or (3 if args.quick else 5)
+def measure(elements: int, repeats: int, layout: str) -> dict[str, list[float]]:
+    """Seconds of each repeat of each kind, in interleaved rounds (benches/suite calls this
+    too, for its connection rows)."""
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as folder:
         files = _tls_files(Path(folder))
         r_here, r_there = ctx.Pipe()
         s_here, s_there = ctx.Pipe()
-        recv_proc = ctx.Process(target=receiver, args=(r_there, elements, args.layout, files))
+        recv_proc = ctx.Process(target=receiver, args=(r_there, elements, layout, files))
         recv_proc.start()
         ports = r_here.recv()
-        send_proc = ctx.Process(target=sender, args=(s_there, ports, elements, args.layout, files))
+        send_proc = ctx.Process(target=sender, args=(s_there, ports, elements, layout, files))
         send_proc.start()
         assert s_here.recv() == "connected"
         times: dict[str, list[float]] = {k: [] for k in KINDS}
@@ -160,6 +154,19 @@ def main(argv: list[str] | None = None) -> int:
             s_here.send(None)
             recv_proc.join(30)
             send_proc.join(30)
+    return times
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="3 repeats of 256 MiB")
+    parser.add_argument("--elements", type=int, help="float32 values (default 2^28: 1 GiB)")
+    parser.add_argument("--repeats", type=int)
+    parser.add_argument("--layout", default="compact", choices=("seed", "compact"))
+    args = parser.parse_args(argv)
+    elements = args.elements or (2**26 if args.quick else 2**28)
+    repeats = args.repeats or (3 if args.quick else 5)
+    times = measure(elements, repeats, args.layout)
     size = elements * 4
     print(
         f"connections: {elements:,} float32 values ({size / 2**30:.2f} GiB), layout "

@@ -26,16 +26,21 @@ Sections:
    copy into a new array, page faults included, is shown too), crc32fast (through
    GradientChunk.compute_checksum on bytes) and zlib.crc32, and raw loopback TCP between
    two processes (one sendall of the whole gradient, recv_into a pre-faulted buffer of the
-   same size: the figure the targets use; shown too: into a new array each time, and the
-   same byte count through 1 MiB buffers that stay in the caches, the kernel's ceiling);
+   same size; the same buffer filled by 1 MiB recv_into calls, the compact socket path's
+   baseline; shown too: into a new array each time, and the same byte count through 1 MiB
+   buffers that stay in the caches, the kernel's ceiling);
 2. encode_frames / decode_frames in memory at chunk sizes 4096, 65536 and 1,048,576, native
    and reference, seed and compact layouts where the build has them (the reference on the
    same number of values: it is fast enough, and rates over different sizes would not
    compare, page faults and caches differ);
-3. end to end over loopback between two processes: the native socket path, the native
-   asyncio-streams path, the reference, and what a user would pick instead: pickle over a
-   raw socket (in-band, and protocol 5 with out-of-band buffers) and torch.distributed gloo
-   send/recv (skipped when torch is not installed; it is never a dependency);
+3. end to end over loopback between two processes: the native socket path (into out=, and
+   the default receive_from into a new array), the native asyncio-streams path
+   (asyncio.open_connection on the default loop, and under uvloop when it is installed),
+   the reference over the socket and over the same streams, and what a user would pick
+   instead: pickle over a raw socket (in-band, and protocol 5 with out-of-band buffers)
+   and torch.distributed gloo send/recv (skipped when torch is not installed; it is never
+   a dependency). Every peer receives into buffers reused from turn to turn where it
+   allows that; a row's note says where a peer is handicapped;
 4. small gradients: round trips per second of a 1,000-value gradient (A sends, B receives
    and sends it back), native, reference, and a raw-socket ping-pong of the same number
    of bytes as the native frames; and through a native connection (hello, seal, ack)
@@ -43,7 +48,14 @@ Sections:
    56-byte ack as an accepted transfer is; A times windows of a fixed duration;
 5. peak RSS over baseline of the native socket path, sending and receiving (fresh
    processes per repeat, ru_maxrss minus VmRSS before the transfer, as in
-   benches/stream_memory.py).
+   benches/stream_memory.py);
+6. gs.Connection against the bare socket path: benches/connections.py's measurement
+   (bare, plain, authkey and TLS connections in interleaved rounds, compact layout, the
+   end-to-end size), run from here so that one command prints every ratio.
+
+After the table come the ratios, each with its target and "met" / "NOT MET" (or
+"reported": a figure the issue asks to see beside the targets); --json FILE holds every
+row, ratio and the machine, and benches/readme_table.py makes the README's tables of it.
 
 How an end-to-end transfer is timed (sections 1 and 3): sender and receiver stay connected
 for all the repeats of a row. When its turn comes, the receiver, its event loop running
@@ -61,6 +73,7 @@ get it too).
 from __future__ import annotations
 
 import argparse
+import datetime
 import gc
 import json
 import sys
@@ -70,6 +83,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .config import layout_support, make_config, make_gradient
+from .connection_rows import bench_connections
 from .inmemory import Memcpy, bench_codec, bench_limits
 from .machine import machine, print_machine
 from .ratios import compute_ratios, print_ratios
@@ -95,7 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="smaller gradients and 3 repeats (under a minute) instead of 5 (under ten)",
+        help="smaller gradients and 3 repeats (a few minutes) instead of 5",
     )
     parser.add_argument(
         "--json", metavar="FILE", default=None, help="also write every row and ratio to FILE"
@@ -115,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{PROG}: error: --repeats must be >= 1", file=sys.stderr)
         return 2
     started = time.perf_counter()
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     cfg = make_config(args.quick, args.tiny, args.elements, args.repeats)
     info = machine()
     print_machine(info)
@@ -139,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
     del grad, plans
     gc.collect()
     bench_small(cfg, res)
+    bench_connections(cfg, res)
     bench_rss(cfg, res)
 
     res.print_table()
@@ -154,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
         doc = {
             "benchmark": "benches/bench.py",
             "mode": cfg.mode,
+            "date": date,
             "config": asdict(cfg),
             "machine": info,
             "layouts": {impl: why or "available" for impl, why in available.items()},

@@ -4,6 +4,7 @@ bit-for-bit comparison, the clock, and the sessions of either implementation."""
 from __future__ import annotations
 
 import gc
+import importlib
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -145,6 +146,16 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     start = time.perf_counter()
     result = fn()
     return result, time.perf_counter() - start
+
+
+def importable(module: str) -> bool:
+    """Whether `module` imports here (an optional peer's row is skipped when it does not:
+    installed but broken counts as absent)."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
 
 
 def session_class(impl: str) -> Any:

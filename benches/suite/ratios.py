@@ -1,4 +1,6 @@
-"""The ratios the benchmark checks, each of two figures measured in the same run."""
+"""The ratios the benchmark checks, each of two figures measured in the same run: the
+targets of issue 12's table (and the earlier issues' that still hold), and the figures it
+asks to see reported beside them, with no target of their own."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ def _ratio_of(
     den: str | None,
     attr: str,
     op: str,
-    target: float,
+    target: float | None,
     target_text: str,
     den_attr: str | None = None,
 ) -> Ratio:
@@ -30,29 +32,49 @@ def _ratio_of(
     if x is None or not y:
         return Ratio(name, num, den, None, op, target, target_text, None, "no figure")
     value = float(x) / float(y)
-    met = value >= target if op == ">=" else value <= target
+    met: bool | None = None
+    if target is not None:
+        met = value >= target if op == ">=" else value <= target
     return Ratio(name, num, den, value, op, target, target_text, met)
 
 
-def compute_ratios(res: Results, cfg: Config) -> list[Ratio]:
+def _at_least(
+    res: Results,
+    name: str,
+    num: str,
+    den: str,
+    attr: str,
+    target: float,
+    against: str = "",
+    den_attr: str | None = None,
+) -> Ratio:
+    """num / den >= target; `against` names the denominator in the target's text."""
+    text = f">= {target:g} x" + (f" {against}" if against else "")
+    return _ratio_of(res, name, num, den, attr, ">=", target, text, den_attr)
+
+
+def _reported(
+    res: Results, name: str, num: str, den: str, attr: str, den_attr: str | None = None
+) -> Ratio:
+    """num / den shown beside the targets, with none of its own."""
+    return _ratio_of(res, name, num, den, attr, "report", None, "reported", den_attr)
+
+
+def _codec_ratios(res: Results) -> list[Ratio]:
     ratios: list[Ratio] = []
     new_copy = res.ok("memcpy_new")
     # memcpy copies into a reused, pre-faulted buffer: like for like is encode and decode
     # into reused buffers (out=). Into new objects, the page faults of fresh memory are
-    # the cost; the note compares those with numpy's own copy into a new array.
+    # the cost; the note compares those with numpy's own copy into a new array. Issue 12
+    # sets targets for the compact layout; the seed layout (twice the bytes) is reported.
     for layout in LAYOUTS:
         for op, target in (("encode", 0.5), ("decode", 0.4)):
             key = f"native_{op}_out_{layout}_65536"
-            ratio = _ratio_of(
-                res,
-                f"native {op}_frames(out=), chunk 65536, {layout} / memcpy",
-                key,
-                "memcpy",
-                "gbps",
-                ">=",
-                target,
-                f">= {target:g} x memcpy",
-            )
+            name = f"native {op}_frames(out=), chunk 65536, {layout} / memcpy"
+            if layout == "compact":
+                ratio = _at_least(res, name, key, "memcpy", "gbps", target, "memcpy")
+            else:
+                ratio = _reported(res, name, key, "memcpy", "gbps")
             fresh = res.ok(f"native_{op}_{layout}_65536")
             if ratio.measured is not None and fresh and fresh.gbps and new_copy and new_copy.gbps:
                 ratio.note = (
@@ -62,104 +84,192 @@ def compute_ratios(res: Results, cfg: Config) -> list[Ratio]:
     for layout in LAYOUTS:
         for chunk_size, target in ((4096, 10.0), (65536, 4.0)):
             for op in ("encode", "decode"):
-                ratio = _ratio_of(
+                ratio = _at_least(
                     res,
                     f"native / reference {op}_frames(out=), chunk {chunk_size}, {layout}",
                     f"native_{op}_out_{layout}_{chunk_size}",
                     f"reference_{op}_out_{layout}_{chunk_size}",
                     "gbps",
-                    ">=",
                     target,
-                    f">= {target:g} x",
                 )
                 a = res.ok(f"native_{op}_{layout}_{chunk_size}")
                 b = res.ok(f"reference_{op}_{layout}_{chunk_size}")
                 if ratio.measured is not None and a and b and a.gbps and b.gbps:
                     ratio.note = f"(new objects: {a.gbps / b.gbps:.2f} x)"
                 ratios.append(ratio)
-    hot = res.ok("raw_tcp_hot")
-    for name, key, attr, target in (
-        ("seed: wire GB/s", "e2e_native_socket_seed", "wire_gbps", 0.9),
-        ("compact: gradient GB/s", "e2e_native_socket_compact", "gbps", 0.86),
-    ):
-        ratio = _ratio_of(
+    return ratios
+
+
+def _default_call_ratios(res: Results) -> list[Ratio]:
+    """Issue 12: the calls most users make, without out=, against the same call with out=
+    measured in the same rounds (seed layout, chunk 65536)."""
+    return [
+        _at_least(
             res,
-            f"end to end, socket path, {name} / raw loopback TCP",
-            key,
-            "raw_tcp",
-            attr,
-            ">=",
-            target,
-            f">= {target:g} x raw TCP",
-            den_attr="wire_gbps",
+            f"default {call}, seed / with out=",
+            num,
+            den,
+            "gbps",
+            0.5,
+            "out=",
         )
-        row = res.ok(key)
-        if ratio.measured is not None and row and hot and hot.wire_gbps:
-            ratio.note = (
-                f"({getattr(row, attr) / hot.wire_gbps:.2f} x raw TCP through 1 MiB buffers)"
-            )
-        ratios.append(ratio)
-    ratios.append(
-        _ratio_of(
+        for call, num, den in (
+            ("decode_frames(wire)", "native_decode_seed_65536", "native_decode_out_seed_65536"),
+            ("encode_frames(g)", "native_encode_seed_65536", "native_encode_out_seed_65536"),
+            ("receive_from(sock)", "e2e_native_socket_seed_new", "e2e_native_socket_seed"),
+        )
+    ]
+
+
+def _socket_ratios(res: Results) -> list[Ratio]:
+    ratios = [
+        _at_least(
+            res,
+            "end to end, socket path, seed: wire GB/s / raw loopback TCP",
+            "e2e_native_socket_seed",
+            "raw_tcp",
+            "wire_gbps",
+            0.9,
+            "raw TCP",
+        ),
+        # Issue 12's fair baseline: the same pre-faulted destination, filled by recv_into
+        # in slices, no CRC; the cache-hot figure (the kernel's ceiling) is reported beside.
+        _at_least(
+            res,
+            "end to end, socket path, compact: gradient GB/s / raw TCP recv_into out= slices",
+            "e2e_native_socket_compact",
+            "raw_tcp_slices",
+            "gbps",
+            0.9,
+            "raw recv_into",
+            den_attr="wire_gbps",
+        ),
+        _reported(
+            res,
+            "end to end, socket path, compact: gradient GB/s / raw TCP cache-hot 1 MiB",
+            "e2e_native_socket_compact",
+            "raw_tcp_hot",
+            "gbps",
+            den_attr="wire_gbps",
+        ),
+        _at_least(
             res,
             "end to end, socket path, compact / gloo (gradient GB/s)",
             "e2e_native_socket_compact",
             "e2e_gloo",
             "gbps",
-            ">=",
             1.0,
-            ">= gloo",
-        )
-    )
+            "gloo",
+        ),
+        _reported(
+            res,
+            "end to end, socket path, compact / pickle protocol 5 out-of-band",
+            "e2e_native_socket_compact",
+            "e2e_pickle_oob",
+            "gbps",
+        ),
+    ]
+    return ratios
+
+
+def _streams_ratios(res: Results) -> list[Ratio]:
+    ratios: list[Ratio] = []
     for layout in LAYOUTS:
-        ratios.append(
-            _ratio_of(
+        streams = f"e2e_native_streams_{layout}"
+        ratios += [
+            _at_least(
                 res,
-                f"end to end, asyncio streams / reference, {layout}",
-                f"e2e_native_streams_{layout}",
-                f"e2e_reference_socket_{layout}",
+                f"end to end, asyncio streams / reference over the same streams, {layout}",
+                streams,
+                f"e2e_reference_streams_{layout}",
                 "gbps",
-                ">=",
                 3.0,
-                ">= 3 x reference",
-            )
-        )
-    ratios.append(
-        _ratio_of(
+                "reference",
+            ),
+            _at_least(
+                res,
+                f"end to end, asyncio streams / native socket path, {layout}",
+                streams,
+                f"e2e_native_socket_{layout}",
+                "gbps",
+                0.7,
+                "socket path",
+            ),
+            _reported(
+                res,
+                f"end to end, asyncio streams under uvloop / native socket path, {layout}",
+                f"e2e_native_uvloop_{layout}",
+                f"e2e_native_socket_{layout}",
+                "gbps",
+            ),
+        ]
+    return ratios
+
+
+def _small_ratios(res: Results) -> list[Ratio]:
+    attr = "round_trips_per_s"
+    return [
+        _at_least(
             res,
             "small-gradient round trips, native / raw socket ping-pong",
             "pingpong_native",
             "pingpong_raw",
-            "round_trips_per_s",
-            ">=",
+            attr,
             0.5,
-            ">= 0.5 x raw",
-        )
-    )
-    ratios.append(
-        _ratio_of(
+            "raw",
+        ),
+        _at_least(
             res,
             "small-gradient round trips, native / reference",
             "pingpong_native",
             "pingpong_reference",
-            "round_trips_per_s",
-            ">=",
+            attr,
             3.0,
-            ">= 3 x reference",
-        )
-    )
-    ratios.append(
-        _ratio_of(
+            "reference",
+        ),
+        # Rows of small.py's Connection ping-pong (a raw ping-pong that also sends an ack
+        # of the same size is its baseline); "not measured" until that section has them.
+        _at_least(
             res,
-            "small-gradient round trips, connection / raw ping-pong with acks",
+            "small-gradient round trips, Connection / raw ping-pong with an ack",
             "pingpong_connection",
             "pingpong_raw_ack",
-            "round_trips_per_s",
-            ">=",
+            attr,
             0.5,
-            ">= 0.5 x raw with acks",
-        )
-    )
+            "raw + ack",
+        ),
+    ]
+
+
+def _connection_ratios(res: Results) -> list[Ratio]:
+    return [
+        _at_least(
+            res,
+            "gs.Connection (hello, seal, ack) / bare stream_to + receive_from",
+            "conn_plain",
+            "conn_bare",
+            "gbps",
+            0.95,
+            "bare",
+        ),
+        _at_least(
+            res,
+            "TLS connection / plain connection",
+            "conn_tls",
+            "conn_plain",
+            "gbps",
+            0.6,
+            "plain",
+        ),
+        _reported(
+            res, "authkey connection / plain connection", "conn_authkey", "conn_plain", "gbps"
+        ),
+    ]
+
+
+def compute_ratios(res: Results, cfg: Config) -> list[Ratio]:
+    ratios = _codec_ratios(res) + _default_call_ratios(res) + _socket_ratios(res)
+    ratios += _streams_ratios(res) + _small_ratios(res) + _connection_ratios(res)
     rss_gib = cfg.rss_elements * 4 / GIB
     ratios.append(
         _rss_ratio(
@@ -199,8 +309,15 @@ def print_ratios(ratios: list[Ratio]) -> None:
     width = max(len(r.name) for r in ratios)
     for r in ratios:
         measured = "-" if r.measured is None else f"{r.measured:.3f}"
-        verdict = "not measured" if r.met is None else ("met" if r.met else "NOT MET")
-        line = f"  {r.name:{width}} {measured:>8}  {r.target_text:34} {verdict}"
+        line = f"  {r.name:{width}} {measured:>8}  {r.target_text:34} {r.verdict}"
         if r.note:
             line += f"  {r.note}"
         print(line, flush=True)
+    checked = [r for r in ratios if r.op != "report"]
+    met = sum(r.met is True for r in checked)
+    missed = sum(r.met is False for r in checked)
+    print(
+        f"  {met} of {len(checked)} targets met, {missed} not met, "
+        f"{len(checked) - met - missed} not measured",
+        flush=True,
+    )

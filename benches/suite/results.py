@@ -33,11 +33,17 @@ class Ratio:
     numerator: str  # row keys
     denominator: str | None
     measured: float | None
-    op: str  # ">=" or "<="
-    target: float
+    op: str  # ">=", "<=", or "report": a figure shown beside the others, with no target
+    target: float | None  # None for "report"
     target_text: str
-    met: bool | None  # None: not measured
+    met: bool | None  # None: not measured, or reported only
     note: str = ""
+
+    @property
+    def verdict(self) -> str:
+        if self.op == "report":
+            return "reported" if self.measured is not None else "not measured"
+        return "not measured" if self.met is None else ("met" if self.met else "NOT MET")
 
 
 SECTIONS = {
@@ -46,8 +52,9 @@ SECTIONS = {
     "e2e": "3. end to end over loopback TCP, two processes",
     "small": "4. small gradients: round trips of a 1,000-value gradient",
     "rss": "5. peak RSS over baseline, native socket path",
+    "connections": "6. gs.Connection against the bare socket path (benches/connections.py)",
 }
-NAME_WIDTH = 60
+NAME_WIDTH = 76
 
 
 def _fmt(value: float | None, spec: str) -> str:

@@ -12,6 +12,7 @@ import os
 import pickle
 import socket
 import struct
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,7 @@ from .config import (
     LAYOUTS,
     Config,
     SessionSpec,
+    importable,
     layout_arg,
     now_ns,
     progress_class,
@@ -43,6 +45,33 @@ from .config import (
 from .results import Results, Row, timed_row
 
 # ------------------------------------------------------------- end-to-end children: gradstream
+
+
+def prefaulted(like: F32) -> F32:
+    """A new array of like's size with every page faulted in (np.zeros would map them
+    lazily) and no value of a gradient. For the clock it is a buffer kept from turn to
+    turn; made per turn, it keeps idle pairs from holding a gradient-sized buffer each
+    (a full run has some twenty pairs of 1 GiB gradients)."""
+    return np.ones_like(like)
+
+
+@dataclass(frozen=True)
+class Route:
+    """How a gradstream row moves its gradient: over the socket itself or asyncio streams
+    on it, under the default event loop or uvloop, received into a reused out= array or
+    into the new array receive_from makes."""
+
+    path: str = "socket"  # "socket" or "streams"
+    loop: str = "asyncio"  # "asyncio" or "uvloop"
+    into_out: bool = True
+
+
+def _run(main: Coroutine[Any, Any, None], loop: str) -> None:
+    factory = None
+    if loop == "uvloop":
+        factory = importlib.import_module("uvloop").new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(main)
 
 
 class _Link:
@@ -56,6 +85,7 @@ class _Link:
 
     async def open(self) -> None:
         if self.path == "streams":
+            # The transport asyncio.start_server hands its callback, on a connected socket.
             self.reader, self.writer = await asyncio.open_connection(sock=self.sock)
 
     @property
@@ -87,12 +117,12 @@ class _Link:
 
 
 def _gs_sender(
-    out: Any, _: Any, sock: socket.socket, spec: SessionSpec, path: str, grad: F32
+    out: Any, _: Any, sock: socket.socket, spec: SessionSpec, route: Route, grad: F32
 ) -> None:
     session = spec.make()
 
     async def run() -> None:
-        link = _Link(sock, path)
+        link = _Link(sock, route.path)
         await link.open()
         rep = 0
         while await link.go():
@@ -102,39 +132,41 @@ def _gs_sender(
             rep += 1
         await link.close()
 
-    asyncio.run(run())
+    _run(run(), route.loop)
 
 
 def _gs_receiver(
-    out: Any, ctl: Any, sock: socket.socket, spec: SessionSpec, path: str, grad: F32
+    out: Any, ctl: Any, sock: socket.socket, spec: SessionSpec, route: Route, grad: F32
 ) -> None:
     session = spec.make()
     progress_cls = progress_class(spec.impl)
 
     async def run() -> None:
-        link = _Link(sock, path)
+        link = _Link(sock, route.path)
         await link.open()
-        # One buffer for every round, as a training loop keeps its gradient buffer (the
-        # raw TCP row likewise receives into a reused buffer).
-        dest = np.ones_like(grad)
         for rep in turns(ctl):
+            # A pre-faulted out= array, as a training loop keeps its gradient buffer (the
+            # raw TCP rows likewise): made before the go byte and dropped after the turn.
+            dest = prefaulted(grad) if route.into_out else None
             progress = progress_cls()
             await link.send_go()
             got = await session.receive_from(link.stream, progress=progress, out=dest)
             t1 = now_ns()
-            out.put(("t1", rep, t1, progress.bytes, got is dest and same_bits(got, grad)))
-            dest.fill(0.0)  # a stale copy must not pass the check next round
+            same = (dest is None or got is dest) and same_bits(got, grad)
+            out.put(("t1", rep, t1, progress.bytes, same))
+            del got, dest
         await link.close()
 
-    asyncio.run(run())
+    _run(run(), route.loop)
 
 
 # ------------------------------------------------------------- end-to-end children: raw, pickle
 
 
 def _raw_sender(out: Any, _: Any, sock: socket.socket, grad: F32, mode: str) -> None:
-    """mode "reuse" / "new": one sendall of the whole gradient; "hot": the gradient's size
-    as sendalls of one 1 MiB buffer, again and again (it stays in the CPU caches)."""
+    """mode "reuse" / "new" / "slices": one sendall of the whole gradient; "hot": the
+    gradient's size as sendalls of one 1 MiB buffer, again and again (it stays in the CPU
+    caches)."""
     view = grad.data.cast("B")
     hot = memoryview(bytes(min(len(view), HOT_BUFFER)))
     rep = 0
@@ -149,29 +181,46 @@ def _raw_sender(out: Any, _: Any, sock: socket.socket, grad: F32, mode: str) -> 
         rep += 1
 
 
+def _recv_slices(sock: socket.socket, view: memoryview) -> int:
+    """Fill view by recv_into calls of at most 1 MiB each, in order (as a receiver that
+    reads a frame's values straight into their place does); the bytes read."""
+    got = 0
+    while got < len(view):
+        n = sock.recv_into(view[got : got + HOT_BUFFER])
+        if n == 0:
+            break
+        got += n
+    return got
+
+
 def _raw_receiver(out: Any, ctl: Any, sock: socket.socket, grad: F32, mode: str) -> None:
-    """mode "reuse": recv_into one pre-faulted gradient-sized buffer; "new": into a new
-    array each time; "hot": into one 1 MiB buffer, again and again (the bytes are lost)."""
-    size = HOT_BUFFER if mode == "hot" else grad.size * 4
-    dst = np.empty(size // 4, dtype=np.float32)
-    dst.fill(0)  # pre-faulted (np.zeros would map its pages lazily)
+    """mode "reuse": recv_into a pre-faulted gradient-sized buffer; "slices": the same in
+    1 MiB recv_into calls; "new": into a new array (its page faults timed); "hot": into
+    one 1 MiB buffer, again and again (the bytes are lost)."""
+    hot = prefaulted(np.empty(HOT_BUFFER // 4, dtype=np.float32))
     for rep in turns(ctl):
-        if mode == "new":
-            dst = np.empty(grad.size, dtype=np.float32)
-        sock.sendall(GO)
         if mode == "hot":
-            view, got = dst.data.cast("B"), 0
+            buf = hot
+        elif mode == "new":
+            buf = np.empty(grad.size, dtype=np.float32)  # faulted in by recv_into, timed
+        else:
+            buf = prefaulted(grad)  # untimed: made before the go byte
+        sock.sendall(GO)
+        view = buf.data.cast("B")
+        if mode == "hot":
+            got = 0
             while got < grad.nbytes:
                 step = recv_exactly(sock, view[: min(len(view), grad.nbytes - got)])
                 if step == 0:
                     break
                 got += step
-            ok = got == grad.nbytes
         else:
-            got = recv_exactly(sock, dst.data.cast("B"))
-            ok = got == grad.nbytes and same_bits(dst, grad)
+            got = _recv_slices(sock, view) if mode == "slices" else recv_exactly(sock, view)
+        # The clock stops when the bytes are in, before the check (as for every peer).
         t1 = now_ns()
+        ok = got == grad.nbytes and (mode == "hot" or same_bits(buf, grad))
         out.put(("t1", rep, t1, got, ok))
+        del view, buf
 
 
 def _pickle_sender(out: Any, _: Any, sock: socket.socket, grad: F32, oob: bool) -> None:
@@ -195,29 +244,41 @@ def _pickle_sender(out: Any, _: Any, sock: socket.socket, grad: F32, oob: bool) 
         rep += 1
 
 
-def _recv_buffer(sock: socket.socket, size: int) -> bytearray:
-    buf = bytearray(size)
-    if recv_exactly(sock, memoryview(buf)) != size:
-        raise ChildError("the sender closed the connection")
-    return buf
+class _Buffers:
+    """Receive buffers kept from turn to turn by size (pickle lets a receiver reuse them:
+    out-of-band buffers become the loaded array's memory, in-band bytes are copied out)."""
+
+    def __init__(self) -> None:
+        self.kept: dict[tuple[int, int], bytearray] = {}
+
+    def recv(self, sock: socket.socket, size: int, slot: int = 0) -> bytearray:
+        buf = self.kept.get((slot, size))
+        if buf is None:
+            buf = self.kept[(slot, size)] = bytearray(size)
+        if recv_exactly(sock, memoryview(buf)) != size:
+            raise ChildError("the sender closed the connection")
+        return buf
 
 
 def _pickle_receiver(out: Any, ctl: Any, sock: socket.socket, grad: F32, oob: bool) -> None:
+    kept = _Buffers()
     for rep in turns(ctl):
         sock.sendall(GO)
         if oob:
-            meta_len, count = struct.unpack("<QQ", _recv_buffer(sock, 16))
-            sizes = struct.unpack(f"<{count}Q", _recv_buffer(sock, 8 * count))
-            meta = _recv_buffer(sock, meta_len)
-            bufs = [_recv_buffer(sock, size) for size in sizes]
+            meta_len, count = struct.unpack("<QQ", kept.recv(sock, 16))
+            sizes = struct.unpack(f"<{count}Q", kept.recv(sock, 8 * count))
+            meta = kept.recv(sock, meta_len)
+            bufs = [kept.recv(sock, size, slot) for slot, size in enumerate(sizes, 1)]
             got = pickle.loads(meta, buffers=bufs)
             wire = 16 + 8 * count + meta_len + sum(sizes)
         else:
-            (size,) = struct.unpack("<Q", _recv_buffer(sock, 8))
-            got = pickle.loads(_recv_buffer(sock, size))
+            (size,) = struct.unpack("<Q", kept.recv(sock, 8))
+            got = pickle.loads(kept.recv(sock, size, 1))
             wire = 8 + size
         t1 = now_ns()
         out.put(("t1", rep, t1, wire, same_bits(got, grad)))
+        if oob:
+            got.fill(0)  # its memory is a kept buffer: a stale copy must not pass next turn
         del got
 
 
@@ -252,24 +313,30 @@ def _gloo_worker(out: Any, ctl: Any, rank: int, port: int, grad: F32, timeout: f
                 out.put(("t0", rep, t0))
                 rep += 1
         else:
+            # One receive tensor for every turn (gloo receives into the caller's tensor).
+            buf = torch.empty(grad.size, dtype=torch.float32)
             for rep in turns(ctl):
-                # A receiver must hold the tensor before recv; allocated before the barrier.
-                buf = torch.empty(grad.size, dtype=torch.float32)
                 dist.send(torch.ones(1, dtype=torch.int32), dst=0)
                 dist.barrier()
                 dist.recv(buf, src=0)
                 t1 = now_ns()
                 out.put(("t1", rep, t1, grad.nbytes, same_bits(buf.numpy(), grad)))
-                del buf
+                buf.numpy().fill(0)  # shares the tensor's memory: no stale pass next turn
             dist.send(flag, dst=0)  # zero: stop
     finally:
         dist.destroy_process_group()
 
 
 RAW_TCP = (
-    ("raw_tcp", "reuse", "raw loopback TCP {}, sendall / recv_into a reused buffer"),
-    ("raw_tcp_new", "new", "raw loopback TCP {}, recv_into a new array each time"),
-    ("raw_tcp_hot", "hot", "raw loopback TCP {} through 1 MiB buffers (cache-hot)"),
+    ("raw_tcp", "reuse", "raw loopback TCP {}, sendall / recv_into a reused buffer", ""),
+    (
+        "raw_tcp_slices",
+        "slices",
+        "raw loopback TCP {}, recv_into the reused buffer, 1 MiB slices",
+        "the socket path's baseline: same destination, no framing, no CRC",
+    ),
+    ("raw_tcp_new", "new", "raw loopback TCP {}, recv_into a new array each time", ""),
+    ("raw_tcp_hot", "hot", "raw loopback TCP {} through 1 MiB buffers (cache-hot)", ""),
 )
 
 
@@ -287,38 +354,82 @@ class Planned:
     note: str = ""
 
 
+@dataclass(frozen=True)
+class GsRow:
+    """One gradstream row of section 3: who, over what, into what."""
+
+    impl: str  # "native" or "reference"
+    layout: str
+    route: Route
+    suffix: str = ""  # of the key, after the layout
+
+    @property
+    def key(self) -> str:
+        path = "uvloop" if self.route.loop == "uvloop" else self.route.path
+        return f"e2e_{self.impl}_{path}_{self.layout}{self.suffix}"
+
+    def name(self, label: str) -> str:
+        what = "socket" if self.route.path == "socket" else "asyncio streams"
+        if self.route.loop == "uvloop":
+            what += " under uvloop"
+        into = "into out=" if self.route.into_out else "receive_from into a new array"
+        return f"{self.impl} {what}, {self.layout} layout, {label}, {into}"
+
+
+STREAMS = Route("streams")
+GS_ROWS = (
+    *(GsRow("native", layout, Route()) for layout in LAYOUTS),
+    GsRow("native", "seed", Route(into_out=False), "_new"),
+    *(GsRow("native", layout, STREAMS) for layout in LAYOUTS),
+    *(GsRow("native", layout, Route("streams", "uvloop")) for layout in LAYOUTS),
+    *(GsRow("reference", layout, route) for route in (Route(), STREAMS) for layout in LAYOUTS),
+)
+# What each kind of row has that the others do not (the "keep every peer honest" notes).
+STREAMS_NOTE = "open_connection(sock=) at both ends (start_server's transport)"
+PICKLE_NOTES = {
+    False: "handicap: dumps makes a new bytes and loads a new array (no out=); "
+    "the receive buffer is reused",
+    True: "receive buffers reused, the array loaded over them without a copy; no checksum",
+}
+
+
+def _gs_plan(row: GsRow, cfg: Config, grad: F32, available: dict[str, str | None]) -> Planned:
+    name = row.name(size_text(grad.nbytes))
+    why = available[row.impl]
+    if row.layout == "compact" and why is not None:
+        return Planned(row.key, "e2e", name, None, why)
+    if row.route.loop == "uvloop" and not importable("uvloop"):
+        return Planned(row.key, "e2e", name, None, "uvloop is not importable")
+    spec = SessionSpec(
+        row.impl, 65536, layout_arg(row.layout, available, row.impl), cfg.stall_timeout
+    )
+    c = Contestant(
+        row.key,
+        ("recv", _gs_receiver, (spec, row.route, grad)),
+        ("send", _gs_sender, (spec, row.route, grad)),
+        per_turn=2,
+    )
+    note = STREAMS_NOTE if row.route.path == "streams" else ""
+    if not row.route.into_out:
+        note = "the default call: a new array per receive, against the out= row beside it"
+    return Planned(row.key, "e2e", name, c, note)
+
+
 def plan_transfers(cfg: Config, grad: F32, available: dict[str, str | None]) -> list[Planned]:
     """The raw TCP rows of section 1 and the rows of section 3, as contestants."""
     label = size_text(grad.nbytes)
     plans: list[Planned] = []
-    for key, mode, name in RAW_TCP:
+    for key, mode, name, note in RAW_TCP:
         c = Contestant(
             key,
             ("recv", _raw_receiver, (grad, mode)),
             ("send", _raw_sender, (grad, mode)),
             per_turn=2,
         )
-        note = "" if mode == "reuse" else "information only"
+        note = note or ("" if mode == "reuse" else "information only")
         plans.append(Planned(key, "limits", name.format(label), c, note))
 
-    timeout = cfg.stall_timeout
-    for impl, path in (("native", "socket"), ("native", "streams"), ("reference", "socket")):
-        for layout in LAYOUTS:
-            key = f"e2e_{impl}_{path}_{layout}"
-            what = "asyncio streams" if path == "streams" else "socket"
-            name = f"{impl} {what}, {layout} layout, {label}, into out="
-            why = available[impl]
-            if layout == "compact" and why is not None:
-                plans.append(Planned(key, "e2e", name, None, why))
-                continue
-            spec = SessionSpec(impl, 65536, layout_arg(layout, available, impl), timeout)
-            c = Contestant(
-                key,
-                ("recv", _gs_receiver, (spec, path, grad)),
-                ("send", _gs_sender, (spec, path, grad)),
-                per_turn=2,
-            )
-            plans.append(Planned(key, "e2e", name, c))
+    plans += [_gs_plan(row, cfg, grad, available) for row in GS_ROWS]
 
     for oob, key, name in (
         (False, "e2e_pickle", f"pickle (protocol 5, in-band) over a raw socket, {label}"),
@@ -330,7 +441,7 @@ def plan_transfers(cfg: Config, grad: F32, available: dict[str, str | None]) -> 
             ("send", _pickle_sender, (grad, oob)),
             per_turn=2,
         )
-        plans.append(Planned(key, "e2e", name, c))
+        plans.append(Planned(key, "e2e", name, c, PICKLE_NOTES[oob]))
 
     name = f"torch.distributed gloo send/recv, {label}"
     if importlib.util.find_spec("torch") is None:
@@ -346,7 +457,8 @@ def plan_transfers(cfg: Config, grad: F32, available: dict[str, str | None]) -> 
             per_turn=2,
             connect=False,
         )
-        plans.append(Planned("e2e_gloo", "e2e", name, c, "wire bytes taken as the gradient's"))
+        note = "receive tensor reused; wire bytes taken as the gradient's"
+        plans.append(Planned("e2e_gloo", "e2e", name, c, note))
     return plans
 
 

@@ -3,8 +3,9 @@ streams, and each event loop's hub for the transfers that run natively.
 
 Sockets go to Rust: a small transfer runs on the caller's thread (waiting for a socket
 to become readable on this loop, ``receive_socket``), any other on tokio (its result
-comes back through the loop's ``Hub``); for an asyncio ``StreamReader``/``StreamWriter``
-the frames are still encoded and checked in Rust (the engine's ``FrameEncoder`` and
+comes back through the loop's ``Hub``), and so do asyncio streams on a plain socket
+(``_handover``); for any other asyncio ``StreamReader``/``StreamWriter`` (TLS, uvloop) the
+frames are still encoded and checked in Rust (the engine's ``FrameEncoder`` and
 ``FrameReceiver``, GIL released), and this module only moves the bytes: ``write`` +
 ``drain`` out, ``read`` in, each wait bounded by the session's timeout. Called by
 ``_session`` alone; it calls the engine's public methods only.
@@ -23,22 +24,35 @@ from .errors import StreamIOError
 T = TypeVar("T")
 
 
-def _half(stream: Any, index: int, kind: type[T], method: str) -> T:
-    """The reader (index 0) or writer (1) of a stream or a (reader, writer) pair."""
+def half_of(stream: Any, index: int, kind: type[T]) -> T | None:
+    """The reader (index 0) or writer (1) of a stream or a (reader, writer) pair; None
+    when it is not one."""
     if isinstance(stream, tuple) and len(stream) == 2:
         stream = stream[index]
-    if not isinstance(stream, kind):
+    return stream if isinstance(stream, kind) else None
+
+
+def _half(stream: Any, index: int, kind: type[T], method: str) -> T:
+    """``half_of``, or the TypeError naming ``method``."""
+    half = half_of(stream, index, kind)
+    if half is None:
+        kept = stream[index] if isinstance(stream, tuple) and len(stream) == 2 else stream
         raise TypeError(
             f"{method} takes a connected socket.socket, an asyncio.{kind.__name__} or a "
-            f"(reader, writer) pair, not {type(stream).__name__}"
+            f"(reader, writer) pair, not {type(kept).__name__}"
         )
-    return stream
+    return half
 
 
 def writer_of(stream: Any, method: str) -> asyncio.StreamWriter:
     """The StreamWriter of an asyncio stream or a (reader, writer) pair; TypeError naming
     ``method`` for anything else."""
     return _half(stream, 1, asyncio.StreamWriter, method)
+
+
+def reader_in(stream: Any) -> asyncio.StreamReader | None:
+    """The StreamReader of an asyncio stream or a (reader, writer) pair, or None."""
+    return half_of(stream, 0, asyncio.StreamReader)
 
 
 def reader_of(stream: Any, method: str) -> asyncio.StreamReader:
@@ -93,25 +107,28 @@ async def receive(receiver: Any, reader: asyncio.StreamReader, none_at_end: bool
     clock = Clock(*receiver.waits)
     while True:
         want = receiver.want()
-        # Grown as bytes arrive, not sized by the header: a 16-byte header must not
-        # cost max_payload_len of memory before its payload shows up.
-        unit = bytearray()
+        # Kept as the pieces that arrive, not sized by the header: a 16-byte header must
+        # not cost max_payload_len of memory before its payload shows up. Joined into
+        # one immutable bytes (or a lone piece as it is), the receiver reads it in place.
+        pieces: list[bytes] = []
+        got = 0
         try:
-            while len(unit) < want:
-                piece = await clock.within(reader.read(want - len(unit)))
+            while got < want:
+                piece = await clock.within(reader.read(want - got))
                 if not piece:
-                    got = receiver.end(len(unit))
-                    if got is None and not none_at_end:
+                    ended = receiver.end(got)
+                    if ended is None and not none_at_end:
                         return receiver.finish()
-                    return got
-                unit += piece
+                    return ended
+                pieces.append(piece)
+                got += len(piece)
                 clock.start()
         except Stalled as stalled:
             receiver.timed_out(stalled.limit, stalled.late)
             raise  # timed_out raised StreamTimeoutError; this line is never reached
         except OSError as exc:
             raise _noted(StreamIOError.from_os_error(exc), receiver) from exc
-        if receiver.feed(unit):
+        if receiver.feed(pieces[0] if len(pieces) == 1 else b"".join(pieces)):
             return receiver.finish()
 
 
@@ -125,15 +142,16 @@ def _wake(woken: asyncio.Future[None]) -> None:
         woken.set_result(None)
 
 
-async def receive_socket(receive: Any, fd: int) -> Any:
-    """Run the engine's ``SocketReceive`` for the socket of descriptor ``fd``: a gradient
-    already there is taken on this thread; with nothing there yet, wait until the socket
-    is readable (at most as long as the receive says) and look again; anything else goes
-    on in tokio under the loop's hub. (One coroutine, inlined: a small receive feels every
-    microsecond.)"""
+async def receive_socket(receive: Any, sock: Any) -> Any:
+    """Run the engine's ``SocketReceive`` for ``sock``: a gradient already there is taken
+    on this thread; with nothing there yet, wait until the socket is readable (at most as
+    long as the receive says) and look again; anything else (and any receive of a socket
+    handed over by an asyncio stream) goes on in tokio under the loop's hub. (One
+    coroutine, inlined: a small receive feels every microsecond.)"""
     step, value = receive.poll()
     if step == _WAIT:
         loop = asyncio.get_running_loop()
+        fd = sock.fileno()
         while step == _WAIT:
             woken = loop.create_future()
             loop.add_reader(fd, _wake, woken)

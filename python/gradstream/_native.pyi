@@ -1,6 +1,7 @@
 # Type stubs of the Rust extension module (crates/gradstream-py). mypy's stubtest checks
 # them against the built module (the Makefile's lint), so they cannot drift from the code.
 import socket
+from asyncio.trsock import TransportSocket
 from collections.abc import Iterable
 from typing import Any, Final, Literal, final
 
@@ -24,6 +25,7 @@ __all__ = [
     "FrameEncoder",
     "FrameReceiver",
     "GradientChunk",
+    "Handover",
     "Link",
     "Listener",
     "SocketReceive",
@@ -160,13 +162,13 @@ class Engine:
         self,
         completions: Completions,
         gradient: _GradientArgs,
-        socket: socket.socket,
+        socket: _Socket,
         progress: TransferProgress | None,
         deadline: float | None,
     ) -> tuple[bool, int]: ...
     def receive_from_socket(
         self,
-        socket: socket.socket,
+        socket: _ReceiveSocket,
         progress: TransferProgress | None,
         none_at_end: bool,
         out: _OutArgs | None,
@@ -193,14 +195,14 @@ class Engine:
         self,
         completions: Completions,
         tensors: list[_TensorArgs],
-        socket: socket.socket,
+        socket: _Socket,
         progress: TransferProgress | None,
         deadline: float | None,
     ) -> int: ...
     def receive_tensors_socket(
         self,
         completions: Completions,
-        socket: socket.socket,
+        socket: _ReceiveSocket,
         progress: TransferProgress | None,
         deadline: float | None,
     ) -> int: ...
@@ -349,6 +351,20 @@ class SocketReceive:
 
 def fast_path_counts() -> tuple[int, int]:
     """(sends, receives) of small gradients finished on the caller's thread so far."""
+
+@final
+class Handover:
+    """A socket an asyncio transport stopped reading and the bytes its reader held, for
+    one native receive (used by gradstream._handover only)."""
+
+    def __new__(cls, socket: _Socket, buffered: Buffer) -> Handover: ...
+    def unread(self) -> bytes: ...
+    def ended(self) -> bool: ...
+
+# What the socket path drives: a socket, or an asyncio transport's (TransportSocket);
+# a receive also takes one handed over with the bytes its reader held.
+_Socket = socket.socket | TransportSocket
+_ReceiveSocket = _Socket | Handover
 
 def tensor_note(doing: str, name: str, k: int, n: int) -> str:
     """The note of an error met on tensor k of n: 'while <doing> tensor "name" (k of n) ...'."""

@@ -9,7 +9,8 @@ plain (bytes, a flat array with its dtype name and shape, a job number for the e
 loop's hub), and is finished here.
 
 Uses ``_native`` (the engine), ``_convert`` and ``_dtypes`` (taking gradients and ``out=``),
-and ``_aio`` (the asyncio-streams half and the loop's hub). Tensor sets are the engine's
+``_aio`` (the asyncio-streams half and the loop's hub) and ``_handover`` (an asyncio
+stream's plain socket lent to the socket path). Tensor sets are the engine's
 too (gradstream-core's ``tensors``): only the (name, tensor) pairs are read here.
 """
 
@@ -27,7 +28,7 @@ import numpy.typing as npt
 import pyarrow as pa
 from typing_extensions import Buffer
 
-from . import _aio, _dtypes
+from . import _aio, _dtypes, _handover
 from ._convert import check_bool, frame_buffer, value_buffer
 from ._native import (
     DEFAULT_CHUNK_SIZE,
@@ -35,6 +36,7 @@ from ._native import (
     DEFAULT_MAX_PAYLOAD_LEN,
     Engine,
     GradientChunk,
+    Handover,
     TransferProgress,
     tensor_note,
 )
@@ -356,8 +358,10 @@ class GradientStreamSession:
         sock = _stream_socket(stream)
         if sock is None:
             writer = _aio.writer_of(stream, "stream_to")
-            frames = self._engine.frame_encoder(self._take(gradient), progress, deadline)
-            return await _aio.send(frames, writer)
+            sock = _handover.socket_to_write(writer)
+            if sock is None:
+                frames = self._engine.frame_encoder(self._take(gradient), progress, deadline)
+                return await _aio.send(frames, writer)
         hub = _aio.hub()
         args = self._take(gradient)
         now, value = self._engine.stream_to_socket(hub.native, args, sock, progress, deadline)
@@ -408,16 +412,32 @@ class GradientStreamSession:
         sock = _stream_socket(stream)
         lent = None if out is None else _lend(out)
         args = None if lent is None else lent.args
-        if sock is None:
+        lease = None if sock is not None else _handover.lend_reader(_aio.reader_in(stream))
+        if lease is not None:
+            with lease as handover:
+                values = await self._receive_socket(handover, progress, none_at_end, args, deadline)
+        elif sock is None:
             receiver = self._engine.frame_receiver(progress, args, deadline)
             reader = _aio.reader_of(stream, "receive_from")
             values = await _aio.receive(receiver, reader, none_at_end)
         else:
-            receive = self._engine.receive_from_socket(sock, progress, none_at_end, args, deadline)
-            values = await _aio.receive_socket(receive, sock.fileno())
+            values = await self._receive_socket(sock, progress, none_at_end, args, deadline)
         if values is None:
             return None
         return lent.array if lent is not None else _hand_back(values)
+
+    async def _receive_socket(
+        self,
+        sock: socket.socket | Handover,
+        progress: TransferProgress | None,
+        none_at_end: bool,
+        args: _OutArgs | None,
+        deadline: float | None,
+    ) -> Any:
+        """One gradient from a socket (or an asyncio stream's, handed over) natively: the
+        values, ``out``'s array, or None at the end of the stream (as ``_receive``)."""
+        receive = self._engine.receive_from_socket(sock, progress, none_at_end, args, deadline)
+        return await _aio.receive_socket(receive, sock)
 
     # ---- tensor sets (README "Tensor sets")
 
@@ -469,9 +489,11 @@ class GradientStreamSession:
         sock = _stream_socket(stream)
         if sock is None:
             writer = _aio.writer_of(stream, "stream_tensors")
-            taken = self._tensors(tensors, "sending")
-            frames = self._engine.tensor_frame_encoder(taken, progress, deadline)
-            return await _aio.send(frames, writer)
+            sock = _handover.socket_to_write(writer)
+            if sock is None:
+                taken = self._tensors(tensors, "sending")
+                frames = self._engine.tensor_frame_encoder(taken, progress, deadline)
+                return await _aio.send(frames, writer)
         hub = _aio.hub()
         taken = self._tensors(tensors, "sending")
         job = self._engine.stream_tensors_socket(hub.native, taken, sock, progress, deadline)
@@ -488,15 +510,29 @@ class GradientStreamSession:
         """Receive a named set of tensors, in the sender's order ({} when the stream ended
         before its first byte). ``deadline`` bounds the whole set from its first byte."""
         sock = _stream_socket(stream)
-        if sock is None:
+        lease = None if sock is not None else _handover.lend_reader(_aio.reader_in(stream))
+        if lease is not None:
+            with lease as handover:
+                got = await self._receive_tensors_socket(handover, progress, deadline)
+        elif sock is None:
             reader = _aio.reader_of(stream, "receive_tensors")
             receiver = self._engine.tensor_set_receiver(progress, deadline)
             got = await _aio.receive(receiver, reader, False)
         else:
-            hub = _aio.hub()
-            job = self._engine.receive_tensors_socket(hub.native, sock, progress, deadline)
-            got = await hub.track(job)
+            got = await self._receive_tensors_socket(sock, progress, deadline)
         return _tensor_dict(got)
+
+    async def _receive_tensors_socket(
+        self,
+        sock: socket.socket | Handover,
+        progress: TransferProgress | None,
+        deadline: float | None,
+    ) -> list[tuple[str, _Values]]:
+        """One tensor set from a socket (or an asyncio stream's, handed over) natively."""
+        hub = _aio.hub()
+        job = self._engine.receive_tensors_socket(hub.native, sock, progress, deadline)
+        got: list[tuple[str, _Values]] = await hub.track(job)
+        return got
 
     def _encode_manifest(self, text: str) -> bytes:
         """The frames of a tensor set's manifest carrying ``text``."""

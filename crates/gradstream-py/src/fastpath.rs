@@ -16,7 +16,8 @@
 //! without it.
 //!
 //! Uses `convert` (gradients in, `out=` arrays, values out), `stream` (sockets, progress,
-//! the expiry error), `complete` and `errors`; used by `session`.
+//! the expiry error), `handover` (what it is not for), `complete` and `errors`; used by
+//! `session` and `connection`.
 
 use std::cell::RefCell;
 use std::os::fd::RawFd;
@@ -29,6 +30,7 @@ use pyo3::prelude::*;
 use super::complete::{Completions, Outcome};
 use super::convert::{values_tuple, Input, LentArray};
 use super::errors::{to_py_err, IntoPyResult};
+use super::handover::Handover;
 use super::stream::{expired, SocketStream};
 use gradstream_core::at_hand::{receive_at_hand, send_rest, AtHand};
 use gradstream_core::error::GradientStreamError;
@@ -203,6 +205,9 @@ pub struct SocketReceive {
     /// When the receive began: nothing has arrived since (a byte that arrives ends the
     /// waiting here), so the timeout runs from it.
     began: Instant,
+    /// False for a socket an asyncio stream handed over (`handover`): the bytes its
+    /// reader held come first, and a peek would not see them, so tokio takes it at once.
+    peekable: bool,
 }
 
 impl SocketReceive {
@@ -222,6 +227,7 @@ impl SocketReceive {
             none_at_end,
             out,
             began: Instant::now(),
+            peekable: Handover::unwrap(socket).1.is_none(),
         }
     }
 
@@ -280,6 +286,9 @@ impl SocketReceive {
     /// what the receive raises (the timeout error when the wait ran out with nothing
     /// there).
     fn poll<'py>(&self, py: Python<'py>) -> PyResult<(u8, Bound<'py, PyAny>)> {
+        if !self.peekable {
+            return Ok((SLOW, py.None().into_bound(py)));
+        }
         let fd = fileno(self.socket.bind(py))?;
         PEEKED.with_borrow_mut(|buffer| {
             // SAFETY: `buffer` is a live writable buffer of its length; `fd` is open.

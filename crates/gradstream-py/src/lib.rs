@@ -5,7 +5,9 @@
 //! into `gradstream.errors` to build exceptions.
 //!
 //! The arrows point one way: `session` uses `settings`, `stream`, `fastpath`, `complete`,
-//! `convert`, `chunk`; `fastpath` uses `stream`, `complete`, `convert` and `errors`; `stream` and `complete` use `convert`; `convert` uses no sibling; `chunk` uses
+//! `convert`, `chunk`; `fastpath` uses `stream`, `complete`, `convert` and `errors`;
+//! `stream` and `complete` use `convert`; `stream` uses `handover`, which uses
+//! `buffers`; `convert` uses no sibling; `chunk` uses
 //! `buffers`; `tensors` uses `convert` and `stream`, `complete` uses `tensors`; `settings`, `complete`, `stream`, `session`, `connection` and `protocol` use `errors`.
 
 mod buffers;
@@ -15,6 +17,7 @@ mod connection;
 mod convert;
 mod errors;
 mod fastpath;
+mod handover;
 mod protocol;
 mod session;
 mod settings;
@@ -37,6 +40,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<stream::TransferProgress>()?;
     m.add_class::<complete::Completions>()?;
     m.add_class::<fastpath::SocketReceive>()?;
+    m.add_class::<handover::Handover>()?;
     m.add_class::<connection::PyLink>()?;
     m.add_class::<connection::PyListener>()?;
     m.add("DEFAULT_CHUNK_SIZE", DEFAULT_CHUNK_SIZE)?;

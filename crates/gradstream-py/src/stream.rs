@@ -2,7 +2,8 @@
 //! sans-I/O encoder/receiver that `gradstream._aio` drives for asyncio streams.
 //!
 //! Uses `convert` (the gradient held across a transfer, the `out=` array, values out),
-//! `buffers` and `errors`; used by `session`.
+//! `handover` (an asyncio stream's socket with the bytes its reader held), `buffers` and
+//! `errors`; used by `session`.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -19,6 +20,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use super::buffers::ReadBuffer;
 use super::convert::{values_tuple, HeldGradient, Input, LentArray};
 use super::errors::IntoPyResult;
+use super::handover::{Buffered, Handover};
 use gradstream_core::error::{GradientStreamError, Result};
 use gradstream_core::output::Output;
 use gradstream_core::receiver::{Ended, FrameReceiver};
@@ -174,12 +176,16 @@ pub struct SocketStream {
     fd: OwnedFd,
     unix: bool,
     _nonblocking: NonBlocking,
+    /// Bytes read before the socket's, for a socket handed over by an asyncio stream.
+    buffered: Option<Arc<Buffered>>,
 }
 
 impl SocketStream {
     /// A connected stream socket (`socket.socket`, checked by the Python session: not
-    /// TLS, not closed, SOCK_STREAM), duplicated; the Python socket stays open and usable.
+    /// TLS, not closed, SOCK_STREAM), or a `Handover` of one, duplicated; the Python
+    /// socket stays open and usable.
     pub fn from_socket(obj: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let (obj, buffered) = Handover::unwrap(obj);
         let raw: i32 = obj.call_method0("fileno")?.extract()?;
         if raw < 0 {
             return Err(std::io::Error::from_raw_os_error(libc::EBADF).into());
@@ -194,6 +200,7 @@ impl SocketStream {
             fd,
             unix: family == libc::AF_UNIX,
             _nonblocking: nonblocking,
+            buffered,
         })
     }
 
@@ -209,6 +216,7 @@ impl SocketStream {
         Ok(SocketIo {
             kind,
             _nonblocking: self._nonblocking,
+            buffered: self.buffered,
         })
     }
 }
@@ -222,6 +230,7 @@ enum Kind {
 pub struct SocketIo {
     kind: Kind,
     _nonblocking: NonBlocking,
+    buffered: Option<Arc<Buffered>>,
 }
 
 impl AsyncRead for SocketIo {
@@ -230,9 +239,14 @@ impl AsyncRead for SocketIo {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        match &mut self.get_mut().kind {
+        let this = self.get_mut();
+        let mut read = |cx: &mut Context<'_>, buf: &mut ReadBuf<'_>| match &mut this.kind {
             Kind::Tcp(s) => Pin::new(s).poll_read(cx, buf),
             Kind::Unix(s) => Pin::new(s).poll_read(cx, buf),
+        };
+        match &this.buffered {
+            Some(buffered) => buffered.poll_read(cx, buf, read),
+            None => read(cx, buf),
         }
     }
 }

@@ -43,7 +43,9 @@ Sections:
    allows that; a row's note says where a peer is handicapped;
 4. small gradients: round trips per second of a 1,000-value gradient (A sends, B receives
    and sends it back), native, reference, and a raw-socket ping-pong of the same number
-   of bytes as the native frames; A times windows of a fixed duration;
+   of bytes as the native frames; and through a native connection (hello, seal, ack)
+   against a raw ping-pong of its sealed frames' bytes, each message answered by a
+   56-byte ack as an accepted transfer is; A times windows of a fixed duration;
 5. peak RSS over baseline of the native socket path, sending and receiving (fresh
    processes per repeat, ru_maxrss minus VmRSS before the transfer, as in
    benches/stream_memory.py);

@@ -1,4 +1,6 @@
-"""Section 4: round trips per second of a small gradient, against a raw-socket ping-pong."""
+"""Section 4: round trips per second of a small gradient, against a raw-socket ping-pong;
+and through a ``gradstream.connect`` connection (hello, seal, ack), against a raw
+ping-pong that also sends an ack of the same size after each message."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .children import ChildError, Contestant, recv_exactly, run_rounds, turns
+from .children import ChildError, Contestant, free_port, recv_exactly, run_rounds, turns
 from .config import F32, Config, SessionSpec, make_gradient, same_bits
 from .results import Results, Row
 from .transfers import Planned
@@ -95,11 +97,97 @@ def _pp_echo(out: Any, _: Any, sock: socket.socket, impl: str, g: F32, wire_len:
     asyncio.run(run())
 
 
+# The rows whose messages are a connection's sealed frames.
+SEALED_ROWS = ("pingpong_connection", "pingpong_raw_ack")
+# An accepted ack's bytes on the wire (README "Protocol": 56 bytes, no reason).
+ACK_LEN = 56
+
+
+def _ack_initiator(out: Any, ctl: Any, sock: socket.socket, wire_len: int, seconds: float) -> None:
+    """Side A of the raw ack ping-pong: a message, the peer's ack, the echo, our ack."""
+    msg = bytes(range(256)) * (wire_len // 256 + 1)
+    msg = msg[:wire_len]
+    view = memoryview(bytearray(wire_len))
+    ack, ack_view = bytes(ACK_LEN), memoryview(bytearray(ACK_LEN))
+
+    def step() -> None:
+        sock.sendall(msg)
+        recv_exactly(sock, ack_view)
+        if recv_exactly(sock, view) != wire_len:
+            raise ChildError("the echo side closed the connection")
+        sock.sendall(ack)
+
+    for rep in turns(ctl):
+        if rep == 0:
+            _window(step, seconds / 4)
+        rate = _window(step, seconds)
+        out.put(("rate", rep, rate, bytes(view) == msg))
+    sock.shutdown(socket.SHUT_WR)
+
+
+def _ack_echo(out: Any, _: Any, sock: socket.socket, wire_len: int) -> None:
+    view = memoryview(bytearray(wire_len))
+    ack, ack_view = bytes(ACK_LEN), memoryview(bytearray(ACK_LEN))
+    while recv_exactly(sock, view) == wire_len:
+        sock.sendall(ack)
+        sock.sendall(view)
+        recv_exactly(sock, ack_view)
+
+
+async def _dial(port: int) -> Any:
+    """A connection to the echo side's listener, retried while it starts."""
+    import gradstream
+
+    for _ in range(200):
+        try:
+            return await gradstream.connect(("127.0.0.1", port))
+        except OSError:
+            await asyncio.sleep(0.05)
+    return await gradstream.connect(("127.0.0.1", port))
+
+
+def _conn_initiator(out: Any, ctl: Any, port: int, g: F32, seconds: float) -> None:
+    """Side A through a connection: send (returns once acknowledged), then receive the
+    echo (acknowledging it)."""
+
+    async def run() -> None:
+        conn = await _dial(port)
+        last: list[Any] = [g]
+
+        async def step() -> None:
+            await conn.send(g)
+            last[0] = await conn.recv()
+
+        for rep in turns(ctl):
+            if rep == 0:
+                await _window_async(step, seconds / 4)
+            rate = await _window_async(step, seconds)
+            out.put(("rate", rep, rate, same_bits(last[0], g)))
+        await conn.close()
+
+    asyncio.run(run())
+
+
+def _conn_echo(out: Any, _: Any, port: int) -> None:
+    import gradstream
+
+    async def run() -> None:
+        async with await gradstream.listen(("127.0.0.1", port)) as listener:
+            conn = await listener.accept()
+            async for got in conn:  # until side A closes
+                await conn.send(got)
+
+    asyncio.run(run())
+
+
 def bench_small(cfg: Config, res: Results) -> None:
     import gradstream
 
     g = make_gradient(cfg.pingpong_elements)
+    seconds = cfg.pingpong_seconds
     wire_len = len(gradstream.GradientStreamSession("bench", 65536).encode_frames(g))
+    # A connection's gradients are sealed: its frames are those of a sealing session.
+    sealed_len = len(gradstream.GradientStreamSession("bench", seal=True).encode_frames(g))
     plans = [
         Planned(
             f"pingpong_{impl}",
@@ -118,6 +206,32 @@ def bench_small(cfg: Config, res: Results) -> None:
             ("raw", f"raw socket ping-pong of {wire_len:,} bytes (sendall / recv_into)"),
         )
     ]
+    echo_port = free_port()  # the connection's echo side listens there
+    plans += [
+        Planned(
+            "pingpong_connection",
+            "small",
+            f"native connection (hello, seal, ack), {g.size:,} values ({sealed_len:,} wire bytes)",
+            Contestant(
+                "pingpong_connection",
+                ("ping", _conn_initiator, (echo_port, g, seconds)),
+                ("echo", _conn_echo, (echo_port,)),
+                per_turn=1,
+                connect=False,
+            ),
+        ),
+        Planned(
+            "pingpong_raw_ack",
+            "small",
+            f"raw ping-pong of {sealed_len:,} bytes, each answered by a {ACK_LEN}-byte ack",
+            Contestant(
+                "pingpong_raw_ack",
+                ("ping", _ack_initiator, (sealed_len, seconds)),
+                ("echo", _ack_echo, (sealed_len,)),
+                per_turn=1,
+            ),
+        ),
+    ]
     run_rounds([p.contestant for p in plans if p.contestant], cfg.repeats, cfg.deadline)
     for p in plans:
         c = p.contestant
@@ -130,7 +244,7 @@ def bench_small(cfg: Config, res: Results) -> None:
         row = Row(p.key, "small", p.name, seconds=1 / rate, samples=[1 / r for r in rates])
         row.round_trips_per_s = rate
         row.elements = g.size
-        row.wire_bytes = wire_len
+        row.wire_bytes = sealed_len if p.key in SEALED_ROWS else wire_len
         row.note = f"{1e6 / rate:,.1f} us per round trip"
         if not all(m[3] for m in c.messages):
             row.status, row.note = "failed", "the echoed gradient differs from the sent one"

@@ -1,13 +1,14 @@
 """The asyncio side of the native session's streaming methods: the bytes of asyncio
 streams, and each event loop's hub for the transfers that run natively.
 
-Sockets go to Rust and tokio entirely (their results come back through the loop's
-``Hub``), and so do asyncio streams on a plain socket (``_handover``); for any other
-asyncio ``StreamReader``/``StreamWriter`` (TLS, uvloop) the frames are still encoded and
-checked in Rust (the engine's ``FrameEncoder`` and ``FrameReceiver``, GIL released), and
-this module only moves the bytes: ``write`` + ``drain`` out, ``read`` in, each wait
-bounded by the session's timeout. Called by ``_session`` alone; it calls the engine's
-public methods only.
+Sockets go to Rust: a small transfer runs on the caller's thread (waiting for a socket
+to become readable on this loop, ``receive_socket``), any other on tokio (its result
+comes back through the loop's ``Hub``), and so do asyncio streams on a plain socket
+(``_handover``); for any other asyncio ``StreamReader``/``StreamWriter`` (TLS, uvloop) the
+frames are still encoded and checked in Rust (the engine's ``FrameEncoder`` and
+``FrameReceiver``, GIL released), and this module only moves the bytes: ``write`` +
+``drain`` out, ``read`` in, each wait bounded by the session's timeout. Called by
+``_session`` alone; it calls the engine's public methods only.
 """
 
 from __future__ import annotations
@@ -131,6 +132,43 @@ async def receive(receiver: Any, reader: asyncio.StreamReader, none_at_end: bool
             return receiver.finish()
 
 
+# What a native SocketReceive's poll() says (crates/gradstream-py/src/fastpath.rs): the
+# result is here, wait for readability, or hand the receive to tokio.
+_DONE, _WAIT, _SLOW = 0, 1, 2
+
+
+def _wake(woken: asyncio.Future[None]) -> None:
+    if not woken.done():
+        woken.set_result(None)
+
+
+async def receive_socket(receive: Any, sock: Any) -> Any:
+    """Run the engine's ``SocketReceive`` for ``sock``: a gradient already there is taken
+    on this thread; with nothing there yet, wait until the socket is readable (at most as
+    long as the receive says) and look again; anything else (and any receive of a socket
+    handed over by an asyncio stream) goes on in tokio under the loop's hub. (One
+    coroutine, inlined: a small receive feels every microsecond.)"""
+    step, value = receive.poll()
+    if step == _WAIT:
+        loop = asyncio.get_running_loop()
+        fd = sock.fileno()
+        while step == _WAIT:
+            woken = loop.create_future()
+            loop.add_reader(fd, _wake, woken)
+            timer = None if value is None else loop.call_later(value, _wake, woken)
+            try:
+                await woken
+            finally:
+                loop.remove_reader(fd)
+                if timer is not None:
+                    timer.cancel()
+            step, value = receive.poll()
+    if step == _SLOW:
+        found = hub()
+        return await found.track(receive.hand_over(found.native))
+    return value
+
+
 class Hub:
     """One event loop's link to the native transfers running on tokio.
 
@@ -178,10 +216,22 @@ class Hub:
 _hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Hub] = weakref.WeakKeyDictionary()
 
 
+# The last loop asked for and its hub, both weakly: most programs run one loop, and a
+# WeakKeyDictionary lookup costs a small transfer a measurable part of its time.
+_last: tuple[weakref.ref[asyncio.AbstractEventLoop], weakref.ref[Hub]] | None = None
+
+
 def hub() -> Hub:
     """The hub of the running event loop (RuntimeError outside a running loop)."""
+    global _last
     loop = asyncio.get_running_loop()
+    last = _last
+    if last is not None and last[0]() is loop:
+        cached = last[1]()
+        if cached is not None:
+            return cached
     found = _hubs.get(loop)
     if found is None:
         found = _hubs[loop] = Hub(loop)
+    _last = (weakref.ref(loop), weakref.ref(found))
     return found

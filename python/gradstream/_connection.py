@@ -158,8 +158,8 @@ class Connection:
             bound = check_seconds(deadline, "deadline")
             hub = _aio.hub()
             timed = _Timed(progress)
-            job = self._link.send(hub.native, args, timed.progress, bound)
-            sent: int = await hub.track(job)
+            now, value = self._link.send(hub.native, args, timed.progress, bound)
+            sent: int = value if now else await hub.track(value)
         timed.log("sent", "gradient", self.peer)
         return sent
 
@@ -191,8 +191,8 @@ class Connection:
         hub = _aio.hub()
         timed = _Timed(progress)
         args = None if lent is None else lent.args
-        job = self._link.recv(hub.native, timed.progress, args, bound, none_at_end)
-        values = await hub.track(job)
+        now, value = self._link.recv(hub.native, timed.progress, args, bound, none_at_end)
+        values = value if now else await hub.track(value)
         if values is None:
             return None
         timed.log("received", "gradient", self.peer)

@@ -28,6 +28,7 @@ __all__ = [
     "Handover",
     "Link",
     "Listener",
+    "SocketReceive",
     "TensorFrameEncoder",
     "TensorSetReceiver",
     "TransferProgress",
@@ -44,6 +45,7 @@ __all__ = [
     "_protocol_read_auth",
     "_protocol_read_hello",
     "_protocol_transfer_id",
+    "fast_path_counts",
     "manifest_json",
     "read_manifest",
     "tensor_note",
@@ -163,16 +165,15 @@ class Engine:
         socket: _Socket,
         progress: TransferProgress | None,
         deadline: float | None,
-    ) -> int: ...
+    ) -> tuple[bool, int]: ...
     def receive_from_socket(
         self,
-        completions: Completions,
         socket: _ReceiveSocket,
         progress: TransferProgress | None,
         none_at_end: bool,
         out: _OutArgs | None,
         deadline: float | None,
-    ) -> int: ...
+    ) -> SocketReceive: ...
     def frame_encoder(
         self, gradient: _GradientArgs, progress: TransferProgress | None, deadline: float | None
     ) -> FrameEncoder: ...
@@ -299,7 +300,7 @@ class Link:
         gradient: _GradientArgs,
         progress: TransferProgress | None,
         deadline: float | None,
-    ) -> int: ...
+    ) -> tuple[bool, Any]: ...
     def recv(
         self,
         completions: Completions,
@@ -307,7 +308,7 @@ class Link:
         out: _OutArgs | None,
         deadline: float | None,
         none_at_end: bool,
-    ) -> int: ...
+    ) -> tuple[bool, Any]: ...
     def send_tensors(
         self,
         completions: Completions,
@@ -340,6 +341,16 @@ class Completions:
     def drain(self) -> list[tuple[int, bool, Any]]: ...
     def abort(self, job: int) -> bool: ...
     def __len__(self) -> int: ...
+
+@final
+class SocketReceive:
+    """One receive from a socket, tried on the caller's thread first (gradstream._aio)."""
+
+    def poll(self) -> tuple[int, Any]: ...
+    def hand_over(self, completions: Completions) -> int: ...
+
+def fast_path_counts() -> tuple[int, int]:
+    """(sends, receives) of small gradients finished on the caller's thread so far."""
 
 @final
 class Handover:

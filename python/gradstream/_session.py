@@ -16,6 +16,7 @@ too (gradstream-core's ``tensors``): only the (name, tensor) pairs are read here
 
 from __future__ import annotations
 
+import _socket
 import errno
 import socket
 import ssl
@@ -112,6 +113,11 @@ def _tensor_dict(received: list[tuple[str, _Values]]) -> dict[str, np.ndarray]:
     return {name: _hand_back(values) for name, values in received}
 
 
+# socket.type without its enum conversion, which costs a small transfer more than the
+# check itself.
+_raw_type = _socket.socket.type.__get__
+
+
 def _stream_socket(stream: Any) -> socket.socket | None:
     """``stream`` when it is a socket the native I/O can drive, None when it is not a socket
     at all (asyncio streams); the error for a socket it cannot drive."""
@@ -123,7 +129,7 @@ def _stream_socket(stream: Any) -> socket.socket | None:
         raise TypeError(SSL_SOCKET_REFUSED)
     if stream.fileno() < 0:
         raise StreamIOError(errno.EBADF, "the socket is closed")  # as the reference says it
-    if stream.type != socket.SOCK_STREAM:
+    if _raw_type(stream) != socket.SOCK_STREAM:
         raise ValueError(
             f"stream must be a connected stream socket (SOCK_STREAM), not {stream.type!r}"
         )
@@ -358,8 +364,10 @@ class GradientStreamSession:
                 return await _aio.send(frames, writer)
         hub = _aio.hub()
         args = self._take(gradient)
-        job = self._engine.stream_to_socket(hub.native, args, sock, progress, deadline)
-        sent: int = await hub.track(job)
+        now, value = self._engine.stream_to_socket(hub.native, args, sock, progress, deadline)
+        if now:  # a small gradient, all sent from this thread
+            return value
+        sent: int = await hub.track(value)
         return sent
 
     async def receive_from(
@@ -428,11 +436,8 @@ class GradientStreamSession:
     ) -> Any:
         """One gradient from a socket (or an asyncio stream's, handed over) natively: the
         values, ``out``'s array, or None at the end of the stream (as ``_receive``)."""
-        hub = _aio.hub()
-        job = self._engine.receive_from_socket(
-            hub.native, sock, progress, none_at_end, args, deadline
-        )
-        return await hub.track(job)
+        receive = self._engine.receive_from_socket(sock, progress, none_at_end, args, deadline)
+        return await _aio.receive_socket(receive, sock)
 
     # ---- tensor sets (README "Tensor sets")
 

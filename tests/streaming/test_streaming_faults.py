@@ -467,22 +467,35 @@ def test_full_duplex_on_one_socket(impl_name: str) -> None:
     transfer on it ends, then is put back to blocking."""
     mod = need(impl_name)
     s = mod.GradientStreamSession("duplex", timeout=10)
-    small, big = gradient(10, seed=14), gradient(2_000_000, seed=15)
+    # `medium` is past the native socket path's small-gradient thresholds (README
+    # "Streaming"): its send and receive run in tokio, as `big`'s do.
+    small, medium, big = gradient(10, seed=14), gradient(40_000), gradient(2_000_000, seed=15)
+    wire = s.encode_frames(big)
 
     async def main() -> None:
+        loop = asyncio.get_running_loop()
         a, b = socket.socketpair()
         with a, b:
             receiving = asyncio.ensure_future(s.receive_from(a))
             await asyncio.sleep(0.05)
+            # The first bytes of a large gradient: the native receive goes on in tokio.
+            b.sendall(wire[:100_000])
+            for _ in range(500):
+                if impl_name == "reference" or _fd_nonblocking(a):
+                    break
+                await asyncio.sleep(0.01)
             # The send on a ends long before the receive on a: the receive must keep a
             # non-blocking descriptor (O_NONBLOCK is shared by every duplicate of it).
-            assert await s.stream_to(small, a) == 1
-            assert_bit_equal(await s.receive_from(b), small)
+            sent, back = await asyncio.gather(s.stream_to(medium, a), s.receive_from(b))
+            assert sent == 1
+            assert_bit_equal(back, medium)
             await asyncio.sleep(0.05)
             assert not receiving.done()
             assert _fd_nonblocking(a), "the descriptor went blocking under a running receive"
+            await loop.run_in_executor(None, b.sendall, wire[100_000:])
+            assert_bit_equal(await receiving, big)
             got = await asyncio.gather(
-                receiving, s.stream_to(big, b), s.receive_from(b), s.stream_to(small, a)
+                s.receive_from(a), s.stream_to(big, b), s.receive_from(b), s.stream_to(small, a)
             )
             assert_bit_equal(got[0], big)
             assert_bit_equal(got[2], small)

@@ -15,6 +15,8 @@
 //!   `TlsConnector`, over `error` only;
 //! - `tensors`: tensor sets, named tensors of any dtype and shape behind one manifest
 //!   (its JSON, the sender, the sans-I/O receiver, and, with `tokio`, the stream I/O);
+//! - `at_hand`: a receive over bytes a socket already holds, and (feature `tokio`) the
+//!   rest of a send begun on the caller's thread: the bindings' fast path;
 //! - `stream` (feature `tokio`): the sender and receiver over any tokio byte stream;
 //! - `receiver`: `FrameReceiver`, the sans-I/O push decoder of a frame stream, and
 //!   `decode_frames`;
@@ -30,6 +32,7 @@
 //!   rules: the seal's `TransferId`, `Position`, `Seal` and the receiver's `SealCheck`);
 //! - `error`: the one error type.
 
+pub mod at_hand;
 pub mod codec;
 mod compat;
 #[cfg(feature = "tls")]

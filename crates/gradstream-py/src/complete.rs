@@ -10,13 +10,15 @@
 //! it to every native transfer it starts).
 //! The tasks still run on pyo3-async-runtimes' tokio runtime.
 //!
-//! Uses `convert` and `tensors` (results to Python values) and `errors`; used by `session`.
+//! Uses `convert` and `tensors` (results to Python values) and `errors`; used by `session`,
+//! `connection` and `fastpath`.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 
 use pyo3::prelude::*;
 use tokio::task::AbortHandle;
@@ -76,7 +78,62 @@ pub struct Completions {
 
 static NEXT_JOB: AtomicU64 = AtomicU64::new(1);
 
+/// A transfer's result as Python sees it: (true, the value) or (false, the exception).
+fn to_python(
+    py: Python<'_>,
+    result: Result<Outcome, GradientStreamError>,
+) -> PyResult<(bool, Py<PyAny>)> {
+    Ok(match result {
+        Ok(Outcome::Chunks(n)) => (true, n.into_pyobject(py)?.into_any().unbind()),
+        Ok(Outcome::Values(values)) => (true, values_tuple(py, values)?.unbind()),
+        Ok(Outcome::Filled(out)) => (true, out),
+        Ok(Outcome::End) => (true, py.None()),
+        Ok(Outcome::Tensors(set)) => (true, set_list(py, set)?.into_any().unbind()),
+        Ok(Outcome::Object(make)) => match make(py) {
+            Ok(object) => (true, object),
+            Err(e) => (false, e.into_value(py).into_any()),
+        },
+        Err(e) => (false, to_py_err(py, e).into_value(py).into_any()),
+    })
+}
+
 impl Completions {
+    /// Run `transfer` on the caller's thread (GIL released, in the runtime's context) up
+    /// to its first wait: `(true, result)` when it finished there, its exception raised
+    /// when it failed there, else `(false, job)`: it goes on in tokio from where it
+    /// stopped, once `unbound` has run. Only for transfers whose first steps are bounded
+    /// (a small send; a receive under a read budget that `unbound` lifts): the caller's
+    /// event loop waits meanwhile.
+    pub fn run_or_spawn<F>(
+        &self,
+        py: Python<'_>,
+        transfer: F,
+        unbound: impl FnOnce(),
+    ) -> PyResult<(bool, Py<PyAny>)>
+    where
+        F: Future<Output = Result<Outcome, GradientStreamError>> + Send + 'static,
+    {
+        let runtime = pyo3_async_runtimes::tokio::get_runtime();
+        let mut transfer = Box::pin(transfer);
+        let polled = py.detach(|| {
+            let _context = runtime.enter();
+            let mut cx = Context::from_waker(Waker::noop());
+            transfer.as_mut().poll(&mut cx)
+        });
+        match polled {
+            Poll::Ready(result) => match to_python(py, result)? {
+                (true, value) => Ok((true, value)),
+                (false, exception) => Err(PyErr::from_value(exception.into_bound(py))),
+            },
+            // The tokio task polls it again at once, with its own waker.
+            Poll::Pending => {
+                unbound();
+                let job = self.spawn(transfer);
+                Ok((false, job.into_pyobject(py)?.into_any().unbind()))
+            }
+        }
+    }
+
     /// Start `transfer` on the tokio runtime; its job number.
     pub fn spawn<F>(&self, transfer: F) -> u64
     where
@@ -135,20 +192,8 @@ impl Completions {
         finished
             .into_iter()
             .map(|(job, result)| {
-                Ok(match result {
-                    Ok(Outcome::Chunks(n)) => (job, true, n.into_pyobject(py)?.into_any().unbind()),
-                    Ok(Outcome::Values(values)) => (job, true, values_tuple(py, values)?.unbind()),
-                    Ok(Outcome::Filled(out)) => (job, true, out),
-                    Ok(Outcome::End) => (job, true, py.None()),
-                    Ok(Outcome::Tensors(set)) => {
-                        (job, true, set_list(py, set)?.into_any().unbind())
-                    }
-                    Ok(Outcome::Object(make)) => match make(py) {
-                        Ok(object) => (job, true, object),
-                        Err(e) => (job, false, e.into_value(py).into_any()),
-                    },
-                    Err(e) => (job, false, to_py_err(py, e).into_value(py).into_any()),
-                })
+                let (ok, value) = to_python(py, result)?;
+                Ok((job, ok, value))
             })
             .collect()
     }

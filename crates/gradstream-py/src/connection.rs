@@ -4,7 +4,7 @@
 //! for their whole run, so a second call while one runs is refused at once, never queued.
 //!
 //! Uses `session` (the engine's settings), `convert`, `tensors`, `stream` (progress),
-//! `complete` and `errors`; used by `session` (`Engine.connect`, `Engine.listen`).
+//! `fastpath` (what a small send is), `complete` and `errors`; used by `session` (`Engine.connect`, `Engine.listen`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -17,13 +17,14 @@ use tokio::sync::Mutex as AsyncMutex;
 use super::complete::{Completions, Outcome};
 use super::convert::{GradientArgs, HeldGradient, Input};
 use super::errors::{setting_error, to_py_err};
+use super::fastpath;
 use super::session::{Engine, OutArgs};
 use super::settings::seconds_arg;
 use super::stream::{progress_counters, TransferProgress};
 use super::tensors::{HeldTensors, TensorArgs};
 use gradstream_core::connection::{
-    self, DialSettings, Event, Link, ListenSettings, Listener, Peer, Protocol, Received, Refusal,
-    Stopper,
+    self, DialSettings, Event, Link, ListenSettings, Listener, Peer, Protocol, ReadBudget,
+    Received, Refusal, Stopper,
 };
 use gradstream_core::error::{GradientStreamError, Result};
 use gradstream_core::receiver::Ended;
@@ -242,7 +243,11 @@ impl PyLink {
         self.link.try_lock().is_ok_and(|link| link.is_closed())
     }
 
-    /// Send one gradient; a job whose result is the chunk count, once acknowledged.
+    /// Send one gradient: `(true, chunks)` when it was acknowledged before the call
+    /// returned, else `(false, job)`, a job whose result is the chunk count, once
+    /// acknowledged. A small gradient's frames are written from the caller's thread (no
+    /// thread hop before its bytes move: README "Performance"); the wait for the ack, and
+    /// any larger send, run in tokio.
     #[pyo3(signature = (completions, gradient, progress, deadline))]
     fn send(
         &self,
@@ -251,22 +256,30 @@ impl PyLink {
         gradient: GradientArgs<'_>,
         progress: Option<&Bound<'_, TransferProgress>>,
         deadline: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<u64> {
+    ) -> PyResult<(bool, Py<PyAny>)> {
         let counters = progress_counters(progress);
         let waits = self.waits(deadline)?;
         let gradient = HeldGradient::new(&Input::try_from(gradient)?)?;
+        let small = gradient.gradient().raw().len() <= fastpath::SEND_MAX;
         let config = self.engine.get().config().clone();
         let mut link = self.take(py)?;
-        Ok(completions.get().spawn(async move {
+        let transfer = async move {
             link.send_gradient(&config, gradient.gradient(), waits, &counters)
                 .await
                 .map(Outcome::Chunks)
-        }))
+        };
+        if small {
+            return completions.get().run_or_spawn(py, transfer, || ());
+        }
+        let job = completions.get().spawn(transfer);
+        Ok((false, job.into_pyobject(py)?.into_any().unbind()))
     }
 
-    /// Receive one gradient; a job whose result is the values tuple or `out`'s array
-    /// when given; when the peer closed before a gradient began, None if `none_at_end`,
-    /// else as `receive_from` there.
+    /// Receive one gradient: `(true, result)` when it was all there when called (then
+    /// received and acknowledged from the caller's thread, at most `fastpath::PEEK_MAX`
+    /// bytes read there), else `(false, job)`, a job whose result is the values tuple or
+    /// `out`'s array when given; when the peer closed before a gradient began, None if
+    /// `none_at_end`, else as `receive_from` there.
     #[pyo3(signature = (completions, progress, out, deadline, none_at_end))]
     fn recv(
         &self,
@@ -276,20 +289,26 @@ impl PyLink {
         out: Option<OutArgs<'_>>,
         deadline: Option<&Bound<'_, PyAny>>,
         none_at_end: bool,
-    ) -> PyResult<u64> {
+    ) -> PyResult<(bool, Py<PyAny>)> {
         let counters = progress_counters(progress);
         let waits = self.waits(deadline)?;
         let lent = out.as_ref().map(OutArgs::lend).transpose()?;
         let config = self.engine.get().config().clone();
         let mut link = self.take(py)?;
-        Ok(completions.get().spawn(async move {
+        let budget = ReadBudget::new(fastpath::PEEK_MAX as u64);
+        link.read_budget(Some(budget.clone()));
+        let transfer = async move {
             let (receiver, owner) = match lent {
                 Some(lent) => (config.receiver_into(lent.slice), Some(lent.owner)),
                 None => (config.receiver(), None),
             };
-            let got = link.recv_gradient(receiver, waits, &counters).await?;
-            received(got, owner, none_at_end)
-        }))
+            let got = link.recv_gradient(receiver, waits, &counters).await;
+            link.read_budget(None);
+            received(got?, owner, none_at_end)
+        };
+        completions
+            .get()
+            .run_or_spawn(py, transfer, || budget.lift())
     }
 
     /// Send a tensor set; a job whose result is the frame count, once acknowledged.

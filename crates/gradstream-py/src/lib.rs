@@ -4,8 +4,9 @@
 //! one `Engine` of a session); nothing here calls back into the package's modules, only
 //! into `gradstream.errors` to build exceptions.
 //!
-//! The arrows point one way: `session` uses `settings`, `stream`, `complete`, `convert`,
-//! `chunk`; `stream` and `complete` use `convert`; `stream` uses `handover`, which uses
+//! The arrows point one way: `session` uses `settings`, `stream`, `fastpath`, `complete`,
+//! `convert`, `chunk`; `fastpath` uses `stream`, `complete`, `convert` and `errors`;
+//! `stream` and `complete` use `convert`; `stream` uses `handover`, which uses
 //! `buffers`; `convert` uses no sibling; `chunk` uses
 //! `buffers`; `tensors` uses `convert` and `stream`, `complete` uses `tensors`; `settings`, `complete`, `stream`, `session`, `connection` and `protocol` use `errors`.
 
@@ -15,6 +16,7 @@ mod complete;
 mod connection;
 mod convert;
 mod errors;
+mod fastpath;
 mod handover;
 mod protocol;
 mod session;
@@ -37,6 +39,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<chunk::PyChunk>()?;
     m.add_class::<stream::TransferProgress>()?;
     m.add_class::<complete::Completions>()?;
+    m.add_class::<fastpath::SocketReceive>()?;
     m.add_class::<handover::Handover>()?;
     m.add_class::<connection::PyLink>()?;
     m.add_class::<connection::PyListener>()?;
@@ -51,6 +54,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MANIFEST_KEY", gradstream_core::codec::MANIFEST_KEY)?;
     m.add("BF16_EXTENSION", gradstream_core::dtype::BF16_EXTENSION)?;
     m.add_function(wrap_pyfunction!(error_samples, m)?)?;
+    m.add_function(wrap_pyfunction!(fastpath::fast_path_counts, m)?)?;
     m.add_function(wrap_pyfunction!(tensor_note, m)?)?;
     m.add_function(wrap_pyfunction!(read_manifest, m)?)?;
     m.add_function(wrap_pyfunction!(manifest_json, m)?)?;

@@ -6,7 +6,8 @@
 //! gradient data; nothing here calls back into the package's Python modules.
 //!
 //! Uses `settings` (the constructor's keywords), `convert` (gradients in, values out),
-//! `stream` (sockets, progress, the asyncio encoder and receiver), `complete`, `chunk`,
+//! `stream` (sockets, progress, the asyncio encoder and receiver), `fastpath` (the
+//! socket transfers of small gradients), `complete`, `chunk`,
 //! `buffers` and `errors`; nothing in this crate uses it but `lib.rs`.
 
 use pyo3::exceptions::PyValueError;
@@ -19,6 +20,7 @@ use super::complete::{Completions, Outcome};
 use super::connection::{self, LinkArgs};
 use super::convert::{values_tuple, GradientArgs, HeldGradient, Input, LentArray};
 use super::errors::IntoPyResult;
+use super::fastpath::{self, SocketReceive};
 use super::settings::{seconds_arg, Flag, SettingArgs, Settings};
 use super::stream::{
     progress_counters, FrameEncoder, PyFrameReceiver, SocketStream, TransferProgress,
@@ -30,9 +32,8 @@ use super::tensors::{
 use gradstream_core::codec::Compression;
 use gradstream_core::dtype::Dtype;
 use gradstream_core::encoder::{Gradient, GradientMeta};
-use gradstream_core::receiver::Ended;
 use gradstream_core::session::SessionConfig;
-use gradstream_core::stream::{receive_gradient, send_gradient, Waits};
+use gradstream_core::stream::{send_gradient, Waits};
 use gradstream_core::tensors;
 
 /// An `out=` array as the Python session hands it over: its memory as a writeable 1-D
@@ -304,8 +305,9 @@ impl Engine {
         connection::listen(slf, completions, host, port, args, caps)
     }
 
-    /// Send one gradient over a checked stream socket under the loop's `completions`;
-    /// the job number (its result: the number of chunks).
+    /// Send one gradient over a checked stream socket under the loop's `completions`:
+    /// `(True, chunks)` when it all went at once from this thread (a small one), else
+    /// `(False, job)` (the job's result: the number of chunks).
     #[pyo3(signature = (completions, gradient, socket, progress, deadline))]
     fn stream_to_socket(
         &self,
@@ -314,56 +316,56 @@ impl Engine {
         socket: &Bound<'_, PyAny>,
         progress: Option<&Bound<'_, TransferProgress>>,
         deadline: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<u64> {
+    ) -> PyResult<(bool, u64)> {
         let counters = progress_counters(progress);
         let waits = self.waits(deadline)?;
+        let input = Input::try_from(gradient)?;
+        let config = &self.config;
+        if let Some(sent) = fastpath::send(config, completions, &input, socket, &counters, waits)? {
+            return Ok(sent.into());
+        }
         let socket = SocketStream::from_socket(socket)?;
-        let gradient = HeldGradient::new(&Input::try_from(gradient)?)?;
+        let gradient = HeldGradient::new(&input)?;
         let config = self.config.clone();
-        Ok(completions.get().spawn(async move {
+        let job = completions.get().spawn(async move {
             let mut io = socket.open()?;
             send_gradient(&config, gradient.gradient(), &mut io, waits, &counters)
                 .await
                 .map(Outcome::Chunks)
-        }))
+        });
+        Ok((false, job))
     }
 
-    /// Receive one gradient from a checked stream socket under the loop's `completions`;
-    /// the job number. Its result: the values tuple, `out`'s bytes when `out` was given,
-    /// or None when the stream ended before its first byte and `none_at_end` (else the
-    /// empty gradient, as the original's "no network").
-    #[pyo3(signature = (completions, socket, progress, none_at_end, out, deadline))]
+    /// Receive one gradient from a checked stream socket: a `SocketReceive` to poll
+    /// (tried on this thread first, then under the loop's `completions`). Its result: the
+    /// values tuple, `out`'s bytes when `out` was given, or None when the stream ended
+    /// before its first byte and `none_at_end` (else the empty gradient, as the
+    /// original's "no network").
+    #[pyo3(signature = (socket, progress, none_at_end, out, deadline))]
     fn receive_from_socket(
         &self,
-        completions: &Bound<'_, Completions>,
         socket: &Bound<'_, PyAny>,
         progress: Option<&Bound<'_, TransferProgress>>,
         none_at_end: bool,
         out: Option<OutArgs<'_>>,
         deadline: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<u64> {
+    ) -> PyResult<SocketReceive> {
         let counters = progress_counters(progress);
         let waits = self.waits(deadline)?;
-        let lent = out.as_ref().map(OutArgs::lend).transpose()?;
-        let socket = SocketStream::from_socket(socket)?;
+        // Checked now, as before any byte moves; lent afresh to each receiver.
+        let out = match out {
+            Some(out) => Some((out.lend()?.owner, out.1)),
+            None => None,
+        };
         let config = self.config.clone();
-        Ok(completions.get().spawn(async move {
-            let (receiver, owner) = match lent {
-                Some(lent) => (config.receiver_into(lent.slice), Some(lent.owner)),
-                None => (config.receiver(), None),
-            };
-            let mut io = socket.open()?;
-            let values = match receive_gradient(receiver, &mut io, waits, &counters).await? {
-                Ended::Gradient(values) => values,
-                Ended::BeforeFirstByte(_) if none_at_end => return Ok(Outcome::End),
-                // "No network": the empty gradient (which must fit `out`).
-                Ended::BeforeFirstByte(receiver) => receiver.finish()?,
-            };
-            Ok(match owner {
-                Some(owner) => Outcome::Filled(owner),
-                None => Outcome::Values(values),
-            })
-        }))
+        Ok(SocketReceive::new(
+            config,
+            socket,
+            counters,
+            waits,
+            none_at_end,
+            out,
+        ))
     }
 
     /// The frames of a gradient one at a time (the asyncio-streams sender).

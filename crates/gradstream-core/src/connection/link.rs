@@ -70,6 +70,46 @@ const LINGER: Duration = Duration::from_secs(1);
 struct Counted {
     inner: Box<dyn Duplex>,
     moved: u64,
+    /// Bytes reads may still take before they yield (`Link::read_budget`); none: no bound.
+    budget: Option<ReadBudget>,
+}
+
+/// What a transfer may read before its reads yield (`Poll::Pending`, after waking the
+/// task): lets a caller run a receive's first steps on its own thread (the bindings'
+/// small-transfer path) for a bounded time, then hand it to tokio, having lifted the bound
+/// (`lift`).
+#[derive(Clone, Debug)]
+pub struct ReadBudget(std::sync::Arc<std::sync::atomic::AtomicU64>);
+
+impl ReadBudget {
+    pub fn new(bytes: u64) -> Self {
+        Self(std::sync::Arc::new(std::sync::atomic::AtomicU64::new(
+            bytes,
+        )))
+    }
+
+    /// No bound from now on.
+    pub fn lift(&self) {
+        self.0.store(u64::MAX, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn left(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn spend(&self, bytes: u64) {
+        let _ = self.0.fetch_update(
+            std::sync::atomic::Ordering::Relaxed,
+            std::sync::atomic::Ordering::Relaxed,
+            |left| {
+                Some(if left == u64::MAX {
+                    left
+                } else {
+                    left.saturating_sub(bytes)
+                })
+            },
+        );
+    }
 }
 
 impl AsyncRead for Counted {
@@ -79,9 +119,19 @@ impl AsyncRead for Counted {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
+        if let Some(budget) = &this.budget {
+            if budget.left() == 0 {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+        }
         let before = buf.filled().len();
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
-        this.moved += (buf.filled().len() - before) as u64;
+        let read = (buf.filled().len() - before) as u64;
+        this.moved += read;
+        if let Some(budget) = &this.budget {
+            budget.spend(read);
+        }
         polled
     }
 }
@@ -214,6 +264,7 @@ impl Link {
             stream: Counted {
                 inner: stream,
                 moved: 0,
+                budget: None,
             },
             mode,
             peer,
@@ -230,6 +281,11 @@ impl Link {
 
     pub fn peer(&self) -> &Peer {
         &self.peer
+    }
+
+    /// Bound what the link's reads take from now on by `budget` (None: no bound).
+    pub fn read_budget(&mut self, budget: Option<ReadBudget>) {
+        self.stream.budget = budget;
     }
 
     /// Closed: by this side, by the peer (between transfers), after a failure, or after

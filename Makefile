@@ -1,6 +1,6 @@
 # The two commands of the README: `make demo` and `make test` (and `make bench`, the
-# benchmark). Each creates the venv, installs what it needs and builds the extension first,
-# so a fresh clone needs nothing else.
+# benchmark; `make wheel`, the wheel of README "Install"). Each creates the venv, installs
+# what it needs and builds the extension first, so a fresh clone needs nothing else.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -10,7 +10,23 @@ PY_SOURCES := python tests $(wildcard benches)
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: venv build demo bench test cargo-test pytest lint fmt clean
+# One build per profile. Every Rust command below (maturin's cargo included) uses the
+# release profile and sees the same pyo3 settings, so each compiles only what the ones
+# before it have not: pyo3's build script reruns, and pyo3, rust-numpy and the extension
+# compile again, whenever a variable it reads differs from the last build's. The
+# extension is built for the stable ABI (abi3-py311), which needs no interpreter to
+# configure on Linux: PYO3_NO_PYTHON keeps the Python on PATH, the venv and maturin's
+# choice of interpreter out of it. PYO3_BUILD_EXTENSION_MODULE (maturin sets it too):
+# libpython is not linked.
+export PYO3_NO_PYTHON := 1
+export PYO3_BUILD_EXTENSION_MODULE := 1
+# The wheel (`make wheel`), and the fresh venv `make smoke` installs it into; SMOKE_PYTHON
+# is the interpreter of that venv (any CPython >= 3.11: the wheel is abi3).
+DIST := dist
+SMOKE_VENV := .venv-smoke
+SMOKE_PYTHON ?= $(PYTHON)
+
+.PHONY: venv build wheel smoke demo bench test cargo-test pytest lint fmt clean
 
 venv: $(STAMP)
 
@@ -20,8 +36,29 @@ $(STAMP): requirements-dev.txt
 	touch $(STAMP)
 
 # Release build: the demo and the benchmarks measure it, and the tests run fast on it.
+# maturin develop and maturin build run the same cargo command: whichever runs second
+# compiles nothing. It writes python/gradstream/_native.abi3.so; an extension left there by
+# an older, version-specific build (_native.cpython-311-*.so) would shadow it, since
+# Python tries that suffix first.
 build: $(STAMP)
+	rm -f python/gradstream/_native.cpython-*.so
 	$(VENV)/bin/maturin develop --release --quiet
+
+# The one Linux wheel, cp311-abi3 with the manylinux tag maturin's audit of its symbols
+# gives (README "Install"), alone in dist/.
+wheel: $(STAMP)
+	rm -f $(DIST)/gradstream-*.whl
+	$(VENV)/bin/maturin build --release --quiet --out $(DIST)
+
+# The wheel as a user gets it: installed into a new venv (its dependencies at the pinned
+# versions of requirements-dev.txt), then tests/smoke/wheel_smoke.py run by that venv's
+# Python from outside the source tree.
+smoke: wheel
+	rm -rf $(SMOKE_VENV)
+	$(SMOKE_PYTHON) -m venv $(SMOKE_VENV)
+	$(SMOKE_VENV)/bin/python -m pip install --quiet --constraint requirements-dev.txt \
+		$(DIST)/gradstream-*.whl
+	$(SMOKE_VENV)/bin/python tests/smoke/wheel_smoke.py
 
 demo: build
 	$(PY) -m gradstream demo
@@ -32,24 +69,30 @@ BENCH_ARGS ?=
 bench: build
 	$(PY) benches/bench.py $(BENCH_ARGS)
 
-# The core alone, without Python (no libpython linked): its unit tests, the original's API
-# tests (crates/gradstream-core/tests/), and a build without the tokio feature.
+# The core's tests without Python (its unit tests, the original's API tests in
+# crates/gradstream-core/tests/; the extension has none, `test = false`), and a build of
+# the core without the tokio feature. `--workspace`: the dependencies are resolved with the
+# extension's features, as maturin resolves them, so the release build above is reused;
+# `-p gradstream-core` alone would compile arrow again (rust-numpy turns on features of
+# num-traits that arrow builds on). The build without tokio is a check in the release
+# profile, beside clippy's.
 cargo-test:
-	cargo test --release -p gradstream-core
-	cargo check -p gradstream-core --no-default-features --quiet
+	cargo test --release --workspace
+	cargo check --release -p gradstream-core --no-default-features --quiet
 
 pytest: build
 	$(PY) -m pytest -q
 
 # lint runs last so that a formatting slip does not hide test results.
-test: build cargo-test pytest lint
+test: build cargo-test pytest smoke lint
 
 # mypy (strict, the files of pyproject.toml: the package and the bench suite) checks them
 # against the extension's stubs; stubtest checks the stubs against the built extension (it
-# imports it, hence `build`).
+# imports it, hence `build`). clippy checks in the release profile: its build scripts and
+# proc-macros are the release build's.
 lint: build
 	cargo fmt --check
-	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy --release --workspace --all-targets -- -D warnings
 	$(VENV)/bin/ruff check $(PY_SOURCES)
 	$(VENV)/bin/ruff format --check $(PY_SOURCES)
 	$(VENV)/bin/mypy --config-file pyproject.toml
@@ -60,4 +103,4 @@ fmt: $(STAMP)
 	$(VENV)/bin/ruff format $(PY_SOURCES)
 
 clean:
-	rm -rf $(VENV) target
+	rm -rf $(VENV) $(SMOKE_VENV) $(DIST) target

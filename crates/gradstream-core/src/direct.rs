@@ -173,6 +173,25 @@ mod tests {
         turn: usize,
     }
 
+    impl Dribble {
+        fn new(data: Vec<u8>, sizes: &'static [usize]) -> Self {
+            Dribble {
+                data,
+                at: 0,
+                sizes,
+                turn: 0,
+            }
+        }
+    }
+
+    /// The runtime each test's receive runs on (one thread, timers for the clock).
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap()
+    }
+
     impl AsyncRead for Dribble {
         fn poll_read(
             self: Pin<&mut Self>,
@@ -228,17 +247,8 @@ mod tests {
         sizes: &'static [usize],
     ) -> (Result<()>, Vec<f32>) {
         let mut out = vec![f32::NAN; room];
-        let mut reader = Dribble {
-            data: wire.to_vec(),
-            at: 0,
-            sizes,
-            turn: 0,
-        };
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .unwrap();
-        let got = runtime.block_on(async {
+        let mut reader = Dribble::new(wire.to_vec(), sizes);
+        let got = runtime().block_on(async {
             // SAFETY: the receiver and its Output are dropped within this block.
             let receiver = s.receiver_into(unsafe { OutSlice::of(&mut out) });
             match receive_gradient(receiver, &mut reader, None, &Progress::default()).await {
@@ -420,17 +430,8 @@ mod tests {
         let g = values(3 * CHUNK + 1);
         let wire = s.encode_frames(&g).unwrap();
         let mut out = vec![0f32; g.len()];
-        let mut reader = Dribble {
-            data: wire,
-            at: 0,
-            sizes: READS[1],
-            turn: 0,
-        };
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .unwrap();
-        let reads = runtime.block_on(async {
+        let mut reader = Dribble::new(wire, READS[1]);
+        let reads = runtime().block_on(async {
             // SAFETY: the receiver and its Output are dropped within this block.
             let mut receiver = s.receiver_into(unsafe { OutSlice::of(&mut out) });
             let (mut direct, mut unit) = (Direct::default(), Vec::new());

@@ -136,6 +136,13 @@ def _codec_rounds(
     buffers reused from round to round (`out=`, as a training loop would), and a memcpy."""
     ops = ("encode", "decode", "encode_out", "decode_out")
     times: dict[str, dict[str, list[float]]] = {i: {op: [] for op in ops} for i in sessions}
+    # Beside the native calls into new objects, in the same rounds: numpy's copy into a
+    # new array (what fresh memory costs here after a round's pause) and frames as a
+    # pyarrow.Buffer (memory gradstream's allocator keeps, where `bytes` is Python's).
+    # At chunk 65536, the default calls' ratios' size.
+    beside = chunk_size == 65536
+    fresh_copy: list[float] = []
+    as_buffer: list[float] = []
     wire_len: dict[str, int] = {}
     problems: dict[str, str] = {}
     reused: dict[str, tuple[bytearray, F32]] = {}
@@ -145,6 +152,11 @@ def _codec_rounds(
             if impl in problems:
                 continue
             try:
+                if impl == "native" and beside:
+                    copy, t_copy = timed(partial(np.copy, g))
+                    del copy
+                    buffer, t_buffer = timed(partial(session.encode_frames, g, as_buffer=True))
+                    del buffer
                 wire, t_enc = timed(partial(session.encode_frames, g))
                 back, t_dec = timed(partial(session.decode_frames, wire))
                 if impl not in reused:
@@ -160,6 +172,9 @@ def _codec_rounds(
                 continue
             for op, t in zip(ops, (t_enc, t_dec, t_enc_out, t_dec_out), strict=True):
                 times[impl][op].append(t)
+            if impl == "native" and beside:
+                fresh_copy.append(t_copy)
+                as_buffer.append(t_buffer)
             wire_len[impl] = len(wire)
             if rep == cfg.repeats - 1:
                 if not same_bits(back, g) or not same_bits(values, g):
@@ -188,3 +203,26 @@ def _codec_rounds(
                     wire_bytes=wire_len[impl],
                 )
             )
+    if "native" in sessions and "native" not in problems and fresh_copy:
+        res.add(
+            timed_row(
+                f"native_encode_buffer_{layout}_{chunk_size}",
+                "codec",
+                f"native encode_frames(as_buffer=True), {label}",
+                as_buffer,
+                elements=g.size,
+                gradient_bytes=g.nbytes,
+                wire_bytes=wire_len["native"],
+            )
+        )
+        res.add(
+            timed_row(
+                f"fresh_copy_{layout}_{chunk_size}",
+                "codec",
+                f"numpy copy into a new array, in the same rounds, {size_text(g.nbytes)}",
+                fresh_copy,
+                elements=g.size,
+                gradient_bytes=g.nbytes,
+                note="fresh memory after a round's pause, beside the calls into new objects",
+            )
+        )

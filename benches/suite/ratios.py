@@ -102,7 +102,29 @@ def _codec_ratios(res: Results) -> list[Ratio]:
 
 def _default_call_ratios(res: Results) -> list[Ratio]:
     """Issue 12: the calls most users make, without out=, against the same call with out=
-    measured in the same rounds (seed layout, chunk 65536)."""
+    measured in the same rounds (seed layout, chunk 65536); beside them, what fresh memory
+    itself runs at in those rounds (numpy's copy into a new array), and frames as a
+    pyarrow.Buffer (memory the allocator keeps, where `bytes` is Python's own)."""
+    return [
+        *_default_ratios(res),
+        _reported(
+            res,
+            "default encode_frames(g, as_buffer=True), seed / with out=",
+            "native_encode_buffer_seed_65536",
+            "native_encode_out_seed_65536",
+            "gbps",
+        ),
+        _reported(
+            res,
+            "numpy copy into a new array in the same rounds / encode_frames(out=), seed",
+            "fresh_copy_seed_65536",
+            "native_encode_out_seed_65536",
+            "gbps",
+        ),
+    ]
+
+
+def _default_ratios(res: Results) -> list[Ratio]:
     return [
         _at_least(
             res,

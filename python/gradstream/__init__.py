@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ._connection import Connection, Listener, Server, connect, listen, serve
 from ._dtypes import BFloat16Type
+from ._memory import KeptMemory, keep_memory, kept_memory, release_memory
 from ._native import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_MAX_GRADIENT_LEN,
@@ -60,6 +61,7 @@ __all__ = [
     "GradientStreamError",
     "GradientStreamSession",
     "IncompleteStreamError",
+    "KeptMemory",
     "Listener",
     "Peer",
     "ProtocolError",
@@ -73,6 +75,9 @@ __all__ = [
     "TransferProgress",
     "__version__",
     "connect",
+    "keep_memory",
+    "kept_memory",
     "listen",
+    "release_memory",
     "serve",
 ]

@@ -78,6 +78,12 @@ TIMED_ROWS = {
         for layout in LAYOUTS
     ),
     "e2e_native_socket_seed_new",
+    # beside the default calls: frames as a pyarrow.Buffer, numpy's copy into a new array
+    *(
+        f"{row}_{layout}_65536"
+        for row in ("native_encode_buffer", "fresh_copy")
+        for layout in LAYOUTS
+    ),
     "e2e_pickle",
     "e2e_pickle_oob",
     "e2e_gloo",
@@ -123,6 +129,16 @@ RATIO_ROWS: dict[str, tuple[str, str, float | None]] = {
             ("receive_from(sock)", "e2e_native_socket_seed_new", "e2e_native_socket_seed"),
         )
     },
+    "default encode_frames(g, as_buffer=True), seed / with out=": (
+        "native_encode_buffer_seed_65536",
+        "native_encode_out_seed_65536",
+        REPORTED,
+    ),
+    "numpy copy into a new array in the same rounds / encode_frames(out=), seed": (
+        "fresh_copy_seed_65536",
+        "native_encode_out_seed_65536",
+        REPORTED,
+    ),
     "end to end, socket path, seed: wire GB/s / raw loopback TCP": (
         "e2e_native_socket_seed",
         "raw_tcp",

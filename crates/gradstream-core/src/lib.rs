@@ -30,7 +30,9 @@
 //! - `output` (where received values go, and the `ValueSink` the reader writes through);
 //! - `frame` (the 16-byte header and the limits), `shape`, `dtype`, `seal` (metadata
 //!   rules: the seal's `TransferId`, `Position`, `Seal` and the receiver's `SealCheck`);
-//! - `error`: the one error type.
+//! - `error`: the one error type;
+//! - `kept` (on its own): `KeptMemory`, the allocator the extension installs, which keeps
+//!   released large blocks for the next result.
 
 pub mod at_hand;
 pub mod codec;
@@ -43,6 +45,7 @@ pub mod dtype;
 pub mod encoder;
 pub mod error;
 pub mod frame;
+pub mod kept;
 pub mod output;
 pub mod protocol;
 mod reassembler;

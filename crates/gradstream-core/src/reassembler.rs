@@ -158,14 +158,7 @@ impl Reassembler {
         let (first_index, total) = self.first.unwrap_or((index, header.total_chunks));
         self.check_frame(first_index, total, header)
             .map_err(|e| e.at_offset(offset))?;
-        if let (true, Arrived::Payload(payload)) =
-            (index == self.next && self.received == 0, &arrived)
-        {
-            // Guess the gradient's size from the first chunk, within what can come (a
-            // guess in float32 values; a dtype change keeps the bytes).
-            let guess = (total as usize).saturating_mul(payload.len() / 8);
-            self.values.reserve(guess.min(self.reserve_cap));
-        }
+        let first_in_order = index == self.next && self.received == 0;
         let before = self.values.len();
         let mut fresh = Output::default();
         self.count = match self.take(header, arrived, offset, &mut fresh) {
@@ -175,6 +168,16 @@ impl Reassembler {
                 return Err(e);
             }
         };
+        if first_in_order {
+            // Room for the gradient, guessed from the first chunk's own values (every
+            // chunk but the last holds as many), within what can come: one allocation
+            // of about the result's size, where growing by doubling would copy.
+            let per_chunk = self.values.len() - before;
+            let guess = (total as usize)
+                .saturating_mul(per_chunk)
+                .min(self.reserve_cap);
+            self.values.reserve(guess.saturating_sub(self.values.len()));
+        }
         self.place(index, fresh);
         self.first = Some((first_index, total));
         self.received += 1;

@@ -8,7 +8,8 @@
 //! `convert`, `chunk`; `fastpath` uses `stream`, `complete`, `convert` and `errors`;
 //! `stream` and `complete` use `convert`; `stream` uses `handover`, which uses
 //! `buffers`; `convert` uses no sibling; `chunk` uses
-//! `buffers`; `tensors` uses `convert` and `stream`, `complete` uses `tensors`; `settings`, `complete`, `stream`, `session`, `connection` and `protocol` use `errors`.
+//! `buffers`; `tensors` uses `convert` and `stream`, `complete` uses `tensors`; `memory` (the global
+//! allocator) uses no sibling; `settings`, `complete`, `stream`, `session`, `connection` and `protocol` use `errors`.
 
 mod buffers;
 mod chunk;
@@ -18,6 +19,7 @@ mod convert;
 mod errors;
 mod fastpath;
 mod handover;
+mod memory;
 mod protocol;
 mod session;
 mod settings;
@@ -58,6 +60,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tensor_note, m)?)?;
     m.add_function(wrap_pyfunction!(read_manifest, m)?)?;
     m.add_function(wrap_pyfunction!(manifest_json, m)?)?;
+    m.add_function(wrap_pyfunction!(memory::keep_memory, m)?)?;
+    m.add_function(wrap_pyfunction!(memory::kept_memory, m)?)?;
+    m.add_function(wrap_pyfunction!(memory::release_memory, m)?)?;
+    memory::init();
     protocol::add(m)?;
     Ok(())
 }

@@ -5,8 +5,9 @@ the next results from them, so a loop that drops last step's result reuses its p
 instead of faulting fresh memory in.
 
 At most ``limit`` bytes are kept (2 GiB unless ``GRADSTREAM_KEEP_MEMORY`` or
-``keep_memory`` says otherwise; 0 keeps none). ``bytes`` results are Python's own memory
-and are not kept.
+``keep_memory`` says otherwise; 0 keeps none). ``bytes`` results are Python's own memory:
+the last large one is written again by the next ``encode_frames`` of its length once
+nothing else holds it.
 """
 
 from __future__ import annotations

@@ -168,6 +168,11 @@ def test_a_limit_that_is_not_a_byte_count_is_refused(bad: object) -> None:
     assert native.kept_memory().limit != bad
 
 
+def frames_of(session: native.GradientStreamSession, g: np.ndarray) -> bytes:
+    """The frames of `g` by way of a pyarrow.Buffer, which the bytes slot never sees."""
+    return session.encode_frames(g, as_buffer=True).to_pybytes()
+
+
 def run(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", code],
@@ -194,19 +199,22 @@ def test_a_bad_environment_value_fails_the_import_naming_the_variable(text: str)
     assert "SettingError" in done.stderr and "GRADSTREAM_KEEP_MEMORY" in done.stderr
 
 
-def test_a_child_forked_while_other_threads_allocate_can_allocate() -> None:
-    """The allocator's lock is held across fork by its handlers: a child forked while a
-    thread keeps and takes blocks gets an unlocked allocator, never a held lock."""
+def test_a_child_forked_while_other_threads_decode_can_decode() -> None:
+    """Every process-wide lock of ours (the allocator's, the template cache's) is held by
+    fork handlers across a fork: a child forked while a thread decodes (a template
+    lookup per chunk, large blocks kept and taken) finds them free, never held for ever
+    by a thread it does not have. Before the handlers, such a child hung in the template
+    cache's lock about once in a few hundred forks."""
     code = """
 import os, threading, numpy as np, gradstream as gs
-s = gs.GradientStreamSession("fork", 65536)
+s = gs.GradientStreamSession("fork", 4096)
 wire = s.encode_frames(np.ones(2_000_000, np.float32))
 stop = threading.Event()
 def churn():
     while not stop.is_set():
         s.decode_frames(wire)
 t = threading.Thread(target=churn); t.start()
-for _ in range(20):
+for _ in range(100):
     pid = os.fork()
     if pid == 0:
         ok = float(s.decode_frames(wire).sum()) == 2_000_000.0
@@ -219,3 +227,82 @@ print("ok")
     done = run(code, {})
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+def test_a_dropped_bytes_result_is_written_again_with_a_fresh_hash(
+    session: native.GradientStreamSession,
+) -> None:
+    """The last large ``bytes`` nobody else holds is the next one of its length: the new
+    frames in it, and its hash the new frames' hash (the cached one was reset)."""
+    first, second = grad(BIG, 20), grad(BIG, 21)
+    wire = session.encode_frames(first)
+    old_id, old_hash = id(wire), hash(wire)
+    # The frames of a pyarrow.Buffer: made without the bytes slot.
+    expected = session.encode_frames(second, as_buffer=True).to_pybytes()
+    del wire
+    before = native.kept_memory()
+    assert before.blocks >= 1 and before.held >= len(expected)
+    again = session.encode_frames(second)
+    assert id(again) == old_id
+    assert native.kept_memory().reused == before.reused + 1
+    assert again == expected
+    assert hash(again) == hash(expected) != old_hash
+    assert {again: 1}[expected] == 1
+
+
+@pytest.mark.parametrize("hold", ["name", "memoryview", "dict key", "list"])
+def test_a_bytes_result_someone_still_holds_is_never_written_again(
+    session: native.GradientStreamSession, hold: str
+) -> None:
+    g = grad(BIG, 22)
+    wire = session.encode_frames(g)
+    copy = bytes(wire)
+    held: object = {
+        "name": wire,
+        "memoryview": memoryview(wire),
+        "dict key": {wire: 0},
+        "list": [wire],
+    }[hold]
+    del wire
+    other = session.encode_frames(grad(BIG, 23))
+    assert other != copy
+    if hold == "memoryview":
+        assert isinstance(held, memoryview)
+        assert held.tobytes() == copy
+    elif hold == "name":
+        assert held == copy
+    elif hold == "dict key":
+        assert isinstance(held, dict)
+        assert next(iter(held)) == copy
+    else:
+        assert isinstance(held, list)
+        assert held[0] == copy
+
+
+def test_a_bytes_result_of_another_length_is_not_reused(
+    session: native.GradientStreamSession,
+) -> None:
+    session.encode_frames(grad(BIG, 24))  # dropped at once: the slot holds it
+    shorter = grad(BIG - 65536, 25)
+    expected = frames_of(session, shorter)
+    reused = native.kept_memory().reused
+    other = session.encode_frames(shorter)
+    assert native.kept_memory().reused == reused
+    assert other == expected
+    del other
+    # Now the slot holds the shorter one, and the same length again is written into it.
+    again = session.encode_frames(shorter)
+    assert native.kept_memory().reused == reused + 1
+    assert again == expected
+
+
+def test_keeping_nothing_drops_the_last_bytes(session: native.GradientStreamSession) -> None:
+    wire = session.encode_frames(grad(BIG, 27))
+    del wire
+    assert native.kept_memory().held > 0
+    native.keep_memory(0)
+    assert native.kept_memory()[1:3] == (0, 0)
+    reused = native.kept_memory().reused
+    session.encode_frames(grad(BIG, 28))
+    session.encode_frames(grad(BIG, 28))
+    assert native.kept_memory().reused == reused

@@ -17,12 +17,14 @@
 //! system allocator's path after one comparison. A kept block serves a request of at least
 //! half its size (the smallest that fits is chosen), so at most half of it lies unused.
 //!
-//! Uses std's `System` allocator, and libc (`malloc_usable_size`, `pthread_atfork`) on
-//! Linux; elsewhere nothing is kept. The extension installs one as its global allocator
+//! Uses std's `System` allocator, libc (`malloc_usable_size`) on Linux (elsewhere nothing
+//! is kept) and `fork` (its lock, held across a fork). The extension installs one as its global allocator
 //! (`gradstream-py`'s lib.rs) and its `memory` bindings read and set it.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use crate::fork::SpinLock;
 
 /// Allocations of at least this many bytes are kept when released: numpy's threshold for
 /// huge pages (`output::HUGE_PAGES_FROM`), above glibc's largest mmap threshold (32 MiB
@@ -69,25 +71,17 @@ pub struct KeptStats {
 
 /// An allocator over `System` that keeps released large blocks (see the module comment).
 pub struct KeptMemory {
-    /// A spin lock, not a `Mutex`: the allocator runs before anything else (no allocation,
-    /// no lazy initialisation), and the `fork` handlers below must take and drop it
-    /// outside any scope.
-    locked: AtomicBool,
-    kept: std::cell::UnsafeCell<Kept>,
+    /// A spin lock (`fork::SpinLock`), not a `Mutex`: the allocator runs before anything
+    /// else (no allocation, no lazy initialisation), and the `fork` handlers hold it.
+    kept: SpinLock<Kept>,
     limit: AtomicUsize,
     reused: AtomicU64,
-    fork_safe: AtomicBool,
 }
-
-// SAFETY: `kept` is only reached through `with_kept`, which holds the spin lock for the
-// whole access; the other fields are atomics.
-unsafe impl Sync for KeptMemory {}
 
 impl KeptMemory {
     pub const fn new(limit: usize) -> Self {
         Self {
-            locked: AtomicBool::new(false),
-            kept: std::cell::UnsafeCell::new(Kept {
+            kept: SpinLock::new(Kept {
                 blocks: [Block {
                     address: 0,
                     size: 0,
@@ -98,7 +92,6 @@ impl KeptMemory {
             }),
             limit: AtomicUsize::new(limit),
             reused: AtomicU64::new(0),
-            fork_safe: AtomicBool::new(false),
         }
     }
 
@@ -127,51 +120,15 @@ impl KeptMemory {
         }
     }
 
-    /// Make the lock safe across `fork` (a child forked while another thread held it
-    /// would wait for ever at its first large allocation): handlers take the lock before
-    /// a fork and drop it after, in both processes. For the one global instance; once.
+    /// Hold the lock across `fork` (with the other locks of ours: `fork`), so that a child
+    /// forked while another thread held it does not wait for ever at its first large
+    /// allocation. For the one global instance; once.
     pub fn make_fork_safe(&'static self) {
-        if self.fork_safe.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        #[cfg(target_os = "linux")]
-        {
-            FORK_GUARDED.store(std::ptr::from_ref(self).cast_mut(), Ordering::Release);
-            // SAFETY: the handlers are plain functions that only touch the atomics of the
-            // `'static` instance stored just above.
-            unsafe {
-                libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork));
-            }
-        }
-    }
-
-    fn lock(&self) {
-        let mut spins = 0u32;
-        while self
-            .locked
-            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            spins += 1;
-            if spins < 64 {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
-        }
-    }
-
-    fn unlock(&self) {
-        self.locked.store(false, Ordering::Release);
+        crate::fork::guard_across_fork(&self.kept);
     }
 
     fn with_kept<R>(&self, f: impl FnOnce(&mut Kept) -> R) -> R {
-        self.lock();
-        // SAFETY: the lock is held, so this is the only reference to `kept` until
-        // `unlock` below (`f` cannot reach `with_kept` again: it only edits the slots).
-        let result = f(unsafe { &mut *self.kept.get() });
-        self.unlock();
-        result
+        self.kept.with(f)
     }
 
     /// A kept block for `size` bytes: the smallest of at least `size` and at most twice it.
@@ -349,27 +306,6 @@ unsafe impl GlobalAlloc for KeptMemory {
         }
         // SAFETY: the caller's block, layout and size, passed on.
         unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-/// The one instance the `fork` handlers guard (set by `make_fork_safe`).
-#[cfg(target_os = "linux")]
-static FORK_GUARDED: std::sync::atomic::AtomicPtr<KeptMemory> =
-    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
-
-#[cfg(target_os = "linux")]
-extern "C" fn before_fork() {
-    // SAFETY: null or the `'static` instance `make_fork_safe` stored.
-    if let Some(memory) = unsafe { FORK_GUARDED.load(Ordering::Acquire).as_ref() } {
-        memory.lock();
-    }
-}
-
-#[cfg(target_os = "linux")]
-extern "C" fn after_fork() {
-    // SAFETY: as in `before_fork`.
-    if let Some(memory) = unsafe { FORK_GUARDED.load(Ordering::Acquire).as_ref() } {
-        memory.unlock();
     }
 }
 

@@ -31,8 +31,10 @@
 //! - `frame` (the 16-byte header and the limits), `shape`, `dtype`, `seal` (metadata
 //!   rules: the seal's `TransferId`, `Position`, `Seal` and the receiver's `SealCheck`);
 //! - `error`: the one error type;
-//! - `kept` (on its own): `KeptMemory`, the allocator the extension installs, which keeps
-//!   released large blocks for the next result.
+//! - `kept`: `KeptMemory`, the allocator the extension installs, which keeps released
+//!   large blocks for the next result;
+//! - `fork`: `SpinLock`, and the `fork` handlers that hold `template`'s and `kept`'s locks
+//!   across a fork.
 
 pub mod at_hand;
 pub mod codec;
@@ -44,6 +46,7 @@ mod direct;
 pub mod dtype;
 pub mod encoder;
 pub mod error;
+mod fork;
 pub mod frame;
 pub mod kept;
 pub mod output;

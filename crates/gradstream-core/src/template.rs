@@ -26,10 +26,12 @@
 //! template when it is the template's outside the values and the two copies, and the two
 //! copies are the same text.
 //!
-//! Uses `codec` (to build and check templates), `seal` and `dtype`; used by `encoder`,
+//! Uses `codec` (to build and check templates), `seal`, `dtype` and `fork` (its lock); used by `encoder`,
 //! `rules`, `stream` and `direct`.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use crate::fork::{HeldAcrossFork, SpinLock};
 
 use crate::codec::{self, Encoding, Layout, Stores};
 use crate::seal::{Position, Seal, SealText, TransferId, SEAL_LEN};
@@ -59,24 +61,35 @@ struct Cache {
 /// A bounded list of templates, oldest first out.
 struct Shelf {
     slots: usize,
-    list: Mutex<Vec<Arc<Template>>>,
+    /// A `fork::SpinLock`: the `fork` handlers hold it across a fork.
+    list: SpinLock<Vec<Arc<Template>>>,
 }
 
 static CACHE: Cache = Cache::new();
+
+/// The `fork` handlers' side (module `fork`): both shelves held across a fork.
+pub(crate) fn hold_for_fork() {
+    CACHE.made.list.hold_all();
+    CACHE.learned.list.hold_all();
+}
+
+pub(crate) fn release_after_fork() {
+    CACHE.learned.list.release_all();
+    CACHE.made.list.release_all();
+}
 
 impl Shelf {
     const fn new(slots: usize) -> Self {
         Self {
             slots,
-            list: Mutex::new(Vec::new()),
+            list: SpinLock::new(Vec::new()),
         }
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut Vec<Arc<Template>>) -> T) -> T {
         // A panic while the lock was held cannot leave the list half-changed (push and
-        // remove are whole), so a poisoned lock is taken as it is.
-        let mut list = self.list.lock().unwrap_or_else(|e| e.into_inner());
-        f(&mut list)
+        // remove are whole).
+        self.list.with(f)
     }
 
     fn find(&self, keep: impl Fn(&Template) -> bool) -> Vec<Arc<Template>> {

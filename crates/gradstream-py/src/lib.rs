@@ -8,8 +8,8 @@
 //! `convert`, `chunk`; `fastpath` uses `stream`, `complete`, `convert` and `errors`;
 //! `stream` and `complete` use `convert`; `stream` uses `handover`, which uses
 //! `buffers`; `convert` uses no sibling; `chunk` uses
-//! `buffers`; `tensors` uses `convert` and `stream`, `complete` uses `tensors`; `memory` (the global
-//! allocator) uses no sibling; `settings`, `complete`, `stream`, `session`, `connection` and `protocol` use `errors`.
+//! `buffers`; `tensors` uses `convert` and `stream`, `complete` uses `tensors`; `buffers` uses `memory`
+//! (the global allocator, the last large `bytes`), which uses no sibling; `settings`, `complete`, `stream`, `session`, `connection` and `protocol` use `errors`.
 
 mod buffers;
 mod chunk;

@@ -291,8 +291,8 @@ class GradientStreamSession:
             )
         shape = values.shape if e.keep_shape else None
         # The values' memory as bytes: a view (prepare gives C-contiguous arrays, whose
-        # ravel is a view; it costs half what reshape(-1) does, and a dtype object half
-        # what the np.uint8 type does).
+        # ravel is a view; ravel and a dtype object cost less than reshape(-1) and the
+        # np.uint8 type).
         return (values.ravel().view(_BYTES), source, wire, result, shape)
 
     # ---- in memory

@@ -2,9 +2,9 @@
 streams, and each event loop's hub for the transfers that run natively.
 
 Sockets go to Rust: a small transfer runs on the caller's thread (waiting for a socket
-to become readable on this loop, ``receive_socket``), any other on tokio (its result
-comes back through the loop's ``Hub``), and so do asyncio streams on a plain socket
-(``_handover``); for any other asyncio ``StreamReader``/``StreamWriter`` (TLS, uvloop) the
+to become readable in this loop's ``Readiness``, ``receive_socket``), any other on tokio
+(its result comes back through the loop's ``Hub``), and so do asyncio streams on a plain
+socket (``_handover``); for any other asyncio ``StreamReader``/``StreamWriter`` (TLS, uvloop) the
 frames are still encoded and checked in Rust (the engine's ``FrameEncoder`` and
 ``FrameReceiver``, GIL released), and this module only moves the bytes: ``write`` +
 ``drain`` out, ``read`` in, each wait bounded by the session's timeout. Called by
@@ -14,6 +14,8 @@ frames are still encoded and checked in Rust (the engine's ``FrameEncoder`` and
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import select
 import warnings
 import weakref
 from typing import Any, TypeVar
@@ -136,10 +138,59 @@ async def receive(receiver: Any, reader: asyncio.StreamReader, none_at_end: bool
 # result is here, wait for readability, or hand the receive to tokio.
 _DONE, _WAIT, _SLOW = 0, 1, 2
 
+# A watched socket wakes its waiter once, then stays quiet until the next wait re-arms it.
+_ONCE = select.EPOLLIN | select.EPOLLONESHOT
 
-def _wake(woken: asyncio.Future[None]) -> None:
+
+def _timed_out(woken: asyncio.Future[bool]) -> None:
     if not woken.done():
-        woken.set_result(None)
+        woken.set_result(False)
+
+
+class Readiness:
+    """One event loop's watch on the sockets its small receives wait for.
+
+    ``loop.add_reader`` and ``remove_reader`` cost a small receive about 15 us of Python
+    and two ``epoll_ctl`` calls per wait, and take the loop's one reader slot of the
+    caller's descriptor (replacing a reader of the caller's own). So the sockets are
+    watched in an epoll set of our own, which the loop watches once (as it does the hub's
+    eventfd): a wait re-arms a one-shot entry (one ``epoll_ctl``) and the loop's selector
+    never holds a caller's socket. The kernel drops a socket's entry when the socket is
+    closed; a wait that ends without the socket becoming readable (its timeout, a
+    cancellation) removes the entry it armed, so nothing stays armed for a socket.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._epoll = select.epoll()
+        # The waiter of each watched descriptor: True when it became readable, False
+        # when the wait's time ran out first.
+        self._waiters: dict[int, asyncio.Future[bool]] = {}
+        loop.add_reader(self._epoll.fileno(), self._fire)
+
+    def _fire(self) -> None:
+        for fd, _ in self._epoll.poll(0):
+            woken = self._waiters.get(fd)
+            if woken is not None and not woken.done():
+                woken.set_result(True)
+
+    def arm(self, fd: int) -> asyncio.Future[bool]:
+        """A future that ``fd`` becoming readable resolves (at once if it already is)."""
+        woken = asyncio.get_running_loop().create_future()
+        self._waiters[fd] = woken
+        try:
+            self._epoll.modify(fd, _ONCE)
+        except FileNotFoundError:  # first watched here, or closed and its number reused
+            self._epoll.register(fd, _ONCE)
+        return woken
+
+    def settle(self, fd: int, woken: asyncio.Future[bool]) -> None:
+        """``woken``'s wait is over: unless ``fd`` became readable, which disarmed its
+        entry, the entry goes too."""
+        if self._waiters.get(fd) is woken:
+            del self._waiters[fd]
+        if not (woken.done() and not woken.cancelled() and woken.result()):
+            with contextlib.suppress(OSError):  # closed meanwhile (the kernel dropped it)
+                self._epoll.unregister(fd)
 
 
 async def receive_socket(receive: Any, sock: Any) -> Any:
@@ -150,18 +201,19 @@ async def receive_socket(receive: Any, sock: Any) -> Any:
     coroutine, inlined: a small receive feels every microsecond.)"""
     step, value = receive.poll()
     if step == _WAIT:
-        loop = asyncio.get_running_loop()
+        watch = hub().readiness
         fd = sock.fileno()
         while step == _WAIT:
-            woken = loop.create_future()
-            loop.add_reader(fd, _wake, woken)
-            timer = None if value is None else loop.call_later(value, _wake, woken)
+            woken = watch.arm(fd)
+            timer = None
+            if value is not None:
+                timer = asyncio.get_running_loop().call_later(value, _timed_out, woken)
             try:
                 await woken
             finally:
-                loop.remove_reader(fd)
                 if timer is not None:
                     timer.cancel()
+                watch.settle(fd, woken)
             step, value = receive.poll()
     if step == _SLOW:
         found = hub()
@@ -185,6 +237,7 @@ class Hub:
         self.native = Completions()
         self.futures: dict[int, asyncio.Future[Any]] = {}
         loop.add_reader(self.native.fileno(), self._deliver)
+        self.readiness = Readiness(loop)
 
     def track(self, job: int) -> asyncio.Future[Any]:
         future = asyncio.get_running_loop().create_future()

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import numpy.typing as npt
 
 from . import _aio
@@ -49,7 +50,7 @@ from ._peers import (
     peer_text,
     silent_text,
 )
-from ._session import GradientStreamSession, _hand_back, _lend, _tensor_dict
+from ._session import GradientStreamSession, _hand_back, _Out, _tensor_dict, lend_either
 
 if TYPE_CHECKING:
     # The session layer alone imports the extension (tests/api/test_layers.py).
@@ -169,24 +170,27 @@ class Connection:
         *,
         progress: TransferProgress | None = None,
         deadline: float | None = None,
+        reduce_into: npt.NDArray[np.float32] | None = None,
+        op: str = "sum",
     ) -> npt.NDArray[Any]:
         """Receive one gradient, as ``receive_from`` (into ``out`` when given: then
-        ``out`` itself); what ``receive_from`` gives at the end (an empty array) when the
-        peer closed the connection before another began (``closed`` is then True)."""
+        ``out`` itself; added into ``reduce_into`` when given: then that array); what
+        ``receive_from`` gives at the end (an empty array) when the peer closed the
+        connection before another began (``closed`` is then True)."""
+        lent = lend_either(out, reduce_into, op)
         with self._turn(Phase.RECEIVING, "recv"):
-            got = await self._recv(out, progress, deadline, none_at_end=False)
+            got = await self._recv(lent, progress, deadline, none_at_end=False)
         assert got is not None  # none_at_end=False gives the empty gradient instead
         return got
 
     async def _recv(
         self,
-        out: npt.NDArray[Any] | None,
+        lent: _Out | None,
         progress: TransferProgress | None,
         deadline: float | None,
         *,
         none_at_end: bool,
     ) -> npt.NDArray[Any] | None:
-        lent = None if out is None else _lend(out)
         bound = check_seconds(deadline, "deadline")
         hub = _aio.hub()
         timed = _Timed(progress)

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from .errors import SettingError
+
 __all__ = [
     "as_float32_array",
     "as_float32_vector",
@@ -20,6 +22,7 @@ __all__ = [
     "check_bool",
     "dtype_name",
     "frame_buffer",
+    "reduction",
     "to_ndarray",
     "value_buffer",
 ]
@@ -164,6 +167,41 @@ def value_buffer(out: Any) -> np.ndarray:
     else:
         return out
     raise TypeError(f"{_DECODE_OUT}, got {problem}")
+
+
+_REDUCE_INTO = (
+    "reduce_into= must be a writeable C-contiguous float32 numpy array (the sum is float32"
+    " whatever the gradient's dtype)"
+)
+
+
+def reduction(out: Any, reduce_into: Any, op: str) -> np.ndarray | None:
+    """Check a receive's ``reduce_into=`` and ``op=`` before any data is read (README
+    "Reducing while receiving"): ``op`` must be ``"sum"`` (else SettingError), ``out`` and
+    ``reduce_into`` exclude each other (ValueError), and ``reduce_into`` is a writeable,
+    C-contiguous, aligned, native float32 array (TypeError naming the problem). Returns
+    it, or None when not given."""
+    if op != "sum":
+        raise SettingError("op", f"op must be 'sum' (the one reduction there is), not {op!r}")
+    if reduce_into is None:
+        return None
+    if out is not None:
+        raise ValueError("out= and reduce_into= exclude each other: give one")
+    if not isinstance(reduce_into, np.ndarray):
+        problem = type(reduce_into).__name__
+    elif reduce_into.dtype != np.float32:
+        problem = f"{reduce_into.dtype} array"
+    elif not reduce_into.dtype.isnative:
+        problem = f"float32 array in non-native byte order ({reduce_into.dtype.str})"
+    elif not reduce_into.flags.c_contiguous:
+        problem = "non-contiguous float32 array"
+    elif not reduce_into.flags.aligned:
+        problem = "misaligned float32 array"
+    elif not reduce_into.flags.writeable:
+        problem = "read-only float32 array"
+    else:
+        return reduce_into
+    raise TypeError(f"{_REDUCE_INTO}, got {problem}")
 
 
 def frame_buffer(out: Any) -> memoryview:

@@ -98,7 +98,7 @@ class GradientChunk:
     __hash__: None  # type: ignore[assignment]
 
 _GradientArgs = tuple[npt.NDArray[Any], str, str, str | None, tuple[int, ...] | None]
-_OutArgs = tuple[npt.NDArray[Any], str]
+_OutArgs = tuple[npt.NDArray[Any], str, str]
 _TensorArgs = tuple[str, npt.NDArray[Any], str, tuple[int, ...]]
 _Values = tuple[npt.NDArray[Any], str, list[int] | None]
 

@@ -29,7 +29,7 @@ import pyarrow as pa
 from typing_extensions import Buffer
 
 from . import _aio, _dtypes, _handover
-from ._convert import check_bool, frame_buffer, value_buffer
+from ._convert import check_bool, frame_buffer, reduction, value_buffer
 from ._native import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_MAX_GRADIENT_LEN,
@@ -51,7 +51,7 @@ _DtypeName = Literal["float16", "bfloat16", "float32", "float64"]
 # a gradient as (its values' bytes, dtype, wire dtype, dtype handed back, shape to send),
 # an out= array as (its bytes, dtype), received values as (flat array, dtype, shape).
 _GradientArgs = tuple[np.ndarray, str, str, str | None, tuple[int, ...] | None]
-_OutArgs = tuple[np.ndarray, str]
+_OutArgs = tuple[np.ndarray, str, str]
 _TensorArgs = tuple[str, np.ndarray, str, tuple[int, ...]]
 _Values = tuple[np.ndarray, str, list[int] | None]
 _FLOAT32 = np.dtype(np.float32)  # native byte order
@@ -69,7 +69,16 @@ def _lend(out: Any) -> _Out:
     checked = value_buffer(out)
     name = _dtypes.dtype_name(checked.dtype)
     assert name is not None  # value_buffer took only the four dtypes
-    return _Out(checked, (checked.reshape(-1).view(np.uint8), name))
+    return _Out(checked, (checked.reshape(-1).view(np.uint8), name, "fill"))
+
+
+def lend_either(out: Any, reduce_into: Any, op: str) -> _Out | None:
+    """The array a receive writes into: ``out`` (filled), ``reduce_into`` (summed into,
+    float32, README "Reducing while receiving"), or neither."""
+    acc = reduction(out, reduce_into, op)
+    if acc is not None:
+        return _Out(acc, (acc.reshape(-1).view(np.uint8), "float32", "sum"))
+    return None if out is None else _lend(out)
 
 
 def _hand_back(values: _Values) -> np.ndarray:
@@ -339,11 +348,16 @@ class GradientStreamSession:
         return result
 
     def decode_frames(
-        self, data: Buffer, *, out: npt.NDArray[Any] | None = None
+        self,
+        data: Buffer,
+        *,
+        out: npt.NDArray[Any] | None = None,
+        reduce_into: npt.NDArray[np.float32] | None = None,
+        op: str = "sum",
     ) -> npt.NDArray[Any]:
         """Parse a byte stream holding exactly one gradient's frames (into ``out``, when
-        given: then ``out`` itself)."""
-        lent = None if out is None else _lend(out)
+        given: then ``out`` itself; added into ``reduce_into``: then that array)."""
+        lent = lend_either(out, reduce_into, op)
         values = self._engine.decode_frames(data, None if lent is None else lent.args)
         return lent.array if lent is not None else _hand_back(values)  # type: ignore[arg-type]
 
@@ -380,10 +394,15 @@ class GradientStreamSession:
         progress: TransferProgress | None = None,
         out: npt.NDArray[Any] | None = None,
         deadline: float | None = None,
+        reduce_into: npt.NDArray[np.float32] | None = None,
+        op: str = "sum",
     ) -> npt.NDArray[Any]:
         """Receive one gradient from a socket or asyncio stream (``out`` itself, filled,
-        when given). The end of the stream before any byte gives an empty array."""
-        got = await self._receive(stream, progress, False, out, deadline)
+        when given; ``reduce_into`` itself, the gradient added into it, when given). The
+        end of the stream before any byte gives an empty array."""
+        got = await self._receive(
+            stream, progress, False, lend_either(out, reduce_into, op), deadline
+        )
         assert got is not None  # none_at_end=False gives the empty gradient instead
         return got
 
@@ -407,13 +426,12 @@ class GradientStreamSession:
         stream: Any,
         progress: TransferProgress | None,
         none_at_end: bool,
-        out: npt.NDArray[Any] | None,
+        lent: _Out | None,
         deadline: float | None,
     ) -> npt.NDArray[Any] | None:
         """One gradient, or None when the stream ended before its first byte and
         ``none_at_end`` (``receive_iter`` ends there)."""
         sock = _stream_socket(stream)
-        lent = None if out is None else _lend(out)
         args = None if lent is None else lent.args
         lease = None if sock is not None else _handover.lend_reader(_aio.reader_in(stream))
         if lease is not None:

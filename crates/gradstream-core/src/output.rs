@@ -163,15 +163,27 @@ impl ValueSink for Vec<f32> {
     }
 }
 
-/// A caller's array being filled (`out=`), values of `dtype`. It counts every value
-/// offered, also past its end (those are dropped), so that an overrun is reported with
-/// the real count.
+/// What a caller's array does with the values that arrive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lending {
+    /// They replace what it held (`out=`).
+    Fill,
+    /// They are added to what it holds, in float32 whatever their dtype (`reduce_into=`):
+    /// each value once, `acc[i] + value[i]` rounded to float32, so the result does not
+    /// depend on the order the chunks arrive in.
+    Sum,
+}
+
+/// A caller's array being filled (`out=`) or summed into (`reduce_into=`), values of
+/// `dtype`. It counts every value offered, also past its end (those are dropped), so that
+/// an overrun is reported with the real count.
 #[derive(Debug)]
 pub struct OutSlice {
     ptr: NonNull<u8>,
     capacity: usize,
     dtype: Dtype,
     offered: usize,
+    lending: Lending,
 }
 
 // SAFETY: the creator of an OutSlice promises exclusive access to the memory for its
@@ -191,7 +203,24 @@ impl OutSlice {
             capacity,
             dtype,
             offered: 0,
+            lending: Lending::Fill,
         }
+    }
+
+    /// The same buffer, float32 values, summed into instead of filled (`Lending::Sum`).
+    ///
+    /// # Safety
+    /// As for `new`, with `capacity` float32 values.
+    pub unsafe fn summing(ptr: NonNull<u8>, capacity: usize) -> Self {
+        Self {
+            lending: Lending::Sum,
+            // SAFETY: the caller's promise, passed on.
+            ..unsafe { Self::new(ptr, capacity, Dtype::F32) }
+        }
+    }
+
+    pub fn lending(&self) -> Lending {
+        self.lending
     }
 
     /// # Safety
@@ -221,7 +250,9 @@ impl ValueSink for OutSlice {
                     n * width,
                 )
             };
-            if from == self.dtype {
+            if self.lending == Lending::Sum {
+                add_f32(&raw[..n * from.width()], from, dst);
+            } else if from == self.dtype {
                 // A large `out=` array is written around the caches (see codec::Stores).
                 let stores = Stores::for_destination(self.capacity * width);
                 stores.copy(&raw[..n * width], dst);
@@ -241,7 +272,8 @@ impl OutSlice {
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     fn slot_f32(&mut self, n: usize) -> Option<&mut [u8]> {
         let end = self.offered.checked_add(n)?;
-        if self.dtype != Dtype::F32 || end > self.capacity {
+        // A sum adds values; read straight from the stream they would replace.
+        if self.dtype != Dtype::F32 || end > self.capacity || self.lending == Lending::Sum {
             return None;
         }
         // SAFETY: offered + n <= capacity keeps the range inside the buffer, which is ours
@@ -249,6 +281,25 @@ impl OutSlice {
         Some(unsafe {
             std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(self.offered * 4), n * 4)
         })
+    }
+}
+
+/// `dst[i] += src[i]` in float32, `dst` float32 bytes, `src` values of `from` (converted
+/// to float32 first, a block at a time on the stack).
+fn add_f32(src: &[u8], from: Dtype, dst: &mut [u8]) {
+    const BLOCK: usize = 1024;
+    let mut block = [0u8; BLOCK * 4];
+    for (src, dst) in src
+        .chunks(BLOCK * from.width())
+        .zip(dst.chunks_mut(BLOCK * 4))
+    {
+        let values = &mut block[..dst.len()];
+        convert(src, from, values, Dtype::F32);
+        for (acc, add) in dst.chunks_exact_mut(4).zip(values.chunks_exact(4)) {
+            let sum = f32::from_ne_bytes([acc[0], acc[1], acc[2], acc[3]])
+                + f32::from_ne_bytes([add[0], add[1], add[2], add[3]]);
+            acc.copy_from_slice(&sum.to_ne_bytes());
+        }
     }
 }
 
@@ -369,6 +420,8 @@ impl Output {
                 Ok(())
             }
             Values::Owned(_) => Err(self.dtype),
+            // A sum takes any dtype, added in float32.
+            Values::Lent(out) if out.lending == Lending::Sum => Ok(()),
             Values::Lent(out) => Err(out.dtype),
         }
     }
@@ -383,6 +436,14 @@ impl Output {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// What a lent buffer does with the values (None: values of our own).
+    pub fn lending(&self) -> Option<Lending> {
+        match &self.values {
+            Values::Owned(_) => None,
+            Values::Lent(o) => Some(o.lending),
+        }
     }
 
     /// The most values this output takes: the caller's buffer size.
@@ -504,6 +565,38 @@ mod tests {
             assert_eq!((out.len(), out.limit()), (5, Some(5)));
         }
         assert_eq!(buf, [1.0, 2.0, 3.0, 4.0, 5.0]);
+    }
+
+    #[test]
+    fn a_summing_buffer_adds_each_value_once_in_float32_whatever_its_dtype() {
+        let start = [1.0f32, -2.5, 1e30, 0.1];
+        let mut acc = start;
+        let ptr = NonNull::new(acc.as_mut_ptr().cast::<u8>()).unwrap();
+        {
+            // SAFETY: `out` is dropped at the end of this block, before `acc` is read.
+            let mut out = Output::lent(unsafe { OutSlice::summing(ptr, 4) });
+            assert_eq!(out.lending(), Some(Lending::Sum));
+            // Any dtype is taken (a bfloat16 wire adds into float32).
+            assert!(out.set_dtype(Dtype::BF16).is_ok());
+            out.put(&[0.5, 0.5]);
+            let bf16 = [half::bf16::from_f32(3.0), half::bf16::from_f32(1e30)];
+            let raw: Vec<u8> = bf16
+                .iter()
+                .flat_map(|v| v.to_bits().to_ne_bytes())
+                .collect();
+            out.put_raw(&raw, Dtype::BF16);
+            out.put(&[7.0]); // runs over: dropped, counted
+            assert_eq!((out.len(), out.limit()), (5, Some(4)));
+            // A sum never lends its memory to be overwritten.
+            assert!(out.slot_f32(1).is_none());
+        }
+        let expected = [
+            start[0] + 0.5,
+            start[1] + 0.5,
+            start[2] + 3.0,
+            start[3] + half::bf16::from_f32(1e30).to_f32(),
+        ];
+        assert_eq!(acc.map(f32::to_bits), expected.map(f32::to_bits));
     }
 
     #[test]

@@ -145,7 +145,9 @@ impl Reassembler {
     // Only the tokio receiver (`direct`) places values.
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     pub(crate) fn lends_f32(&self) -> bool {
-        self.values.limit().is_some() && self.values.dtype() == crate::dtype::Dtype::F32
+        self.values.limit().is_some()
+            && self.values.dtype() == crate::dtype::Dtype::F32
+            && self.values.lending() == Some(crate::output::Lending::Fill)
     }
 
     fn accept_arrived(
@@ -195,7 +197,9 @@ impl Reassembler {
     ) -> Result<usize> {
         let index = header.chunk_index;
         let room = self.max_gradient_len.saturating_sub(self.count);
-        let lent = self.values.limit().map(|_| self.values.dtype());
+        // A filled out= fixes the dtype every chunk must come back in; a sum takes any.
+        let lent = (self.values.lending() == Some(crate::output::Lending::Fill))
+            .then(|| self.values.dtype());
         let out = if index == self.next {
             &mut self.values
         } else {

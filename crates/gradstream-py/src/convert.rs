@@ -103,9 +103,20 @@ pub struct LentArray {
 
 impl LentArray {
     /// `bytes` is the `out=` array as a writeable 1-D uint8 view (the Python session has
-    /// checked it: C-contiguous, aligned, native-endian), `dtype` the name of its dtype.
-    pub fn new(bytes: &Bound<'_, PyAny>, dtype: &str) -> PyResult<Self> {
+    /// checked it: C-contiguous, aligned, native-endian), `dtype` the name of its dtype,
+    /// `lending` `"fill"` (`out=`) or `"sum"` (`reduce_into=`, float32 only).
+    pub fn new(bytes: &Bound<'_, PyAny>, dtype: &str, lending: &str) -> PyResult<Self> {
         let dtype = dtype_named(dtype)?;
+        let summing = match lending {
+            "fill" => false,
+            "sum" if dtype == Dtype::F32 => true,
+            _ => {
+                return Err(PyValueError::new_err(format!(
+                    "cannot lend a {} array to {lending:?}",
+                    dtype.name()
+                )))
+            }
+        };
         let array = bytes.cast::<PyArray1<u8>>()?;
         if !array.is_c_contiguous() {
             return Err(PyTypeError::new_err("out= bytes must be C-contiguous"));
@@ -123,7 +134,13 @@ impl LentArray {
         // (checked above), `raw.len()` bytes of values of `dtype`. Exclusive access is the
         // caller's part of the out= contract, as for any buffer handed to recv_into: the
         // docs say not to touch `out` meanwhile.
-        let slice = unsafe { OutSlice::new(ptr, raw.len() / dtype.width(), dtype) };
+        let slice = unsafe {
+            if summing {
+                OutSlice::summing(ptr, raw.len() / 4)
+            } else {
+                OutSlice::new(ptr, raw.len() / dtype.width(), dtype)
+            }
+        };
         drop(writable);
         Ok(Self {
             owner: bytes.clone().unbind(),

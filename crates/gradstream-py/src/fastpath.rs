@@ -200,8 +200,9 @@ pub struct SocketReceive {
     progress: Arc<Progress>,
     waits: Waits,
     none_at_end: bool,
-    /// The `out=` array's bytes and dtype name, lent afresh to each receiver.
-    out: Option<(Py<PyAny>, String)>,
+    /// The `out=` or `reduce_into=` array's bytes, dtype name and lending (`OutArgs`),
+    /// lent afresh to each receiver.
+    out: Option<(Py<PyAny>, String, String)>,
     /// When the receive began: nothing has arrived since (a byte that arrives ends the
     /// waiting here), so the timeout runs from it.
     began: Instant,
@@ -217,7 +218,7 @@ impl SocketReceive {
         progress: Arc<Progress>,
         waits: Waits,
         none_at_end: bool,
-        out: Option<(Py<PyAny>, String)>,
+        out: Option<(Py<PyAny>, String, String)>,
     ) -> Self {
         Self {
             config,
@@ -234,7 +235,7 @@ impl SocketReceive {
     fn lend(&self, py: Python<'_>) -> PyResult<Option<LentArray>> {
         self.out
             .as_ref()
-            .map(|(bytes, dtype)| LentArray::new(bytes.bind(py), dtype))
+            .map(|(bytes, dtype, lending)| LentArray::new(bytes.bind(py), dtype, lending))
             .transpose()
     }
 

@@ -36,14 +36,15 @@ use gradstream_core::session::SessionConfig;
 use gradstream_core::stream::{send_gradient, Waits};
 use gradstream_core::tensors;
 
-/// An `out=` array as the Python session hands it over: its memory as a writeable 1-D
-/// uint8 view, and its dtype's name.
+/// An `out=` (or `reduce_into=`) array as the Python session hands it over: its memory as
+/// a writeable 1-D uint8 view, its dtype's name, and what is done with the values
+/// (`"fill"`, or `"sum"` for a float32 `reduce_into=`).
 #[derive(FromPyObject)]
-pub struct OutArgs<'py>(Bound<'py, PyAny>, String);
+pub struct OutArgs<'py>(Bound<'py, PyAny>, String, String);
 
 impl OutArgs<'_> {
     pub(crate) fn lend(&self) -> PyResult<LentArray> {
-        LentArray::new(&self.0, &self.1)
+        LentArray::new(&self.0, &self.1, &self.2)
     }
 }
 
@@ -354,7 +355,7 @@ impl Engine {
         let waits = self.waits(deadline)?;
         // Checked now, as before any byte moves; lent afresh to each receiver.
         let out = match out {
-            Some(out) => Some((out.lend()?.owner, out.1)),
+            Some(out) => Some((out.lend()?.owner, out.1, out.2)),
             None => None,
         };
         let config = self.config.clone();

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from .._convert import reduction
 from .._io import Stalled, within
 from .._peers import (
     HANDSHAKE_TIMEOUT,
@@ -45,7 +46,7 @@ from ..errors import StreamIOError, StreamTimeoutError
 from . import _protocol as p
 from ._channels import TransferProgress
 from ._handshake import handshake
-from ._session import GradientStreamSession
+from ._session import GradientStreamSession, add_into
 from ._streams import Streams, open_client
 from ._tls import checked_peer, client_context, listener_context, tls_error
 from ._transfers import AckedLink, BareLink
@@ -217,14 +218,18 @@ class Connection:
         *,
         progress: TransferProgress | None = None,
         deadline: float | None = None,
+        reduce_into: np.ndarray | None = None,
+        op: str = "sum",
     ) -> np.ndarray:
-        """Receive one gradient, as receive_from (into ``out`` when given); what
-        receive_from gives at the end (an empty array) when the peer closed first."""
+        """Receive one gradient, as receive_from (into ``out`` when given, added into
+        ``reduce_into`` when given); what receive_from gives at the end (an empty array)
+        when the peer closed first."""
+        acc = reduction(out, reduce_into, op)
         with self._turn(Phase.RECEIVING, "recv"):
             values, ended = await self._link.recv(out, progress, deadline)
         if ended:
             self._drop()
-        return values
+        return values if acc is None else add_into(acc, values)
 
     async def recv_tensors(
         self,

@@ -26,9 +26,9 @@ import pyarrow as pa
 from .. import _dtypes
 from .._convert import byte_view as _byte_view
 from .._convert import check_bool as _check_bool
-from .._convert import frame_buffer, value_buffer
+from .._convert import frame_buffer, reduction, value_buffer
 from .._io import Clock, Stalled
-from ..errors import FrameError
+from ..errors import FrameError, GradientSizeError
 from . import _tensors
 from ._channels import (
     TransferProgress,
@@ -471,7 +471,14 @@ class GradientStreamSession:
         fields = [_chunk_fields(c) for c in chunks]
         return _decode_chunk_list(fields, self._max_gradient_len, self._expect())
 
-    def decode_frames(self, data: Any, *, out: np.ndarray | None = None) -> np.ndarray:
+    def decode_frames(
+        self,
+        data: Any,
+        *,
+        out: np.ndarray | None = None,
+        reduce_into: np.ndarray | None = None,
+        op: str = "sum",
+    ) -> np.ndarray:
         """The gradient held by the frames in ``data`` (any bytes-like object): a new 1-D
         array (float32 unless the payloads say otherwise; in the sender's shape when it
         sent one), or, with ``out``, ``out`` itself filled with the values.
@@ -488,7 +495,13 @@ class GradientStreamSession:
         passed (truncation, IncompleteStreamError, bytes left over). The empty input is a
         gradient of 0 values. Nothing is written past ``out``'s end, but after any error
         its contents are unspecified (part of the gradient, perhaps).
+
+        ``reduce_into`` (a float32 array, instead of ``out``) gets the values added into
+        it, in float32 (README "Reducing while receiving"), and is returned.
         """
+        acc = reduction(out, reduce_into, op)
+        if acc is not None:
+            return add_into(acc, self._decode_frames(data, None, None))
         return self._decode_frames(data, out, None)
 
     def _decode_frames(
@@ -561,6 +574,8 @@ class GradientStreamSession:
         progress: TransferProgress | None = None,
         out: np.ndarray | None = None,
         deadline: float | None = None,
+        reduce_into: np.ndarray | None = None,
+        op: str = "sum",
     ) -> np.ndarray:
         """Receive one gradient from a socket or an asyncio stream.
 
@@ -568,12 +583,17 @@ class GradientStreamSession:
         network"); see the README for the other ends. ``out`` is as for decode_frames: the
         gradient is written into it as its chunks arrive, and ``out`` is returned; it is
         checked before any byte is read, and holds unspecified values after an error.
+        ``reduce_into`` is as for decode_frames (the end of the stream is then a
+        GradientSizeError, as for ``out``).
         """
+        acc = reduction(out, reduce_into, op)
         channel = _receiving_channel(stream, self._clock(deadline))
         progress = _check_progress(progress)
         if out is not None:
             out = value_buffer(out)
         values = await self._receive(channel, progress, out)
+        if acc is not None:
+            return add_into(acc, _zero_values(None) if values is None else values)
         return _zero_values(out) if values is None else values
 
     # ---- seams of a connection (README "Sealed chunks"): its own transfer ids
@@ -767,3 +787,13 @@ class GradientStreamSession:
             _byte_view(data), self._max_payload_len, self._max_gradient_len, None, seal
         )
         return (None if receiver is None else receiver.manifest), values.size
+
+
+def add_into(acc: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """``reduce_into=``: the gradient's values added into ``acc`` in float32, each once
+    (README "Reducing while receiving"); GradientSizeError when the sizes differ."""
+    if values.size != acc.size:
+        raise GradientSizeError(acc.size, values.size)
+    flat = acc.reshape(-1)
+    np.add(flat, values.reshape(-1).astype(np.float32, copy=False), out=flat)
+    return acc

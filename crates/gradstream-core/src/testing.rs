@@ -77,6 +77,22 @@ pub(crate) fn file_of(batches: &[RecordBatch]) -> Vec<u8> {
     out
 }
 
+/// float32 values whose bits a round trip must keep: a NaN with a payload, an all-ones
+/// NaN, -0.0, both infinities, the smallest subnormal, the most negative subnormal.
+pub(crate) fn special_floats() -> Vec<f32> {
+    [
+        0x7fc0_0001u32,
+        0xffff_ffff,
+        0x8000_0000,
+        0x7f80_0000,
+        0xff80_0000,
+        0x0000_0001,
+        0x807f_ffff,
+    ]
+    .map(f32::from_bits)
+    .to_vec()
+}
+
 pub(crate) fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }

@@ -337,18 +337,8 @@ mod tests {
 
     #[test]
     fn round_trip_keeps_every_bit() {
-        let values: Vec<f32> = [
-            0x7fc0_0001u32,
-            0xffff_ffff,
-            0x8000_0000,
-            0x7f80_0000,
-            0xff80_0000,
-            0x0000_0001,
-            0x3f80_0000,
-        ]
-        .iter()
-        .map(|b| f32::from_bits(*b))
-        .collect();
+        let mut values = crate::testing::special_floats();
+        values.push(1.0);
         let payload = encode_payload(Layout::Seed, &values).unwrap();
         assert_eq!(bits(&decode(&payload).unwrap()), bits(&values));
     }

@@ -90,19 +90,10 @@ fn encoder_refuses_chunks_over_the_payload_limit() {
 
 #[test]
 fn special_floats_survive_bit_for_bit() {
-    let bits = [
-        0x7fc0_0001u32,
-        0xffff_ffff,
-        0x8000_0000,
-        0x7f80_0000,
-        0xff80_0000,
-        0x0000_0001,
-        0x807f_ffff,
-    ];
-    let g: Vec<f32> = bits.iter().map(|b| f32::from_bits(*b)).collect();
+    let g = crate::testing::special_floats();
     let s = session(3);
     let back = s.decode_frames(&s.encode_frames(&g).unwrap()).unwrap();
-    assert_eq!(back.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), bits);
+    assert_eq!(crate::testing::bits(&back), crate::testing::bits(&g));
 }
 
 #[test]

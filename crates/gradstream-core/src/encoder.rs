@@ -207,6 +207,8 @@ pub(crate) fn kind(layout: Layout, values: usize, sealed: bool) -> Kind {
 
 /// Encode one chunk's float32 payload (sealed with `seal`, if given) into `out` (exactly
 /// its planned length); its CRC-32.
+// Only the tokio sender (`stream`) writes payloads one at a time.
+#[cfg_attr(not(feature = "tokio"), allow(dead_code))]
 pub(crate) fn write_payload(
     layout: Layout,
     seal: Option<SealText>,

@@ -155,18 +155,27 @@ def value_buffer(out: Any) -> np.ndarray:
         problem = type(out).__name__
     elif name is None:
         problem = f"{out.dtype} array"
-    elif not out.dtype.isnative:
-        problem = f"{name} array in non-native byte order ({out.dtype.str})"
-    elif not out.flags.c_contiguous:
-        problem = f"non-contiguous {name} array"
-    elif not out.flags.aligned:
-        # README: aligned, as the native side writes the values in place.
-        problem = f"misaligned {name} array"
-    elif not out.flags.writeable:
-        problem = f"read-only {name} array"
     else:
-        return out
+        found = _memory_problem(out, name)
+        if found is None:
+            return out
+        problem = found
     raise TypeError(f"{_DECODE_OUT}, got {problem}")
+
+
+def _memory_problem(array: np.ndarray, name: str) -> str | None:
+    """What keeps the native side from writing ``array``'s values in place (README: native
+    byte order, C-contiguous, aligned, writeable), in words naming its dtype ``name``; None
+    when nothing does. Shared by ``out=`` and ``reduce_into=``."""
+    if not array.dtype.isnative:
+        return f"{name} array in non-native byte order ({array.dtype.str})"
+    if not array.flags.c_contiguous:
+        return f"non-contiguous {name} array"
+    if not array.flags.aligned:
+        return f"misaligned {name} array"
+    if not array.flags.writeable:
+        return f"read-only {name} array"
+    return None
 
 
 _REDUCE_INTO = (
@@ -189,18 +198,13 @@ def reduction(out: Any, reduce_into: Any, op: str) -> np.ndarray | None:
         raise ValueError("out= and reduce_into= exclude each other: give one")
     if not isinstance(reduce_into, np.ndarray):
         problem = type(reduce_into).__name__
-    elif reduce_into.dtype != np.float32:
+    elif dtype_name(reduce_into.dtype) != "float32":
         problem = f"{reduce_into.dtype} array"
-    elif not reduce_into.dtype.isnative:
-        problem = f"float32 array in non-native byte order ({reduce_into.dtype.str})"
-    elif not reduce_into.flags.c_contiguous:
-        problem = "non-contiguous float32 array"
-    elif not reduce_into.flags.aligned:
-        problem = "misaligned float32 array"
-    elif not reduce_into.flags.writeable:
-        problem = "read-only float32 array"
     else:
-        return reduce_into
+        found = _memory_problem(reduce_into, "float32")
+        if found is None:
+            return reduce_into
+        problem = found
     raise TypeError(f"{_REDUCE_INTO}, got {problem}")
 
 

@@ -49,7 +49,8 @@ _DtypeName = Literal["float16", "bfloat16", "float32", "float64"]
 
 # What the engine's methods take and give (see crates/gradstream-py/src/convert.rs):
 # a gradient as (its values' bytes, dtype, wire dtype, dtype handed back, shape to send),
-# an out= array as (its bytes, dtype), received values as (flat array, dtype, shape).
+# an out= or reduce_into= array as (its bytes, dtype, "fill" or "sum"), received values
+# as (flat array, dtype, shape).
 _GradientArgs = tuple[np.ndarray, str, str, str | None, tuple[int, ...] | None]
 _OutArgs = tuple[np.ndarray, str, str]
 _TensorArgs = tuple[str, np.ndarray, str, tuple[int, ...]]

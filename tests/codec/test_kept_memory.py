@@ -162,10 +162,12 @@ def test_receive_from_a_socket_into_a_kept_block() -> None:
 
 @pytest.mark.parametrize("bad", [-1, 1.5, "1", True, None])
 def test_a_limit_that_is_not_a_byte_count_is_refused(bad: object) -> None:
+    before = native.kept_memory().limit
     with pytest.raises(SettingError) as caught:
         native.keep_memory(bad)  # type: ignore[arg-type]
     assert caught.value.setting == "limit"
     assert native.kept_memory().limit != bad
+    assert native.kept_memory().limit == before
 
 
 def frames_of(session: native.GradientStreamSession, g: np.ndarray) -> bytes:

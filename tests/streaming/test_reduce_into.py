@@ -131,6 +131,8 @@ def test_a_gradient_of_another_size_is_a_size_error(gs: ModuleType, size: int) -
         ({"reduce_into": np.zeros(4, np.float64)}, TypeError),
         ({"reduce_into": np.zeros(8, np.float32)[::2]}, TypeError),
         ({"reduce_into": [0.0, 0.0, 0.0, 0.0]}, TypeError),
+        ({"reduce_into": np.zeros(4, ">f4")}, TypeError),
+        ({"reduce_into": np.frombuffer(bytearray(17), np.float32, 4, 1)}, TypeError),
     ],
 )
 def test_wrong_arguments_are_refused_before_any_byte(
@@ -228,3 +230,15 @@ def test_a_connection_receive_adds(gs: ModuleType, n: int) -> None:
 
     run(main)
     assert np.array_equal(bits(acc), bits(expected_sum(start, g)))
+
+
+@pytest.mark.parametrize(("dtype", "lending"), [("float64", "sum"), ("float32", "max")])
+def test_the_engine_refuses_a_lending_it_does_not_know(dtype: str, lending: str) -> None:
+    """The bindings' own check, below the session's: only a float32 array is summed into,
+    and only "fill" and "sum" are lendings."""
+    session = native.GradientStreamSession("sum", 4)
+    wire = session.encode_frames(grad(4, 8))
+    acc = np.zeros(4, np.dtype(dtype))
+    with pytest.raises(ValueError, match="cannot lend"):
+        session._engine.decode_frames(wire, (acc.view(np.uint8), dtype, lending))
+    assert not acc.any()

@@ -109,11 +109,16 @@ impl KeptMemory {
         held
     }
 
+    /// The most bytes kept.
+    pub fn limit(&self) -> usize {
+        self.limit.load(Ordering::Relaxed)
+    }
+
     pub fn stats(&self) -> KeptStats {
         let (held, blocks) =
             self.with_kept(|kept| (kept.held, kept.blocks.iter().filter(|b| b.size > 0).count()));
         KeptStats {
-            limit: self.limit.load(Ordering::Relaxed),
+            limit: self.limit(),
             held,
             blocks,
             reused: self.reused.load(Ordering::Relaxed),

@@ -284,9 +284,20 @@ impl OutSlice {
     }
 }
 
-/// `dst[i] += src[i]` in float32, `dst` float32 bytes, `src` values of `from` (converted
-/// to float32 first, a block at a time on the stack).
+/// `dst[i] += src[i]` in float32, `dst` float32 bytes, `src` values of `from`: float32
+/// added as they are, other dtypes converted to float32 first, a block at a time on the
+/// stack.
 fn add_f32(src: &[u8], from: Dtype, dst: &mut [u8]) {
+    fn add(dst: &mut [u8], src: &[u8]) {
+        for (acc, add) in dst.chunks_exact_mut(4).zip(src.chunks_exact(4)) {
+            let sum = f32::from_ne_bytes([acc[0], acc[1], acc[2], acc[3]])
+                + f32::from_ne_bytes([add[0], add[1], add[2], add[3]]);
+            acc.copy_from_slice(&sum.to_ne_bytes());
+        }
+    }
+    if from == Dtype::F32 {
+        return add(dst, src);
+    }
     const BLOCK: usize = 1024;
     let mut block = [0u8; BLOCK * 4];
     for (src, dst) in src
@@ -295,11 +306,7 @@ fn add_f32(src: &[u8], from: Dtype, dst: &mut [u8]) {
     {
         let values = &mut block[..dst.len()];
         convert(src, from, values, Dtype::F32);
-        for (acc, add) in dst.chunks_exact_mut(4).zip(values.chunks_exact(4)) {
-            let sum = f32::from_ne_bytes([acc[0], acc[1], acc[2], acc[3]])
-                + f32::from_ne_bytes([add[0], add[1], add[2], add[3]]);
-            acc.copy_from_slice(&sum.to_ne_bytes());
-        }
+        add(dst, values);
     }
 }
 

@@ -145,9 +145,8 @@ impl Reassembler {
     // Only the tokio receiver (`direct`) places values.
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     pub(crate) fn lends_f32(&self) -> bool {
-        self.values.limit().is_some()
+        self.values.lending() == Some(crate::output::Lending::Fill)
             && self.values.dtype() == crate::dtype::Dtype::F32
-            && self.values.lending() == Some(crate::output::Lending::Fill)
     }
 
     fn accept_arrived(

@@ -26,8 +26,8 @@
 //! template when it is the template's outside the values and the two copies, and the two
 //! copies are the same text.
 //!
-//! Uses `codec` (to build and check templates), `seal`, `dtype` and `fork` (its lock); used by `encoder`,
-//! `rules`, `stream` and `direct`.
+//! Uses `codec` (to build and check templates), `seal`, `dtype` and `fork` (its lock);
+//! used by `encoder`, `rules`, `stream` and `direct`.
 
 use std::sync::Arc;
 

@@ -100,7 +100,7 @@ pub fn reusable_bytes<'py>(py: Python<'py>, len: usize) -> Option<Bound<'py, PyB
 /// Remember `bytes`, a large result about to be returned, for `reusable_bytes`.
 pub fn offer_bytes(py: Python<'_>, bytes: &Bound<'_, PyBytes>) {
     let len = bytes.as_bytes().len();
-    if len < KEEP_FROM || len > MEMORY.stats().limit || !bytes_hash_slot(py) {
+    if len < KEEP_FROM || len > MEMORY.limit() || !bytes_hash_slot(py) {
         return;
     }
     *lock_last(py) = Some(bytes.clone().unbind());

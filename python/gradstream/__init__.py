@@ -31,6 +31,7 @@ from .errors import (
     GradientSizeError,
     GradientStreamError,
     IncompleteStreamError,
+    ObjectUnavailableError,
     ProtocolError,
     SettingError,
     StreamDeadlineError,
@@ -38,6 +39,7 @@ from .errors import (
     StreamTimeoutError,
     TensorSetError,
     TlsError,
+    WorkerLostError,
 )
 
 __version__ = "0.1.0"
@@ -63,6 +65,7 @@ __all__ = [
     "IncompleteStreamError",
     "KeptMemory",
     "Listener",
+    "ObjectUnavailableError",
     "Peer",
     "ProtocolError",
     "Server",
@@ -73,6 +76,7 @@ __all__ = [
     "TensorSetError",
     "TlsError",
     "TransferProgress",
+    "WorkerLostError",
     "__version__",
     "connect",
     "keep_memory",

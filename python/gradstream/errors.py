@@ -23,6 +23,7 @@ __all__ = [
     "GradientSizeError",
     "GradientStreamError",
     "IncompleteStreamError",
+    "ObjectUnavailableError",
     "ProtocolError",
     "SettingError",
     "StreamDeadlineError",
@@ -30,6 +31,7 @@ __all__ = [
     "StreamTimeoutError",
     "TensorSetError",
     "TlsError",
+    "WorkerLostError",
 ]
 
 
@@ -374,3 +376,43 @@ class DeliveryError(GradientStreamError):
 
     def __reduce__(self) -> tuple[type, tuple[str, Address | None, str | None]]:
         return (type(self), (self.detail, self.peer, self.reason))
+
+
+class ObjectUnavailableError(GradientStreamError):
+    """A Ray object sent through the ``GRADSTREAM`` tensor transport could not be fetched
+    from the process that made it (``gradstream.ray``): that process no longer holds it
+    (freed, or the actor restarted), or its endpoint cannot be reached."""
+
+    object_id: str
+    peer: Address | None
+    detail: str
+
+    def __init__(self, object_id: str, peer: Address | None, detail: str) -> None:
+        self.object_id = object_id
+        self.peer = None if peer is None else (str(peer[0]), int(peer[1]))
+        self.detail = detail
+        super().__init__(
+            f"object {object_id} cannot be fetched from {_peer_text(self.peer)}: {detail}"
+        )
+
+    def __reduce__(self) -> tuple[type, tuple[str, Address | None, str]]:
+        return (type(self), (self.object_id, self.peer, self.detail))
+
+
+class WorkerLostError(GradientStreamError):
+    """A step of a ``gradstream.ray.ParameterServer`` under ``on_worker_failure="raise"``
+    failed: ``missing`` holds the ranks whose gradient did not arrive, ``detail`` why."""
+
+    step: int
+    missing: tuple[int, ...]
+    detail: str
+
+    def __init__(self, step: int, missing: tuple[int, ...], detail: str) -> None:
+        self.step = int(step)
+        self.missing = tuple(int(rank) for rank in missing)
+        self.detail = detail
+        ranks = ", ".join(str(rank) for rank in self.missing)
+        super().__init__(f"step {self.step} failed: no gradient from worker {ranks}: {detail}")
+
+    def __reduce__(self) -> tuple[type, tuple[int, tuple[int, ...], str]]:
+        return (type(self), (self.step, self.missing, self.detail))

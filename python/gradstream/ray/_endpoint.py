@@ -1,0 +1,253 @@
+"""A process's gradstream endpoint for the ``GRADSTREAM`` tensor transport.
+
+The transport is one-sided (Ray asks only the receiver to act): the process that made an
+object keeps its arrays here under the object's id (``offer``) and serves them to whoever
+asks on its listener; a receiver asks the maker's listener for them (``fetch``) over a
+connection it keeps open for the next object from the same process. Each request and
+each reply is a tensor set on a gradstream connection: sealed to it, CRC-checked chunk
+by chunk, acknowledged, and under TLS / authkey when the settings say so.
+
+All network work runs on this process's loop (``_loop``); ``offer``, ``withdraw`` and
+``fetch`` are called from Ray's threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .. import _connection
+from .._connection import Connection
+from ..errors import (
+    DeliveryError,
+    ObjectUnavailableError,
+    ProtocolError,
+    StreamIOError,
+    StreamTimeoutError,
+)
+from . import _control, _loop
+from ._settings import RaySettings
+
+log = logging.getLogger("gradstream.ray")
+
+Address = tuple[str, int]
+Arrays = list[npt.NDArray[Any]]
+
+_REQUEST = "a fetch request"
+_REPLY = "an object or a refusal"
+
+
+def node_host() -> str:
+    """The address Ray uses for this node (its own IP, or what ``ray start
+    --node-ip-address`` / ``ray.init(_node_ip_address=)`` said)."""
+    import ray
+
+    return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+
+
+class Endpoint:
+    """This process's listener for the objects it made, and its connections to the other
+    processes' listeners (one per address, reused, one request at a time on each)."""
+
+    def __init__(self, settings: RaySettings) -> None:
+        self.settings = settings
+        self._objects: dict[str, Arrays] = {}
+        self._objects_lock = threading.Lock()
+        self._server: Any = None
+        self._address: Address | None = None
+        # What receivers are told to connect to, when it is not the listener's own
+        # address (a forwarding proxy in between).
+        self.advertised: Address | None = None
+        self._start_lock = threading.Lock()
+        self._pool: dict[Address, Connection] = {}
+        self._turns: dict[Address, asyncio.Lock] = {}
+        self._fetches: dict[str, concurrent.futures.Future[Arrays]] = {}
+        # Connections this endpoint opened to others (each kept for the next fetch).
+        self.connections_opened = 0
+
+    # --- the side that made the object ------------------------------------------------
+
+    def offer(self, object_id: str, arrays: Arrays) -> Address:
+        """Serve ``arrays`` as ``object_id`` until ``withdraw``; the address to fetch it
+        from."""
+        address = self.address()
+        with self._objects_lock:
+            self._objects[object_id] = arrays
+        return self.advertised or address
+
+    def withdraw(self, object_id: str) -> None:
+        with self._objects_lock:
+            self._objects.pop(object_id, None)
+
+    def held(self) -> int:
+        """How many objects this endpoint serves now."""
+        with self._objects_lock:
+            return len(self._objects)
+
+    def address(self) -> Address:
+        """The listener's address, listening first if this is the first call."""
+        with self._start_lock:
+            if self._address is None:
+                self._address = _loop.call(self._listen())
+            return self._address
+
+    async def _listen(self) -> Address:
+        host = self.settings.host or node_host()
+        self._server = await _connection.serve(
+            (host, 0), self._serve, **self.settings.link_keywords()
+        )
+        address: Address = self._server.address
+        log.info("gradstream.ray endpoint listening on %s:%d", *address)
+        return address
+
+    async def _serve(self, conn: Connection) -> None:
+        """One receiver's connection: a request, its reply, until the receiver closes."""
+        while True:
+            try:
+                request = await conn.recv_tensors()
+            except StreamTimeoutError:
+                if conn.closed:
+                    return
+                continue  # an idle pooled connection: wait for its next request
+            if not request:
+                return  # the receiver closed
+            peer = conn.peer.address
+            body, extra = _control.split(request, peer, _REQUEST)
+            if body["kind"] != "fetch" or extra:
+                raise ProtocolError(_REQUEST, f"a {body['kind']!r} message", peer)
+            object_id = _control.field(body, "id", str, peer, _REQUEST)
+            with self._objects_lock:
+                arrays = self._objects.get(object_id)
+            if arrays is None:
+                reply = _control.message(
+                    "missing", id=object_id, detail="this process no longer holds it"
+                )
+            else:
+                reply = _control.message("object", id=object_id, count=len(arrays))
+                reply.update((str(i), array) for i, array in enumerate(arrays))
+            await conn.send_tensors(reply)
+
+    # --- the side that receives it ----------------------------------------------------
+
+    def fetch(self, address: Address, object_id: str) -> Arrays:
+        """The arrays of ``object_id`` from the endpoint at ``address`` (blocking)."""
+        future = asyncio.run_coroutine_threadsafe(
+            self._fetch((str(address[0]), int(address[1])), object_id), _loop.loop()
+        )
+        self._fetches[object_id] = future
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            raise ObjectUnavailableError(
+                object_id, address, "the transfer was aborted (by Ray)"
+            ) from None
+        finally:
+            self._fetches.pop(object_id, None)
+
+    def abort(self, object_id: str) -> None:
+        """Stop a fetch of ``object_id`` under way (its connection is closed)."""
+        future = self._fetches.get(object_id)
+        if future is not None:
+            future.cancel()
+
+    async def _fetch(self, address: Address, object_id: str) -> Arrays:
+        turn = self._turns.setdefault(address, asyncio.Lock())
+        async with turn:
+            for retry in (False, True):
+                conn = self._pool.get(address)
+                pooled = conn is not None and not conn.closed
+                if conn is None or not pooled:
+                    conn = await self._connect(address, object_id)
+                try:
+                    await conn.send_tensors(_control.message("fetch", id=object_id))
+                    reply = await conn.recv_tensors()
+                except (StreamIOError, DeliveryError):
+                    await self._drop(address, conn)
+                    # A kept connection the peer closed while idle: once more on a new
+                    # one. Asking again is safe: a fetch changes nothing on the peer.
+                    if pooled and not retry:
+                        continue
+                    raise
+                except BaseException:
+                    await self._drop(address, conn)
+                    raise
+                if not reply:
+                    await self._drop(address, conn)
+                    if pooled and not retry:
+                        continue
+                    raise ObjectUnavailableError(
+                        object_id, address, "the peer closed the connection without a reply"
+                    )
+                return self._read_reply(reply, address, object_id)
+        raise AssertionError("unreachable: the second try returns or raises")
+
+    async def _connect(self, address: Address, object_id: str) -> Connection:
+        try:
+            conn = await _connection.connect(address, **self.settings.link_keywords())
+        except (StreamIOError, StreamTimeoutError) as exc:
+            # Its maker is gone (the actor died or restarted) or cannot be reached.
+            raise ObjectUnavailableError(object_id, address, f"cannot connect: {exc}") from exc
+        self._pool[address] = conn
+        self.connections_opened += 1
+        return conn
+
+    async def _drop(self, address: Address, conn: Connection) -> None:
+        if self._pool.get(address) is conn:
+            del self._pool[address]
+        await conn.close()
+
+    def _read_reply(
+        self, reply: dict[str, npt.NDArray[Any]], address: Address, object_id: str
+    ) -> Arrays:
+        body, arrays = _control.split(reply, address, _REPLY)
+        answered = _control.field(body, "id", str, address, _REPLY)
+        if answered != object_id:
+            raise ProtocolError(f"object {object_id}", f"object {answered}", address)
+        if body["kind"] == "missing":
+            detail = _control.field(body, "detail", str, address, _REPLY)
+            raise ObjectUnavailableError(object_id, address, detail)
+        if body["kind"] != "object":
+            raise ProtocolError(_REPLY, f"a {body['kind']!r} message", address)
+        count = _control.field(body, "count", int, address, _REPLY)
+        if count != len(arrays):
+            raise ProtocolError(
+                f"{count} arrays, as its message says", f"{len(arrays)} arrays", address
+            )
+        return arrays
+
+    async def close(self) -> None:
+        """Stop listening and close every kept connection."""
+        for conn in list(self._pool.values()):
+            await conn.close()
+        self._pool.clear()
+        if self._server is not None:
+            await self._server.close()
+
+
+def check_arrays(arrays: list[Any]) -> None:
+    """What the transport moves: numpy arrays of the four dtypes a gradstream tensor set
+    carries (``TypeError`` naming the first other one)."""
+    for index, array in enumerate(arrays):
+        if not isinstance(array, np.ndarray) or _dtype_name(array.dtype) is None:
+            what = (
+                f"an array of {array.dtype}"
+                if isinstance(array, np.ndarray)
+                else f"of type {type(array).__name__}"
+            )
+            raise TypeError(
+                "the GRADSTREAM tensor transport moves numpy arrays of float32, float16, "
+                f"bfloat16 or float64; value {index} of this result is {what}"
+            )
+
+
+def _dtype_name(dtype: np.dtype[Any]) -> str | None:
+    name = dtype.name
+    if name in ("float32", "float16", "float64", "bfloat16"):
+        return name
+    return None

@@ -1,0 +1,66 @@
+"""One asyncio event loop per process, on a daemon thread of its own, that owns every
+gradstream connection and listener ``gradstream.ray`` makes in that process.
+
+Ray calls a transport from its own threads (a ``_ray_system`` thread, the main thread of a
+sync actor, the driver), and a sync actor method has no loop at all; gradstream's
+connections belong to the loop that made them. So every call is handed to this loop and
+its caller waits on the result: sync code with ``call``, async code with ``wait``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_lock = threading.Lock()
+_loop: tuple[int, asyncio.AbstractEventLoop] | None = None
+
+
+def loop() -> asyncio.AbstractEventLoop:
+    """This process's loop, started on first use (again in a forked child, whose copy of
+    the parent's thread does not run)."""
+    global _loop
+    with _lock:
+        if _loop is not None and _loop[0] == os.getpid():
+            return _loop[1]
+        new = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(new)
+            new.call_soon(ready.set)
+            new.run_forever()
+
+        threading.Thread(target=run, name="gradstream-ray-loop", daemon=True).start()
+        ready.wait()
+        _loop = (os.getpid(), new)
+        return new
+
+
+def _submit(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+    own = loop()
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is own:
+        coro.close()
+        raise RuntimeError("gradstream.ray: a blocking call made on its own event loop")
+    return asyncio.run_coroutine_threadsafe(coro, own)
+
+
+def call(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on this process's loop and wait for its result (from any thread but
+    the loop's own)."""
+    return _submit(coro).result()
+
+
+async def wait(coro: Coroutine[Any, Any, T]) -> T:
+    """``call`` for async code: the caller's loop stays free while ``coro`` runs."""
+    return await asyncio.wrap_future(_submit(coro))

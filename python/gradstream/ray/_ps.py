@@ -1,0 +1,426 @@
+"""A parameter server on Ray that sums its workers' gradients as they stream in.
+
+The server is a Ray actor whose event-loop thread (``_loop``) owns a gradstream listener.
+Each worker's ``ParameterClient`` opens one connection to it, says its rank, and then,
+every step, sends its gradient (an array, or a named tensor set) and waits for the new
+parameters on the same connection: sealed, CRC-checked and acknowledged both ways.
+
+A step (``_Steps.run_step``) receives the workers' gradients one after another in rank
+order, adding each into one float32 accumulator as its chunks arrive (``reduce_into``),
+so the sum is ``((0 + g0) + g1) + g2`` bit for bit whatever the timing; then it calls the
+user's ``update(params, summed, count)`` and sends the result to every worker that
+contributed. A worker whose gradient does not arrive (its connection closes, or it sends
+nothing for ``timeout`` seconds, or something that is not a gradient of the parameters'
+size) is lost: under ``on_worker_failure="raise"`` the step fails and every worker's
+``push`` raises ``WorkerLostError``; under ``"skip"`` the step completes with the others
+and says who was missing (``StepReport``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import errno
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import ray
+
+from .. import _connection
+from .._connection import Connection
+from ..errors import (
+    GradientSizeError,
+    GradientStreamError,
+    ProtocolError,
+    SettingError,
+    StreamIOError,
+    WorkerLostError,
+)
+from . import _control, _loop
+from ._settings import RaySettings
+
+log = logging.getLogger("gradstream.ray")
+
+FAILURE_MODES = ("raise", "skip")
+# The single-array parameters' name in a reply (a named set keeps its own names).
+_ARRAY = "params"
+_JOIN = "a join message"
+_REPLY = "the new parameters"
+_CLOSED = "its connection closed before its gradient came (the worker died or left)"
+
+Params = npt.NDArray[Any] | dict[str, npt.NDArray[Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepReport:
+    """What one step of the server did: ``count`` workers' gradients were summed;
+    ``missing`` holds the ranks whose gradient did not arrive (under ``"skip"``)."""
+
+    step: int
+    count: int
+    missing: tuple[int, ...]
+
+
+def _check_params(params: Any) -> Params:
+    """The parameters as the server keeps them: one numpy array, or a dict of them."""
+    if isinstance(params, np.ndarray | np.generic):
+        return np.asarray(params)  # a numpy scalar (0-d arithmetic gives one) as 0-d
+    if isinstance(params, Mapping) and params:
+        checked = {}
+        for name, array in params.items():
+            if not isinstance(name, str) or not name or name.startswith(_control.PREFIX):
+                raise SettingError("params", f"a parameter's name must be a str, got {name!r}")
+            if not isinstance(array, np.ndarray | np.generic):
+                raise TypeError(f"params[{name!r}] must be a numpy array")
+            checked[name] = np.asarray(array)
+        return checked
+    raise TypeError("params must be a numpy array or a non-empty dict of them")
+
+
+def _zeros(params: Params) -> Params:
+    if isinstance(params, dict):
+        return {name: np.zeros(array.shape, np.float32) for name, array in params.items()}
+    return np.zeros(params.shape, np.float32)
+
+
+def _negative_zeros(acc: Params) -> Params:
+    # -0.0 + x is x for every float32 x (+0.0 and -0.0 included): a scratch sum that
+    # starts here holds exactly the one gradient added into it.
+    if isinstance(acc, dict):
+        return {name: np.full(a.shape, -0.0, np.float32) for name, a in acc.items()}
+    return np.full(acc.shape, -0.0, np.float32)
+
+
+class _Lost(Exception):
+    """One worker's gradient did not arrive this step; ``detail`` says why."""
+
+    def __init__(self, rank: int, detail: str) -> None:
+        super().__init__(detail)
+        self.rank = rank
+        self.detail = detail
+
+
+class _Steps:
+    """The server's state on its loop: the listener, the workers' connections by rank,
+    and the steps."""
+
+    def __init__(
+        self,
+        params: Params,
+        update: Callable[[Any, Any, int], Any],
+        workers: int,
+        skip: bool,
+        settings: RaySettings,
+    ) -> None:
+        self.params = params
+        self.update = update
+        self.workers = workers
+        self.skip = skip
+        self.settings = settings
+        self.reports: list[StepReport] = []
+        # What stopped the server: a lost worker under "raise", every worker lost, or
+        # an exception of the user's update (the workers' push raises it).
+        self.failure: Exception | None = None
+        self.members: dict[int, Connection] = {}
+        self.lost: set[int] = set()
+        self.joined = asyncio.Condition()
+        self.released: dict[int, asyncio.Event] = {}
+        self.server: Any = None
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self, host: str) -> tuple[str, int]:
+        keywords = self.settings.link_keywords()
+        self.server = await _connection.serve((host, 0), self.admit, **keywords)
+        self.task = asyncio.create_task(self.run())
+        address: tuple[str, int] = self.server.address
+        return address
+
+    async def admit(self, conn: Connection) -> None:
+        """A worker's connection: its join message, then it stays until released."""
+        peer = conn.peer.address
+        body, extra = _control.split(await conn.recv_tensors(), peer, _JOIN)
+        rank = _control.field(body, "rank", int, peer, _JOIN)
+        if body["kind"] != "join" or extra or not 0 <= rank < self.workers:
+            raise ProtocolError(f"{_JOIN} of a rank below {self.workers}", f"{body!r}", peer)
+        if self.failure is not None:
+            return  # the server failed: the worker asks it why (ParameterClient)
+        old = self.members.get(rank)
+        if old is not None and not old.closed:
+            raise ProtocolError(f"{_JOIN} of a new rank", f"rank {rank} a second time", peer)
+        released = self.released[rank] = asyncio.Event()
+        async with self.joined:
+            self.members[rank] = conn
+            self.lost.discard(rank)  # a restarted worker takes part again
+            self.joined.notify_all()
+        log.info("parameter server: worker %d joined from %s:%d", rank, *peer)
+        await released.wait()
+
+    async def member(self, rank: int) -> Connection:
+        """Rank ``rank``'s connection, waiting up to ``timeout`` for it to join."""
+        async with self.joined:
+            try:
+                await asyncio.wait_for(
+                    self.joined.wait_for(lambda: rank in self.members),
+                    self.settings.timeout,
+                )
+            except TimeoutError:
+                raise _Lost(
+                    rank, f"it did not connect within {self.settings.timeout:g} s"
+                ) from None
+            return self.members[rank]
+
+    async def release(self, rank: int) -> None:
+        conn = self.members.pop(rank, None)
+        event = self.released.pop(rank, None)
+        if event is not None:
+            event.set()  # its handler returns, and the server closes the connection
+        if conn is not None:
+            await conn.close()
+
+    async def run(self) -> None:
+        step = 0
+        while True:
+            try:
+                await self.run_step(step)
+            except Exception as exc:
+                self.failure = exc
+                log.error("parameter server stopped at step %d: %s", step, exc)
+                for rank in list(self.members):
+                    await self.release(rank)
+                return
+            step += 1
+
+    async def run_step(self, step: int) -> None:
+        acc = _zeros(self.params)
+        scratch = _negative_zeros(acc) if self.skip else None
+        taken: list[int] = []
+        missing: list[int] = []
+        for rank in range(self.workers):
+            if rank in self.lost:
+                missing.append(rank)
+                continue
+            try:
+                conn = await self.member(rank)
+                await self.take(rank, conn, acc, scratch)
+            except _Lost as lost:
+                await self.lose(rank)
+                if not self.skip:
+                    raise WorkerLostError(step, (rank,), lost.detail) from None
+                log.warning(
+                    "parameter server: step %d goes on without worker %d: %s",
+                    step,
+                    rank,
+                    lost.detail,
+                )
+                missing.append(rank)
+                continue
+            taken.append(rank)
+        report = StepReport(step, len(taken), tuple(missing))
+        self.reports.append(report)
+        if not taken:
+            raise WorkerLostError(step, tuple(missing), "every worker is lost")
+        self.params = _check_params(self.update(self.params, acc, len(taken)))
+        reply = _control.message("params", step=step, count=len(taken), missing=missing)
+        if isinstance(self.params, dict):
+            reply.update(self.params)
+        else:
+            reply[_ARRAY] = self.params
+        for rank in taken:
+            try:
+                await self.members[rank].send_tensors(reply)
+            except (GradientStreamError, OSError) as exc:
+                # It contributed, but will not see this step's parameters: lost from
+                # the next step on.
+                log.warning(
+                    "parameter server: worker %d missed step %d's parameters: %s", rank, step, exc
+                )
+                await self.lose(rank)
+
+    async def lose(self, rank: int) -> None:
+        self.lost.add(rank)
+        await self.release(rank)
+
+    async def take(self, rank: int, conn: Connection, acc: Params, scratch: Params | None) -> None:
+        """Add rank ``rank``'s gradient into ``acc`` (through ``scratch`` when a failure
+        must leave ``acc`` as it was)."""
+        try:
+            if isinstance(acc, dict):
+                await self.take_set(rank, conn, acc)
+                return
+            assert scratch is None or isinstance(scratch, np.ndarray)
+            into = acc if scratch is None else scratch
+            await conn.recv(reduce_into=into)
+            if scratch is not None:
+                np.add(acc, scratch, out=acc)
+                scratch.fill(-0.0)
+        except (GradientStreamError, OSError) as exc:
+            if scratch is not None:
+                _fill(scratch, -0.0)
+            if conn.closed and isinstance(exc, GradientSizeError) and exc.received == 0:
+                # What a receive gives when the peer closed between gradients.
+                raise _Lost(rank, _CLOSED) from exc
+            closed = " (its connection closed)" if conn.closed else ""
+            raise _Lost(rank, f"{type(exc).__name__}: {exc}{closed}") from exc
+
+    async def take_set(self, rank: int, conn: Connection, acc: dict[str, Any]) -> None:
+        got = await conn.recv_tensors()
+        if not got:
+            raise _Lost(rank, _CLOSED)
+        if list(got) != list(acc) or any(got[n].shape != acc[n].shape for n in acc):
+            wanted = {n: list(a.shape) for n, a in acc.items()}
+            sent = {n: list(t.shape) for n, t in got.items()}
+            raise _Lost(rank, f"it sent tensors {sent}; the parameters are {wanted}")
+        for name, tensor in got.items():
+            np.add(acc[name], tensor.astype(np.float32, copy=False), out=acc[name])
+
+    async def close(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+        for rank in list(self.members):
+            await self.release(rank)
+        if self.server is not None:
+            await self.server.close()
+
+
+def _fill(scratch: Params, value: float) -> None:
+    if isinstance(scratch, dict):
+        for array in scratch.values():
+            array.fill(value)
+    else:
+        scratch.fill(value)
+
+
+class _ParameterServer:
+    """The actor (``ParameterServer = ray.remote(_ParameterServer)``)."""
+
+    def __init__(
+        self,
+        params: Any,
+        update: Callable[[Any, Any, int], Any],
+        *,
+        workers: int,
+        on_worker_failure: str = "raise",
+        **settings: Any,
+    ) -> None:
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise SettingError("workers", f"workers must be an int of at least 1, got {workers!r}")
+        if on_worker_failure not in FAILURE_MODES:
+            raise SettingError(
+                "on_worker_failure",
+                f"on_worker_failure must be 'raise' or 'skip', got {on_worker_failure!r}",
+            )
+        if not callable(update):
+            raise TypeError("update must be callable: update(params, summed, count)")
+        # The keywords of gradstream.ray.register: tls, authkey, timeout, ...
+        self._settings = RaySettings.checked(**settings)
+        from ._endpoint import node_host
+
+        self._steps = _Steps(
+            _check_params(params), update, workers, on_worker_failure == "skip", self._settings
+        )
+        self._address = _loop.call(self._steps.start(self._settings.host or node_host()))
+
+    def contact(self) -> tuple[tuple[str, int], RaySettings]:
+        """Where workers connect, and how (for ``ParameterClient``)."""
+        return self._address, self._settings
+
+    def params(self) -> Params:
+        """The current parameters."""
+        return self._steps.params
+
+    def reports(self) -> list[StepReport]:
+        """One report for each step done so far."""
+        return list(self._steps.reports)
+
+    def failure(self) -> Exception | None:
+        """Why the server stopped (a ``WorkerLostError``, or the exception the update
+        raised), or None while it runs."""
+        return self._steps.failure
+
+    def close(self) -> None:
+        """Stop listening and close every worker's connection."""
+        _loop.call(self._steps.close())
+
+
+ParameterServer = ray.remote(_ParameterServer)
+
+
+class ParameterClient:
+    """A worker's side: ``push(gradient)`` sends this step's gradient to the server and
+    returns the new parameters (``push_async`` in async code). Made in the worker (an
+    actor, sync or async, or a task) from the server's handle and the worker's rank."""
+
+    def __init__(self, server: Any, rank: int) -> None:
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+            raise SettingError("rank", f"rank must be an int of at least 0, got {rank!r}")
+        self._server = server
+        self.rank = rank
+        self.last_report: StepReport | None = None
+        address, settings = ray.get(server.contact.remote())
+        self._address: tuple[str, int] = address
+        self._settings: RaySettings = settings
+        self._conn: Connection | None = None
+
+    def push(self, gradient: Any) -> Params:
+        """Send ``gradient`` (an array of the parameters' size, or a dict like the
+        parameters) and return the new parameters, once every worker's gradient of this
+        step was summed and the update ran."""
+        try:
+            return _loop.call(self._push(gradient))
+        except (GradientStreamError, OSError) as exc:
+            failure = ray.get(self._server.failure.remote())
+            if failure is not None:
+                raise failure from exc
+            raise
+
+    async def push_async(self, gradient: Any) -> Params:
+        """``push`` for async code (an async actor): the caller's loop stays free."""
+        try:
+            return await _loop.wait(self._push(gradient))
+        except (GradientStreamError, OSError) as exc:
+            failure = await self._server.failure.remote()
+            if failure is not None:
+                raise failure from exc
+            raise
+
+    async def _push(self, gradient: Any) -> Params:
+        conn = self._conn
+        if conn is None or conn.closed:
+            conn = await _connection.connect(self._address, **self._settings.link_keywords())
+            await conn.send_tensors(_control.message("join", rank=self.rank))
+            self._conn = conn
+        if isinstance(gradient, Mapping):
+            await conn.send_tensors(gradient)
+        else:
+            await conn.send(gradient)
+        reply = await conn.recv_tensors()
+        if not reply:
+            raise StreamIOError(
+                errno.ENOTCONN, "the parameter server closed the connection before replying"
+            )
+        return self._read_reply(reply)
+
+    def _read_reply(self, reply: dict[str, npt.NDArray[Any]]) -> Params:
+        peer = self._address
+        body, _ = _control.split(reply, peer, _REPLY)
+        if body["kind"] != "params":
+            raise ProtocolError(_REPLY, f"a {body['kind']!r} message", peer)
+        step = _control.field(body, "step", int, peer, _REPLY)
+        count = _control.field(body, "count", int, peer, _REPLY)
+        missing = _control.field(body, "missing", list, peer, _REPLY)
+        if not all(isinstance(r, int) and not isinstance(r, bool) for r in missing):
+            raise ProtocolError(_REPLY, f"missing ranks {missing!r}", peer)
+        self.last_report = StepReport(step, count, tuple(missing))
+        names = list(reply)[1:]
+        if names == [_ARRAY]:
+            return reply[_ARRAY]
+        return {name: reply[name] for name in names}
+
+    def close(self) -> None:
+        """Close the connection to the server."""
+        if self._conn is not None:
+            _loop.call(self._conn.close())
+            self._conn = None

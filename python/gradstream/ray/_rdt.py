@@ -1,0 +1,220 @@
+"""The ``GRADSTREAM`` tensor transport for Ray Direct Transport (``@ray.method(
+tensor_transport="gradstream")``).
+
+This is the one module that touches Ray's RDT API (``ray.experimental.rdt``, alpha in
+Ray 2.60, the version ``requirements-dev.txt`` pins): a change there touches this file
+alone. What moves the bytes is ``_endpoint``.
+
+How Ray drives it: when a decorated method returns, Ray hands its numpy arrays to
+``extract_tensor_transport_metadata`` in the actor that made them (we offer them on the
+actor's endpoint, and the metadata carries its address); when the object reference is
+passed to another actor's task, or to ``ray.get``, Ray calls ``recv_multiple_tensors``
+in the receiving process (we fetch them from that address); when the reference goes out
+of scope, ``garbage_collect`` in the maker (we stop serving them). The transport is
+one-sided: Ray never asks the maker to send.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import threading
+from typing import Any
+
+import numpy as np
+import ray
+from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_put
+from ray.experimental.rdt import (
+    CommunicatorMetadata,
+    TensorTransportManager,
+    TensorTransportMetadata,
+    register_tensor_transport,
+)
+from ray.experimental.rdt.util import transport_manager_info
+
+from ..errors import SettingError
+from ._endpoint import Endpoint, check_arrays
+from ._settings import RaySettings
+
+TRANSPORT = "GRADSTREAM"
+
+
+@dataclasses.dataclass
+class GradstreamMetadata(TensorTransportMetadata):
+    """Ray's metadata of one object, plus where its maker serves it."""
+
+    address: tuple[str, int] | None = None
+
+
+class GradstreamTransport(TensorTransportManager):
+    """The transport. Ray makes one per process; its settings are the driver's
+    (``_published``), read when the process first listens or connects."""
+
+    def __init__(self) -> None:
+        self._endpoint: Endpoint | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def endpoint(self) -> Endpoint:
+        with self._lock:
+            if self._endpoint is None:
+                self._endpoint = Endpoint(_published())
+            return self._endpoint
+
+    def tensor_transport_backend(self) -> str:
+        return TRANSPORT
+
+    @staticmethod
+    def is_one_sided() -> bool:
+        return True
+
+    @staticmethod
+    def can_abort_transport() -> bool:
+        # A fetch is a task on our loop: cancelling it closes its connection, and the
+        # maker's side ends that connection's handler. No actor needs killing.
+        return True
+
+    def actor_has_tensor_transport(self, actor: Any) -> bool:
+        # Every process that imports gradstream.ray has it. Ray asks the caller of each
+        # decorated method: in the driver, the moment to publish its settings, before
+        # any actor can need them.
+        _published()
+        return True
+
+    def extract_tensor_transport_metadata(
+        self, obj_id: str, rdt_object: list[Any]
+    ) -> GradstreamMetadata:
+        check_arrays(rdt_object)
+        address = self.endpoint.offer(obj_id, list(rdt_object))
+        return GradstreamMetadata(
+            tensor_meta=[(array.shape, array.dtype) for array in rdt_object],
+            tensor_device="cpu",
+            address=address,
+        )
+
+    def get_communicator_metadata(
+        self, src_actor: Any, dst_actor: Any, backend: str | None = None
+    ) -> CommunicatorMetadata:
+        return CommunicatorMetadata()
+
+    def recv_multiple_tensors(
+        self,
+        obj_id: str,
+        tensor_transport_metadata: TensorTransportMetadata,
+        communicator_metadata: CommunicatorMetadata,
+        target_buffers: list[Any] | None = None,
+    ) -> list[Any]:
+        assert isinstance(tensor_transport_metadata, GradstreamMetadata)
+        assert tensor_transport_metadata.address is not None
+        arrays = self.endpoint.fetch(tensor_transport_metadata.address, obj_id)
+        _check_against(arrays, tensor_transport_metadata, obj_id)
+        if target_buffers is None:
+            return arrays
+        for target, array in zip(target_buffers, arrays, strict=True):
+            np.copyto(target, array)
+        return list(target_buffers)
+
+    def send_multiple_tensors(
+        self,
+        tensors: list[Any],
+        tensor_transport_metadata: TensorTransportMetadata,
+        communicator_metadata: CommunicatorMetadata,
+    ) -> None:
+        raise NotImplementedError("the GRADSTREAM transport is one-sided: the receiver fetches")
+
+    def garbage_collect(
+        self, obj_id: str, tensor_transport_meta: TensorTransportMetadata, tensors: list[Any]
+    ) -> None:
+        self.endpoint.withdraw(obj_id)
+
+    def abort_transport(self, obj_id: str, communicator_metadata: CommunicatorMetadata) -> None:
+        self.endpoint.abort(obj_id)
+
+
+def _check_against(arrays: list[Any], meta: TensorTransportMetadata, obj_id: str) -> None:
+    """The fetched arrays are what the maker's metadata (which came through Ray, not
+    from the peer) says: their count, shapes and dtypes."""
+    from ..errors import ProtocolError
+
+    expected = [(tuple(shape), np.dtype(dtype)) for shape, dtype in meta.tensor_meta]
+    got = [(tuple(array.shape), array.dtype.newbyteorder("=")) for array in arrays]
+    wanted = [(shape, dtype.newbyteorder("=")) for shape, dtype in expected]
+    if got != wanted:
+        raise ProtocolError(
+            f"the arrays Ray recorded for object {obj_id}: {_describe(wanted)}",
+            _describe(got),
+        )
+
+
+def _describe(pairs: list[tuple[tuple[int, ...], np.dtype[Any]]]) -> str:
+    return "[" + ", ".join(f"{dtype.name}{list(shape)}" for shape, dtype in pairs) + "]"
+
+
+_settings_lock = threading.Lock()
+# The settings register() gave in this process, and whether they are in Ray's KV store.
+_given: RaySettings | None = None
+_is_published = False
+_KEY_PREFIX = b"gradstream.ray/settings/"
+
+
+def _in_worker() -> bool:
+    """True in a process Ray started for tasks and actors (not a driver)."""
+    worker = ray._private.worker
+    return bool(worker.global_worker.mode == worker.WORKER_MODE)
+
+
+def _key() -> bytes:
+    # One entry per job: drivers sharing a cluster each keep their own settings.
+    return _KEY_PREFIX + ray.get_runtime_context().get_job_id().encode()
+
+
+def register(settings: RaySettings | None) -> RaySettings:
+    """The driver's settings for this job (``None``: what was given before, else the
+    defaults), published to Ray's KV store once Ray is up. In a worker process this
+    does nothing: its settings are always the driver's."""
+    global _given, _is_published
+    if _in_worker():
+        return _published()
+    with _settings_lock:
+        if settings is None:
+            settings = _given or RaySettings()
+        elif _given is not None and settings != _given:
+            raise SettingError(
+                "register",
+                "gradstream.ray.register() was already given other settings in this "
+                "process; call it once, in the driver, before the actors use the transport",
+            )
+        _given = settings
+    return _published()
+
+
+def _published() -> RaySettings:
+    """This process's settings: in the driver, those register() was given (or the
+    defaults), written to Ray's KV store on first use; in a worker, the driver's, read
+    from there."""
+    global _given, _is_published
+    if _in_worker():
+        data = _internal_kv_get(_key())
+        if data is None:
+            raise SettingError(
+                "register",
+                "this job's driver published no gradstream.ray settings: call "
+                "gradstream.ray.register() in the driver, after ray.init()",
+            )
+        settings = pickle.loads(data)
+        assert isinstance(settings, RaySettings)
+        return settings
+    with _settings_lock:
+        if _given is None:
+            _given = RaySettings()
+        if not _is_published and ray.is_initialized():
+            _internal_kv_put(_key(), pickle.dumps(_given), overwrite=True)
+            _is_published = True
+        return _given
+
+
+def make_known() -> None:
+    """Make ``"gradstream"`` a tensor transport name in this process (Ray checks the
+    name where a decorated method is defined, in every process that imports it)."""
+    if TRANSPORT not in transport_manager_info:
+        register_tensor_transport(TRANSPORT, ["cpu"], GradstreamTransport, np.ndarray)

@@ -1,0 +1,107 @@
+"""What ``gradstream.ray.register`` and ``ParameterServer`` are told: one frozen, picklable
+record (Ray ships it to every actor with the transport's class), checked once where the
+user gives it, so that a bad keyword fails in the user's call and not in an actor."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Literal
+
+from .._peers import TLS, check_authkey
+from .._session import GradientStreamSession
+from ..errors import SettingError
+
+# The wire layout between gradstream peers on Ray: nothing but gradstream reads these
+# frames, so the faster compact layout is the default (README "Many workers on Ray").
+DEFAULT_LAYOUT: Literal["compact"] = "compact"
+# Seconds without progress before a transfer fails, and for connecting (TCP, TLS, hello).
+DEFAULT_TIMEOUT = 60.0
+DEFAULT_CONNECT_TIMEOUT = 10.0
+
+
+def _seconds(value: Any, name: str, *, optional: bool = False) -> float | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SettingError(name, f"{name} must be a number of seconds, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise SettingError(name, f"{name} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class RaySettings:
+    """The gradstream side of a Ray integration: where endpoints listen, how peers prove
+    themselves (``tls``, ``authkey``), and the session every transfer uses."""
+
+    host: str | None = None
+    tls: TLS | None = None
+    authkey: bytes | None = None
+    timeout: float = DEFAULT_TIMEOUT
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    layout: Literal["seed", "compact"] = DEFAULT_LAYOUT
+    compression: Literal["lz4", "zstd"] | None = None
+    chunk_size: int = 65536
+
+    @classmethod
+    def checked(
+        cls,
+        *,
+        host: Any = None,
+        tls: Any = None,
+        authkey: Any = None,
+        timeout: Any = DEFAULT_TIMEOUT,
+        connect_timeout: Any = DEFAULT_CONNECT_TIMEOUT,
+        layout: Any = DEFAULT_LAYOUT,
+        compression: Any = None,
+        chunk_size: Any = 65536,
+    ) -> RaySettings:
+        if host is not None and (not isinstance(host, str) or not host):
+            raise SettingError("host", f"host must be a non-empty str or None, got {host!r}")
+        if tls is not None and not isinstance(tls, TLS):
+            raise TypeError(f"tls must be a gradstream.TLS or None, not {type(tls).__name__}")
+        if tls is not None and (tls.cert is None or tls.ca is None):
+            # Every process both serves (its objects) and connects (to others'): it
+            # needs its certificate and the CA that signed its peers'.
+            raise SettingError(
+                "tls",
+                "gradstream.ray needs TLS(cert=, key=, ca=): every process both listens "
+                "and connects (mutual TLS)",
+            )
+        key = check_authkey(authkey)
+        settings = cls(
+            host=host,
+            tls=tls,
+            authkey=None if key is None else bytes(key),
+            timeout=_seconds(timeout, "timeout") or DEFAULT_TIMEOUT,
+            connect_timeout=_seconds(connect_timeout, "connect_timeout") or DEFAULT_CONNECT_TIMEOUT,
+            layout=layout,
+            compression=compression,
+            chunk_size=chunk_size,
+        )
+        session = settings.session()  # the session's checks: layout, compression, chunk_size
+        # As the session reads them: compression True is "lz4".
+        return dataclasses.replace(settings, layout=session.layout, compression=session.compression)
+
+    def session(self) -> GradientStreamSession:
+        """The session of every transfer these settings make."""
+        return GradientStreamSession(
+            "gradstream.ray",
+            self.chunk_size,
+            timeout=self.timeout,
+            layout=self.layout,
+            compression=self.compression,
+            # A worker's float16, bfloat16 or float64 gradient travels as it is (and is
+            # added in float32); tensor sets keep their dtypes in any session.
+            keep_dtype=True,
+        )
+
+    def link_keywords(self) -> dict[str, Any]:
+        """The keywords ``gradstream.listen`` / ``connect`` take from these settings."""
+        return {
+            "session": self.session(),
+            "tls": self.tls,
+            "authkey": self.authkey,
+            "handshake_timeout": self.connect_timeout,
+        }

@@ -1,8 +1,8 @@
 """One Ray cluster for every test of gradstream.ray (README "Many workers on Ray"): a
-local head in Ray's single-node mode on 127.0.0.1 (Ray's own traffic and every gradstream
-endpoint stay on loopback), no dashboard, a small object store, and the GRADSTREAM transport registered
-once in this driver. Ray's workers get ``tests/`` on their path, so the actors of
-``support.rayactors`` load by name."""
+local head in Ray's single-node mode on 127.0.0.1 (Ray's own traffic and every
+gradstream endpoint stay on loopback), no dashboard, a small object store, and the
+GRADSTREAM transport's settings registered once in this driver. Ray's workers get
+``tests/`` on their path, so the actors of ``support.rayactors`` load by name."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ import pytest
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 
-import ray  # noqa: E402
+import ray
 
-import gradstream.ray as gsray  # noqa: E402
+import gradstream.ray as gsray
 
 TESTS = pathlib.Path(__file__).resolve().parent.parent
 # Seconds a transfer may stand still before it fails, for this cluster's transport.

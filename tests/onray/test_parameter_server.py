@@ -121,6 +121,40 @@ def test_skip_finishes_the_step_with_the_survivors_and_names_who_was_missing(
         step3 = ray.get([w.step.remote(3, shape) for w in workers[:2]])
         assert all(r == gsray.StepReport(step=3, count=2, missing=(2,)) for _, r in step3)
         assert ray.get(ps.failure.remote()) is None
+        # A restarted worker of rank 2 connects again, and takes part from then on.
+        workers[2] = Worker.remote(ps, 2, SEED)
+        ray.get(workers[2].__ray_ready__.remote())  # joined: its constructor connected
+        step4 = ray.get([w.step.remote(4, shape) for w in workers])
+        assert all(r == gsray.StepReport(step=4, count=3, missing=()) for _, r in step4)
+    finally:
+        for actor in [*workers, ps]:
+            ray.kill(actor)
+
+
+def test_a_worker_that_never_connects_is_lost_after_timeout(cluster: str) -> None:
+    ps = start(np.zeros(10, np.float32), 2, "skip", timeout=2)
+    worker = Worker.remote(ps, 0, SEED)
+    try:
+        started = time.monotonic()
+        ray.get(worker.push.remote(np.ones(10, np.float32)), timeout=60)
+        assert time.monotonic() - started >= 2  # it waited for rank 1 that long
+        (report,) = ray.get(ps.reports.remote())
+        assert report == gsray.StepReport(step=0, count=1, missing=(1,))
+    finally:
+        ray.kill(worker)
+        ray.kill(ps)
+
+
+def test_a_tensor_set_with_other_names_loses_its_worker(cluster: str) -> None:
+    params = {"a": np.zeros(3, np.float32), "b": np.zeros(2, np.float32)}
+    ps = start(params, 2, "raise")
+    workers = [Worker.remote(ps, rank, SEED) for rank in range(2)]
+    try:
+        good = workers[0].push.remote({"a": np.ones(3, np.float32), "b": np.ones(2, np.float32)})
+        bad = workers[1].push.remote({"a": np.ones(3, np.float32), "c": np.ones(2, np.float32)})
+        for ref in (good, bad):
+            with pytest.raises(gs.WorkerLostError, match=r"worker 1: .*it sent tensors"):
+                ray.get(ref, timeout=60)
     finally:
         for actor in [*workers, ps]:
             ray.kill(actor)

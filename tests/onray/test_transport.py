@@ -243,3 +243,34 @@ def test_settings_are_checked_where_they_are_given(
 def test_tls_without_a_ca_is_refused(certs: Any) -> None:
     with pytest.raises(gs.SettingError, match=r"needs TLS\(cert=, key=, ca=\)"):
         gsray.RaySettings.checked(tls=certs.server)
+
+
+def test_an_abort_stops_a_fetch_under_way_at_once() -> None:
+    """What Ray's abort_transport does: a fetch stuck on a peer that never answers ends
+    with ObjectUnavailableError when aborted, long before its own timeouts."""
+    import socket
+    import threading
+
+    from gradstream.ray._endpoint import Endpoint
+
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts, and says nothing
+    endpoint = Endpoint(gsray.RaySettings.checked(host="127.0.0.1", connect_timeout=60))
+    outcome: list[BaseException] = []
+
+    def fetch() -> None:
+        try:
+            endpoint.fetch(silent.getsockname()[:2], "obj-1")
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=fetch)
+    started = time.monotonic()
+    thread.start()
+    time.sleep(0.5)
+    endpoint.abort("obj-1")
+    thread.join(30)
+    silent.close()
+    assert not thread.is_alive() and time.monotonic() - started < 30
+    (error,) = outcome
+    assert isinstance(error, gs.ObjectUnavailableError)
+    assert (error.object_id, error.detail) == ("obj-1", "the transfer was aborted (by Ray)")

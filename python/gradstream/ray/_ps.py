@@ -37,6 +37,7 @@ from ..errors import (
     ProtocolError,
     SettingError,
     StreamIOError,
+    StreamTimeoutError,
     WorkerLostError,
 )
 from . import _control, _loop
@@ -363,6 +364,10 @@ class ParameterClient:
         self._address: tuple[str, int] = address
         self._settings: RaySettings = settings
         self._conn: Connection | None = None
+        # Join now: the server counts this rank from the first step whose turn reaches
+        # it after this (a restarted worker rejoins here), and a TLS or authkey problem
+        # shows in the constructor.
+        _loop.call(self._connection())
 
     def push(self, gradient: Any) -> Params:
         """Send ``gradient`` (an array of the parameters' size, or a dict like the
@@ -386,22 +391,43 @@ class ParameterClient:
                 raise failure from exc
             raise
 
-    async def _push(self, gradient: Any) -> Params:
+    async def _connection(self) -> Connection:
+        """The connection to the server, joined under this rank (again after the server
+        closed it: a worker it lost rejoins)."""
         conn = self._conn
         if conn is None or conn.closed:
             conn = await _connection.connect(self._address, **self._settings.link_keywords())
             await conn.send_tensors(_control.message("join", rank=self.rank))
             self._conn = conn
+        return conn
+
+    async def _push(self, gradient: Any) -> Params:
+        conn = await self._connection()
         if isinstance(gradient, Mapping):
             await conn.send_tensors(gradient)
         else:
             await conn.send(gradient)
-        reply = await conn.recv_tensors()
+        reply = await self._reply(conn)
         if not reply:
             raise StreamIOError(
                 errno.ENOTCONN, "the parameter server closed the connection before replying"
             )
         return self._read_reply(reply)
+
+    async def _reply(self, conn: Connection) -> dict[str, npt.NDArray[Any]]:
+        """The server's reply, which comes once every rank's gradient of the step was
+        taken: waited for in spans of ``timeout`` while the server, asked through Ray
+        after each silent span, still runs (a dead server is Ray's error, a failed one
+        its failure)."""
+        while True:
+            try:
+                return await conn.recv_tensors()
+            except StreamTimeoutError:
+                if conn.closed:
+                    raise
+                failure = await self._server.failure.remote()
+                if failure is not None:
+                    raise failure from None
 
     def _read_reply(self, reply: dict[str, npt.NDArray[Any]]) -> Params:
         peer = self._address

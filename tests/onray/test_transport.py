@@ -212,13 +212,12 @@ def test_a_stranger_asking_an_endpoint_gets_a_refusal_or_nothing(
 def test_register_again_with_the_same_settings_is_quiet_and_other_settings_refused(
     cluster: str,
 ) -> None:
-    from conftest import TRANSPORT_TIMEOUT
-
-    assert gsray.register(timeout=TRANSPORT_TIMEOUT).timeout == TRANSPORT_TIMEOUT
-    assert gsray.register().timeout == TRANSPORT_TIMEOUT  # no keywords: as it was
+    given = gsray.register().timeout  # no keywords: what conftest set, as it was
+    assert given != gsray.RaySettings().timeout
+    assert gsray.register(timeout=given).timeout == given
     with pytest.raises(gs.SettingError, match="already given other settings"):
-        gsray.register(timeout=TRANSPORT_TIMEOUT + 1)
-    assert gsray.register().timeout == TRANSPORT_TIMEOUT
+        gsray.register(timeout=given + 1)
+    assert gsray.register().timeout == given
 
 
 @pytest.mark.parametrize(

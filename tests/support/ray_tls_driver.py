@@ -1,4 +1,4 @@
-"""A second Ray driver for tests/onray/test_tls.py: joins the tests' cluster as a job of its
+"""A second Ray driver for tests/onray/test_ray_tls.py: joins the tests' cluster as a job of its
 own, sets TLS and an authkey for it (``gradstream.ray.register``), moves arrays through
 the GRADSTREAM transport and a parameter server, and probes the endpoints with peers
 that lack the certificate or the key. Prints one JSON object of what it saw.

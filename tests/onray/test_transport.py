@@ -273,3 +273,21 @@ def test_an_abort_stops_a_fetch_under_way_at_once() -> None:
     (error,) = outcome
     assert isinstance(error, gs.ObjectUnavailableError)
     assert (error.object_id, error.detail) == ("obj-1", "the transfer was aborted (by Ray)")
+
+
+def test_ray_pickles_a_makers_plain_numpy_results_once_it_ran_a_decorated_method(
+    cluster: str,
+) -> None:
+    """README's caveat of Ray 2.60, held to it: Ray's zero-copy path hands the driver a
+    read-only array backed by its object store; after the actor ran a decorated method,
+    the same plain method's array comes through pickle, a writeable copy."""
+    maker = Maker.remote()
+    try:
+        array = np.ones(1 << 18, np.float32)  # 1 MiB: Ray's object store, not inline
+        before = ray.get(maker.plain.remote(array))
+        ray.get(maker.make.remote(np.ones(3, np.float32)))
+        after = ray.get(maker.plain.remote(array))
+        assert (before.flags.writeable, after.flags.writeable) == (False, True)
+        assert before.tobytes() == after.tobytes() == array.tobytes()
+    finally:
+        ray.kill(maker)

@@ -35,6 +35,10 @@ class Maker:
     def big(self, n: int, seed: int = 0) -> np.ndarray:
         return np.random.default_rng(seed).standard_normal(n, dtype=np.float32)
 
+    def plain(self, value: Any) -> Any:
+        """Returned the usual way (no tensor transport)."""
+        return value
+
     def held(self) -> int:
         return int(transport().endpoint.held())
 

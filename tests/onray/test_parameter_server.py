@@ -15,7 +15,7 @@ from ray.exceptions import RayActorError, RayError
 
 import gradstream as gs
 import gradstream.ray as gsray
-from support.rayactors import AsyncWorker, Worker, expected_steps, gradient, update
+from support.rayactors import AsyncWorker, Worker, expected_steps, gradient, in_place, update
 
 SEED = 11
 
@@ -195,6 +195,24 @@ def test_a_gradient_of_the_wrong_size_loses_its_worker(cluster: str) -> None:
     finally:
         for actor in [*workers, ps]:
             ray.kill(actor)
+
+
+def test_an_update_in_place_writes_the_servers_own_copy_of_the_parameters(
+    cluster: str,
+) -> None:
+    """Ray hands the constructor a read-only view of its object store; the server keeps
+    a writeable copy, so an update in place works and the caller's array is untouched."""
+    params = np.arange(20, dtype=np.float32)
+    ps = gsray.ParameterServer.options(num_cpus=0).remote(params, in_place, workers=1)
+    worker = Worker.remote(ps, 0, SEED)
+    try:
+        for _ in range(2):
+            got = ray.get(worker.push.remote(np.ones(20, np.float32)), timeout=60)
+        assert got.tobytes() == (np.arange(20, dtype=np.float32) - np.float32(1.0)).tobytes()
+        assert params.tobytes() == np.arange(20, dtype=np.float32).tobytes()
+    finally:
+        ray.kill(worker)
+        ray.kill(ps)
 
 
 def test_an_update_that_raises_stops_the_server_and_every_push_raises_it(cluster: str) -> None:

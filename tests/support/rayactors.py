@@ -145,6 +145,12 @@ def update(params: Any, summed: Any, count: int) -> Any:
     return params - np.float32(0.01) * (summed / np.float32(count))
 
 
+def in_place(params: Any, summed: Any, count: int) -> Any:
+    """An update that writes the server's parameters in place."""
+    params -= np.float32(0.5) * summed
+    return params
+
+
 def expected_steps(params: Any, seed: int, ranks_per_step: list[list[int]], shape: Any) -> Any:
     """The parameters after each step, summed with numpy in rank order from zeros."""
     out = []

@@ -67,7 +67,9 @@ class Endpoint:
         self._start_lock = threading.Lock()
         self._pool: dict[Address, Connection] = {}
         self._turns: dict[Address, asyncio.Lock] = {}
-        self._fetches: dict[str, concurrent.futures.Future[Arrays]] = {}
+        # The fetches under way, by object (two threads may fetch the same one).
+        self._fetches: dict[str, set[concurrent.futures.Future[Arrays]]] = {}
+        self._fetches_lock = threading.Lock()
         # Connections this endpoint opened to others (each kept for the next fetch).
         self.connections_opened = 0
 
@@ -140,7 +142,8 @@ class Endpoint:
         future = asyncio.run_coroutine_threadsafe(
             self._fetch((str(address[0]), int(address[1])), object_id), _loop.loop()
         )
-        self._fetches[object_id] = future
+        with self._fetches_lock:
+            self._fetches.setdefault(object_id, set()).add(future)
         try:
             return future.result()
         except concurrent.futures.CancelledError:
@@ -148,12 +151,17 @@ class Endpoint:
                 object_id, address, "the transfer was aborted (by Ray)"
             ) from None
         finally:
-            self._fetches.pop(object_id, None)
+            with self._fetches_lock:
+                under_way = self._fetches.get(object_id, set())
+                under_way.discard(future)
+                if not under_way:
+                    self._fetches.pop(object_id, None)
 
     def abort(self, object_id: str) -> None:
-        """Stop a fetch of ``object_id`` under way (its connection is closed)."""
-        future = self._fetches.get(object_id)
-        if future is not None:
+        """Stop every fetch of ``object_id`` under way (their connections are closed)."""
+        with self._fetches_lock:
+            under_way = list(self._fetches.get(object_id, ()))
+        for future in under_way:
             future.cancel()
 
     async def _fetch(self, address: Address, object_id: str) -> Arrays:

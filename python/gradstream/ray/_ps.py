@@ -66,7 +66,8 @@ class StepReport:
 
 
 def _check_params(params: Any) -> Params:
-    """The parameters as the server keeps them: one numpy array, or a dict of them."""
+    """The parameters as the server keeps them: one numpy array, or a dict of them (as
+    given: ``_own`` copies what came from outside)."""
     if isinstance(params, np.ndarray | np.generic):
         return np.asarray(params)  # a numpy scalar (0-d arithmetic gives one) as 0-d
     if isinstance(params, Mapping) and params:
@@ -79,6 +80,14 @@ def _check_params(params: Any) -> Params:
             checked[name] = np.asarray(array)
         return checked
     raise TypeError("params must be a numpy array or a non-empty dict of them")
+
+
+def _own(params: Params) -> Params:
+    """A writeable copy of the server's own: what Ray hands an actor's constructor is a
+    read-only view of its object store, which an update in place cannot write."""
+    if isinstance(params, dict):
+        return {name: np.array(array, copy=True) for name, array in params.items()}
+    return np.array(params, copy=True)
 
 
 def _zeros(params: Params) -> Params:
@@ -229,16 +238,24 @@ class _Steps:
             reply.update(self.params)
         else:
             reply[_ARRAY] = self.params
-        for rank in taken:
-            try:
-                await self.members[rank].send_tensors(reply)
-            except (GradientStreamError, OSError) as exc:
+        # To every worker at once: each send waits for its worker's ack, and one after
+        # another they would add those waits up.
+        sent = await asyncio.gather(
+            *(self.members[rank].send_tensors(reply) for rank in taken), return_exceptions=True
+        )
+        for rank, outcome in zip(taken, sent, strict=True):
+            if isinstance(outcome, GradientStreamError | OSError):
                 # It contributed, but will not see this step's parameters: lost from
                 # the next step on.
                 log.warning(
-                    "parameter server: worker %d missed step %d's parameters: %s", rank, step, exc
+                    "parameter server: worker %d missed step %d's parameters: %s",
+                    rank,
+                    step,
+                    outcome,
                 )
                 await self.lose(rank)
+            elif isinstance(outcome, BaseException):
+                raise outcome
 
     async def lose(self, rank: int) -> None:
         self.lost.add(rank)
@@ -320,7 +337,11 @@ class _ParameterServer:
         from ._endpoint import node_host
 
         self._steps = _Steps(
-            _check_params(params), update, workers, on_worker_failure == "skip", self._settings
+            _own(_check_params(params)),
+            update,
+            workers,
+            on_worker_failure == "skip",
+            self._settings,
         )
         self._address = _loop.call(self._steps.start(self._settings.host or node_host()))
 

@@ -65,9 +65,15 @@ demo: build
 
 # The peer comparison suite (benches/suite/), the connection and TLS rows included; e.g.
 # `make bench BENCH_ARGS="--quick --json b.json"`, then `python benches/readme_table.py b.json`.
+# Then, when Ray imports, the Ray rows (benches/ray_bench.py: its across-nodes rows need root
+# for a network namespace, and are skipped with a note without it); it takes --quick from
+# BENCH_ARGS, and RAY_BENCH_ARGS (e.g. "--json r.json") for itself.
 BENCH_ARGS ?=
+RAY_BENCH_ARGS ?=
 bench: build
 	$(PY) benches/bench.py $(BENCH_ARGS)
+	if $(PY) -c 'import ray' 2>/dev/null; then \
+		$(PY) benches/ray_bench.py $(filter --quick,$(BENCH_ARGS)) $(RAY_BENCH_ARGS); fi
 
 # The core's tests without Python (its unit tests, the original's API tests in
 # crates/gradstream-core/tests/; the extension has none, `test = false`), and a build of

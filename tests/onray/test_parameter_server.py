@@ -71,7 +71,7 @@ def test_the_sum_adds_float32_whatever_each_worker_sends(cluster: str) -> None:
     ps = start(params, 2)
     workers = [Worker.remote(ps, rank, SEED) for rank in range(2)]
     try:
-        g16 = gradient(SEED, 0, 0, (1000,)).astype(np.float16)
+        g16 = (gradient(SEED, 0, 0, (1000,)) % 100).astype(np.float16)  # in float16's range
         g64 = gradient(SEED, 0, 1, (1000,)).astype(np.float64) * 1.000001
         got = ray.get([workers[0].push.remote(g16), workers[1].push.remote(g64)])
         summed = np.zeros(1000, np.float32)
@@ -231,24 +231,40 @@ def test_an_update_that_raises_stops_the_server_and_every_push_raises_it(cluster
         ray.kill(ps)
 
 
-def test_a_stranger_cannot_join_with_a_rank_out_of_range(cluster: str) -> None:
-    """A peer that says rank 5 of 2 is refused (its connection closed); the workers go on."""
+def test_a_stranger_cannot_join_without_the_key_nor_with_a_rank_out_of_range(
+    cluster: str,
+) -> None:
+    """The server made its own authkey (none was given): a peer without it is refused
+    at the handshake; one with it that says rank 5 of 1 is refused by name; the worker
+    goes on."""
     from gradstream.ray import _control
 
     ps = start(np.zeros(4, np.float32), 1)
     worker = Worker.remote(ps, 0, SEED)
     try:
-        address, _ = ray.get(ps.contact.remote())
+        address, settings = ray.get(ps.contact.remote())
+        assert settings.authkey is not None and len(settings.authkey) == 32
 
         async def stranger() -> dict[str, Any]:
-            conn = await gs.connect(tuple(address))
+            with pytest.raises(gs.AuthenticationError):
+                await gs.connect(tuple(address))
+            conn = await gs.connect(tuple(address), authkey=settings.authkey)
             async with conn:
                 await conn.send_tensors(_control.message("join", rank=5))
-                return await conn.recv_tensors()
+                answer = await conn.recv_tensors()
+                assert await conn.recv_tensors() == {}  # then closed
+                return answer
 
-        assert asyncio.run(stranger()) == {}
+        body, _ = _control.split(asyncio.run(stranger()), tuple(address), "a refusal")
+        assert body == {
+            "kind": "refused",
+            "rank": 5,
+            "detail": "this server has 1 workers, ranks 0 to 0",
+        }
         got = ray.get(worker.push.remote(np.ones(4, np.float32)), timeout=60)
         assert got.tobytes() == update(np.zeros(4, np.float32), np.ones(4, np.float32), 1).tobytes()
+        with pytest.raises(gs.SettingError, match="refused rank 3: this server has 1 workers"):
+            gsray.ParameterClient(ps, 3)
     finally:
         ray.kill(worker)
         ray.kill(ps)

@@ -180,15 +180,21 @@ def test_a_dead_maker_is_an_error_in_bounded_time(cluster: str) -> None:
 def test_a_stranger_asking_an_endpoint_gets_a_refusal_or_nothing(
     pair: tuple[Any, Any],
 ) -> None:
-    """A peer that is no Ray process: a fetch of an unknown id is refused by name, and a
-    malformed request ends only that connection."""
+    """A peer that is no Ray process: without the job's key it gets no further than the
+    handshake; with it, a fetch of an unknown id is refused by name, and a malformed
+    request ends only that connection."""
     from gradstream.ray import _control
 
     maker, taker = pair
     address = tuple(ray.get(maker.advertise.remote(None)))
 
+    key = gsray.register().authkey  # the job's, made by register() (none was given)
+    assert key is not None and len(key) == 32
+
     async def stranger() -> None:
-        conn = await gs.connect(address)
+        with pytest.raises(gs.AuthenticationError):
+            await gs.connect(address)  # without the job's key: no further
+        conn = await gs.connect(address, authkey=key)
         async with conn:
             await conn.send_tensors(_control.message("fetch", id="no-such-object"))
             reply = await conn.recv_tensors()
@@ -199,10 +205,14 @@ def test_a_stranger_asking_an_endpoint_gets_a_refusal_or_nothing(
                 "detail": "this process no longer holds it",
             }
             assert rest == []
-        rude = await gs.connect(address)
+        rude = await gs.connect(address, authkey=key)
         async with rude:
-            await rude.send_tensors({"not-a-message": np.ones(3, np.float32)})
+            await rude.send_tensors({"not-a-message": np.empty(0, np.float32)})
             assert await rude.recv_tensors() == {}  # closed by the endpoint
+        heavy = await gs.connect(address, authkey=key)
+        async with heavy:  # a request is one empty tensor: values are refused unsent
+            with pytest.raises(gs.DeliveryError, match="above max_gradient_len 1"):
+                await heavy.send_tensors({"x": np.ones(3, np.float32)})
 
     asyncio.run(stranger())
     # The endpoint still serves Ray's receivers.

@@ -44,13 +44,25 @@ def split(tensors: Tensors, peer: Any, expected: str) -> tuple[dict[str, Any], l
         raise ProtocolError(expected, seen, peer)
     try:
         body = json.loads(names[0][len(PREFIX) :])
-    except ValueError:
+    except (ValueError, RecursionError):  # a name nests up to ~1000 levels deep
         body = None
     if not isinstance(body, dict) or not isinstance(body.get("kind"), str):
         raise ProtocolError(expected, "a message that is not a JSON object with a kind", peer)
     if any(name.startswith(PREFIX) for name in names[1:]):
         raise ProtocolError(expected, "a tensor set with two messages", peer)
     return body, [tensors[name] for name in names[1:]]
+
+
+def object_id(body: dict[str, Any], peer: Any, expected: str) -> str:
+    """``body["id"]``: an object id as Ray writes them (hex), or the few other
+    characters a test's id may use; at most 128 of them, so a reply quoting it fits."""
+    value: str = field(body, "id", str, peer, expected)
+    plain = all(c.isascii() and (c.isalnum() or c in "-_") for c in value)
+    if not 0 < len(value) <= 128 or not plain:
+        raise ProtocolError(
+            expected, f"a {body['kind']!r} message whose id is {value[:80]!r}", peer
+        )
+    return value
 
 
 def field(body: dict[str, Any], name: str, kind: type, peer: Any, expected: str) -> Any:

@@ -40,6 +40,9 @@ Address = tuple[str, int]
 Arrays = list[npt.NDArray[Any]]
 
 _REQUEST = "a fetch request"
+# Connections a maker's listener serves at once: every receiver process of the job keeps
+# one to it while it fetches (and for ``timeout`` after).
+_MAX_CONNECTIONS = 4096
 _REPLY = "an object or a refusal"
 
 
@@ -101,8 +104,14 @@ class Endpoint:
 
     async def _listen(self) -> Address:
         host = self.settings.host or node_host()
+        # A request is an empty tensor: a peer that sends more is refused at its
+        # manifest, before its tensors move. No cap on connections beyond the default's
+        # pending handshakes: a served connection closes when idle (_serve).
         self._server = await _connection.serve(
-            (host, 0), self._serve, **self.settings.link_keywords()
+            (host, 0),
+            self._serve,
+            max_connections=_MAX_CONNECTIONS,
+            **self.settings.link_keywords(max_values=1),
         )
         address: Address = self._server.address
         log.info("gradstream.ray endpoint listening on %s:%d", *address)
@@ -114,16 +123,18 @@ class Endpoint:
             try:
                 request = await conn.recv_tensors()
             except StreamTimeoutError:
-                if conn.closed:
-                    return
-                continue  # an idle pooled connection: wait for its next request
+                # Idle for ``timeout``: closed, so idle peers hold no slot; the
+                # receiver's next fetch opens a new connection.
+                return
             if not request:
                 return  # the receiver closed
             peer = conn.peer.address
             body, extra = _control.split(request, peer, _REQUEST)
-            if body["kind"] != "fetch" or extra:
+            if body["kind"] != "fetch":
                 raise ProtocolError(_REQUEST, f"a {body['kind']!r} message", peer)
-            object_id = _control.field(body, "id", str, peer, _REQUEST)
+            if extra:
+                raise ProtocolError(_REQUEST, "a fetch request carrying tensors", peer)
+            object_id = _control.object_id(body, peer, _REQUEST)
             with self._objects_lock:
                 arrays = self._objects.get(object_id)
             if arrays is None:
@@ -192,7 +203,11 @@ class Endpoint:
                     raise ObjectUnavailableError(
                         object_id, address, "the peer closed the connection without a reply"
                     )
-                return self._read_reply(reply, address, object_id)
+                try:
+                    return self._read_reply(reply, address, object_id)
+                except BaseException:
+                    await self._drop(address, conn)  # a peer that broke the protocol
+                    raise
         raise AssertionError("unreachable: the second try returns or raises")
 
     async def _connect(self, address: Address, object_id: str) -> Connection:
@@ -214,7 +229,7 @@ class Endpoint:
         self, reply: dict[str, npt.NDArray[Any]], address: Address, object_id: str
     ) -> Arrays:
         body, arrays = _control.split(reply, address, _REPLY)
-        answered = _control.field(body, "id", str, address, _REPLY)
+        answered = _control.object_id(body, address, _REPLY)
         if answered != object_id:
             raise ProtocolError(f"object {object_id}", f"object {answered}", address)
         if body["kind"] == "missing":

@@ -19,9 +19,12 @@ and says who was missing (``StepReport``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import errno
 import logging
+import threading
+import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -48,8 +51,13 @@ log = logging.getLogger("gradstream.ray")
 FAILURE_MODES = ("raise", "skip")
 # The single-array parameters' name in a reply (a named set keeps its own names).
 _ARRAY = "params"
+# A reply's second tensor: the ranks missing from the step (float64, exact for any rank).
+_MISSING = "gradstream.ray/missing"
+# No parameter may take a name a reply uses for itself.
+_RESERVED = "gradstream.ray"
 _JOIN = "a join message"
 _REPLY = "the new parameters"
+_JOINED = "the answer to a join"
 _CLOSED = "its connection closed before its gradient came (the worker died or left)"
 
 Params = npt.NDArray[Any] | dict[str, npt.NDArray[Any]]
@@ -73,8 +81,12 @@ def _check_params(params: Any) -> Params:
     if isinstance(params, Mapping) and params:
         checked = {}
         for name, array in params.items():
-            if not isinstance(name, str) or not name or name.startswith(_control.PREFIX):
-                raise SettingError("params", f"a parameter's name must be a str, got {name!r}")
+            if not isinstance(name, str) or not name or name.startswith(_RESERVED):
+                raise SettingError(
+                    "params",
+                    f"a parameter's name must be a non-empty str not starting with "
+                    f"{_RESERVED!r}, got {name!r}",
+                )
             if not isinstance(array, np.ndarray | np.generic):
                 raise TypeError(f"params[{name!r}] must be a numpy array")
             checked[name] = np.asarray(array)
@@ -126,6 +138,9 @@ class _Steps:
         settings: RaySettings,
     ) -> None:
         self.params = params
+        # Held while the update runs (on a thread of its own): ``params()`` copies the
+        # parameters between steps, never halfway through an update in place.
+        self.params_lock = threading.Lock()
         self.update = update
         self.workers = workers
         self.skip = skip
@@ -135,36 +150,52 @@ class _Steps:
         # an exception of the user's update (the workers' push raises it).
         self.failure: Exception | None = None
         self.members: dict[int, Connection] = {}
-        self.lost: set[int] = set()
+        # Why each rank that is not a member now was lost.
+        self.lost: dict[int, str] = {}
         self.joined = asyncio.Condition()
-        self.released: dict[int, asyncio.Event] = {}
+        # Set to end a connection's handler (the server then closes it).
+        self.released: dict[Connection, asyncio.Event] = {}
         self.server: Any = None
         self.task: asyncio.Task[None] | None = None
 
     async def start(self, host: str) -> tuple[str, int]:
-        keywords = self.settings.link_keywords()
-        self.server = await _connection.serve((host, 0), self.admit, **keywords)
+        # A join is an empty tensor and a gradient holds the parameters' values: a peer
+        # that sends more is refused before its values move. Every worker keeps its
+        # connection, and a restarted one opens another before the old one is noticed.
+        keywords = self.settings.link_keywords(max_values=_values(self.params))
+        self.server = await _connection.serve(
+            (host, 0), self.admit, max_connections=2 * self.workers + 64, **keywords
+        )
         self.task = asyncio.create_task(self.run())
         address: tuple[str, int] = self.server.address
         return address
 
     async def admit(self, conn: Connection) -> None:
-        """A worker's connection: its join message, then it stays until released."""
+        """A worker's connection: its join, answered; then it stays until released."""
         peer = conn.peer.address
         body, extra = _control.split(await conn.recv_tensors(), peer, _JOIN)
+        if body["kind"] != "join":
+            raise ProtocolError(_JOIN, f"a {body['kind']!r} message", peer)
+        if extra:
+            raise ProtocolError(_JOIN, "a join carrying tensors", peer)
         rank = _control.field(body, "rank", int, peer, _JOIN)
-        if body["kind"] != "join" or extra or not 0 <= rank < self.workers:
-            raise ProtocolError(f"{_JOIN} of a rank below {self.workers}", f"{body!r}", peer)
-        if self.failure is not None:
-            return  # the server failed: the worker asks it why (ParameterClient)
-        old = self.members.get(rank)
-        if old is not None and not old.closed:
-            raise ProtocolError(f"{_JOIN} of a new rank", f"rank {rank} a second time", peer)
-        released = self.released[rank] = asyncio.Event()
+        refusal = None
+        if not 0 <= rank < self.workers:
+            refusal = f"this server has {self.workers} workers, ranks 0 to {self.workers - 1}"
+        elif self.failure is not None:
+            refusal = f"the server stopped: {self.failure}"
+        if refusal is not None:
+            await conn.send_tensors(_control.message("refused", rank=rank, detail=refusal))
+            return
+        await conn.send_tensors(_control.message("joined", rank=rank))
+        released = self.released[conn] = asyncio.Event()
         async with self.joined:
-            self.members[rank] = conn
-            self.lost.discard(rank)  # a restarted worker takes part again
+            old = self.members.get(rank)
+            self.members[rank] = conn  # the latest join wins: a restarted worker's
+            self.lost.pop(rank, None)
             self.joined.notify_all()
+        if old is not None:
+            await self.drop(old)
         log.info("parameter server: worker %d joined from %s:%d", rank, *peer)
         await released.wait()
 
@@ -177,29 +208,47 @@ class _Steps:
                     self.settings.timeout,
                 )
             except TimeoutError:
+                before = self.lost.get(rank)
+                was = f"{before}, and it " if before else "it "
                 raise _Lost(
-                    rank, f"it did not connect within {self.settings.timeout:g} s"
+                    rank, f"{was}did not connect within {self.settings.timeout:g} s"
                 ) from None
-            return self.members[rank]
+            conn = self.members.get(rank)
+        if conn is None:
+            raise _Lost(rank, "the server is closing")
+        return conn
 
-    async def release(self, rank: int) -> None:
-        conn = self.members.pop(rank, None)
-        event = self.released.pop(rank, None)
+    async def drop(self, conn: Connection) -> None:
+        event = self.released.pop(conn, None)
         if event is not None:
-            event.set()  # its handler returns, and the server closes the connection
-        if conn is not None:
-            await conn.close()
+            event.set()  # its handler returns
+        await conn.close()
+
+    async def lose(self, rank: int, conn: Connection, why: str) -> None:
+        """``conn`` failed rank ``rank``: closed, and the rank lost unless a newer
+        connection of it joined meanwhile."""
+        if self.members.get(rank) is conn:
+            del self.members[rank]
+            self.lost[rank] = why
+        await self.drop(conn)
 
     async def run(self) -> None:
         step = 0
         while True:
             try:
                 await self.run_step(step)
+            except asyncio.CancelledError:
+                raise
             except Exception as exc:
+                if not isinstance(exc, WorkerLostError):
+                    # Ray carries the exception to the workers by pickle, which drops
+                    # its traceback; a note survives.
+                    exc.add_note("".join(traceback.format_exception(exc)).rstrip())
                 self.failure = exc
-                log.error("parameter server stopped at step %d: %s", step, exc)
-                for rank in list(self.members):
-                    await self.release(rank)
+                log.error("parameter server stopped at step %d: %s", step, exc, exc_info=exc)
+                for conn in list(self.members.values()):
+                    await self.drop(conn)
+                self.members.clear()
                 return
             step += 1
 
@@ -209,14 +258,17 @@ class _Steps:
         taken: list[int] = []
         missing: list[int] = []
         for rank in range(self.workers):
-            if rank in self.lost:
-                missing.append(rank)
+            if self.skip and rank in self.lost:
+                missing.append(rank)  # until it joins again
                 continue
             try:
                 conn = await self.member(rank)
-                await self.take(rank, conn, acc, scratch)
+                try:
+                    await self.take(rank, conn, acc, scratch)
+                except _Lost as lost:
+                    await self.lose(rank, conn, lost.detail)
+                    raise
             except _Lost as lost:
-                await self.lose(rank)
                 if not self.skip:
                     raise WorkerLostError(step, (rank,), lost.detail) from None
                 log.warning(
@@ -229,37 +281,44 @@ class _Steps:
                 continue
             taken.append(rank)
         report = StepReport(step, len(taken), tuple(missing))
-        self.reports.append(report)
         if not taken:
             raise WorkerLostError(step, tuple(missing), "every worker is lost")
-        self.params = _check_params(self.update(self.params, acc, len(taken)))
-        reply = _control.message("params", step=step, count=len(taken), missing=missing)
+        self.params = await asyncio.to_thread(self.updated, acc, len(taken))
+        self.reports.append(report)
+        reply = _control.message(
+            "params", step=step, count=len(taken), array=not isinstance(self.params, dict)
+        )
+        reply[_MISSING] = np.array(missing, np.float64)
         if isinstance(self.params, dict):
             reply.update(self.params)
         else:
             reply[_ARRAY] = self.params
         # To every worker at once: each send waits for its worker's ack, and one after
         # another they would add those waits up.
+        conns = [self.members[rank] for rank in taken]
         sent = await asyncio.gather(
-            *(self.members[rank].send_tensors(reply) for rank in taken), return_exceptions=True
+            *(conn.send_tensors(reply) for conn in conns), return_exceptions=True
         )
-        for rank, outcome in zip(taken, sent, strict=True):
+        for rank, conn, outcome in zip(taken, conns, sent, strict=True):
             if isinstance(outcome, GradientStreamError | OSError):
-                # It contributed, but will not see this step's parameters: lost from
-                # the next step on.
-                log.warning(
-                    "parameter server: worker %d missed step %d's parameters: %s",
-                    rank,
-                    step,
-                    outcome,
-                )
-                await self.lose(rank)
+                # It contributed, but did not get this step's parameters: lost from the
+                # next step on ("raise" fails that step unless it joins again in time).
+                why = f"it did not take step {step}'s parameters: {outcome}"
+                log.warning("parameter server: worker %d: %s", rank, why)
+                await self.lose(rank, conn, why)
             elif isinstance(outcome, BaseException):
                 raise outcome
 
-    async def lose(self, rank: int) -> None:
-        self.lost.add(rank)
-        await self.release(rank)
+    def updated(self, summed: Params, count: int) -> Params:
+        """The user's update (on a thread: it may take long, and the loop serves the
+        connections meanwhile)."""
+        with self.params_lock:
+            return _check_params(self.update(self.params, summed, count))
+
+    def snapshot(self) -> Params:
+        """A copy of the parameters, between two updates."""
+        with self.params_lock:
+            return _own(self.params)
 
     async def take(self, rank: int, conn: Connection, acc: Params, scratch: Params | None) -> None:
         """Add rank ``rank``'s gradient into ``acc`` (through ``scratch`` when a failure
@@ -272,8 +331,7 @@ class _Steps:
             into = acc if scratch is None else scratch
             await conn.recv(reduce_into=into)
             if scratch is not None:
-                np.add(acc, scratch, out=acc)
-                scratch.fill(-0.0)
+                await asyncio.to_thread(_add_and_clear, acc, scratch)
         except (GradientStreamError, OSError) as exc:
             if scratch is not None:
                 _fill(scratch, -0.0)
@@ -291,16 +349,35 @@ class _Steps:
             wanted = {n: list(a.shape) for n, a in acc.items()}
             sent = {n: list(t.shape) for n, t in got.items()}
             raise _Lost(rank, f"it sent tensors {sent}; the parameters are {wanted}")
-        for name, tensor in got.items():
-            np.add(acc[name], tensor.astype(np.float32, copy=False), out=acc[name])
+        await asyncio.to_thread(_add_set, acc, got)
 
     async def close(self) -> None:
         if self.task is not None:
             self.task.cancel()
-        for rank in list(self.members):
-            await self.release(rank)
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+        for conn in list(self.members.values()):
+            await self.drop(conn)
+        self.members.clear()
         if self.server is not None:
             await self.server.close()
+
+
+def _values(params: Params) -> int:
+    """How many values a gradient of these parameters holds."""
+    if isinstance(params, dict):
+        return sum(int(array.size) for array in params.values())
+    return int(params.size)
+
+
+def _add_and_clear(acc: npt.NDArray[Any], scratch: npt.NDArray[Any]) -> None:
+    np.add(acc, scratch, out=acc)
+    scratch.fill(-0.0)
+
+
+def _add_set(acc: dict[str, Any], got: dict[str, npt.NDArray[Any]]) -> None:
+    for name, tensor in got.items():
+        np.add(acc[name], tensor.astype(np.float32, copy=False), out=acc[name])
 
 
 def _fill(scratch: Params, value: float) -> None:
@@ -332,8 +409,9 @@ class _ParameterServer:
             )
         if not callable(update):
             raise TypeError("update must be callable: update(params, summed, count)")
-        # The keywords of gradstream.ray.register: tls, authkey, timeout, ...
-        self._settings = RaySettings.checked(**settings)
+        # The keywords of gradstream.ray.register: tls, authkey, timeout, ... Without
+        # an authkey, one of its own, which its workers get through Ray (contact()).
+        self._settings = RaySettings.checked(**settings).with_key()
         from ._endpoint import node_host
 
         self._steps = _Steps(
@@ -350,8 +428,8 @@ class _ParameterServer:
         return self._address, self._settings
 
     def params(self) -> Params:
-        """The current parameters."""
-        return self._steps.params
+        """A copy of the current parameters (never halfway through an update)."""
+        return self._steps.snapshot()
 
     def reports(self) -> list[StepReport]:
         """One report for each step done so far."""
@@ -414,11 +492,24 @@ class ParameterClient:
 
     async def _connection(self) -> Connection:
         """The connection to the server, joined under this rank (again after the server
-        closed it: a worker it lost rejoins)."""
+        closed it: a worker it lost rejoins). A refused join is a ``SettingError``
+        naming the server's reason."""
         conn = self._conn
         if conn is None or conn.closed:
             conn = await _connection.connect(self._address, **self._settings.link_keywords())
-            await conn.send_tensors(_control.message("join", rank=self.rank))
+            try:
+                await conn.send_tensors(_control.message("join", rank=self.rank))
+                body, _ = _control.split(await conn.recv_tensors(), self._address, _JOINED)
+                if body["kind"] == "refused":
+                    detail = _control.field(body, "detail", str, self._address, _JOINED)
+                    raise SettingError(
+                        "rank", f"the parameter server refused rank {self.rank}: {detail}"
+                    )
+                if body["kind"] != "joined":
+                    raise ProtocolError(_JOINED, f"a {body['kind']!r} message", self._address)
+            except BaseException:
+                await conn.close()
+                raise
             self._conn = conn
         return conn
 
@@ -451,20 +542,25 @@ class ParameterClient:
                     raise failure from None
 
     def _read_reply(self, reply: dict[str, npt.NDArray[Any]]) -> Params:
+        """The parameters of a reply: its message, the missing ranks, then the
+        parameters (one array, or the named set)."""
         peer = self._address
-        body, _ = _control.split(reply, peer, _REPLY)
+        body, tensors = _control.split(reply, peer, _REPLY)
         if body["kind"] != "params":
             raise ProtocolError(_REPLY, f"a {body['kind']!r} message", peer)
         step = _control.field(body, "step", int, peer, _REPLY)
         count = _control.field(body, "count", int, peer, _REPLY)
-        missing = _control.field(body, "missing", list, peer, _REPLY)
-        if not all(isinstance(r, int) and not isinstance(r, bool) for r in missing):
-            raise ProtocolError(_REPLY, f"missing ranks {missing!r}", peer)
-        self.last_report = StepReport(step, count, tuple(missing))
+        array = _control.field(body, "array", bool, peer, _REPLY)
         names = list(reply)[1:]
-        if names == [_ARRAY]:
+        if not names or names[0] != _MISSING or (array and names[1:] != [_ARRAY]):
+            raise ProtocolError(_REPLY, f"a reply of the tensors {names[:4]!r}", peer)
+        ranks = tensors[0]
+        if ranks.ndim != 1 or not np.all((ranks >= 0) & (ranks == np.floor(ranks))):
+            raise ProtocolError(_REPLY, "missing ranks that are not counts", peer)
+        self.last_report = StepReport(step, count, tuple(int(r) for r in ranks))
+        if array:
             return reply[_ARRAY]
-        return {name: reply[name] for name in names}
+        return {name: reply[name] for name in names[1:]}
 
     def close(self) -> None:
         """Close the connection to the server."""

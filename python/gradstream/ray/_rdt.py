@@ -104,9 +104,13 @@ class GradstreamTransport(TensorTransportManager):
         communicator_metadata: CommunicatorMetadata,
         target_buffers: list[Any] | None = None,
     ) -> list[Any]:
-        assert isinstance(tensor_transport_metadata, GradstreamMetadata)
-        assert tensor_transport_metadata.address is not None
-        arrays = self.endpoint.fetch(tensor_transport_metadata.address, obj_id)
+        address = getattr(tensor_transport_metadata, "address", None)
+        if address is None:
+            raise TypeError(
+                f"object {obj_id} carries no GRADSTREAM metadata: "
+                f"{type(tensor_transport_metadata).__name__}"
+            )
+        arrays = self.endpoint.fetch(address, obj_id)
         _check_against(arrays, tensor_transport_metadata, obj_id)
         if target_buffers is None:
             return arrays
@@ -176,16 +180,23 @@ def register(settings: RaySettings | None) -> RaySettings:
     if _in_worker():
         return _published()
     with _settings_lock:
-        if settings is None:
-            settings = _given or RaySettings()
-        elif _given is not None and settings != _given:
+        if settings is not None and _given is not None and not _same(settings, _given):
             raise SettingError(
                 "register",
                 "gradstream.ray.register() was already given other settings in this "
                 "process; call it once, in the driver, before the actors use the transport",
             )
-        _given = settings
+        # Without an authkey, a random one: the job's processes read it with the rest.
+        _given = (_given or settings or RaySettings()).with_key()
     return _published()
+
+
+def _same(new: RaySettings, old: RaySettings) -> bool:
+    """``new`` asks for what ``old`` holds (a ``new`` without a key takes the key that
+    was made for ``old``)."""
+    if new.authkey is None:
+        new = dataclasses.replace(new, authkey=old.authkey)
+    return new == old
 
 
 def _published() -> RaySettings:
@@ -201,12 +212,13 @@ def _published() -> RaySettings:
                 "this job's driver published no gradstream.ray settings: call "
                 "gradstream.ray.register() in the driver, after ray.init()",
             )
-        settings = pickle.loads(data)
-        assert isinstance(settings, RaySettings)
+        settings = pickle.loads(data)  # written by this job's driver (Ray's control plane)
+        if not isinstance(settings, RaySettings):
+            raise TypeError(f"{_key()!r} in Ray's KV store holds no gradstream.ray settings")
         return settings
     with _settings_lock:
         if _given is None:
-            _given = RaySettings()
+            _given = RaySettings().with_key()
         if not _is_published and ray.is_initialized():
             _internal_kv_put(_key(), pickle.dumps(_given), overwrite=True)
             _is_published = True

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import secrets
 from typing import Any, Literal
 
+from .. import DEFAULT_MAX_GRADIENT_LEN
 from .._peers import TLS, check_authkey
 from .._session import GradientStreamSession
 from ..errors import SettingError
@@ -18,6 +20,9 @@ DEFAULT_LAYOUT: Literal["compact"] = "compact"
 # Seconds without progress before a transfer fails, and for connecting (TCP, TLS, hello).
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_CONNECT_TIMEOUT = 10.0
+# Seconds one transfer may take from its first byte, as a listener's connections have
+# by default: a peer that trickles a byte per ``timeout`` is cut off here.
+DEFAULT_DEADLINE = 300.0
 
 
 def _seconds(value: Any, name: str, *, optional: bool = False) -> float | None:
@@ -40,6 +45,7 @@ class RaySettings:
     authkey: bytes | None = None
     timeout: float = DEFAULT_TIMEOUT
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    deadline: float = DEFAULT_DEADLINE
     layout: Literal["seed", "compact"] = DEFAULT_LAYOUT
     compression: Literal["lz4", "zstd"] | None = None
     chunk_size: int = 65536
@@ -53,6 +59,7 @@ class RaySettings:
         authkey: Any = None,
         timeout: Any = DEFAULT_TIMEOUT,
         connect_timeout: Any = DEFAULT_CONNECT_TIMEOUT,
+        deadline: Any = DEFAULT_DEADLINE,
         layout: Any = DEFAULT_LAYOUT,
         compression: Any = None,
         chunk_size: Any = 65536,
@@ -76,6 +83,7 @@ class RaySettings:
             authkey=None if key is None else bytes(key),
             timeout=_seconds(timeout, "timeout") or DEFAULT_TIMEOUT,
             connect_timeout=_seconds(connect_timeout, "connect_timeout") or DEFAULT_CONNECT_TIMEOUT,
+            deadline=_seconds(deadline, "deadline") or DEFAULT_DEADLINE,
             layout=layout,
             compression=compression,
             chunk_size=chunk_size,
@@ -84,12 +92,23 @@ class RaySettings:
         # As the session reads them: compression True is "lz4".
         return dataclasses.replace(settings, layout=session.layout, compression=session.compression)
 
-    def session(self) -> GradientStreamSession:
-        """The session of every transfer these settings make."""
+    def with_key(self) -> RaySettings:
+        """These settings, with a random authkey where none was given: a job's processes
+        (or a server's workers) share it through Ray, and a peer without it gets no
+        further than the handshake."""
+        if self.authkey is not None:
+            return self
+        return dataclasses.replace(self, authkey=secrets.token_bytes(32))
+
+    def session(self, max_values: int | None = None) -> GradientStreamSession:
+        """The session of every transfer these settings make; ``max_values`` bounds what
+        it receives (the peer learns it from the hello, and sends no more)."""
         return GradientStreamSession(
             "gradstream.ray",
             self.chunk_size,
             timeout=self.timeout,
+            deadline=self.deadline,
+            max_gradient_len=DEFAULT_MAX_GRADIENT_LEN if max_values is None else max(1, max_values),
             layout=self.layout,
             compression=self.compression,
             # A worker's float16, bfloat16 or float64 gradient travels as it is (and is
@@ -97,10 +116,10 @@ class RaySettings:
             keep_dtype=True,
         )
 
-    def link_keywords(self) -> dict[str, Any]:
+    def link_keywords(self, max_values: int | None = None) -> dict[str, Any]:
         """The keywords ``gradstream.listen`` / ``connect`` take from these settings."""
         return {
-            "session": self.session(),
+            "session": self.session(max_values),
             "tls": self.tls,
             "authkey": self.authkey,
             "handshake_timeout": self.connect_timeout,

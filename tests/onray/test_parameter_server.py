@@ -140,9 +140,49 @@ def test_a_worker_that_never_connects_is_lost_after_timeout(cluster: str) -> Non
         assert time.monotonic() - started >= 2  # it waited for rank 1 that long
         (report,) = ray.get(ps.reports.remote())
         assert report == gsray.StepReport(step=0, count=1, missing=(1,))
+        # Lost, under "skip": the next step does not wait for it again.
+        started = time.monotonic()
+        ray.get(worker.push.remote(np.ones(10, np.float32)), timeout=60)
+        assert time.monotonic() - started < 2
+        assert ray.get(ps.reports.remote())[1] == gsray.StepReport(1, 1, (1,))
     finally:
         ray.kill(worker)
         ray.kill(ps)
+
+
+def test_the_first_steps_clock_starts_with_the_first_join(cluster: str) -> None:
+    """Ray may place the workers long after the server: under "raise" with a 1 s
+    timeout, workers that join 2 s after the server was made still take part."""
+    ps = start(np.zeros(6, np.float32), 1, "raise", timeout=1)
+    try:
+        ray.get(ps.contact.remote())
+        time.sleep(2)
+        worker = Worker.remote(ps, 0, SEED)
+        got = ray.get(worker.push.remote(np.ones(6, np.float32)), timeout=60)
+        assert got.tobytes() == update(np.zeros(6, np.float32), np.ones(6, np.float32), 1).tobytes()
+        ray.kill(worker)
+    finally:
+        ray.kill(ps)
+
+
+def test_an_update_that_changes_the_parameters_shape_stops_the_server(cluster: str) -> None:
+    ps = gsray.ParameterServer.options(num_cpus=0).remote(
+        np.zeros(5, np.float32), lambda p, s, c: np.zeros(p.size + 1, np.float32), workers=1
+    )
+    worker = Worker.remote(ps, 0, SEED)
+    try:
+        with pytest.raises(TypeError, match=r"update returned parameters of \(\(6,\), 'float32'\)"):
+            ray.get(worker.push.remote(np.ones(5, np.float32)), timeout=60)
+        assert isinstance(ray.get(ps.failure.remote()), TypeError)
+    finally:
+        ray.kill(worker)
+        ray.kill(ps)
+
+
+def test_parameters_of_another_dtype_are_refused(cluster: str) -> None:
+    ps = gsray.ParameterServer.options(num_cpus=0).remote(np.arange(3), update, workers=1)
+    with pytest.raises(RayActorError, match="params must be float32, float16, bfloat16 or float64"):
+        ray.get(ps.contact.remote(), timeout=60)
 
 
 def test_a_tensor_set_with_other_names_loses_its_worker(cluster: str) -> None:

@@ -227,6 +227,9 @@ def test_register_again_with_the_same_settings_is_quiet_and_other_settings_refus
     assert gsray.register(timeout=given).timeout == given
     with pytest.raises(gs.SettingError, match="already given other settings"):
         gsray.register(timeout=given + 1)
+    assert gsray.register(timeout=given, deadline=300.0).deadline == 300.0  # the default
+    with pytest.raises(gs.SettingError, match="already given other settings"):
+        gsray.register(deadline=5)
     assert gsray.register().timeout == given
 
 
@@ -234,6 +237,8 @@ def test_register_again_with_the_same_settings_is_quiet_and_other_settings_refus
     "keywords, error, match",
     [
         ({"timeout": 0}, gs.SettingError, "timeout must be a positive number"),
+        ({"deadline": float("inf")}, gs.SettingError, "deadline must be a positive number"),
+        ({"timeout": None}, gs.SettingError, "timeout must be a number of seconds"),
         ({"connect_timeout": "5"}, gs.SettingError, "connect_timeout must be a number"),
         ({"layout": "dense"}, gs.SettingError, "layout"),
         ({"authkey": b"short"}, gs.SettingError, "at least 16 bytes"),

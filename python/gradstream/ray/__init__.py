@@ -44,6 +44,7 @@ def register(
     authkey: Any = _UNSET,
     timeout: Any = _UNSET,
     connect_timeout: Any = _UNSET,
+    deadline: Any = _UNSET,
     host: Any = _UNSET,
     layout: Any = _UNSET,
     compression: Any = _UNSET,
@@ -55,14 +56,19 @@ def register(
 
     ``tls=gradstream.TLS(cert=, key=, ca=)`` (every process both listens and connects:
     mutual TLS; the certificate names each node's address), ``authkey=`` (at least 16
-    bytes), ``timeout`` (seconds without progress before a transfer fails; default 60),
-    ``connect_timeout`` (TCP, TLS and the hello together; default 10), ``host`` (where
-    each process listens; default, the address Ray uses for its node), and the session's
-    ``layout`` (default ``"compact"``), ``compression`` and ``chunk_size``.
+    bytes; default, a random key for the job), ``timeout`` (seconds without progress
+    before a transfer fails; default 60), ``deadline`` (seconds one transfer may take;
+    default 300), ``connect_timeout`` (TCP, TLS and the hello together; default 10),
+    ``host`` (where each process listens; default, the address Ray uses for its node),
+    and the session's ``layout`` (default ``"compact"``), ``compression`` and
+    ``chunk_size``.
 
-    Without a call the defaults apply; a call with no keywords keeps what was set; a
-    second call with other settings is a ``SettingError``. In Ray's worker processes it
-    changes nothing: their settings are always the driver's.
+    The settings reach the job's processes through Ray's KV store, written by this call
+    once Ray is up, or else by the driver's first call of a decorated method; without a
+    call, the defaults. A call with no keywords keeps what was set; a second call with
+    other settings is a ``SettingError``. In Ray's worker processes it changes nothing:
+    their settings are always the driver's (a worker that needs them before the driver
+    wrote them gets a ``SettingError`` saying so).
     """
     given = {
         name: value
@@ -71,6 +77,7 @@ def register(
             "authkey": authkey,
             "timeout": timeout,
             "connect_timeout": connect_timeout,
+            "deadline": deadline,
             "host": host,
             "layout": layout,
             "compression": compression,

@@ -26,6 +26,7 @@ from .. import _connection
 from .._connection import Connection
 from ..errors import (
     DeliveryError,
+    IncompleteStreamError,
     ObjectUnavailableError,
     ProtocolError,
     StreamIOError,
@@ -38,6 +39,8 @@ log = logging.getLogger("gradstream.ray")
 
 Address = tuple[str, int]
 Arrays = list[npt.NDArray[Any]]
+# The dtypes a tensor set carries.
+_DTYPES = frozenset({"float32", "float16", "float64", "bfloat16"})
 
 _REQUEST = "a fetch request"
 # Connections a maker's listener serves at once: every receiver process of the job keeps
@@ -65,7 +68,7 @@ class Endpoint:
         self._server: Any = None
         self._address: Address | None = None
         # What receivers are told to connect to, when it is not the listener's own
-        # address (a forwarding proxy in between).
+        # address (a NAT or forwarding proxy in between; the tests' tampering proxy).
         self.advertised: Address | None = None
         self._start_lock = threading.Lock()
         self._pool: dict[Address, Connection] = {}
@@ -105,8 +108,8 @@ class Endpoint:
     async def _listen(self) -> Address:
         host = self.settings.host or node_host()
         # A request is an empty tensor: a peer that sends more is refused at its
-        # manifest, before its tensors move. No cap on connections beyond the default's
-        # pending handshakes: a served connection closes when idle (_serve).
+        # manifest, before its tensors move. Every receiver process keeps a connection
+        # while it fetches, closed here once idle for ``timeout`` (_serve).
         self._server = await _connection.serve(
             (host, 0),
             self._serve,
@@ -150,10 +153,9 @@ class Endpoint:
 
     def fetch(self, address: Address, object_id: str) -> Arrays:
         """The arrays of ``object_id`` from the endpoint at ``address`` (blocking)."""
-        future = asyncio.run_coroutine_threadsafe(
-            self._fetch((str(address[0]), int(address[1])), object_id), _loop.loop()
-        )
+        # Scheduled and recorded under one lock: an abort finds every fetch begun.
         with self._fetches_lock:
+            future = _loop.submit(self._fetch((str(address[0]), int(address[1])), object_id))
             self._fetches.setdefault(object_id, set()).add(future)
         try:
             return future.result()
@@ -176,44 +178,54 @@ class Endpoint:
             future.cancel()
 
     async def _fetch(self, address: Address, object_id: str) -> Arrays:
-        turn = self._turns.setdefault(address, asyncio.Lock())
-        async with turn:
-            for retry in (False, True):
-                conn = self._pool.get(address)
-                pooled = conn is not None and not conn.closed
-                if conn is None or not pooled:
-                    conn = await self._connect(address, object_id)
-                try:
-                    await conn.send_tensors(_control.message("fetch", id=object_id))
-                    reply = await conn.recv_tensors()
-                except (StreamIOError, DeliveryError):
-                    await self._drop(address, conn)
-                    # A kept connection the peer closed while idle: once more on a new
-                    # one. Asking again is safe: a fetch changes nothing on the peer.
-                    if pooled and not retry:
-                        continue
-                    raise
-                except BaseException:
-                    await self._drop(address, conn)
-                    raise
-                if not reply:
-                    await self._drop(address, conn)
-                    if pooled and not retry:
-                        continue
-                    raise ObjectUnavailableError(
-                        object_id, address, "the peer closed the connection without a reply"
-                    )
-                try:
-                    return self._read_reply(reply, address, object_id)
-                except BaseException:
-                    await self._drop(address, conn)  # a peer that broke the protocol
-                    raise
+        # One request at a time per connection: fetches from one maker take turns.
+        async with self._turns.setdefault(address, asyncio.Lock()):
+            return await self._fetch_in_turn(address, object_id)
+
+    async def _fetch_in_turn(self, address: Address, object_id: str) -> Arrays:
+        for retry in (False, True):
+            conn = self._pool.get(address)
+            pooled = conn is not None and not conn.closed
+            if conn is None or not pooled:
+                conn = await self._connect(address, object_id)
+            try:
+                await conn.send_tensors(_control.message("fetch", id=object_id))
+                reply = await conn.recv_tensors()
+            except StreamTimeoutError:
+                # A stalled or trickling maker: its bound is spent, not asked again.
+                await self._drop(address, conn)
+                raise
+            except (StreamIOError, DeliveryError, IncompleteStreamError) as exc:
+                await self._drop(address, conn)
+                # A kept connection the peer closed while idle: once more on a new one.
+                # Asking again is safe: a fetch changes nothing on the peer.
+                if pooled and not retry:
+                    continue
+                # The maker died or left mid-reply (CRC and seal errors stay as they are).
+                raise ObjectUnavailableError(
+                    object_id, address, f"the connection failed: {exc}"
+                ) from exc
+            except BaseException:
+                await self._drop(address, conn)
+                raise
+            if not reply:
+                await self._drop(address, conn)
+                if pooled and not retry:
+                    continue
+                raise ObjectUnavailableError(
+                    object_id, address, "the peer closed the connection without a reply"
+                )
+            try:
+                return self._read_reply(reply, address, object_id)
+            except BaseException:
+                await self._drop(address, conn)  # a peer that broke the protocol
+                raise
         raise AssertionError("unreachable: the second try returns or raises")
 
     async def _connect(self, address: Address, object_id: str) -> Connection:
         try:
             conn = await _connection.connect(address, **self.settings.link_keywords())
-        except (StreamIOError, StreamTimeoutError) as exc:
+        except StreamIOError as exc:  # refused, reset, or no answer in connect_timeout
             # Its maker is gone (the actor died or restarted) or cannot be reached.
             raise ObjectUnavailableError(object_id, address, f"cannot connect: {exc}") from exc
         self._pool[address] = conn
@@ -257,7 +269,7 @@ def check_arrays(arrays: list[Any]) -> None:
     """What the transport moves: numpy arrays of the four dtypes a gradstream tensor set
     carries (``TypeError`` naming the first other one)."""
     for index, array in enumerate(arrays):
-        if not isinstance(array, np.ndarray) or _dtype_name(array.dtype) is None:
+        if not isinstance(array, np.ndarray) or array.dtype.name not in _DTYPES:
             what = (
                 f"an array of {array.dtype}"
                 if isinstance(array, np.ndarray)
@@ -267,10 +279,3 @@ def check_arrays(arrays: list[Any]) -> None:
                 "the GRADSTREAM tensor transport moves numpy arrays of float32, float16, "
                 f"bfloat16 or float64; value {index} of this result is {what}"
             )
-
-
-def _dtype_name(dtype: np.dtype[Any]) -> str | None:
-    name = dtype.name
-    if name in ("float32", "float16", "float64", "bfloat16"):
-        return name
-    return None

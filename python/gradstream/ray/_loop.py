@@ -43,7 +43,9 @@ def loop() -> asyncio.AbstractEventLoop:
         return new
 
 
-def _submit(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+def submit(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+    """Schedule ``coro`` on this process's loop (from any thread but the loop's own);
+    its future, which ``cancel()`` stops."""
     own = loop()
     try:
         running = asyncio.get_running_loop()
@@ -58,9 +60,9 @@ def _submit(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
 def call(coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` on this process's loop and wait for its result (from any thread but
     the loop's own)."""
-    return _submit(coro).result()
+    return submit(coro).result()
 
 
 async def wait(coro: Coroutine[Any, Any, T]) -> T:
     """``call`` for async code: the caller's loop stays free while ``coro`` runs."""
-    return await asyncio.wrap_future(_submit(coro))
+    return await asyncio.wrap_future(submit(coro))

@@ -26,7 +26,7 @@ import logging
 import threading
 import traceback
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import numpy.typing as npt
@@ -44,6 +44,7 @@ from ..errors import (
     WorkerLostError,
 )
 from . import _control, _loop
+from ._endpoint import node_host
 from ._settings import RaySettings
 
 log = logging.getLogger("gradstream.ray")
@@ -77,7 +78,7 @@ def _check_params(params: Any) -> Params:
     """The parameters as the server keeps them: one numpy array, or a dict of them (as
     given: ``_own`` copies what came from outside)."""
     if isinstance(params, np.ndarray | np.generic):
-        return np.asarray(params)  # a numpy scalar (0-d arithmetic gives one) as 0-d
+        return _float(np.asarray(params), "params")  # a numpy scalar (0-d arithmetic) as 0-d
     if isinstance(params, Mapping) and params:
         checked = {}
         for name, array in params.items():
@@ -89,9 +90,22 @@ def _check_params(params: Any) -> Params:
                 )
             if not isinstance(array, np.ndarray | np.generic):
                 raise TypeError(f"params[{name!r}] must be a numpy array")
-            checked[name] = np.asarray(array)
+            checked[name] = _float(np.asarray(array), f"params[{name!r}]")
         return checked
     raise TypeError("params must be a numpy array or a non-empty dict of them")
+
+
+def _float(array: npt.NDArray[Any], what: str) -> npt.NDArray[Any]:
+    if array.dtype.name not in ("float32", "float16", "float64", "bfloat16"):
+        raise TypeError(f"{what} must be float32, float16, bfloat16 or float64, not {array.dtype}")
+    return array
+
+
+def _layout(params: Params) -> Any:
+    """What a step's parameters must keep: names, shapes and dtypes."""
+    if isinstance(params, dict):
+        return {name: (a.shape, a.dtype.name) for name, a in params.items()}
+    return (params.shape, params.dtype.name)
 
 
 def _own(params: Params) -> Params:
@@ -106,14 +120,6 @@ def _zeros(params: Params) -> Params:
     if isinstance(params, dict):
         return {name: np.zeros(array.shape, np.float32) for name, array in params.items()}
     return np.zeros(params.shape, np.float32)
-
-
-def _negative_zeros(acc: Params) -> Params:
-    # -0.0 + x is x for every float32 x (+0.0 and -0.0 included): a scratch sum that
-    # starts here holds exactly the one gradient added into it.
-    if isinstance(acc, dict):
-        return {name: np.full(a.shape, -0.0, np.float32) for name, a in acc.items()}
-    return np.full(acc.shape, -0.0, np.float32)
 
 
 class _Lost(Exception):
@@ -142,8 +148,17 @@ class _Steps:
         # parameters between steps, never halfway through an update in place.
         self.params_lock = threading.Lock()
         self.update = update
+        self.layout = _layout(params)
         self.workers = workers
         self.skip = skip
+        # Under "skip" an array's gradient is summed here first, so that one lost halfway
+        # leaves the step's sum as it was. -0.0 + x is x for every float32 x (both zeros
+        # included), so it holds exactly the gradient; it is set back after each use.
+        self.scratch = (
+            np.full(params.shape, -0.0, np.float32)
+            if skip and isinstance(params, np.ndarray)
+            else None
+        )
         self.settings = settings
         self.reports: list[StepReport] = []
         # What stopped the server: a lost worker under "raise", every worker lost, or
@@ -190,6 +205,9 @@ class _Steps:
         await conn.send_tensors(_control.message("joined", rank=rank))
         released = self.released[conn] = asyncio.Event()
         async with self.joined:
+            if self.failure is not None:  # it failed while this join was answered
+                await self.drop(conn)
+                return
             old = self.members.get(rank)
             self.members[rank] = conn  # the latest join wins: a restarted worker's
             self.lost.pop(rank, None)
@@ -213,16 +231,18 @@ class _Steps:
                 raise _Lost(
                     rank, f"{was}did not connect within {self.settings.timeout:g} s"
                 ) from None
-            conn = self.members.get(rank)
-        if conn is None:
-            raise _Lost(rank, "the server is closing")
-        return conn
+            return self.members[rank]
 
     async def drop(self, conn: Connection) -> None:
         event = self.released.pop(conn, None)
         if event is not None:
             event.set()  # its handler returns
         await conn.close()
+
+    async def release_all(self) -> None:
+        members, self.members = list(self.members.values()), {}
+        for conn in members:
+            await self.drop(conn)
 
     async def lose(self, rank: int, conn: Connection, why: str) -> None:
         """``conn`` failed rank ``rank``: closed, and the rank lost unless a newer
@@ -233,6 +253,10 @@ class _Steps:
         await self.drop(conn)
 
     async def run(self) -> None:
+        # Step 0's clock (each rank's ``timeout``) starts with the first join, not with
+        # the server: Ray may place the workers long after it.
+        async with self.joined:
+            await self.joined.wait_for(lambda: bool(self.members))
         step = 0
         while True:
             try:
@@ -244,18 +268,16 @@ class _Steps:
                     # Ray carries the exception to the workers by pickle, which drops
                     # its traceback; a note survives.
                     exc.add_note("".join(traceback.format_exception(exc)).rstrip())
-                self.failure = exc
                 log.error("parameter server stopped at step %d: %s", step, exc, exc_info=exc)
-                for conn in list(self.members.values()):
-                    await self.drop(conn)
-                self.members.clear()
+                async with self.joined:  # no join slips in between
+                    self.failure = exc
+                    await self.release_all()
                 return
             step += 1
 
     async def run_step(self, step: int) -> None:
         acc = _zeros(self.params)
-        scratch = _negative_zeros(acc) if self.skip else None
-        taken: list[int] = []
+        taken: list[tuple[int, Connection]] = []
         missing: list[int] = []
         for rank in range(self.workers):
             if self.skip and rank in self.lost:
@@ -264,13 +286,14 @@ class _Steps:
             try:
                 conn = await self.member(rank)
                 try:
-                    await self.take(rank, conn, acc, scratch)
+                    await self.take(rank, conn, acc)
                 except _Lost as lost:
                     await self.lose(rank, conn, lost.detail)
                     raise
             except _Lost as lost:
                 if not self.skip:
                     raise WorkerLostError(step, (rank,), lost.detail) from None
+                self.lost.setdefault(rank, lost.detail)  # one that never joined, too
                 log.warning(
                     "parameter server: step %d goes on without worker %d: %s",
                     step,
@@ -279,7 +302,7 @@ class _Steps:
                 )
                 missing.append(rank)
                 continue
-            taken.append(rank)
+            taken.append((rank, conn))
         report = StepReport(step, len(taken), tuple(missing))
         if not taken:
             raise WorkerLostError(step, tuple(missing), "every worker is lost")
@@ -293,13 +316,13 @@ class _Steps:
             reply.update(self.params)
         else:
             reply[_ARRAY] = self.params
-        # To every worker at once: each send waits for its worker's ack, and one after
-        # another they would add those waits up.
-        conns = [self.members[rank] for rank in taken]
+        # To every worker at once, on the connection its gradient came on (a rank that
+        # joined again meanwhile sends its next gradient on the new one): each send waits
+        # for its worker's ack, and one after another they would add those waits up.
         sent = await asyncio.gather(
-            *(conn.send_tensors(reply) for conn in conns), return_exceptions=True
+            *(conn.send_tensors(reply) for _, conn in taken), return_exceptions=True
         )
-        for rank, conn, outcome in zip(taken, conns, sent, strict=True):
+        for (rank, conn), outcome in zip(taken, sent, strict=True):
             if isinstance(outcome, GradientStreamError | OSError):
                 # It contributed, but did not get this step's parameters: lost from the
                 # next step on ("raise" fails that step unless it joins again in time).
@@ -313,28 +336,33 @@ class _Steps:
         """The user's update (on a thread: it may take long, and the loop serves the
         connections meanwhile)."""
         with self.params_lock:
-            return _check_params(self.update(self.params, summed, count))
+            new = _check_params(self.update(self.params, summed, count))
+        if _layout(new) != self.layout:
+            raise TypeError(
+                f"update returned parameters of {_layout(new)}; they were {self.layout} "
+                "(names, shapes and dtypes must stay: the workers' gradients are sized by them)"
+            )
+        return new
 
     def snapshot(self) -> Params:
         """A copy of the parameters, between two updates."""
         with self.params_lock:
             return _own(self.params)
 
-    async def take(self, rank: int, conn: Connection, acc: Params, scratch: Params | None) -> None:
-        """Add rank ``rank``'s gradient into ``acc`` (through ``scratch`` when a failure
-        must leave ``acc`` as it was)."""
+    async def take(self, rank: int, conn: Connection, acc: Params) -> None:
+        """Add rank ``rank``'s gradient into ``acc`` (through the scratch sum under
+        "skip"; a set is received whole before it is added)."""
+        scratch = self.scratch
         try:
             if isinstance(acc, dict):
                 await self.take_set(rank, conn, acc)
                 return
-            assert scratch is None or isinstance(scratch, np.ndarray)
-            into = acc if scratch is None else scratch
-            await conn.recv(reduce_into=into)
+            await conn.recv(reduce_into=acc if scratch is None else scratch)
             if scratch is not None:
                 await asyncio.to_thread(_add_and_clear, acc, scratch)
         except (GradientStreamError, OSError) as exc:
             if scratch is not None:
-                _fill(scratch, -0.0)
+                await asyncio.to_thread(scratch.fill, -0.0)
             if conn.closed and isinstance(exc, GradientSizeError) and exc.received == 0:
                 # What a receive gives when the peer closed between gradients.
                 raise _Lost(rank, _CLOSED) from exc
@@ -356,9 +384,7 @@ class _Steps:
             self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
-        for conn in list(self.members.values()):
-            await self.drop(conn)
-        self.members.clear()
+        await self.release_all()
         if self.server is not None:
             await self.server.close()
 
@@ -378,14 +404,6 @@ def _add_and_clear(acc: npt.NDArray[Any], scratch: npt.NDArray[Any]) -> None:
 def _add_set(acc: dict[str, Any], got: dict[str, npt.NDArray[Any]]) -> None:
     for name, tensor in got.items():
         np.add(acc[name], tensor.astype(np.float32, copy=False), out=acc[name])
-
-
-def _fill(scratch: Params, value: float) -> None:
-    if isinstance(scratch, dict):
-        for array in scratch.values():
-            array.fill(value)
-    else:
-        scratch.fill(value)
 
 
 class _ParameterServer:
@@ -412,8 +430,6 @@ class _ParameterServer:
         # The keywords of gradstream.ray.register: tls, authkey, timeout, ... Without
         # an authkey, one of its own, which its workers get through Ray (contact()).
         self._settings = RaySettings.checked(**settings).with_key()
-        from ._endpoint import node_host
-
         self._steps = _Steps(
             _own(_check_params(params)),
             update,
@@ -424,8 +440,12 @@ class _ParameterServer:
         self._address = _loop.call(self._steps.start(self._settings.host or node_host()))
 
     def contact(self) -> tuple[tuple[str, int], RaySettings]:
-        """Where workers connect, and how (for ``ParameterClient``)."""
-        return self._address, self._settings
+        """Where workers connect, and how (for ``ParameterClient``): the server's settings,
+        with a ``timeout`` that covers the other ranks' turns, for a worker's send may
+        stand still that long while the server takes the gradients before it."""
+        workers = self._steps.workers
+        waits = dataclasses.replace(self._settings, timeout=self._settings.timeout * (workers + 1))
+        return self._address, waits
 
     def params(self) -> Params:
         """A copy of the current parameters (never halfway through an update)."""
@@ -475,20 +495,14 @@ class ParameterClient:
         try:
             return _loop.call(self._push(gradient))
         except (GradientStreamError, OSError) as exc:
-            failure = ray.get(self._server.failure.remote())
-            if failure is not None:
-                raise failure from exc
-            raise
+            _why(ray.get(self._server.failure.remote()), exc)
 
     async def push_async(self, gradient: Any) -> Params:
         """``push`` for async code (an async actor): the caller's loop stays free."""
         try:
             return await _loop.wait(self._push(gradient))
         except (GradientStreamError, OSError) as exc:
-            failure = await self._server.failure.remote()
-            if failure is not None:
-                raise failure from exc
-            raise
+            _why(await self._server.failure.remote(), exc)
 
     async def _connection(self) -> Connection:
         """The connection to the server, joined under this rank (again after the server
@@ -567,3 +581,10 @@ class ParameterClient:
         if self._conn is not None:
             _loop.call(self._conn.close())
             self._conn = None
+
+
+def _why(failure: Exception | None, exc: BaseException) -> NoReturn:
+    """A push failed with ``exc``: the server's failure, when it stopped, says why."""
+    if failure is not None:
+        raise failure from exc
+    raise exc

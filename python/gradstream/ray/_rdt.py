@@ -12,6 +12,14 @@ passed to another actor's task, or to ``ray.get``, Ray calls ``recv_multiple_ten
 in the receiving process (we fetch them from that address); when the reference goes out
 of scope, ``garbage_collect`` in the maker (we stop serving them). The transport is
 one-sided: Ray never asks the maker to send.
+
+Settings: Ray checks a transport's name where a decorated method is defined, in every
+process that imports the class, and registers the driver's transports on an actor only
+where the name is not known yet. So ``import gradstream.ray`` makes the name known
+(``make_known``), and the settings (TLS, authkey, ...) do not travel with the class but
+through Ray's KV store, one entry per job, written by the driver (``register``) and read
+by every process when it first listens or connects for the transport (``_published``):
+a worker's own import can never pin other settings than the driver's.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from ray.experimental.rdt import (
 )
 from ray.experimental.rdt.util import transport_manager_info
 
-from ..errors import SettingError
+from ..errors import ProtocolError, SettingError
 from ._endpoint import Endpoint, check_arrays
 from ._settings import RaySettings
 
@@ -78,7 +86,8 @@ class GradstreamTransport(TensorTransportManager):
         # Every process that imports gradstream.ray has it. Ray asks the caller of each
         # decorated method: in the driver, the moment to publish its settings, before
         # any actor can need them.
-        _published()
+        if not _in_worker():
+            _published()
         return True
 
     def extract_tensor_transport_metadata(
@@ -138,8 +147,6 @@ class GradstreamTransport(TensorTransportManager):
 def _check_against(arrays: list[Any], meta: TensorTransportMetadata, obj_id: str) -> None:
     """The fetched arrays are what the maker's metadata (which came through Ray, not
     from the peer) says: their count, shapes and dtypes."""
-    from ..errors import ProtocolError
-
     expected = [(tuple(shape), np.dtype(dtype)) for shape, dtype in meta.tensor_meta]
     got = [(tuple(array.shape), array.dtype.newbyteorder("=")) for array in arrays]
     wanted = [(shape, dtype.newbyteorder("=")) for shape, dtype in expected]
@@ -155,9 +162,10 @@ def _describe(pairs: list[tuple[tuple[int, ...], np.dtype[Any]]]) -> str:
 
 
 _settings_lock = threading.Lock()
-# The settings register() gave in this process, and whether they are in Ray's KV store.
+# The settings register() gave in this process, and the KV key of the job they were
+# last written under (a driver may ray.shutdown() and ray.init() a new job).
 _given: RaySettings | None = None
-_is_published = False
+_published_under: bytes | None = None
 _KEY_PREFIX = b"gradstream.ray/settings/"
 
 
@@ -176,7 +184,7 @@ def register(settings: RaySettings | None) -> RaySettings:
     """The driver's settings for this job (``None``: what was given before, else the
     defaults), published to Ray's KV store once Ray is up. In a worker process this
     does nothing: its settings are always the driver's."""
-    global _given, _is_published
+    global _given
     if _in_worker():
         return _published()
     with _settings_lock:
@@ -203,7 +211,7 @@ def _published() -> RaySettings:
     """This process's settings: in the driver, those register() was given (or the
     defaults), written to Ray's KV store on first use; in a worker, the driver's, read
     from there."""
-    global _given, _is_published
+    global _given, _published_under
     if _in_worker():
         data = _internal_kv_get(_key())
         if data is None:
@@ -219,9 +227,9 @@ def _published() -> RaySettings:
     with _settings_lock:
         if _given is None:
             _given = RaySettings().with_key()
-        if not _is_published and ray.is_initialized():
-            _internal_kv_put(_key(), pickle.dumps(_given), overwrite=True)
-            _is_published = True
+        if ray.is_initialized() and _published_under != (key := _key()):
+            _internal_kv_put(key, pickle.dumps(_given), overwrite=True)
+            _published_under = key
         return _given
 
 

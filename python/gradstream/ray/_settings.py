@@ -1,6 +1,8 @@
 """What ``gradstream.ray.register`` and ``ParameterServer`` are told: one frozen, picklable
-record (Ray ships it to every actor with the transport's class), checked once where the
-user gives it, so that a bad keyword fails in the user's call and not in an actor."""
+record (the driver's travels to the job's processes through Ray's KV store, a server's
+to its workers through Ray), checked once where the user gives it, so that a bad
+keyword fails in the user's call and not in an actor. Unlike a session's ``timeout``,
+none of these waits may be None (for ever): every wait of a Ray job has a bound."""
 
 from __future__ import annotations
 
@@ -25,9 +27,7 @@ DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_DEADLINE = 300.0
 
 
-def _seconds(value: Any, name: str, *, optional: bool = False) -> float | None:
-    if value is None and optional:
-        return None
+def _seconds(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise SettingError(name, f"{name} must be a number of seconds, got {value!r}")
     if not math.isfinite(value) or value <= 0:
@@ -81,9 +81,9 @@ class RaySettings:
             host=host,
             tls=tls,
             authkey=None if key is None else bytes(key),
-            timeout=_seconds(timeout, "timeout") or DEFAULT_TIMEOUT,
-            connect_timeout=_seconds(connect_timeout, "connect_timeout") or DEFAULT_CONNECT_TIMEOUT,
-            deadline=_seconds(deadline, "deadline") or DEFAULT_DEADLINE,
+            timeout=_seconds(timeout, "timeout"),
+            connect_timeout=_seconds(connect_timeout, "connect_timeout"),
+            deadline=_seconds(deadline, "deadline"),
             layout=layout,
             compression=compression,
             chunk_size=chunk_size,

@@ -132,6 +132,7 @@ def test_a_corrupted_chunk_is_refused_and_not_delivered(cluster: str) -> None:
         with pytest.raises(RayError) as caught:
             ray.get(taker.slow.remote(ref), timeout=60)
         assert proxy.flipped == 1
+        assert isinstance(caught.value, gs.ChecksumMismatchError | gs.FrameError)
         assert "Checksum mismatch" in str(caught.value) or "seal" in str(caught.value)
         assert ray.get(taker.count.remote()) == 0  # the task never ran on bad data
         # The same object, asked for directly this time, arrives whole.
@@ -168,10 +169,11 @@ def test_a_dead_maker_is_an_error_in_bounded_time(cluster: str) -> None:
         ray.get(maker.held.remote())  # the object exists before its maker dies
         ray.kill(maker)
         started = time.monotonic()
-        with pytest.raises(RayError) as caught:
+        with pytest.raises(gs.ObjectUnavailableError) as caught:
             ray.get(taker.slow.remote(ref), timeout=90)
         assert time.monotonic() - started < 60
-        assert isinstance(caught.value, RayTaskError | ActorDiedError | RayError)
+        assert isinstance(caught.value, RayTaskError)  # Ray's, carrying ours
+        assert caught.value.detail.startswith("cannot connect: ")  # its listener is gone
         assert ray.get(taker.count.remote()) == 0
     finally:
         ray.kill(taker)
@@ -306,3 +308,23 @@ def test_ray_pickles_a_makers_plain_numpy_results_once_it_ran_a_decorated_method
         assert before.tobytes() == after.tobytes() == array.tobytes()
     finally:
         ray.kill(maker)
+
+
+def test_a_maker_that_dies_mid_reply_is_object_unavailable_error() -> None:
+    """The reply's stream ends halfway (a proxy cuts it, as a maker's death would): the
+    fetch is refused as ObjectUnavailableError naming the failed connection, not the
+    half of an array."""
+    from gradstream.ray._endpoint import Endpoint
+
+    settings = gsray.RaySettings.checked(host="127.0.0.1")
+    maker, receiver = Endpoint(settings), Endpoint(settings)
+    maker.offer("obj-2", [np.ones(1_000_000, np.float32)])
+    proxy = TamperingProxy(maker.address(), flip_at=1_000_000, cut=True)
+    try:
+        with pytest.raises(gs.ObjectUnavailableError) as caught:
+            receiver.fetch(proxy.address, "obj-2")
+        assert proxy.flipped == 1
+        assert caught.value.object_id == "obj-2"
+        assert caught.value.detail.startswith("the connection failed: ")
+    finally:
+        proxy.close()

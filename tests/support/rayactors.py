@@ -172,11 +172,13 @@ def expected_steps(params: Any, seed: int, ranks_per_step: list[list[int]], shap
 
 class TamperingProxy:
     """A TCP forwarder on 127.0.0.1 that flips one byte of what the server sends, at
-    offset ``flip_at`` of each connection's server-to-client stream."""
+    offset ``flip_at`` of each connection's server-to-client stream; or, with ``cut``,
+    closes both sides there instead (a server that died mid-reply)."""
 
-    def __init__(self, target: tuple[str, int], flip_at: int) -> None:
+    def __init__(self, target: tuple[str, int], flip_at: int, cut: bool = False) -> None:
         self.target = target
         self.flip_at = flip_at
+        self.cut = cut
         self.flipped = 0
         self._sock = socket.create_server(("127.0.0.1", 0))
         self.address = self._sock.getsockname()[:2]
@@ -197,6 +199,10 @@ class TamperingProxy:
         try:
             while data := src.recv(1 << 16):
                 if tamper and seen <= self.flip_at < seen + len(data):
+                    if self.cut:
+                        dst.sendall(data[: self.flip_at - seen])
+                        self.flipped += 1
+                        return
                     buf = bytearray(data)
                     buf[self.flip_at - seen] ^= 0x01
                     data = bytes(buf)

@@ -24,8 +24,10 @@ import numpy.typing as npt
 
 from .. import _connection
 from .._connection import Connection
+from .._dtypes import DTYPES
 from ..errors import (
     DeliveryError,
+    FrameError,
     IncompleteStreamError,
     ObjectUnavailableError,
     ProtocolError,
@@ -39,8 +41,6 @@ log = logging.getLogger("gradstream.ray")
 
 Address = tuple[str, int]
 Arrays = list[npt.NDArray[Any]]
-# The dtypes a tensor set carries.
-_DTYPES = frozenset({"float32", "float16", "float64", "bfloat16"})
 
 _REQUEST = "a fetch request"
 # Connections a maker's listener serves at once: every receiver process of the job keeps
@@ -186,7 +186,7 @@ class Endpoint:
         for retry in (False, True):
             conn = self._pool.get(address)
             pooled = conn is not None and not conn.closed
-            if conn is None or not pooled:
+            if conn is None or conn.closed:
                 conn = await self._connect(address, object_id)
             try:
                 await conn.send_tensors(_control.message("fetch", id=object_id))
@@ -195,8 +195,10 @@ class Endpoint:
                 # A stalled or trickling maker: its bound is spent, not asked again.
                 await self._drop(address, conn)
                 raise
-            except (StreamIOError, DeliveryError, IncompleteStreamError) as exc:
+            except (StreamIOError, DeliveryError, IncompleteStreamError, FrameError) as exc:
                 await self._drop(address, conn)
+                if isinstance(exc, FrameError) and not _ended(exc):
+                    raise  # a damaged frame, not a lost connection
                 # A kept connection the peer closed while idle: once more on a new one.
                 # Asking again is safe: a fetch changes nothing on the peer.
                 if pooled and not retry:
@@ -265,11 +267,17 @@ class Endpoint:
             await self._server.close()
 
 
+def _ended(exc: FrameError) -> bool:
+    """The stream ended inside a frame (the core's one text for it): the peer died or
+    left mid-reply, as opposed to a frame that arrived damaged."""
+    return exc.detail.startswith("truncated frame")
+
+
 def check_arrays(arrays: list[Any]) -> None:
     """What the transport moves: numpy arrays of the four dtypes a gradstream tensor set
     carries (``TypeError`` naming the first other one)."""
     for index, array in enumerate(arrays):
-        if not isinstance(array, np.ndarray) or array.dtype.name not in _DTYPES:
+        if not isinstance(array, np.ndarray) or array.dtype.name not in DTYPES:
             what = (
                 f"an array of {array.dtype}"
                 if isinstance(array, np.ndarray)

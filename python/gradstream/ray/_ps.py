@@ -34,6 +34,7 @@ import ray
 
 from .. import _connection
 from .._connection import Connection
+from .._dtypes import DTYPES
 from ..errors import (
     GradientSizeError,
     GradientStreamError,
@@ -96,7 +97,7 @@ def _check_params(params: Any) -> Params:
 
 
 def _float(array: npt.NDArray[Any], what: str) -> npt.NDArray[Any]:
-    if array.dtype.name not in ("float32", "float16", "float64", "bfloat16"):
+    if array.dtype.name not in DTYPES:
         raise TypeError(f"{what} must be float32, float16, bfloat16 or float64, not {array.dtype}")
     return array
 
@@ -127,7 +128,6 @@ class _Lost(Exception):
 
     def __init__(self, rank: int, detail: str) -> None:
         super().__init__(detail)
-        self.rank = rank
         self.detail = detail
 
 
@@ -288,7 +288,11 @@ class _Steps:
                 try:
                     await self.take(rank, conn, acc)
                 except _Lost as lost:
-                    await self.lose(rank, conn, lost.detail)
+                    # Under "raise", run() records the failure before it closes any
+                    # connection: a worker that finds its connection closed asks the
+                    # server why, and must find the answer there.
+                    if self.skip:
+                        await self.lose(rank, conn, lost.detail)
                     raise
             except _Lost as lost:
                 if not self.skip:

@@ -212,16 +212,33 @@ def test_at_most_max_connections_are_open(gs: ModuleType) -> None:
 def test_refusal_logs_are_rate_limited(
     gs: ModuleType, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The listener's clock stands still for 15 refusals, then moves on a second.
+    # The listener's clock stands still for 15 refusals, then moves on a second. A peer
+    # sees its connection close before the listener has logged it (the refusal reaches
+    # the log through the listener's event pump), so the clock moves only once the
+    # fifteenth refusal has been through the log.
     now = [0.0]
+    seen: list[str] = []
+
+    class CountedRefusalLog(RefusalLog):
+        def refused(self, address: Any, reason: str) -> bool:
+            seen.append(reason)
+            return super().refused(address, reason)
+
     monkeypatch.setattr(
-        listener_module(gs), "RefusalLog", functools.partial(RefusalLog, clock=lambda: now[0])
+        listener_module(gs),
+        "RefusalLog",
+        functools.partial(CountedRefusalLog, clock=lambda: now[0]),
     )
 
     async def main() -> None:
         async with await gs.listen(LOCAL) as listener:
             for _ in range(15):
                 await hostile(listener, b"GET / HTTP/1.1\r\n\r\n")
+            for _ in range(500):
+                if len(seen) == 15:
+                    break
+                await asyncio.sleep(0.01)
+            assert len(seen) == 15
             now[0] += 1.0
             await hostile(listener, b"PUT / HTTP/1.1\r\n\r\n")
 

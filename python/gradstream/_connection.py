@@ -37,6 +37,7 @@ from ._peers import (
     check_count,
     check_handler,
     check_handshake_timeout,
+    check_max_values,
     check_plain_seed,
     check_protocol,
     check_seconds,
@@ -225,14 +226,18 @@ class Connection:
         *,
         progress: TransferProgress | None = None,
         deadline: float | None = None,
+        max_values: int | None = None,
     ) -> dict[str, npt.NDArray[Any]]:
         """Receive a named set of tensors, in the sender's order; ``{}`` when the peer
-        closed the connection before another began (``closed`` is then True)."""
+        closed the connection before another began (``closed`` is then True). A set of
+        more than ``max_values`` values in all is refused from its manifest."""
         with self._turn(Phase.RECEIVING, "recv_tensors"):
             bound = check_seconds(deadline, "deadline")
+            most = check_max_values(max_values)
             hub = _aio.hub()
             timed = _Timed(progress)
-            got = await hub.track(self._link.recv_tensors(hub.native, timed.progress, bound))
+            link = self._link
+            got = await hub.track(link.recv_tensors(hub.native, timed.progress, bound, most))
         if got is None:
             return {}
         timed.log("received", "tensor set", self.peer)

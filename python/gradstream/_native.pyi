@@ -320,7 +320,11 @@ class Link:
         deadline: float | None,
     ) -> int: ...
     def recv_tensors(
-        self, completions: Completions, progress: TransferProgress | None, deadline: float | None
+        self,
+        completions: Completions,
+        progress: TransferProgress | None,
+        deadline: float | None,
+        max_values: int | None,
     ) -> int: ...
     def close(self, completions: Completions) -> int: ...
 

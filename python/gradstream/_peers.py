@@ -52,6 +52,7 @@ __all__ = [
     "check_count",
     "check_handler",
     "check_handshake_timeout",
+    "check_max_values",
     "check_protocol",
     "check_seconds",
     "client_tls",
@@ -378,14 +379,19 @@ def check_handler(handler: Any) -> None:
         raise TypeError(f"handler must be callable, not {type(handler).__name__}")
 
 
-def check_count(value: Any, name: str) -> int:
-    """max_pending_handshakes, max_connections: an int of at least 1."""
+def check_count(value: Any, name: str, least: int = 1) -> int:
+    """max_pending_handshakes, max_connections: an int of at least 1 (``least``)."""
     if isinstance(value, bool):
         raise TypeError(f"{name} must be an int, not bool")
     number = operator.index(value)
-    if number < 1:
-        raise SettingError(name, f"{name} must be at least 1, got {number}")
+    if number < least:
+        raise SettingError(name, f"{name} must be at least {least}, got {number}")
     return number
+
+
+def check_max_values(value: Any) -> int | None:
+    """``recv_tensors``' ``max_values``: None, or an int of at least 0."""
+    return None if value is None else check_count(value, "max_values", least=0)
 
 
 # --------------------------------------------------------------------------- subjects

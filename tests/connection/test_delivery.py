@@ -23,6 +23,7 @@ from gradstream.errors import (
     GradientDtypeError,
     GradientSizeError,
     ProtocolError,
+    SettingError,
     StreamIOError,
     TensorSetError,
 )
@@ -262,6 +263,89 @@ def test_a_tensor_set_over_the_receivers_limit_is_refused_with_the_reason(pair: 
         session=pair[0].GradientStreamSession("s", 1024, max_gradient_len=10),
     )
     assert exc.reason == "tensor set holds 11 values, above max_gradient_len 10"
+
+
+def test_a_tensor_set_over_this_receive_s_max_values_is_refused_from_its_manifest(
+    pair: Pair,
+) -> None:
+    # 4 Mi values declared, 10 allowed: refused from the manifest, so the receiver
+    # neither reads nor holds the values, and the sender is told why.
+    exc = refused(
+        pair,
+        lambda conn: conn.recv_tensors(max_values=10),
+        TensorSetError,
+        lambda conn: conn.send_tensors({"a": np.ones(6, np.float32), "b": np.ones(4 << 20)}),
+    )
+    assert (
+        exc.reason == f"tensor set holds {6 + (4 << 20)} values, above this receive's max_values 10"
+    )
+
+
+def test_max_values_bounds_one_receive_and_the_session_s_limit_still_applies(pair: Pair) -> None:
+    server_side, client = pair
+    small = server_side.GradientStreamSession("s", 1024, max_gradient_len=20)
+    sets = [
+        {"a": np.arange(6, dtype=np.float32), "b": np.ones((5,), np.float64)},  # 11 = max_values
+        {"e": np.empty((0, 3), np.float32)},  # 0 values, max_values 0
+        {"w": np.ones(20, np.float32)},  # no max_values: the session's 20
+    ]
+    bounds = [11, 0, None]
+
+    async def main() -> None:
+        async with await server_side.listen(LOCAL, session=small) as listener:
+            async with await client.connect(listener.address) as conn:
+                server = await listener.accept()
+                for tensors, bound in zip(sets, bounds, strict=True):
+                    receiving = asyncio.create_task(server.recv_tensors(max_values=bound))
+                    await conn.send_tensors(tensors)
+                    got = await receiving
+                    assert list(got) == list(tensors)
+                    for name, values in tensors.items():
+                        assert got[name].dtype == values.dtype
+                        assert got[name].tobytes() == values.tobytes()
+                # The session's limit is below this receive's bound: the session's applies.
+                receiving = asyncio.create_task(server.recv_tensors(max_values=100))
+                with pytest.raises(DeliveryError) as info:
+                    await conn.send_tensors({"w": np.ones(21, np.float32)})
+                with pytest.raises(TensorSetError) as refusal:
+                    await receiving
+                assert (
+                    refusal.value.detail == "tensor set holds 21 values, above max_gradient_len 20"
+                )
+                assert info.value.reason == refusal.value.detail
+                await server.close()
+
+    run(main)
+
+
+@pytest.mark.parametrize(
+    "bad, error, text",
+    [
+        (-1, SettingError, "max_values must be at least 0, got -1"),
+        (True, TypeError, "max_values must be an int, not bool"),
+        (1.5, TypeError, "'float' object cannot be interpreted as an integer"),
+        ("3", TypeError, "'str' object cannot be interpreted as an integer"),
+    ],
+)
+def test_a_bad_max_values_is_refused_before_the_receive_begins(
+    pair: Pair, bad: object, error: type[Exception], text: str
+) -> None:
+    server_side, client = pair
+
+    async def main() -> None:
+        async with await server_side.listen(LOCAL) as listener:
+            async with await client.connect(listener.address) as conn:
+                server = await listener.accept()
+                with pytest.raises(error) as info:
+                    await server.recv_tensors(max_values=bad)
+                assert str(info.value) == text
+                assert not server.closed  # nothing was read: still in step
+                receiving = asyncio.create_task(server.recv_tensors(max_values=3))
+                assert await conn.send_tensors({"x": np.ones(3, np.float32)}) == 2
+                assert (await receiving)["x"].tolist() == [1.0, 1.0, 1.0]
+                await server.close()
+
+    run(main)
 
 
 def test_the_sender_refuses_a_gradient_over_the_peers_limit_before_a_byte(pair: Pair) -> None:

@@ -389,12 +389,6 @@ def test_a_maker_that_answers_with_a_gradient_is_an_error() -> None:
         assert receiver._pool == {}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_endpoint.Endpoint._fetch / _rdt.recv_multiple_tensors: the reply is received "
-    "whole (up to 2**30 values) and only then held to the shapes Ray recorded; there is no "
-    "per-transfer bound to give recv_tensors (a library feature it needs)",
-)
 def test_a_reply_larger_than_ray_recorded_is_refused_before_it_is_sent() -> None:
     outcome: list[Any] = []
 
@@ -414,10 +408,14 @@ def test_a_reply_larger_than_ray_recorded_is_refused_before_it_is_sent() -> None
         meta = GradstreamMetadata(
             tensor_meta=[((4,), np.dtype(F32))], tensor_device="cpu", address=address
         )
-        with pytest.raises(gs.ProtocolError, match=r"float32\[4\]"):
+        with pytest.raises(gs.ProtocolError, match=r"float32\[4\]") as caught:
             rdt.recv_multiple_tensors("wanted", meta, CommunicatorMetadata())
         assert wait_until(lambda: bool(outcome), 5)
+    assert caught.value.seen == f"tensor set holds {BIG} values, above this receive's max_values 4"
+    assert caught.value.peer == address
+    # Refused from its manifest: the maker is told why, and its values are never read.
     assert isinstance(outcome[0], gs.DeliveryError)
+    assert outcome[0].reason == caught.value.seen
 
 
 def test_a_kept_connection_the_maker_closed_is_retried_once_on_a_new_one() -> None:

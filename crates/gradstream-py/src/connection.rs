@@ -335,25 +335,32 @@ impl PyLink {
         }))
     }
 
-    /// Receive a tensor set; a job whose result is `[(name, values tuple), ...]`, or
-    /// None when the peer closed before a set began.
-    #[pyo3(signature = (completions, progress, deadline))]
+    /// Receive a tensor set of at most `max_values` values when given (checked by the
+    /// caller); a job whose result is `[(name, values tuple), ...]`, or None when the
+    /// peer closed before a set began.
+    #[pyo3(signature = (completions, progress, deadline, max_values))]
     fn recv_tensors(
         &self,
         py: Python<'_>,
         completions: &Bound<'_, Completions>,
         progress: Option<&Bound<'_, TransferProgress>>,
         deadline: Option<&Bound<'_, PyAny>>,
+        max_values: Option<usize>,
     ) -> PyResult<u64> {
         let counters = progress_counters(progress);
         let waits = self.waits(deadline)?;
         let config = self.engine.get().config().clone();
         let mut link = self.take(py)?;
         Ok(completions.get().spawn(async move {
-            Ok(match link.recv_tensors(&config, waits, &counters).await? {
-                Received::Transfer(set) => Outcome::Tensors(set),
-                Received::End => Outcome::End,
-            })
+            Ok(
+                match link
+                    .recv_tensors(&config, max_values, waits, &counters)
+                    .await?
+                {
+                    Received::Transfer(set) => Outcome::Tensors(set),
+                    Received::End => Outcome::End,
+                },
+            )
         }))
     }
 

@@ -151,11 +151,14 @@ class Endpoint:
 
     # --- the side that receives it ----------------------------------------------------
 
-    def fetch(self, address: Address, object_id: str) -> Arrays:
-        """The arrays of ``object_id`` from the endpoint at ``address`` (blocking)."""
+    def fetch(self, address: Address, object_id: str, max_values: int | None = None) -> Arrays:
+        """The arrays of ``object_id`` from the endpoint at ``address`` (blocking); a
+        reply of more than ``max_values`` values in all is refused from its manifest (a
+        ``TensorSetError``), before its values are sent."""
         # Scheduled and recorded under one lock: an abort finds every fetch begun.
         with self._fetches_lock:
-            future = _loop.submit(self._fetch((str(address[0]), int(address[1])), object_id))
+            peer = (str(address[0]), int(address[1]))
+            future = _loop.submit(self._fetch(peer, object_id, max_values))
             self._fetches.setdefault(object_id, set()).add(future)
         try:
             return future.result()
@@ -177,12 +180,14 @@ class Endpoint:
         for future in under_way:
             future.cancel()
 
-    async def _fetch(self, address: Address, object_id: str) -> Arrays:
+    async def _fetch(self, address: Address, object_id: str, max_values: int | None) -> Arrays:
         # One request at a time per connection: fetches from one maker take turns.
         async with self._turns.setdefault(address, asyncio.Lock()):
-            return await self._fetch_in_turn(address, object_id)
+            return await self._fetch_in_turn(address, object_id, max_values)
 
-    async def _fetch_in_turn(self, address: Address, object_id: str) -> Arrays:
+    async def _fetch_in_turn(
+        self, address: Address, object_id: str, max_values: int | None
+    ) -> Arrays:
         for retry in (False, True):
             conn = self._pool.get(address)
             pooled = conn is not None and not conn.closed
@@ -190,7 +195,7 @@ class Endpoint:
                 conn = await self._connect(address, object_id)
             try:
                 await conn.send_tensors(_control.message("fetch", id=object_id))
-                reply = await conn.recv_tensors()
+                reply = await conn.recv_tensors(max_values=max_values)
             except StreamTimeoutError:
                 # A stalled or trickling maker: its bound is spent, not asked again.
                 await self._drop(address, conn)

@@ -25,6 +25,7 @@ a worker's own import can never pin other settings than the driver's.
 from __future__ import annotations
 
 import dataclasses
+import math
 import pickle
 import threading
 from typing import Any
@@ -40,7 +41,7 @@ from ray.experimental.rdt import (
 )
 from ray.experimental.rdt.util import transport_manager_info
 
-from ..errors import ProtocolError, SettingError
+from ..errors import ProtocolError, SettingError, TensorSetError
 from ._endpoint import Endpoint, check_arrays
 from ._settings import RaySettings
 
@@ -119,8 +120,15 @@ class GradstreamTransport(TensorTransportManager):
                 f"object {obj_id} carries no GRADSTREAM metadata: "
                 f"{type(tensor_transport_metadata).__name__}"
             )
-        arrays = self.endpoint.fetch(address, obj_id)
-        _check_against(arrays, tensor_transport_metadata, obj_id)
+        recorded = _recorded(tensor_transport_metadata)
+        try:
+            # Bounded by what Ray recorded: a larger reply is refused from its manifest.
+            most = sum(math.prod(shape) for shape, _ in recorded)
+            arrays = self.endpoint.fetch(address, obj_id, max_values=most)
+        except TensorSetError as exc:  # not the set Ray recorded (too large, or malformed)
+            expected = f"the arrays Ray recorded for object {obj_id}: {_describe(recorded)}"
+            raise ProtocolError(expected, exc.detail, address) from exc
+        _check_against(arrays, recorded, obj_id)
         if target_buffers is None:
             return arrays
         for target, array in zip(target_buffers, arrays, strict=True):
@@ -144,15 +152,23 @@ class GradstreamTransport(TensorTransportManager):
         self.endpoint.abort(obj_id)
 
 
-def _check_against(arrays: list[Any], meta: TensorTransportMetadata, obj_id: str) -> None:
-    """The fetched arrays are what the maker's metadata (which came through Ray, not
-    from the peer) says: their count, shapes and dtypes."""
-    expected = [(tuple(shape), np.dtype(dtype)) for shape, dtype in meta.tensor_meta]
+def _recorded(meta: TensorTransportMetadata) -> list[tuple[tuple[int, ...], np.dtype[Any]]]:
+    """The shapes and (native-endian) dtypes of the arrays the maker's metadata names:
+    it came through Ray, not from the peer."""
+    return [
+        (tuple(int(n) for n in shape), np.dtype(dtype).newbyteorder("="))
+        for shape, dtype in meta.tensor_meta
+    ]
+
+
+def _check_against(
+    arrays: list[Any], recorded: list[tuple[tuple[int, ...], np.dtype[Any]]], obj_id: str
+) -> None:
+    """The fetched arrays are what Ray recorded: their count, shapes and dtypes."""
     got = [(tuple(array.shape), array.dtype.newbyteorder("=")) for array in arrays]
-    wanted = [(shape, dtype.newbyteorder("=")) for shape, dtype in expected]
-    if got != wanted:
+    if got != recorded:
         raise ProtocolError(
-            f"the arrays Ray recorded for object {obj_id}: {_describe(wanted)}",
+            f"the arrays Ray recorded for object {obj_id}: {_describe(recorded)}",
             _describe(got),
         )
 

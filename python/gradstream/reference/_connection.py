@@ -32,6 +32,7 @@ from .._peers import (
     Turns,
     check_authkey,
     check_handshake_timeout,
+    check_max_values,
     check_plain_seed,
     check_protocol,
     check_seconds,
@@ -236,10 +237,14 @@ class Connection:
         *,
         progress: TransferProgress | None = None,
         deadline: float | None = None,
+        max_values: int | None = None,
     ) -> dict[str, np.ndarray]:
-        """Receive one tensor set; ``{}`` when the peer closed first."""
+        """Receive one tensor set; ``{}`` when the peer closed first; a set of more
+        than ``max_values`` values in all is refused from its manifest."""
         with self._turn(Phase.RECEIVING, "recv_tensors"):
-            tensors, ended = await self._link.recv_tensors(progress, deadline)
+            check_seconds(deadline, "deadline")  # before max_values, as the native side
+            most = check_max_values(max_values)
+            tensors, ended = await self._link.recv_tensors(progress, deadline, most)
         if ended:
             self._drop()
         return tensors

@@ -294,9 +294,12 @@ def _tensor_receiver(
     return _FrameReceiver(session.max_payload_len, limit, copy_values=copy, seal=seal)
 
 
-def _entries(session: GradientStreamSession, receiver: _FrameReceiver) -> list[Entry]:
+def _entries(
+    session: GradientStreamSession, receiver: _FrameReceiver, max_values: int | None = None
+) -> list[Entry]:
     """Rules 1 (the end of the frame's decode) and 2: the manifest's entries, checked,
-    their element counts summed within max_gradient_len."""
+    their element counts summed within max_gradient_len (and ``max_values``, a
+    receive's own bound, when given)."""
     receiver.result()  # decode_frames' rule 9 on the manifest's one frame
     text = receiver.manifest
     if text is None:
@@ -308,6 +311,10 @@ def _entries(session: GradientStreamSession, receiver: _FrameReceiver) -> list[E
     limit = session.max_gradient_len
     if held > limit:
         raise TensorSetError(f"tensor set holds {held} values, above max_gradient_len {limit}")
+    if max_values is not None and held > max_values:
+        raise TensorSetError(
+            f"tensor set holds {held} values, above this receive's max_values {max_values}"
+        )
     return entries
 
 
@@ -389,7 +396,10 @@ async def _fill(channel: _Channel, size: int, total: int | None) -> bytes:
 
 
 async def _stream_manifest(
-    session: GradientStreamSession, channel: _Channel, receiver: _FrameReceiver
+    session: GradientStreamSession,
+    channel: _Channel,
+    receiver: _FrameReceiver,
+    max_values: int | None,
 ) -> list[Entry] | None:
     """Rules 1, 2 and 4 over a stream, read by ``receiver`` (``_manifest_receiver``): the
     manifest's entries, or None when the stream ended before its first byte. Reads exactly
@@ -404,7 +414,7 @@ async def _stream_manifest(
     if len(payload) < receiver.want:
         receiver.end_of_stream(len(payload))  # raises
     receiver.feed(memoryview(payload))
-    return _entries(session, receiver)
+    return _entries(session, receiver, max_values)
 
 
 async def receive_tensors(
@@ -413,17 +423,19 @@ async def receive_tensors(
     progress: TransferProgress | None = None,
     deadline: float | None = None,
     transfer: bytes | None = None,
+    max_values: int | None = None,
 ) -> dict[str, np.ndarray]:
     """Receive one set; ``{}`` when the peer closed before its first byte. Nothing past
     the set's last frame is read. ``progress`` counts the tensors' frames only. Seals are
-    held to ``transfer`` exactly when given, else to what the session expects."""
+    held to ``transfer`` exactly when given, else to what the session expects; a set of
+    more than ``max_values`` values is refused from its manifest."""
     expect = session._expect(transfer)
     channel = _receiving_channel(stream, session._clock(deadline), "receive_tensors")
     progress = _check_progress(progress)
     result: dict[str, np.ndarray] = {}
     with channel:
         manifest = _manifest_receiver(session, True, expect)
-        entries = await _stream_manifest(session, channel, manifest)
+        entries = await _stream_manifest(session, channel, manifest, max_values)
         n = len(entries or ())
         for k, entry in enumerate(entries or (), 1):
             with _about("receiving", entry.name, k, n):

@@ -149,11 +149,13 @@ class BareLink:
         return await self._incoming(one, "gradient")
 
     async def recv_tensors(
-        self, progress: Any = None, deadline: float | None = None
+        self, progress: Any = None, deadline: float | None = None, max_values: int | None = None
     ) -> tuple[dict[str, np.ndarray], bool]:
-        session, transfer = self._session, self._incoming_id()
+        session, transfer, reader = self._session, self._incoming_id(), self._reader
         return await self._incoming(
-            lambda: _tensors.receive_tensors(session, self._reader, progress, deadline, transfer),
+            lambda: _tensors.receive_tensors(
+                session, reader, progress, deadline, transfer, max_values
+            ),
             "tensor set",
         )
 

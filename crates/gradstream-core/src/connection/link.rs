@@ -606,27 +606,33 @@ impl Link {
         }
     }
 
-    /// Receive one tensor set.
+    /// Receive one tensor set, of at most `max_values` values in all when given (refused
+    /// from its manifest, as a set above max_gradient_len is).
     pub async fn recv_tensors(
         &mut self,
         config: &SessionConfig,
+        max_values: Option<usize>,
         waits: Waits,
         progress: &Progress,
     ) -> Result<Received<TensorSet>> {
         self.begin().await?;
-        let got = self.recv_tensors_begun(config, waits, progress).await;
+        let got = self
+            .recv_tensors_begun(config, max_values, waits, progress)
+            .await;
         self.end(got)
     }
 
     async fn recv_tensors_begun(
         &mut self,
         config: &SessionConfig,
+        max_values: Option<usize>,
         waits: Waits,
         progress: &Progress,
     ) -> Result<Received<TensorSet>> {
+        let receiver = TensorSetReceiver::new(config).max_values(max_values);
         let Mode::Sealed(keys) = &self.mode else {
             let mut tap = Tap::new(&mut self.stream, Digest::new(&[0; 16]));
-            let got = tensors::receive_tensors(config, &mut tap, waits, progress).await;
+            let got = tensors::receive_tensor_set(receiver, &mut tap, waits, progress).await;
             let began = tap.first_header().is_some();
             return match got {
                 Ok(_) if !began => {
@@ -639,7 +645,7 @@ impl Link {
         };
         let id = keys.id(false);
         let mut tap = Tap::new(&mut self.stream, Digest::new(&id.0));
-        let receiver = TensorSetReceiver::new(config).expect_seal(SealCheck::Exact(id));
+        let receiver = receiver.expect_seal(SealCheck::Exact(id));
         let got = tensors::receive_tensor_set(receiver, &mut tap, waits, progress).await;
         let first = tap.first_header();
         let digest = tap.finish();

@@ -176,6 +176,37 @@ mod tests {
     }
 
     #[test]
+    fn a_receive_s_max_values_is_checked_from_the_manifest() {
+        let s = session();
+        let entries = [
+            Entry::new("a", Dtype::F32, vec![6]),
+            Entry::new("b", Dtype::F64, vec![5]),
+        ];
+        let manifest = manifest_of(&s, &manifest_json(&entries));
+        // What the receiver wants once the manifest frame is in: the first tensor's header.
+        let after_manifest = |most: Option<usize>| -> Result<usize> {
+            let mut receiver = TensorSetReceiver::new(&s).max_values(most);
+            let mut pos = 0;
+            while pos < manifest.len() {
+                let want = receiver.want();
+                receiver.feed(&manifest[pos..pos + want])?;
+                pos += want;
+            }
+            Ok(receiver.want())
+        };
+        assert_eq!(after_manifest(None).ok(), Some(HEADER_LEN));
+        assert_eq!(after_manifest(Some(11)).ok(), Some(HEADER_LEN));
+        assert_eq!(
+            set_error(after_manifest(Some(10)).map(|_| TensorSet::new())),
+            (
+                "tensor set holds 11 values, above this receive's max_values 10".into(),
+                None,
+                vec![]
+            )
+        );
+    }
+
+    #[test]
     fn rule_2_the_manifest_is_read_and_its_counts_summed() {
         let mut s = session();
         s.limits.max_gradient_len = 100;

@@ -35,6 +35,9 @@ pub type TensorSet = Vec<(Entry, Output)>;
 #[derive(Debug)]
 pub struct TensorSetReceiver {
     config: SessionConfig,
+    /// This receive's own bound on the set's values, below the session's
+    /// max_gradient_len: what a caller that knows the set's size expects at most.
+    max_values: Option<usize>,
     /// Upper bound for what a tensor's receiver reserves up front.
     reserve_cap: usize,
     /// The frames being read: the manifest's, then each tensor's; None once the set is
@@ -75,6 +78,7 @@ impl TensorSetReceiver {
         let seal = config.seal_check();
         Self {
             config: config.clone(),
+            max_values: None,
             reserve_cap,
             frames: Some(FrameReceiver::new(&manifest, 0).expect_seal(seal, Position::Manifest)),
             header_seen: false,
@@ -99,6 +103,13 @@ impl TensorSetReceiver {
                 .frames
                 .map(|frames| frames.expect_seal(check, Position::Manifest));
         }
+        self
+    }
+
+    /// Refuse a set whose manifest declares more than `max_values` values in all (None:
+    /// the session's max_gradient_len alone), from the manifest, before any value is read.
+    pub fn max_values(mut self, max_values: Option<usize>) -> Self {
+        self.max_values = max_values;
         self
     }
 
@@ -223,6 +234,14 @@ impl TensorSetReceiver {
         if held > limit as u128 {
             return Err(GradientStreamError::tensor_set(
                 format!("tensor set holds {held} values, above max_gradient_len {limit}"),
+                None,
+            ));
+        }
+        if let Some(max_values) = self.max_values.filter(|&n| held > n as u128) {
+            return Err(GradientStreamError::tensor_set(
+                format!(
+                    "tensor set holds {held} values, above this receive's max_values {max_values}"
+                ),
                 None,
             ));
         }

@@ -234,6 +234,8 @@ class Connection:
         with self._turn(Phase.RECEIVING, "recv_tensors"):
             bound = check_seconds(deadline, "deadline")
             most = check_max_values(max_values)
+            if most is not None and most >= self._session.max_gradient_len:
+                most = None  # the session's limit, checked first, is the tighter one
             hub = _aio.hub()
             timed = _Timed(progress)
             link = self._link

@@ -28,6 +28,8 @@ from gradstream.errors import (
     TensorSetError,
 )
 from gradstream.reference import _protocol as p
+from gradstream.reference._manifest import Entry, manifest_json
+from gradstream.reference._tensors import manifest_frame
 from support.connections import (
     LOCAL,
     Streams,
@@ -230,6 +232,7 @@ def refused(
                 async with await listener.accept() as conn:
                     with pytest.raises(refusal):
                         await receive(conn)
+                    assert conn.closed  # a refused transfer leaves it out of step
 
             task = asyncio.create_task(receiving())
             async with await client.connect(listener.address) as conn:
@@ -288,8 +291,9 @@ def test_max_values_bounds_one_receive_and_the_session_s_limit_still_applies(pai
         {"a": np.arange(6, dtype=np.float32), "b": np.ones((5,), np.float64)},  # 11 = max_values
         {"e": np.empty((0, 3), np.float32)},  # 0 values, max_values 0
         {"w": np.ones(20, np.float32)},  # no max_values: the session's 20
+        {"w": np.arange(20, dtype=np.float32)},  # a bound past any int of the machine
     ]
-    bounds = [11, 0, None]
+    bounds = [11, 0, None, 2**64]
 
     async def main() -> None:
         async with await server_side.listen(LOCAL, session=small) as listener:
@@ -303,8 +307,8 @@ def test_max_values_bounds_one_receive_and_the_session_s_limit_still_applies(pai
                     for name, values in tensors.items():
                         assert got[name].dtype == values.dtype
                         assert got[name].tobytes() == values.tobytes()
-                # The session's limit is below this receive's bound: the session's applies.
-                receiving = asyncio.create_task(server.recv_tensors(max_values=100))
+                # Over both limits: the session's is checked first, and named.
+                receiving = asyncio.create_task(server.recv_tensors(max_values=5))
                 with pytest.raises(DeliveryError) as info:
                     await conn.send_tensors({"w": np.ones(21, np.float32)})
                 with pytest.raises(TensorSetError) as refusal:
@@ -339,6 +343,10 @@ def test_a_bad_max_values_is_refused_before_the_receive_begins(
                 with pytest.raises(error) as info:
                     await server.recv_tensors(max_values=bad)
                 assert str(info.value) == text
+                # deadline= is checked first.
+                with pytest.raises(SettingError) as first:
+                    await server.recv_tensors(deadline=-1.0, max_values=bad)
+                assert first.value.setting == "deadline"
                 assert not server.closed  # nothing was read: still in step
                 receiving = asyncio.create_task(server.recv_tensors(max_values=3))
                 assert await conn.send_tensors({"x": np.ones(3, np.float32)}) == 2
@@ -346,6 +354,31 @@ def test_a_bad_max_values_is_refused_before_the_receive_begins(
                 await server.close()
 
     run(main)
+
+
+def test_max_values_refuses_a_set_from_its_manifest_alone(gs: ModuleType) -> None:
+    # A sender by hand sends the manifest of a 4 Mi-value set and then nothing: the
+    # receiver refuses it at once, with no value on the wire, and tells the sender.
+    text = manifest_json([Entry("w", "float32", (4 << 20,))])
+
+    async def main() -> tuple[BaseException, p.Ack]:
+        s = gs.GradientStreamSession("s", 1024)
+        async with await gs.listen(LOCAL, session=s) as listener:
+            async with raw_peer(listener.address) as streams:
+                client, server = await hello_by_hand(streams, p.ROLE_CLIENT)
+                transfer = p.transfer_id(client, server, p.TO_SERVER, 0)
+                streams[1].write(manifest_frame(s.layout, s.compression, text, transfer))
+                conn = await listener.accept()
+                with pytest.raises(TensorSetError) as info:
+                    await asyncio.wait_for(conn.recv_tensors(max_values=10), 5)
+                assert conn.closed
+                head = await streams[0].readexactly(16)
+                rest = p.check_ack_head(head, None)
+                return info.value, p.parse_ack(head + await streams[0].readexactly(rest), None)
+
+    error, ack = run(main)
+    assert str(error) == f"tensor set holds {4 << 20} values, above this receive's max_values 10"
+    assert ack.counter == 0 and ack.reason == str(error)
 
 
 def test_the_sender_refuses_a_gradient_over_the_peers_limit_before_a_byte(pair: Pair) -> None:

@@ -389,7 +389,7 @@ def test_a_maker_that_answers_with_a_gradient_is_an_error() -> None:
         assert receiver._pool == {}
 
 
-def test_a_reply_larger_than_ray_recorded_is_refused_before_it_is_sent() -> None:
+def test_a_reply_larger_than_ray_recorded_is_refused_from_its_manifest() -> None:
     outcome: list[Any] = []
 
     async def respond(conn: gs.Connection, request: Tensors) -> bool:
@@ -413,7 +413,7 @@ def test_a_reply_larger_than_ray_recorded_is_refused_before_it_is_sent() -> None
         assert wait_until(lambda: bool(outcome), 5)
     assert caught.value.seen == f"tensor set holds {BIG} values, above this receive's max_values 4"
     assert caught.value.peer == address
-    # Refused from its manifest: the maker is told why, and its values are never read.
+    # Refused from its manifest: the maker is told why.
     assert isinstance(outcome[0], gs.DeliveryError)
     assert outcome[0].reason == caught.value.seen
 

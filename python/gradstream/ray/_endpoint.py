@@ -154,7 +154,7 @@ class Endpoint:
     def fetch(self, address: Address, object_id: str, max_values: int | None = None) -> Arrays:
         """The arrays of ``object_id`` from the endpoint at ``address`` (blocking); a
         reply of more than ``max_values`` values in all is refused from its manifest (a
-        ``TensorSetError``), before its values are sent."""
+        ``TensorSetError``), before any of its values is decoded or held."""
         # Scheduled and recorded under one lock: an abort finds every fetch begun.
         with self._fetches_lock:
             peer = (str(address[0]), int(address[1]))

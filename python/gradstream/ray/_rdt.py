@@ -121,11 +121,15 @@ class GradstreamTransport(TensorTransportManager):
                 f"{type(tensor_transport_metadata).__name__}"
             )
         recorded = _recorded(tensor_transport_metadata)
+        # Bounded by what Ray recorded: a larger reply is refused from its manifest.
+        most = sum(math.prod(shape) for shape, _ in recorded)
         try:
-            # Bounded by what Ray recorded: a larger reply is refused from its manifest.
-            most = sum(math.prod(shape) for shape, _ in recorded)
             arrays = self.endpoint.fetch(address, obj_id, max_values=most)
-        except TensorSetError as exc:  # not the set Ray recorded (too large, or malformed)
+        except TensorSetError as exc:
+            # Larger than Ray recorded: the maker's reply is not the object (another
+            # TensorSetError, e.g. a malformed manifest, stays as it is).
+            if not exc.detail.endswith(f"above this receive's max_values {most}"):
+                raise
             expected = f"the arrays Ray recorded for object {obj_id}: {_describe(recorded)}"
             raise ProtocolError(expected, exc.detail, address) from exc
         _check_against(arrays, recorded, obj_id)

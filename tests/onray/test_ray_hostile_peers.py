@@ -131,6 +131,17 @@ Answer = Callable[[gs.Connection, Tensors], Awaitable[bool]]
 
 
 @contextlib.contextmanager
+def serving(handler: Callable[[gs.Connection], Awaitable[None]]) -> Iterator[tuple[str, int]]:
+    """``handler`` serving each connection of a listener on 127.0.0.1 (on gradstream.ray's
+    loop, as the code under test): its address."""
+    server = _loop.call(gs.serve((LOCAL, 0), handler, session=settings().session()))
+    try:
+        yield tuple(server.address)
+    finally:
+        _loop.call(server.close())
+
+
+@contextlib.contextmanager
 def fake_maker(respond: Answer) -> Iterator[tuple[str, int]]:
     """A gradstream listener on 127.0.0.1 that plays the maker of objects: each request
     goes to ``respond(conn, request)``, which answers as it likes and returns whether to
@@ -141,11 +152,8 @@ def fake_maker(respond: Answer) -> Iterator[tuple[str, int]]:
             if not await respond(conn, request):
                 return
 
-    server = _loop.call(gs.serve((LOCAL, 0), handler, session=settings().session()))
-    try:
-        yield tuple(server.address)
-    finally:
-        _loop.call(server.close())
+    with serving(handler) as address:
+        yield address
 
 
 def requested(request: Tensors) -> str:
@@ -771,3 +779,99 @@ def test_dict_parameters_named_params_come_back_as_a_dict(cluster: str) -> None:
         assert isinstance(got, dict) and list(got) == ["params"]
     finally:
         ray.kill(ps)
+
+
+# ------------------------------------------------------------ a fake parameter server
+
+
+class _Remote:
+    """A method of a fake actor: ``remote()`` gives an object reference to its value."""
+
+    def __init__(self, value: Any) -> None:
+        self._value = value
+
+    def remote(self) -> Any:
+        return ray.put(self._value)
+
+
+class FakeServer:
+    """What ``ParameterClient`` asks of its server through Ray (``contact``, ``workers``,
+    ``failure``), for a listener of the test's own that plays the server on the wire."""
+
+    def __init__(self, address: tuple[str, int], workers: int) -> None:
+        self.contact = _Remote((address, settings()))
+        self.workers = _Remote(workers)
+        self.failure = _Remote(None)
+
+
+@contextlib.contextmanager
+def fake_server(
+    joined: Tensors, replies: list[Tensors], outcomes: list[Any]
+) -> Iterator[tuple[str, int]]:
+    """A listener that answers a join with ``joined``, then each gradient with the next
+    of ``replies``; what each of its sends gave (a frame count, or the exception) goes
+    to ``outcomes``."""
+
+    async def send(conn: gs.Connection, tensors: Tensors) -> bool:
+        try:
+            outcomes.append(await conn.send_tensors(tensors))
+            return True
+        except gs.GradientStreamError as exc:
+            outcomes.append(exc)
+            return False
+
+    async def handler(conn: gs.Connection) -> None:
+        await conn.recv_tensors()  # the join
+        if not await send(conn, joined):
+            return
+        for reply in replies:
+            await conn.recv()
+            if not await send(conn, reply):
+                return
+
+    with serving(handler) as address:
+        yield address
+
+
+def params_reply(step: int, missing: list[int], params: np.ndarray) -> Tensors:
+    return {
+        **_control.message("params", step=step, count=1, array=True),
+        "gradstream.ray/missing": np.array(missing, np.float64),
+        "params": params,
+    }
+
+
+def test_a_join_answer_carrying_values_is_refused_unread(cluster: str) -> None:
+    outcomes: list[Any] = []
+    joined = {**_control.message("joined", rank=0), "x": np.zeros(BIG, F32)}
+    with fake_server(joined, [], outcomes) as address:
+        with pytest.raises(gs.TensorSetError) as caught:
+            gsray.ParameterClient(FakeServer(address, 2), 0)
+        assert wait_until(lambda: bool(outcomes), 5)
+    assert (
+        caught.value.detail == f"tensor set holds {BIG} values, above this receive's max_values 0"
+    )
+    assert isinstance(outcomes[0], gs.DeliveryError)
+    assert outcomes[0].reason == caught.value.detail
+
+
+def test_a_reply_larger_than_the_parameters_and_ranks_is_refused_unread(cluster: str) -> None:
+    # Two workers: a reply holds the 4 parameters and at most 2 missing ranks.
+    outcomes: list[Any] = []
+    fits = params_reply(0, [1], np.full(4, 7, F32))
+    too_large = params_reply(1, [1], np.zeros(BIG, F32))
+    with fake_server(_control.message("joined", rank=0), [fits, too_large], outcomes) as address:
+        client = gsray.ParameterClient(FakeServer(address, 2), 0)
+        try:
+            assert client.push(np.ones(4, F32)).tolist() == [7.0] * 4
+            assert client.last_report == gsray.StepReport(0, 1, (1,))
+            with pytest.raises(gs.TensorSetError) as caught:
+                client.push(np.ones(4, F32))
+        finally:
+            client.close()
+        assert wait_until(lambda: len(outcomes) == 3, 5)
+    assert caught.value.detail == (
+        f"tensor set holds {BIG + 1} values, above this receive's max_values 6"
+    )
+    assert isinstance(outcomes[2], gs.DeliveryError)
+    assert outcomes[2].reason == caught.value.detail

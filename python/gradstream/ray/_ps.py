@@ -177,7 +177,7 @@ class _Steps:
         # A join is an empty tensor and a gradient holds the parameters' values: a peer
         # that sends more is refused before its values move. Every worker keeps its
         # connection, and a restarted one opens another before the old one is noticed.
-        keywords = self.settings.link_keywords(max_values=_values(self.params))
+        keywords = self.settings.link_keywords(max_values=_size(self.params))
         self.server = await _connection.serve(
             (host, 0), self.admit, max_connections=2 * self.workers + 64, **keywords
         )
@@ -393,11 +393,12 @@ class _Steps:
             await self.server.close()
 
 
-def _values(params: Params) -> int:
-    """How many values a gradient of these parameters holds."""
-    if isinstance(params, dict):
-        return sum(int(array.size) for array in params.values())
-    return int(params.size)
+def _size(gradient: Any) -> int:
+    """How many values a gradient holds: the parameters' own, or one as given to
+    ``push`` (an array-like, or a mapping of them)."""
+    if isinstance(gradient, Mapping):
+        return sum(int(np.size(values)) for values in gradient.values())
+    return int(np.size(gradient))
 
 
 def _add_and_clear(acc: npt.NDArray[Any], scratch: npt.NDArray[Any]) -> None:
@@ -451,6 +452,11 @@ class _ParameterServer:
         waits = dataclasses.replace(self._settings, timeout=self._settings.timeout * (workers + 1))
         return self._address, waits
 
+    def workers(self) -> int:
+        """How many workers the server sums (a ``ParameterClient`` bounds the server's
+        replies with it)."""
+        return self._steps.workers
+
     def params(self) -> Params:
         """A copy of the current parameters (never halfway through an update)."""
         return self._steps.snapshot()
@@ -483,9 +489,10 @@ class ParameterClient:
         self._server = server
         self.rank = rank
         self.last_report: StepReport | None = None
-        address, settings = ray.get(server.contact.remote())
+        (address, settings), workers = ray.get([server.contact.remote(), server.workers.remote()])
         self._address: tuple[str, int] = address
         self._settings: RaySettings = settings
+        self._workers: int = workers
         self._conn: Connection | None = None
         # Join now: the server counts this rank from the first step whose turn reaches
         # it after this (a restarted worker rejoins here), and a TLS or authkey problem
@@ -517,7 +524,10 @@ class ParameterClient:
             conn = await _connection.connect(self._address, **self._settings.link_keywords())
             try:
                 await conn.send_tensors(_control.message("join", rank=self.rank))
-                body, _ = _control.split(await conn.recv_tensors(), self._address, _JOINED)
+                # The answer is a message alone: a set holding values is refused from its
+                # manifest.
+                answer = await conn.recv_tensors(max_values=0)
+                body, _ = _control.split(answer, self._address, _JOINED)
                 if body["kind"] == "refused":
                     detail = _control.field(body, "detail", str, self._address, _JOINED)
                     raise SettingError(
@@ -537,21 +547,23 @@ class ParameterClient:
             await conn.send_tensors(gradient)
         else:
             await conn.send(gradient)
-        reply = await self._reply(conn)
+        # The reply holds the parameters (the gradient's size) and the missing ranks (at
+        # most one per worker): a larger one is refused from its manifest.
+        reply = await self._reply(conn, _size(gradient) + self._workers)
         if not reply:
             raise StreamIOError(
                 errno.ENOTCONN, "the parameter server closed the connection before replying"
             )
         return self._read_reply(reply)
 
-    async def _reply(self, conn: Connection) -> dict[str, npt.NDArray[Any]]:
+    async def _reply(self, conn: Connection, max_values: int) -> dict[str, npt.NDArray[Any]]:
         """The server's reply, which comes once every rank's gradient of the step was
         taken: waited for in spans of ``timeout`` while the server, asked through Ray
         after each silent span, still runs (a dead server is Ray's error, a failed one
         its failure)."""
         while True:
             try:
-                return await conn.recv_tensors()
+                return await conn.recv_tensors(max_values=max_values)
             except StreamTimeoutError:
                 if conn.closed:
                     raise

@@ -126,9 +126,10 @@ class GradstreamTransport(TensorTransportManager):
         try:
             arrays = self.endpoint.fetch(address, obj_id, max_values=most)
         except TensorSetError as exc:
-            # Larger than Ray recorded: the maker's reply is not the object (another
-            # TensorSetError, e.g. a malformed manifest, stays as it is).
-            if not exc.detail.endswith(f"above this receive's max_values {most}"):
+            # Below this side's own limit, a refused set is the maker's doing (larger
+            # than Ray recorded, or malformed): it did not serve the object. An object
+            # as large as the limit may be refused by the limit itself: that error stays.
+            if most >= self.endpoint.settings.session().max_gradient_len:
                 raise
             expected = f"the arrays Ray recorded for object {obj_id}: {_describe(recorded)}"
             raise ProtocolError(expected, exc.detail, address) from exc

@@ -30,7 +30,7 @@ import gradstream as gs
 import gradstream.ray as gsray
 from gradstream.ray import _control, _loop
 from gradstream.ray._endpoint import Endpoint
-from gradstream.ray._ps import _ParameterServer
+from gradstream.ray._ps import _ParameterServer, params_reply
 from gradstream.ray._rdt import GradstreamMetadata, GradstreamTransport
 from support.rayactors import Maker, transport, update, wait_until
 
@@ -833,14 +833,6 @@ def fake_server(
         yield address
 
 
-def params_reply(step: int, missing: list[int], params: np.ndarray) -> Tensors:
-    return {
-        **_control.message("params", step=step, count=1, array=True),
-        "gradstream.ray/missing": np.array(missing, np.float64),
-        "params": params,
-    }
-
-
 def test_a_join_answer_carrying_values_is_refused_unread(cluster: str) -> None:
     outcomes: list[Any] = []
     joined = {**_control.message("joined", rank=0), "x": np.zeros(BIG, F32)}
@@ -858,8 +850,8 @@ def test_a_join_answer_carrying_values_is_refused_unread(cluster: str) -> None:
 def test_a_reply_larger_than_the_parameters_and_ranks_is_refused_unread(cluster: str) -> None:
     # Two workers: a reply holds the 4 parameters and at most 2 missing ranks.
     outcomes: list[Any] = []
-    fits = params_reply(0, [1], np.full(4, 7, F32))
-    too_large = params_reply(1, [1], np.zeros(BIG, F32))
+    fits = params_reply(gsray.StepReport(0, 1, (1,)), np.full(4, 7, F32))
+    too_large = params_reply(gsray.StepReport(1, 1, (1,)), np.zeros(BIG, F32))
     with fake_server(_control.message("joined", rank=0), [fits, too_large], outcomes) as address:
         client = gsray.ParameterClient(FakeServer(address, 2), 0)
         try:

@@ -312,14 +312,7 @@ class _Steps:
             raise WorkerLostError(step, tuple(missing), "every worker is lost")
         self.params = await asyncio.to_thread(self.updated, acc, len(taken))
         self.reports.append(report)
-        reply = _control.message(
-            "params", step=step, count=len(taken), array=not isinstance(self.params, dict)
-        )
-        reply[_MISSING] = np.array(missing, np.float64)
-        if isinstance(self.params, dict):
-            reply.update(self.params)
-        else:
-            reply[_ARRAY] = self.params
+        reply = params_reply(report, self.params)
         # To every worker at once, on the connection its gradient came on (a rank that
         # joined again meanwhile sends its next gradient on the new one): each send waits
         # for its worker's ack, and one after another they would add those waits up.
@@ -391,6 +384,20 @@ class _Steps:
         await self.release_all()
         if self.server is not None:
             await self.server.close()
+
+
+def params_reply(report: StepReport, params: Params) -> dict[str, Any]:
+    """A step's reply to its workers: the message (step, count, whether the parameters
+    are one array), the missing ranks, then the parameters (``ParameterClient._read_reply``
+    reads it)."""
+    array = not isinstance(params, dict)
+    reply = _control.message("params", step=report.step, count=report.count, array=array)
+    reply[_MISSING] = np.array(report.missing, np.float64)
+    if isinstance(params, dict):
+        reply.update(params)
+    else:
+        reply[_ARRAY] = params
+    return reply
 
 
 def _size(gradient: Any) -> int:

@@ -21,6 +21,7 @@ import gradstream.reference as ref
 from gradstream._peers import RefusalLog
 from gradstream.errors import ProtocolError
 from gradstream.reference import _protocol as p
+from support.aio import apoll
 from support.connections import (
     LOCAL,
     listener_module,
@@ -234,11 +235,7 @@ def test_refusal_logs_are_rate_limited(
         async with await gs.listen(LOCAL) as listener:
             for _ in range(15):
                 await hostile(listener, b"GET / HTTP/1.1\r\n\r\n")
-            for _ in range(500):
-                if len(seen) == 15:
-                    break
-                await asyncio.sleep(0.01)
-            assert len(seen) == 15
+            assert await apoll(lambda: len(seen) == 15, 5)
             now[0] += 1.0
             await hostile(listener, b"PUT / HTTP/1.1\r\n\r\n")
 

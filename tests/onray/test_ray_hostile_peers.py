@@ -32,6 +32,7 @@ from gradstream.ray import _control, _loop
 from gradstream.ray._endpoint import Endpoint
 from gradstream.ray._ps import _ParameterServer, params_reply
 from gradstream.ray._rdt import GradstreamMetadata, GradstreamTransport
+from support.aio import apoll
 from support.rayactors import Maker, transport, update, wait_until
 
 T = TypeVar("T")
@@ -89,16 +90,6 @@ async def join(address: Any, rank: int, **keywords: Any) -> gs.Connection:
     await conn.send_tensors(_control.message("join", rank=rank))
     await conn.recv_tensors()  # the server's answer: joined (or refused)
     return conn
-
-
-async def apoll(predicate: Callable[[], bool], seconds: float = BOUND) -> bool:
-    """``poll`` for a test's own loop."""
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        await asyncio.sleep(0.02)
-    return bool(predicate())
 
 
 def start_ps(params: Any, workers: int, mode: str = "raise", **keywords: Any) -> Any:

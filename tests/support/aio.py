@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -38,6 +39,17 @@ def run(
     result = asyncio.run(bounded())
     assert not logged, f"the event loop logged errors: {logged}"
     return result
+
+
+async def apoll(predicate: Callable[[], bool], seconds: float) -> bool:
+    """Whether ``predicate`` became true within ``seconds``, asked every 20 ms while the
+    running loop goes on."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        await asyncio.sleep(0.02)
+    return bool(predicate())
 
 
 async def close_all(writers: list[asyncio.StreamWriter], socks: list[socket.socket]) -> None:

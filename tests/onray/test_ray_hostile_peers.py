@@ -28,7 +28,7 @@ from ray.experimental.rdt import CommunicatorMetadata
 
 import gradstream as gs
 import gradstream.ray as gsray
-from gradstream.ray import _control, _loop
+from gradstream.ray import _control, _loop, _settings
 from gradstream.ray._endpoint import Endpoint
 from gradstream.ray._ps import _ParameterServer, params_reply
 from gradstream.ray._rdt import GradstreamMetadata, GradstreamTransport
@@ -415,6 +415,32 @@ def test_a_reply_larger_than_ray_recorded_is_refused_from_its_manifest() -> None
     # Refused from its manifest: the maker is told why.
     assert isinstance(outcome[0], gs.DeliveryError)
     assert outcome[0].reason == caught.value.seen
+
+
+def test_an_object_as_large_as_the_receiver_s_limit_keeps_the_limit_s_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The fetch's own limit (max_gradient_len, 2**30 values) made 4 here: an object Ray
+    # recorded with 4 values is as large as it, so a refused reply may be the limit's
+    # doing, not the maker's, and stays the TensorSetError naming the limit.
+    monkeypatch.setattr(_settings, "DEFAULT_MAX_GRADIENT_LEN", 4)
+
+    async def respond(conn: gs.Connection, request: Tensors) -> bool:
+        reply = _control.message("object", id=requested(request), count=1)
+        reply["0"] = np.zeros(BIG, F32)
+        with contextlib.suppress(gs.GradientStreamError):
+            await conn.send_tensors(reply)
+        return False
+
+    rdt = GradstreamTransport()
+    with fake_maker(respond) as address, fetcher() as receiver:
+        rdt._endpoint = receiver
+        meta = GradstreamMetadata(
+            tensor_meta=[((4,), np.dtype(F32))], tensor_device="cpu", address=address
+        )
+        with pytest.raises(gs.TensorSetError) as caught:
+            rdt.recv_multiple_tensors("wanted", meta, CommunicatorMetadata())
+    assert caught.value.detail == f"tensor set holds {BIG} values, above max_gradient_len 4"
 
 
 def test_a_kept_connection_the_maker_closed_is_retried_once_on_a_new_one() -> None:

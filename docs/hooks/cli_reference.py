@@ -26,7 +26,7 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 
 def _cell(text: str) -> str:
     """Text for one cell of a markdown table: no pipes, no newlines, no raw HTML."""
-    return html.escape(" ".join(text.split())).replace("|", "\\|")
+    return html.escape(" ".join(text.split()), quote=False).replace("|", "\\|")
 
 
 def _flag(action: argparse.Action) -> str:
@@ -72,7 +72,7 @@ def _prose(text: str | None) -> list[str]:
             out += ["```console", *code, "```", ""]
             code = []
         if line.strip():
-            out += [html.escape(line.strip()), ""]
+            out += [html.escape(line.strip(), quote=False), ""]
     if code:
         out += ["```console", *code, "```", ""]
     return out

@@ -285,3 +285,11 @@ def test_the_readme_getting_started_and_each_guides_first_example_run() -> None:
     assert not_run == []
     for page in guides:
         assert must_run(page), f"{page.relative_to(ROOT)} has no example"
+
+
+def test_the_readme_fits_on_a_few_screens_and_names_the_two_commands() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.encode()) <= 12 * 1024
+    assert "make demo" in readme and "make test" in readme
+    steps = [b for b in blocks_of(ROOT / "README.md") if b.kind == "step"]
+    assert {RUN.fullmatch(b.marker or "")["name"] for b in steps} == {"quickstart", "tls"}  # type: ignore[index]

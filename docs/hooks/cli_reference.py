@@ -41,10 +41,10 @@ def _flag(action: argparse.Action) -> str:
 
 
 def _default(action: argparse.Action) -> str:
+    if action.required and action.option_strings:
+        return "required"
     if action.nargs == 0 or action.default in (None, argparse.SUPPRESS, False):
         return ""
-    if action.required:
-        return "required"
     return f"`{action.default}`"
 
 

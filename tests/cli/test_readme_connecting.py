@@ -1,13 +1,13 @@
-"""docs/guides/connections.md, "Two machines: mutual TLS and an authkey", run as written: its openssl commands make the CA, the
-receiver's and the workers' certificates and the key; its ``recv`` and ``send`` command
-lines run a mutual-TLS, authkey round with three workers at once; its two Python
-programs run the same round; and the lines it says each side prints when a key or a
-certificate is wrong are the lines the commands print.
+"""docs/guides/connections.md, "Two machines: mutual TLS and an authkey", run as written:
+its openssl commands make the CA, the receiver's and the workers' certificates and the
+key; its ``recv`` and ``send`` command lines run a mutual-TLS, authkey round with three
+workers at once; its two Python programs run the same round; and the lines it says each
+side prints when a key or a certificate is wrong are the lines the commands print.
 
 Every block is read from the page's text (so editing the page without the code, or the
-code without the page, fails here). The receiver runs on 127.0.0.1 in place of
-10.0.0.5, and each worker in a folder of its own holding only the files the
-section says to copy to it.
+code without the page, fails here). The receiver runs on 127.0.0.1 in place of 10.0.0.5,
+and each worker in a folder of its own holding only the files the section says to copy
+to it.
 """
 
 from __future__ import annotations

@@ -205,7 +205,8 @@ class Peer:
     """The other side of a connection.
 
     ``address`` is its ``(host, port)``; ``tls_subject`` the subject of the client
-    certificate a listener verified under mutual TLS (``subject_text``), else None;
+    certificate a listener verified under mutual TLS, as RFC 4514 text (the most specific
+    attribute first: ``"CN=worker-1,O=lab"``), else None;
     ``authenticated`` is True when the peer proved the authkey or presented a certificate
     this side verified (a client's TLS always verifies the server's).
     """

@@ -130,8 +130,9 @@ def test_mutual_tls_authkey_receiver_takes_several_workers_at_once(
     lines = received(stdout)
     assert [n for n, _, _ in lines] == [1, 2, 3, 4]
     for _, identity, _ in lines:
-        assert identity.startswith(' (subject "')
-        assert identity.endswith(f'CN={CLIENT_CN}", authenticated)')
+        # RFC 4514 text: the common name first.
+        assert identity.startswith(f' (subject "CN={CLIENT_CN},')
+        assert identity.endswith('", authenticated)')
     saved = sorted(out.iterdir())
     assert [p.name for p in saved] == [f"g-{i}.npy" for i in range(4)]
     assert {index_of(g, saved) for g in grads} == {0, 1, 2, 3}

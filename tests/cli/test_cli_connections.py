@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import gradstream
 from gradstream._cli_base import CliError
 from gradstream._cli_link import read_authkey
+from support import peer
 from support.certs import CLIENT_CN, Certificates
 from support.cli import (
     TIMEOUT,
@@ -145,7 +145,7 @@ def test_recv_serves_a_worker_while_another_is_connected(
     receiver, port = start_receiver(spawn, "--out", str(out), "--count", "2")
 
     async def main() -> None:
-        held = await gradstream.connect(("127.0.0.1", port))  # idle
+        held = await peer.connect(("127.0.0.1", port))  # the test peer, idle
         async with held:
             sent = await asyncio.to_thread(
                 run, "send", f"127.0.0.1:{port}", save(tmp_path, "s.npy", second)

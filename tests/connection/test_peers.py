@@ -1,4 +1,4 @@
-"""What both implementations of connections share (gradstream._peers): the TLS settings
+"""What the connections stand on in plain Python (gradstream._peers): the TLS settings
 and their file checks, addresses, the Peer, the keyword checks, the subject text and the
 rate limit on refusal logs."""
 
@@ -13,7 +13,6 @@ import re
 import pytest
 
 import gradstream as gs
-import gradstream.reference as ref
 from gradstream import _peers
 from gradstream.errors import SettingError
 
@@ -28,9 +27,9 @@ def pem(tmp_path: pathlib.Path) -> pathlib.Path:
 # --------------------------------------------------------------------------- TLS
 
 
-def test_tls_is_exported_from_both_packages() -> None:
-    assert gs.TLS is ref.TLS is _peers.TLS
-    assert gs.Peer is ref.Peer is _peers.Peer
+def test_tls_and_peer_are_the_packages() -> None:
+    assert gs.TLS is _peers.TLS
+    assert gs.Peer is _peers.Peer
 
 
 def test_tls_keeps_the_paths_as_str(pem: pathlib.Path) -> None:

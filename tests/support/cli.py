@@ -22,8 +22,8 @@ from typing import IO, Any
 import numpy as np
 import pytest
 
-import gradstream
 import gradstream.reference as ref
+from support import peer
 
 CLI = [sys.executable, "-m", "gradstream"]
 TIMEOUT = 60.0  # seconds any one child may run before the test fails
@@ -200,12 +200,13 @@ def save(folder: Path, name: str, array: np.ndarray) -> str:
 
 
 def send_over_connection(port: int, grads: list[np.ndarray], **keywords: Any) -> None:
-    """A Python peer keeping dtypes and shapes sends `grads` over one gradstream
-    connection to 127.0.0.1:`port` (each acknowledged); `keywords` go to connect."""
+    """The test peer (support.peer), keeping dtypes and shapes, sends `grads` over one
+    gradstream connection to 127.0.0.1:`port` (each acknowledged); `keywords` go to its
+    connect."""
 
     async def main() -> None:
-        session = gradstream.GradientStreamSession("peer", keep_dtype=True, keep_shape=True)
-        conn = await gradstream.connect(("127.0.0.1", port), session=session, **keywords)
+        session = peer.GradientStreamSession("peer", keep_dtype=True, keep_shape=True)
+        conn = await peer.connect(("127.0.0.1", port), session=session, **keywords)
         async with conn:
             for grad in grads:
                 await conn.send(grad)

@@ -8,7 +8,7 @@ workers for certificates without one of its own, a worker with a certificate but
 to check the receiver's. A file that cannot be read, or an authkey file too short to be
 a key, is a failure (exit 1) naming the flag and the file.
 
-Over ``_cli_base`` and ``_peers``; ``cli`` builds the settings,
+Over ``_cli_base``, ``_checks`` and ``_tls_settings``; ``cli`` builds the settings,
 ``keywords`` turns them into those of ``serve`` / ``connect``, and ``cli_session`` makes
 the session a run connects with.
 """
@@ -21,9 +21,10 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
+from ._checks import MIN_AUTHKEY_LEN, Protocol
 from ._cli_base import CliError
-from ._peers import MIN_AUTHKEY_LEN, TLS, Protocol
 from ._session import GradientStreamSession
+from ._tls_settings import TLS
 
 __all__ = [
     "PROTOCOLS",

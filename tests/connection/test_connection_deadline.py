@@ -14,7 +14,7 @@ import pytest
 
 import gradstream as gs
 from gradstream import _connection as native_connection
-from gradstream._peers import connection_waits
+from gradstream._checks import connection_waits
 from gradstream.errors import StreamDeadlineError, StreamTimeoutError
 from support.connections import (
     LOCAL,

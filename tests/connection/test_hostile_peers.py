@@ -21,7 +21,7 @@ import pytest
 import gradstream as gs
 import gradstream.reference as ref
 from gradstream import _connection
-from gradstream._peers import RefusalLog
+from gradstream._logs import RefusalLog
 from gradstream.errors import ProtocolError
 from support.aio import apoll
 from support.connections import LOCAL, raw_peer, read_to_end, run, tls_client_hello

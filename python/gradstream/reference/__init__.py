@@ -16,8 +16,8 @@ Two things hold throughout:
   concatenation) and never pass through another dtype unless the dtypes rules cast them
   (``_dtypes.cast``, docs/guides/dtypes-and-shapes.md), so NaN payloads, -0.0 and
   subnormals survive bit for bit;
-* this package imports only ``gradstream.errors``, ``._convert``, ``._dtypes``,
-  ``._io`` and ``._peers`` from gradstream, never the native extension nor the native
+* this package imports only ``gradstream.errors``, ``._checks``, ``._convert``,
+  ``._dtypes`` and ``._io`` from gradstream, never the native extension nor the native
   side's tensor-set layer (``gradstream._tensors``), so it can judge them without
   depending on them.
 

@@ -4,7 +4,8 @@ strict reading of each (what a peer may not send, refused from its first 16 byte
 
 Each test takes a ``codec``: the messages of one implementation behind the small
 interface of ``support.protocol``, the test peer's (``support.peer.messages``) and the
-core's; both must give the same bytes and the same refusals.
+core's; both must give the same bytes and the same refusals. Whole sessions of these
+messages, replayed against the native side, are test_protocol_sessions.py's.
 """
 
 from __future__ import annotations

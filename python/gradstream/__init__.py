@@ -8,6 +8,7 @@ same API.
 
 from __future__ import annotations
 
+from ._address import Peer
 from ._connection import Connection, Listener, Server, connect, listen, serve
 from ._dtypes import BFloat16Type
 from ._memory import KeptMemory, keep_memory, kept_memory, release_memory
@@ -19,8 +20,8 @@ from ._native import (
     GradientChunk,
     TransferProgress,
 )
-from ._peers import TLS, Peer
 from ._session import GradientStreamSession
+from ._tls_settings import TLS
 from .errors import (
     ArrowIpcError,
     AuthenticationError,

@@ -15,8 +15,8 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from ._address import Peer
 from ._dtypes import DTYPES, numpy_dtype
-from ._peers import Peer
 
 __all__ = [
     "MIB",

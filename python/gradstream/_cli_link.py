@@ -8,24 +8,36 @@ workers for certificates without one of its own, a worker with a certificate but
 to check the receiver's. A file that cannot be read, or an authkey file too short to be
 a key, is a failure (exit 1) naming the flag and the file.
 
-Plain Python over ``_cli_base``; ``cli`` builds the settings, ``_cli_impl`` turns them
-into the keywords of ``listen`` / ``connect``.
+Over ``_cli_base``, ``_checks`` and ``_tls_settings``; ``cli`` builds the settings,
+``keywords`` turns them into those of ``serve`` / ``connect``, and ``cli_session`` makes
+the session a run connects with.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import typing
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any
 
+from ._checks import MIN_AUTHKEY_LEN, Protocol
 from ._cli_base import CliError
-from ._peers import MIN_AUTHKEY_LEN
+from ._session import GradientStreamSession
+from ._tls_settings import TLS
 
-__all__ = ["PROTOCOLS", "LinkSettings", "TlsFiles", "link_settings", "read_authkey"]
+__all__ = [
+    "PROTOCOLS",
+    "SESSION_ID",
+    "LinkSettings",
+    "TlsFiles",
+    "cli_session",
+    "link_settings",
+    "read_authkey",
+]
 
-Protocol = Literal["gradstream", "seed"]
-PROTOCOLS: tuple[Protocol, ...] = ("gradstream", "seed")
+PROTOCOLS: tuple[Protocol, ...] = typing.get_args(Protocol)
+SESSION_ID = "gradstream-cli"
 # A key file is a few dozen bytes; past this it is some other file given by mistake.
 MAX_AUTHKEY_FILE = 64 * 1024
 KEY_HINT = "make one with: openssl rand -out FILE 32"
@@ -57,6 +69,36 @@ class LinkSettings:
         if self.authkey is not None:
             parts.append("authkey")
         return ", ".join(parts)
+
+    def keywords(self) -> dict[str, Any]:
+        """The keywords of ``serve`` / ``connect`` these settings stand for."""
+        tls = None
+        if self.tls is not None:
+            tls = TLS(cert=self.tls.cert, key=self.tls.key, ca=self.tls.ca)
+        return {"protocol": self.protocol, "tls": tls, "authkey": self.authkey}
+
+
+def cli_session(
+    chunk_size: int | None = None,
+    timeout: float | None = None,
+    layout: str = "seed",
+    compression: str | None = None,
+    max_gradient_len: int | None = None,
+) -> GradientStreamSession:
+    """The session of a ``recv`` or ``send`` run; settings it refuses are a command-line
+    mistake (exit 2)."""
+    args: list[Any] = [SESSION_ID]
+    if chunk_size is not None:
+        args.append(chunk_size)
+    kwargs: dict[str, Any] = {"layout": layout, "compression": compression}
+    if max_gradient_len is not None:
+        kwargs["max_gradient_len"] = max_gradient_len
+    if timeout is not None:
+        kwargs["timeout"] = timeout
+    try:
+        return GradientStreamSession(*args, **kwargs)
+    except (ValueError, OverflowError, TypeError) as exc:
+        raise CliError(f"bad session settings: {exc}", 2) from exc
 
 
 def _check_combination(args: argparse.Namespace, listening: bool) -> None:

@@ -16,8 +16,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
+from . import TransferProgress
 from ._cli_base import MIB, rate
-from ._cli_impl import Progress
 
 __all__ = ["want_progress", "with_progress"]
 
@@ -44,7 +44,7 @@ def want_progress(args: argparse.Namespace) -> bool:
         return False
 
 
-async def _watch(progress: Progress, desc: str) -> None:
+async def _watch(progress: TransferProgress, desc: str) -> None:
     """Mirror `progress` in a tqdm bar until cancelled; shown only after ~1 s."""
     tqdm = _tqdm_class()
     if tqdm is None:
@@ -76,11 +76,10 @@ async def _watch(progress: Progress, desc: str) -> None:
 
 
 async def with_progress(
-    transfer: Awaitable[T], progress: Progress | None, desc: str, enabled: bool
+    transfer: Awaitable[T], progress: TransferProgress, desc: str, enabled: bool
 ) -> T:
-    """Await `transfer` while a concurrent task polls `progress` for the bar (none when
-    there is no progress to show)."""
-    if not enabled or progress is None:
+    """Await `transfer` while a concurrent task polls `progress` for the bar."""
+    if not enabled:
         return await transfer
     watcher = asyncio.create_task(_watch(progress, desc))
     try:

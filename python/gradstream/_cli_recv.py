@@ -17,7 +17,7 @@ Three rules make a run honest about what it kept:
   logged by the library; a gradient that fails (its CRC, its seal, the room) is logged
   here, with the peer, and its connection closed. The run goes on serving the others.
 
-Over ``_cli_base`` and ``_cli_impl``; ``cli`` calls ``run_recv``.
+Over ``_cli_base``, ``_cli_link`` and ``serve``; ``cli`` calls ``run_recv``.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from . import TransferProgress
 from ._cli_base import (
     MIB,
     WIDEST_VALUE,
@@ -52,8 +53,9 @@ from ._cli_base import (
     resolve,
     say,
 )
-from ._cli_impl import Connection, Impl, Received, load_impl
-from ._cli_link import LinkSettings, link_settings
+from ._cli_link import LinkSettings, cli_session, link_settings
+from ._connection import Connection, serve
+from ._session import GradientStreamSession
 from .errors import GradientStreamError
 
 __all__ = ["LISTENING_PREFIX", "output_path", "output_paths", "run_recv"]
@@ -191,8 +193,7 @@ class Run:
         self.failure: CliError | None = None
         self.stopped_by: signal.Signals | None = None
         self.saved = 0
-        # Chunks counted over the saved gradients; None once one came without a count.
-        self.chunks: int | None = 0
+        self.chunks = 0  # counted over the saved gradients
         self._arrived = 0  # gradients arrived, for their files' temporary names
         self._slots = None if plan.count is None else asyncio.Semaphore(plan.count)
         self._open = 0
@@ -291,17 +292,12 @@ class Run:
 
     def _report(self, index: int, path: Path, received: Received, who: str, seconds: float) -> None:
         values = received.values
-        chunks = ""
-        if received.chunks is None or self.chunks is None:
-            self.chunks = None
-        else:
-            self.chunks += received.chunks
-            chunks = f", {received.chunks:,} chunks"
+        self.chunks += received.chunks
         values_text = describe_values(values.dtype, values.shape)
         say(
             f"received {self.plan.label(index)}: {values_text} ({values.nbytes / MIB:,.1f} "
-            f"MiB){chunks} in {seconds:.3f} s, {rate(values.nbytes, seconds)} from {who} "
-            f"-> {path}"
+            f"MiB), {received.chunks:,} chunks in {seconds:.3f} s, "
+            f"{rate(values.nbytes, seconds)} from {who} -> {path}"
         )
 
     async def saves_done(self) -> None:
@@ -310,8 +306,7 @@ class Run:
 
     def checks_passed(self) -> str:
         """`all 12 chunk CRC-32 checks passed` (a getting here means every one held)."""
-        counted = "" if self.chunks is None else f"{self.chunks:,} "
-        return f"all {counted}chunk CRC-32 checks passed"
+        return f"all {self.chunks:,} chunk CRC-32 checks passed"
 
 
 # --------------------------------------------------------------------------- a connection
@@ -327,17 +322,35 @@ def _refusal(plan: RecvPlan, who: str, exc: Exception) -> str:
     return f"gradient from {who} failed: {describe_transfer_error(exc)}"
 
 
-async def _take_gradients(run: Run, impl: Impl, conn: Connection) -> None:
+@dataclass(frozen=True)
+class Received:
+    """One gradient from a connection, and the chunks it came in."""
+
+    values: npt.NDArray[Any]
+    chunks: int
+
+
+async def _next_gradient(conn: Connection) -> Received | None:
+    """The connection's next gradient, or None when the peer closed it before one began
+    (``recv`` then gives an empty array and the connection says it is closed; an empty
+    gradient leaves it open)."""
+    progress = TransferProgress()
+    values = await conn.recv(progress=progress)
+    if values.size == 0 and conn.closed:
+        return None
+    return Received(values, progress.chunks)
+
+
+async def _take_gradients(run: Run, conn: Connection) -> None:
     """Every gradient of one connection, each under a slot, until the peer closes, a
     gradient fails, or the run is over."""
     who = describe_peer(conn.peer)
     run.opened()
     try:
         while await run.claim():
-            progress = impl.progress()
             start = time.perf_counter()
             try:
-                received = await impl.recv(conn, progress)
+                received = await _next_gradient(conn)
             except (GradientStreamError, OSError) as exc:
                 run.release()
                 log.warning("%s", _refusal(run.plan, who, exc))
@@ -358,7 +371,7 @@ async def _take_gradients(run: Run, impl: Impl, conn: Connection) -> None:
 # --------------------------------------------------------------------------- the command
 
 
-async def _serve(impl: Impl, plan: RecvPlan, session: Any, link: LinkSettings) -> Run:
+async def _serve(plan: RecvPlan, session: GradientStreamSession, link: LinkSettings) -> Run:
     run = Run(plan)
     loop = asyncio.get_running_loop()
     for signum in STOP_SIGNALS:
@@ -366,12 +379,13 @@ async def _serve(impl: Impl, plan: RecvPlan, session: Any, link: LinkSettings) -
     where = format_address(*plan.address)
     try:
         try:
-            server = await impl.serve(
+            caps = {} if plan.max_connections is None else {"max_connections": plan.max_connections}
+            server = await serve(
                 plan.address,
-                lambda conn: _take_gradients(run, impl, conn),
-                session,
-                link,
-                plan.max_connections,
+                lambda conn: _take_gradients(run, conn),
+                session=session,
+                **link.keywords(),
+                **caps,
             )
         except OSError as exc:
             raise CliError(f"cannot listen on {where}: {exc.strerror or exc}") from exc
@@ -411,7 +425,6 @@ def run_recv(args: argparse.Namespace) -> int:
     """``gradstream recv``; its exit status."""
     plan = recv_plan(args)
     link = link_settings(args, listening=True)
-    impl = load_impl(args.impl)
     resolve(*plan.address, passive=True)
-    session = impl.session(timeout=args.timeout, max_gradient_len=plan.room)
-    return _outcome(asyncio.run(_serve(impl, plan, session, link)))
+    session = cli_session(timeout=args.timeout, max_gradient_len=plan.room)
+    return _outcome(asyncio.run(_serve(plan, session, link)))

@@ -6,7 +6,7 @@ closed first (``recv --count 1`` given two files), fails the command: exit 1 and
 line naming the file and the ``DeliveryError``. With ``--protocol seed`` a file is done
 once its bytes are written, as ipfrs-transport does, and nothing tells a lost one.
 
-Over ``_cli_base``, ``_cli_impl``, ``_cli_link`` and ``_cli_progress``; ``cli`` calls
+Over ``_cli_base``, ``_cli_link``, ``_cli_progress`` and ``connect``; ``cli`` calls
 ``run_send`` with the parsed arguments.
 """
 
@@ -20,11 +20,12 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
 
+from . import TransferProgress
 from ._cli_base import (
     MIB,
     CliError,
@@ -37,9 +38,10 @@ from ._cli_base import (
     resolve,
     say,
 )
-from ._cli_impl import Impl, load_impl
-from ._cli_link import LinkSettings, link_settings
+from ._cli_link import LinkSettings, cli_session, link_settings
 from ._cli_progress import want_progress, with_progress
+from ._connection import connect
+from ._session import GradientStreamSession
 from .errors import GradientStreamError, StreamTimeoutError
 
 __all__ = ["load_gradient", "run_send"]
@@ -75,7 +77,7 @@ class SendPlan:
 
     address: tuple[str, int]
     gradients: list[tuple[Path, npt.NDArray[np.float32]]]
-    session: Any
+    session: GradientStreamSession
     link: LinkSettings
     timeout: float | None
     bar: bool
@@ -87,7 +89,7 @@ def _connect_failure(
     if isinstance(exc, StreamTimeoutError) and timeout is not None:
         return CliError(f"cannot connect to {where}: no answer within {timeout:g} s")
     if isinstance(exc, OSError) and isinstance(exc.errno, int) and exc.errno > 0:
-        # Both implementations' words for a refused or unreachable peer: the OS's.
+        # The OS's words for a refused or unreachable peer.
         hint = ""
         if link.tls is not None and exc.errno in (errno.ECONNRESET, errno.EPIPE):
             # A TLS listener that refuses this side's certificate closes at once, and the
@@ -99,7 +101,7 @@ def _connect_failure(
     return CliError(f"cannot connect to {where}: {describe_transfer_error(exc)}")
 
 
-def _sent_values(session: Any, grad: npt.NDArray[np.float32]) -> str:
+def _sent_values(session: GradientStreamSession, grad: npt.NDArray[np.float32]) -> str:
     """What the peer receives of `grad`: its values, flat unless the session keeps shapes
     (dtype.name is float32 for a big-endian file too: the values are sent swapped)."""
     shape = grad.shape if session.keep_shape else (grad.size,)
@@ -107,23 +109,23 @@ def _sent_values(session: Any, grad: npt.NDArray[np.float32]) -> str:
     return what if shape == grad.shape else f"{what} (flattened from shape {grad.shape})"
 
 
-async def _send_all(impl: Impl, plan: SendPlan) -> None:
+async def _send_all(plan: SendPlan) -> None:
     where = format_address(*plan.address)
     try:
-        conn = await impl.connect(plan.address, plan.session, plan.link)
+        conn = await connect(plan.address, session=plan.session, **plan.link.keywords())
     except (GradientStreamError, OSError) as exc:
         raise _connect_failure(where, exc, plan.timeout, plan.link) from exc
     acknowledged = ", acknowledged" if plan.link.protocol == "gradstream" else ""
     count = len(plan.gradients)
     try:
         for i, (path, grad) in enumerate(plan.gradients):
-            progress = impl.progress()
+            progress = TransferProgress()
             label = "send" if count == 1 else f"send {i + 1}/{count}"
             which = str(path) if count == 1 else f"{path} ({i + 1} of {count})"
             start = time.perf_counter()
             try:
                 chunks = await with_progress(
-                    impl.send(conn, grad, progress), progress, label, plan.bar
+                    conn.send(grad, progress=progress), progress, label, plan.bar
                 )
             except (GradientStreamError, OSError) as exc:
                 raise CliError(f"sending {which} failed: {describe_transfer_error(exc)}") from exc
@@ -147,16 +149,15 @@ def run_send(args: argparse.Namespace) -> int:
         raise CliError(f"--chunk-size must be >= 0, got {args.chunk_size}", 2)
     link = link_settings(args, listening=False)
     gradients = [(Path(f), load_gradient(Path(f))) for f in args.files]
-    impl = load_impl(args.impl)
     resolve(host, port, passive=False)
     compression = None if args.compression == "none" else args.compression
     plan = SendPlan(
         address=(host, port),
         gradients=gradients,
-        session=impl.session(args.chunk_size, args.timeout, args.layout, compression),
+        session=cli_session(args.chunk_size, args.timeout, args.layout, compression),
         link=link,
         timeout=args.timeout,
         bar=want_progress(args),
     )
-    asyncio.run(_send_all(impl, plan))
+    asyncio.run(_send_all(plan))
     return 0

@@ -4,9 +4,8 @@
 The protocol (TLS, the hello, authentication, seals, acks) runs in Rust on tokio
 (``gradstream._native.Link`` and ``Listener``); this module checks the arguments once,
 turns each call into one job on the loop's hub, logs, and hands numpy arrays back as the
-session does. ``gradstream.reference`` has its own implementation of the same API and
-bytes; ``_peers`` holds what the two share (``TLS``, ``Peer``, addresses, defaults, the
-keyword checks, the one-transfer-at-a-time state, the log lines, ``Server``).
+session does. The plain-Python parts it stands on have a module each: ``_address``,
+``_checks``, ``_tls_settings``, ``_logs``, ``_turns`` and ``_server``.
 """
 
 from __future__ import annotations
@@ -23,16 +22,11 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _aio
-from ._peers import (
+from ._address import Peer, parse_address, peer_text
+from ._checks import (
     HANDSHAKE_TIMEOUT,
     MAX_CONNECTIONS,
     MAX_PENDING_HANDSHAKES,
-    Peer,
-    Phase,
-    Ready,
-    RefusalLog,
-    Server,
-    Turns,
     check_authkey,
     check_count,
     check_handler,
@@ -41,17 +35,13 @@ from ._peers import (
     check_plain_seed,
     check_protocol,
     check_seconds,
-    client_tls,
     connection_waits,
-    describe_side,
-    listener_tls,
-    log_accepted,
-    log_transfer,
-    parse_address,
-    peer_text,
-    silent_text,
 )
+from ._logs import RefusalLog, describe_side, log_accepted, log_transfer, silent_text
+from ._server import Ready, Server
 from ._session import GradientStreamSession, _hand_back, _Out, _tensor_dict, lend_either
+from ._tls_settings import client_tls, listener_tls
+from ._turns import Phase, Turns
 
 if TYPE_CHECKING:
     # The session layer alone imports the extension (tests/api/test_layers.py).
@@ -87,9 +77,8 @@ def _link_settings(
     deadline: Any,
     handshake_timeout: Any,
 ) -> tuple[dict[str, Any], str]:
-    """The checked keywords of ``connect`` or ``listen`` (``listening``), in the order
-    and with the words of the reference, as the engine takes them; and what the side
-    speaks, for the logs."""
+    """The checked keywords of ``connect`` or ``listen`` (``listening``), in order, as
+    the engine takes them; and what the side speaks, for the logs."""
     kind = check_protocol(protocol)
     checked_tls = listener_tls(tls) if listening else client_tls(tls)
     key = check_authkey(authkey)
@@ -276,7 +265,7 @@ class Connection:
 
 
 class _Timed:
-    """One transfer's DEBUG line (``_peers.log_transfer``): its wire bytes, counted by the
+    """One transfer's DEBUG line (``_logs.log_transfer``): its wire bytes, counted by the
     caller's progress or, when DEBUG is on and there is none, by one of its own, and its
     time from the call."""
 

@@ -287,7 +287,8 @@ class TransferProgress:
     def total_chunks(self) -> int: ...
 
 # connect()'s and listen()'s settings, checked by gradstream._connection: keys protocol,
-# tls ((cert, key, ca) paths or None), authkey, handshake_timeout, timeout, deadline.
+# tls ((cert, key, ca) paths or None), authkey, handshake_timeout, timeout, deadline; and
+# _test_nonce (32 bytes: the hello's nonce), which only the tests' session replays set.
 _LinkArgs = dict[str, Any]
 
 @final

@@ -29,6 +29,7 @@ import pyarrow as pa
 from typing_extensions import Buffer
 
 from . import _aio, _dtypes, _handover
+from ._checks import SSL_SOCKET_REFUSED
 from ._convert import check_bool, frame_buffer, reduction, value_buffer
 from ._native import (
     DEFAULT_CHUNK_SIZE,
@@ -40,7 +41,6 @@ from ._native import (
     TransferProgress,
     tensor_note,
 )
-from ._peers import SSL_SOCKET_REFUSED
 from .errors import StreamIOError
 
 __all__ = ["GradientStreamSession"]

@@ -1,10 +1,9 @@
 """The ``gradstream`` command: send and receive gradients over connections, and the demo.
 
     gradstream recv [HOST:]PORT --out FILE.npy [--count N | --forever] [--max-bytes B]
-                    [--max-connections N] [CONNECTION FLAGS] [--impl native|reference]
-                    [--timeout S] [-v]
+                    [--max-connections N] [CONNECTION FLAGS] [--timeout S] [-v]
     gradstream send HOST:PORT FILE.npy [FILE.npy ...] [--chunk-size N] [--layout L]
-                    [--compression C] [CONNECTION FLAGS] [--impl ...] [--timeout S] [-v]
+                    [--compression C] [CONNECTION FLAGS] [--timeout S] [-v]
     gradstream demo [--elements N] [--impl-only native|reference] [--chunk-size N]
 
     CONNECTION FLAGS: [--protocol gradstream|seed] [--tls-cert FILE --tls-key FILE]
@@ -31,8 +30,7 @@ a traceback; the library's log shows on stderr one line a record, WARNING and ab
 (``-v`` for INFO), e.g. the bad peers a receiver refused (``_cli_log``).
 
 A progress bar (tqdm) appears on stderr for a ``send`` that runs longer than a second,
-when stderr is a terminal and the native implementation sends; ``--no-progress`` turns
-it off.
+when stderr is a terminal; ``--no-progress`` turns it off.
 """
 
 from __future__ import annotations
@@ -44,7 +42,6 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from ._cli_base import WIDEST_VALUE, CliError, format_size, one_line, parse_address, parse_size
-from ._cli_impl import IMPLS
 from ._cli_link import PROTOCOLS
 from ._cli_log import command_logging, level_for
 from ._cli_recv import output_paths, run_recv
@@ -95,12 +92,6 @@ def _size(text: str) -> int:
 
 
 def _add_common(p: argparse.ArgumentParser, *, listening: bool) -> None:
-    p.add_argument(
-        "--impl",
-        choices=IMPLS,
-        default="native",
-        help="native (Rust, the default) or reference (pure Python)",
-    )
     p.add_argument(
         "--timeout",
         type=_positive_float,

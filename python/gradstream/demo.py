@@ -62,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--impl-only",
-        choices=("native", "reference"),
+        choices=("native",),
         default=None,
         help="run one implementation only (default: both, and their ratio)",
     )
@@ -149,7 +149,8 @@ def _bit_equal_files(sent: Path, received: Path) -> bool:
 
 def _transfer(impl: str, sent: Path, out: Path, chunk_size: int | None) -> _Outcome:
     """One receiver process and one sender process; verify what arrived."""
-    common = ["--impl", impl, "--timeout", str(CHILD_TIMEOUT_S)]
+    # The command has one implementation: `impl` only labels the lines.
+    common = ["--timeout", str(CHILD_TIMEOUT_S)]
     # The receiver keeps the terminal's stderr (its progress bar, its error line).
     receiver = subprocess.Popen(
         _cli("recv", "127.0.0.1:0", "--out", str(out), *common),
@@ -217,7 +218,7 @@ def run(
     if elements < 0:
         print("gradstream: error: --elements must be >= 0", file=sys.stderr)
         return 2
-    impls = [impl_only] if impl_only else ["native", "reference"]
+    impls = [impl_only] if impl_only else ["native"]
     outcomes: dict[str, _Outcome] = {}
     nbytes = elements * 4
     with tempfile.TemporaryDirectory(prefix="gradstream-demo-") as tmp:

@@ -162,7 +162,7 @@ def test_the_command_lines_run_a_round_of_three_workers_at_once(
     # Each file is one worker's gradient, each worker's is in one file, and the line
     # naming a file names the worker whose gradient it holds.
     for line in stdout.splitlines()[1:-1]:
-        name = re.search(r'CN=(worker-\d)", authenticated\) -> (round-\d\.npy)$', line)
+        name = re.search(r'"CN=(worker-\d),O=lab", authenticated\) -> (round-\d\.npy)$', line)
         assert name is not None, line
         assert np.array_equal(np.load(receiver_folder / name[2]), grads[name[1]])
 

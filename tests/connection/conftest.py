@@ -1,8 +1,13 @@
-"""The implementations the connection tests run against (README "Connections": both have
-the same API and speak the same bytes): ``gs`` is one of them, for a test of one side
-(the other side a hostile peer by hand, or the same implementation); ``pair`` is a
-listener's implementation and a client's, every combination, native and reference
-crossed both ways."""
+"""Who is on each side of the connection tests' connections: the product (the native
+``gradstream``) on one side at least, and the test peer (``support.peer``, an
+independent implementation of docs/spec/protocol.md) on the other where a test needs an
+independent other side.
+
+``pair`` is (the listener's side, the dialler's side): native with native, the native
+listener with the test peer dialling, and the test peer listening for the native dialler.
+``dialler`` is the side that dials a native listener, and ``acceptor`` the side that
+listens for a native dialler: native or the test peer, each.
+"""
 
 from __future__ import annotations
 
@@ -10,21 +15,29 @@ from types import ModuleType
 
 import pytest
 
-from support.impls import IMPL_NAMES, load_impl
+import gradstream
+from support import peer
 
-PAIRS = [(server, client) for server in IMPL_NAMES for client in IMPL_NAMES]
-
-
-@pytest.fixture(params=IMPL_NAMES)
-def gs(request: pytest.FixtureRequest) -> ModuleType:
-    """``gradstream.reference`` or ``gradstream`` (the native one)."""
-    return load_impl(request.param)
+SIDES = {"native": gradstream, "peer": peer}
+PAIRS = [("native", "native"), ("native", "peer"), ("peer", "native")]
 
 
 @pytest.fixture(
-    params=PAIRS, ids=[f"{client}-client-{server}-listener" for server, client in PAIRS]
+    params=PAIRS, ids=[f"{server}-listener-{client}-dialler" for server, client in PAIRS]
 )
 def pair(request: pytest.FixtureRequest) -> tuple[ModuleType, ModuleType]:
-    """(the listener's implementation, the client's)."""
+    """(the listener's side, the dialler's)."""
     server, client = request.param
-    return load_impl(server), load_impl(client)
+    return SIDES[server], SIDES[client]
+
+
+@pytest.fixture(params=list(SIDES))
+def dialler(request: pytest.FixtureRequest) -> ModuleType:
+    """What dials the native listener of a test."""
+    return SIDES[request.param]
+
+
+@pytest.fixture(params=list(SIDES))
+def acceptor(request: pytest.FixtureRequest) -> ModuleType:
+    """What listens for the native dialler of a test."""
+    return SIDES[request.param]

@@ -1,8 +1,10 @@
-"""authkey= (README "TLS and authentication"): an HMAC-SHA256 challenge and response over
-both hellos. A wrong or missing key fails on both sides before any gradient byte, a hello
+"""authkey= (docs/guides/connections.md): an HMAC-SHA256 challenge and response over both
+hellos. A wrong or missing key fails on both sides before any gradient byte, a hello
 edited on the way (a man in the middle) fails the same way, a tag reflected back to its
-sender is refused, and the listener goes on serving the others. In every pair of
-implementations (``pair``: listener, client), or each one against a peer by hand."""
+sender is refused, and the listener goes on serving the others. Native with native and
+with the test peer on either side (``pair``: listener, dialler), or the native side
+against a peer by hand; a native listener logs what it refused, the test peer keeps it in
+``failures``."""
 
 from __future__ import annotations
 
@@ -14,9 +16,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+import gradstream as gs
 import gradstream.reference as ref
 from gradstream.errors import AuthenticationError, ProtocolError
-from gradstream.reference import _protocol as p
 from support.connections import (
     KEY,
     LOCAL,
@@ -25,6 +27,7 @@ from support.connections import (
     read_to_end,
     run,
 )
+from support.peer import messages as p
 
 OTHER_KEY = b"another key of 32 bytes, or so.."
 
@@ -41,9 +44,10 @@ async def refused_client(
     listen_key: bytes | None,
     connect_key: bytes | None,
     via_proxy: Proxy | None = None,
-) -> tuple[BaseException, int]:
+) -> tuple[BaseException, int, list[str]]:
     """A client with ``connect_key`` at a listener with ``listen_key`` (through the
-    proxy when given): the client's error, and how many connections accept() gave."""
+    proxy when given): the client's error, how many connections accept() gave, and what
+    a test peer listening refused (its ``failures``)."""
     server, client = pair
     async with await server.listen(LOCAL, authkey=listen_key) as listener:
         accepted: list[Any] = []
@@ -65,7 +69,15 @@ async def refused_client(
         await accepted[0].close()
         if via_proxy is not None:
             await via_proxy.close()
-        return info.value, len(accepted)
+        failures = [str(f) for f in getattr(listener, "failures", [])]
+        return info.value, len(accepted), failures
+
+
+def listener_refusals(
+    pair: Pair, caplog: pytest.LogCaptureFixture, failures: list[str]
+) -> list[str]:
+    """What the listener refused: a native one's log lines, a test peer's failures."""
+    return refusals(caplog) if pair[0] is gs else failures
 
 
 @pytest.mark.parametrize(
@@ -101,12 +113,12 @@ def test_a_key_mismatch_fails_on_both_sides(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="gradstream"):
-        exc, accepted = run(lambda: refused_client(pair, listen_key, connect_key))
+        exc, accepted, failures = run(lambda: refused_client(pair, listen_key, connect_key))
     assert isinstance(exc, AuthenticationError)
     assert exc.detail == client_says
     assert str(exc).startswith("authentication with 127.0.0.1:")
     assert accepted == 1  # only the good client reached accept()
-    lines = refusals(caplog)
+    lines = listener_refusals(pair, caplog, failures)
     assert len(lines) == 1 and listener_says in lines[0], lines
 
 
@@ -121,11 +133,11 @@ def test_a_man_in_the_middle_editing_a_hello_field_fails_authentication(
     # hellos each side saw, so they differ, and both sides refuse.
     proxy = Proxy(("127.0.0.1", 0), edit_at=offset, edit_xor=0x01)
     with caplog.at_level(logging.WARNING, logger="gradstream"):
-        exc, accepted = run(lambda: refused_client(pair, KEY, KEY, proxy))
+        exc, accepted, failures = run(lambda: refused_client(pair, KEY, KEY, proxy))
     assert isinstance(exc, AuthenticationError), what
     assert "the peer's tag does not match" in exc.detail
     assert accepted == 1
-    lines = refusals(caplog)
+    lines = listener_refusals(pair, caplog, failures)
     assert len(lines) == 1 and "the peer's tag does not match" in lines[0]
 
 
@@ -137,15 +149,15 @@ def test_a_man_in_the_middle_editing_the_version_is_refused(
     # learns that it was refused.
     proxy = Proxy(("127.0.0.1", 0), edit_at=12, edit_xor=0x03)
     with caplog.at_level(logging.WARNING, logger="gradstream"):
-        exc, accepted = run(lambda: refused_client(pair, KEY, KEY, proxy))
+        exc, accepted, failures = run(lambda: refused_client(pair, KEY, KEY, proxy))
     assert isinstance(exc, AuthenticationError) and accepted == 1
     assert exc.detail.startswith("the peer closed the connection instead of authenticating")
-    lines = refusals(caplog)
+    lines = listener_refusals(pair, caplog, failures)
     assert len(lines) == 1
     assert "expected a hello of version 1, got a hello of version 2" in lines[0]
 
 
-def test_a_reflected_tag_is_refused(gs: ModuleType) -> None:
+def test_a_reflected_tag_is_refused() -> None:
     # A listener without the key that sends the client's own tag back as its answer.
     async def main() -> AuthenticationError:
         async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -168,7 +180,7 @@ def test_a_reflected_tag_is_refused(gs: ModuleType) -> None:
 
 
 def test_a_client_guessing_a_tag_is_refused_before_any_gradient_byte(
-    gs: ModuleType, caplog: pytest.LogCaptureFixture
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     async def main() -> bytes:
         async with await gs.listen(LOCAL, authkey=KEY) as listener:
@@ -188,7 +200,7 @@ def test_a_client_guessing_a_tag_is_refused_before_any_gradient_byte(
 def test_authenticated_peers_say_so(pair: Pair) -> None:
     server_side, client_side = pair
 
-    async def main() -> tuple[ref.Peer, ref.Peer]:
+    async def main() -> tuple[Any, Any]:
         async with await server_side.listen(LOCAL, authkey=KEY) as listener:
             client = await client_side.connect(listener.address, authkey=KEY)
             server = await listener.accept()

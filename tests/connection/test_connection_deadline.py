@@ -1,25 +1,21 @@
-"""Deadlines on connections (README "Connections"): a listener's connections bound each
+"""Deadlines on connections (docs/guides/limits.md): a listener's connections bound each
 gradient once begun (300 s unless the session or listen(deadline=) says otherwise), so a
 peer dripping a gradient a few bytes at a time is cut off, refused and dropped; waiting
 for a gradient to begin is idle time; a sender's deadline and timeout bound its writes and
-its wait for the ack. Each implementation (``gs``) against peers by hand or itself."""
+its wait for the ack. The native side against peers by hand or itself."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from types import ModuleType
 
 import numpy as np
 import pytest
 
-import gradstream
-import gradstream.reference as ref
+import gradstream as gs
 from gradstream import _connection as native_connection
-from gradstream._peers import connection_waits
+from gradstream._checks import connection_waits
 from gradstream.errors import StreamDeadlineError, StreamTimeoutError
-from gradstream.reference import _connection
-from gradstream.reference import _protocol as p
 from support.connections import (
     LOCAL,
     Streams,
@@ -31,6 +27,7 @@ from support.connections import (
     run,
     sealed_frames,
 )
+from support.peer import messages as p
 
 GRADIENT = np.arange(20_000, dtype=np.float32)  # ~80 KB of frames
 
@@ -43,7 +40,7 @@ async def drip(writer: asyncio.StreamWriter, data: bytes, piece: int = 512) -> N
             await asyncio.sleep(0.01)  # ~50 KB/s: far inside any timeout here
 
 
-def test_a_slow_drip_at_a_listener_is_cut_off_and_refused(gs: ModuleType) -> None:
+def test_a_slow_drip_at_a_listener_is_cut_off_and_refused() -> None:
     s = gs.GradientStreamSession("s", 1024)
 
     async def main() -> tuple[StreamDeadlineError, p.Ack]:
@@ -66,7 +63,7 @@ def test_a_slow_drip_at_a_listener_is_cut_off_and_refused(gs: ModuleType) -> Non
     assert ack.reason == str(exc)
 
 
-def test_idle_time_before_a_gradient_is_not_counted(gs: ModuleType) -> None:
+def test_idle_time_before_a_gradient_is_not_counted() -> None:
     grads = [np.full(3000, k, np.float32) for k in range(2)]
     s = gs.GradientStreamSession("s", 1024)
 
@@ -98,17 +95,10 @@ def test_the_listeners_deadline_defaults() -> None:
 
 
 @pytest.mark.parametrize("listening", [True, False])
-def test_both_implementations_wait_as_the_shared_rule_says(listening: bool) -> None:
-    def reference(**keywords: object) -> tuple[float | None, float | None]:
-        settings: dict[str, object] = {"tls": None, "authkey": None, "protocol": "gradstream"}
-        settings.update(timeout=None, deadline=None, session=None)
-        settings.update(keywords)
-        ends = _connection.endpoint(listener=listening, **settings)
-        return ends.session.timeout, ends.session.deadline
-
+def test_connections_wait_as_the_shared_rule_says(listening: bool) -> None:
     def native(**keywords: object) -> tuple[float | None, float | None]:
         settings: dict[str, object] = {"timeout": None, "deadline": None}
-        session = keywords.pop("session", None) or gradstream.GradientStreamSession("s")
+        session = keywords.pop("session", None) or gs.GradientStreamSession("s")
         settings.update(keywords)
         args, _ = native_connection._link_settings(
             session,  # type: ignore[arg-type]
@@ -121,14 +111,13 @@ def test_both_implementations_wait_as_the_shared_rule_says(listening: bool) -> N
         )
         return args["timeout"], args["deadline"]
 
-    for made, gs in ((reference, ref), (native, gradstream)):
-        session = gs.GradientStreamSession("s", timeout=5, deadline=7)
-        assert made() == connection_waits(None, None, None, None, listening=listening)
-        assert made(session=session) == (5.0, 7.0)
-        assert made(session=session, timeout=1, deadline=2) == (1.0, 2.0)
+    session = gs.GradientStreamSession("s", timeout=5, deadline=7)
+    assert native() == connection_waits(None, None, None, None, listening=listening)
+    assert native(session=session) == (5.0, 7.0)
+    assert native(session=session, timeout=1, deadline=2) == (1.0, 2.0)
 
 
-def test_a_senders_deadline_bounds_its_writes(gs: ModuleType) -> None:
+def test_a_senders_deadline_bounds_its_writes() -> None:
     # A listener that shakes hands and then reads nothing: the sender's writes stall.
     async def main() -> StreamDeadlineError:
         done = asyncio.Event()
@@ -147,7 +136,7 @@ def test_a_senders_deadline_bounds_its_writes(gs: ModuleType) -> None:
     assert run(main).deadline == 0.5
 
 
-def test_a_sender_waits_for_the_ack_under_its_timeout(gs: ModuleType) -> None:
+def test_a_sender_waits_for_the_ack_under_its_timeout() -> None:
     async def silent(streams: Streams, client: bytes, server: bytes) -> None:
         await frames_by_hand(streams[0])
         await read_to_end(streams[0])  # never answers
@@ -166,7 +155,7 @@ def test_a_sender_waits_for_the_ack_under_its_timeout(gs: ModuleType) -> None:
     assert str(exc) == "no progress for 0.3 s (after 3 of 3 chunks); the peer stalled"
 
 
-def test_a_timeout_before_a_gradient_begins_leaves_the_connection_in_step(gs: ModuleType) -> None:
+def test_a_timeout_before_a_gradient_begins_leaves_the_connection_in_step() -> None:
     # Nothing moved: the connection is still in step, open, and the next recv works.
     async def main() -> tuple[StreamTimeoutError, np.ndarray]:
         async with await gs.listen(LOCAL) as listener:

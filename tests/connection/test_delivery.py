@@ -1,10 +1,12 @@
-"""The ack (README "Protocol" step 4): ``send`` returns only once the peer verified the
-transfer, and raises DeliveryError when a hostile or failing receiver refuses it, acks
-another digest or another counter, or closes first; a frame header where the ack belongs
-is a ProtocolError. The real receiver refuses what its rules refuse, with the reason, and
-the sender refuses before a byte goes what the peer's hello says it will not take. Each
-implementation's sender against a receiver by hand (``gs``), each one's receiver against
-a sender by hand, and real pairs (``pair``)."""
+"""The ack (docs/spec/protocol.md, step 4): ``send`` returns only once the peer verified
+the transfer, and raises DeliveryError when a hostile or failing receiver refuses it,
+acks another digest or another counter, or closes first; a frame header where the ack
+belongs is a ProtocolError. The real receiver refuses what its rules refuse, with the
+reason, and the sender refuses before a byte goes what the peer's hello says it will not
+take. The native sender against a receiver by hand, the native receiver against a sender
+by hand, and real connections: native with native and with the test peer (``pair``), the
+native listener's own keywords with either dialler (``dialler``), the native dialler's
+checks with either listener (``acceptor``)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import gradstream as gs
 import gradstream.reference as ref
 from gradstream.errors import (
     DeliveryError,
@@ -27,7 +30,6 @@ from gradstream.errors import (
     StreamIOError,
     TensorSetError,
 )
-from gradstream.reference import _protocol as p
 from gradstream.reference._manifest import Entry, manifest_json
 from gradstream.reference._tensors import manifest_frame
 from support.connections import (
@@ -41,6 +43,7 @@ from support.connections import (
     run,
     sealed_frames,
 )
+from support.peer import messages as p
 
 GRAD = np.arange(3000, dtype=np.float32)
 S = ref.GradientStreamSession("s", 1024)
@@ -53,7 +56,7 @@ def first_id(client: bytes, server: bytes, counter: int = 0) -> bytes:
 Pair = tuple[ModuleType, ModuleType]
 
 
-async def send_to_hostile(gs: ModuleType, script: object) -> BaseException | int:
+async def send_to_hostile(script: object) -> BaseException | int:
     """connect to a listener running ``script`` after its handshake, send GRAD; what
     send gave or raised, and whether the connection was closed after."""
     async with hostile_listener(script) as address:  # type: ignore[arg-type]
@@ -67,79 +70,79 @@ async def send_to_hostile(gs: ModuleType, script: object) -> BaseException | int
             await conn.close()
 
 
-def test_a_correct_ack_by_hand_is_accepted(gs: ModuleType) -> None:
+def test_a_correct_ack_by_hand_is_accepted() -> None:
     async def script(streams: Streams, client: bytes, server: bytes) -> None:
         headers = await frames_by_hand(streams[0])
         digest = p.ack_digest(first_id(client, server), headers)
         streams[1].write(p.encode_ack(p.Ack(0, digest, None)))
         await read_to_end(streams[0])
 
-    assert run(lambda: send_to_hostile(gs, script)) == 3
+    assert run(lambda: send_to_hostile(script)) == 3
 
 
-def test_a_refusal_is_a_delivery_error_with_the_reason(gs: ModuleType) -> None:
+def test_a_refusal_is_a_delivery_error_with_the_reason() -> None:
     async def script(streams: Streams, client: bytes, server: bytes) -> None:
         await frames_by_hand(streams[0])
         streams[1].write(p.encode_ack(p.Ack(0, bytes(32), "chunk 1 failed its CRC check")))
 
-    exc = run(lambda: send_to_hostile(gs, script))
+    exc = run(lambda: send_to_hostile(script))
     assert isinstance(exc, DeliveryError)
     assert exc.reason == "chunk 1 failed its CRC check"
     assert exc.peer is not None and exc.peer[0] == "127.0.0.1"
     assert str(exc).endswith("the peer refused it: chunk 1 failed its CRC check")
 
 
-def test_an_ack_of_another_digest_is_a_delivery_error(gs: ModuleType) -> None:
+def test_an_ack_of_another_digest_is_a_delivery_error() -> None:
     async def script(streams: Streams, client: bytes, server: bytes) -> None:
         headers = await frames_by_hand(streams[0])
         headers[0], headers[1] = headers[1], headers[0]  # the frames in another order
         digest = p.ack_digest(first_id(client, server), headers)
         streams[1].write(p.encode_ack(p.Ack(0, digest, None)))
 
-    exc = run(lambda: send_to_hostile(gs, script))
+    exc = run(lambda: send_to_hostile(script))
     assert isinstance(exc, DeliveryError) and exc.reason is None
     assert "the peer acknowledged other frames than were sent" in str(exc)
 
 
-def test_an_ack_keyed_by_another_transfer_id_is_a_delivery_error(gs: ModuleType) -> None:
+def test_an_ack_keyed_by_another_transfer_id_is_a_delivery_error() -> None:
     async def script(streams: Streams, client: bytes, server: bytes) -> None:
         headers = await frames_by_hand(streams[0])
         # The right headers under the id of the other direction: a reflected ack.
         digest = p.ack_digest(p.transfer_id(client, server, p.TO_CLIENT, 0), headers)
         streams[1].write(p.encode_ack(p.Ack(0, digest, None)))
 
-    exc = run(lambda: send_to_hostile(gs, script))
+    exc = run(lambda: send_to_hostile(script))
     assert isinstance(exc, DeliveryError)
     assert "acknowledged other frames" in str(exc)
 
 
-def test_an_ack_of_another_counter_is_a_delivery_error(gs: ModuleType) -> None:
+def test_an_ack_of_another_counter_is_a_delivery_error() -> None:
     async def script(streams: Streams, client: bytes, server: bytes) -> None:
         headers = await frames_by_hand(streams[0])
         digest = p.ack_digest(first_id(client, server), headers)
         streams[1].write(p.encode_ack(p.Ack(1, digest, None)))
 
-    exc = run(lambda: send_to_hostile(gs, script))
+    exc = run(lambda: send_to_hostile(script))
     assert isinstance(exc, DeliveryError)
     assert "the peer acknowledged transfer 1; this was transfer 0" in str(exc)
 
 
-def test_closing_before_the_ack_is_a_delivery_error(gs: ModuleType) -> None:
+def test_closing_before_the_ack_is_a_delivery_error() -> None:
     async def script(streams: Streams, client: bytes, server: bytes) -> None:
         await frames_by_hand(streams[0])
 
-    exc = run(lambda: send_to_hostile(gs, script))
+    exc = run(lambda: send_to_hostile(script))
     assert isinstance(exc, DeliveryError)
     assert "the connection ended before the peer acknowledged the transfer" in str(exc)
 
 
-def test_a_frame_header_where_the_ack_belongs_is_a_protocol_error(gs: ModuleType) -> None:
+def test_a_frame_header_where_the_ack_belongs_is_a_protocol_error() -> None:
     async def script(streams: Streams, client: bytes, server: bytes) -> None:
         await frames_by_hand(streams[0])
         streams[1].write(S.encode_frames(np.ones(3, np.float32)))  # a gradient back instead
         await read_to_end(streams[0])
 
-    exc = run(lambda: send_to_hostile(gs, script))
+    exc = run(lambda: send_to_hostile(script))
     assert isinstance(exc, ProtocolError)
     assert exc.expected == "an ack"
     assert exc.seen.startswith("a frame header (chunk 0 of 1,")
@@ -166,7 +169,7 @@ def test_two_sends_at_once_from_both_sides_are_protocol_errors(pair: Pair) -> No
     assert all(isinstance(r, ProtocolError) and r.expected == "an ack" for r in results), results
 
 
-def test_a_second_gradient_is_acked_with_its_counter(gs: ModuleType) -> None:
+def test_a_second_gradient_is_acked_with_its_counter() -> None:
     async def script(streams: Streams, client: bytes, server: bytes) -> None:
         for k in range(3):
             headers = await frames_by_hand(streams[0])
@@ -186,7 +189,7 @@ def test_a_second_gradient_is_acked_with_its_counter(gs: ModuleType) -> None:
 # --------------------------------------------------------------------------- the real receiver
 
 
-def test_the_receiver_refuses_what_its_rules_refuse_and_says_why(gs: ModuleType) -> None:
+def test_the_receiver_refuses_what_its_rules_refuse_and_says_why() -> None:
     # A sender by hand whose second chunk's CRC is wrong: the listener's connection raises
     # the ChecksumMismatchError, answers with a refusal naming it, and closes.
 
@@ -269,12 +272,12 @@ def test_a_tensor_set_over_the_receivers_limit_is_refused_with_the_reason(pair: 
 
 
 def test_a_tensor_set_over_this_receive_s_max_values_is_refused_from_its_manifest(
-    pair: Pair,
+    dialler: ModuleType,
 ) -> None:
     # 4 Mi values declared, 10 allowed: refused from the manifest, so the receiver
     # neither reads nor holds the values, and the sender is told why.
     exc = refused(
-        pair,
+        (gs, dialler),
         lambda conn: conn.recv_tensors(max_values=10),
         TensorSetError,
         lambda conn: conn.send_tensors({"a": np.ones(6, np.float32), "b": np.ones(4 << 20)}),
@@ -284,8 +287,10 @@ def test_a_tensor_set_over_this_receive_s_max_values_is_refused_from_its_manifes
     )
 
 
-def test_max_values_bounds_one_receive_and_the_session_s_limit_still_applies(pair: Pair) -> None:
-    server_side, client = pair
+def test_max_values_bounds_one_receive_and_the_session_s_limit_still_applies(
+    dialler: ModuleType,
+) -> None:
+    server_side, client = gs, dialler
     small = server_side.GradientStreamSession("s", 1024, max_gradient_len=20)
     sets = [
         {"a": np.arange(6, dtype=np.float32), "b": np.ones((5,), np.float64)},  # 11 = max_values
@@ -332,9 +337,9 @@ def test_max_values_bounds_one_receive_and_the_session_s_limit_still_applies(pai
     ],
 )
 def test_a_bad_max_values_is_refused_before_the_receive_begins(
-    pair: Pair, bad: object, error: type[Exception], text: str
+    dialler: ModuleType, bad: object, error: type[Exception], text: str
 ) -> None:
-    server_side, client = pair
+    server_side, client = gs, dialler
 
     async def main() -> None:
         async with await server_side.listen(LOCAL) as listener:
@@ -356,7 +361,7 @@ def test_a_bad_max_values_is_refused_before_the_receive_begins(
     run(main)
 
 
-def test_max_values_refuses_a_set_from_its_manifest_alone(gs: ModuleType) -> None:
+def test_max_values_refuses_a_set_from_its_manifest_alone() -> None:
     # A sender by hand sends the manifest of a 4 Mi-value set and then nothing: the
     # receiver refuses it at once, with no value on the wire, and tells the sender.
     text = manifest_json([Entry("w", "float32", (4 << 20,))])
@@ -381,8 +386,10 @@ def test_max_values_refuses_a_set_from_its_manifest_alone(gs: ModuleType) -> Non
     assert ack.counter == 0 and ack.reason == str(error)
 
 
-def test_the_sender_refuses_a_gradient_over_the_peers_limit_before_a_byte(pair: Pair) -> None:
-    server_side, client = pair
+def test_the_sender_refuses_a_gradient_over_the_peers_limit_before_a_byte(
+    acceptor: ModuleType,
+) -> None:
+    server_side, client = acceptor, gs
     small = server_side.GradientStreamSession("s", 1024, max_gradient_len=100)
 
     async def main() -> None:
@@ -404,8 +411,10 @@ def test_the_sender_refuses_a_gradient_over_the_peers_limit_before_a_byte(pair: 
     run(main)
 
 
-def test_the_sender_refuses_a_payload_over_the_peers_limit_before_a_byte(pair: Pair) -> None:
-    server_side, client = pair
+def test_the_sender_refuses_a_payload_over_the_peers_limit_before_a_byte(
+    acceptor: ModuleType,
+) -> None:
+    server_side, client = acceptor, gs
     small = server_side.GradientStreamSession("s", 1024, max_payload_len=2000)
 
     async def main() -> str:
@@ -419,7 +428,7 @@ def test_the_sender_refuses_a_payload_over_the_peers_limit_before_a_byte(pair: P
 
     detail = run(main)
     # The first chunk's (the largest) as the sender encodes it, sealed as every chunk of
-    # a connection is (each implementation writes payloads of its own size).
+    # a connection is.
     sealed = client.GradientStreamSession("s", 1024, seal=True).encode_frames(GRAD)
     payload = struct.unpack_from("<I", sealed, 8)[0]
     assert detail == (
@@ -444,9 +453,9 @@ def test_a_sender_cut_off_midway_gets_the_refusal(pair: Pair) -> None:
     )
 
 
-def test_a_sender_without_a_listener_after_the_handshake(gs: ModuleType) -> None:
+def test_a_sender_without_a_listener_after_the_handshake() -> None:
     async def script(streams: Streams, client: bytes, server: bytes) -> None:
         pass  # the hostile listener closes right after the handshake
 
-    exc = run(lambda: send_to_hostile(gs, script))
+    exc = run(lambda: send_to_hostile(script))
     assert isinstance(exc, (DeliveryError, StreamIOError)), exc

@@ -1,9 +1,10 @@
-"""Bad peers at a listener (README "Connections"): an HTTP client, a TLS client at a
+"""Bad peers at a listener (docs/spec/threat-model.md): an HTTP client, a TLS client at a
 plaintext listener, an ipfrs-transport peer's bare frames, a peer of another version,
 peers that stay silent, and more of them than the caps allow. None reaches ``accept()``;
 each is logged (WARNING, with its address and why, rate-limited) and dropped, gets a clear
-answer where it can read one, and the listener goes on serving good clients. Each
-implementation's listener (``gs``) against the same peers by hand."""
+answer where it can read one, and the listener goes on serving good clients. The native
+listener against peers by hand (their messages the test peer's); the native dialler at a
+seed listener, native or the test peer's (``acceptor``)."""
 
 from __future__ import annotations
 
@@ -17,19 +18,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+import gradstream as gs
 import gradstream.reference as ref
-from gradstream._peers import RefusalLog
+from gradstream import _connection
+from gradstream._logs import RefusalLog
 from gradstream.errors import ProtocolError
-from gradstream.reference import _protocol as p
 from support.aio import apoll
-from support.connections import (
-    LOCAL,
-    listener_module,
-    raw_peer,
-    read_to_end,
-    run,
-    tls_client_hello,
-)
+from support.connections import LOCAL, raw_peer, read_to_end, run, tls_client_hello
+from support.peer import messages as p
 
 GRAD = np.arange(5000, dtype=np.float32)
 
@@ -42,7 +38,7 @@ def refusals(caplog: pytest.LogCaptureFixture) -> list[str]:
     ]
 
 
-async def good_client_is_served(gs: ModuleType, listener: Any) -> None:
+async def good_client_is_served(listener: Any) -> None:
     """A real client connects and delivers a gradient while the bad peers are (or were)
     there."""
 
@@ -84,14 +80,14 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_foreign_peer_is_refused_logged_and_the_listener_goes_on(
-    gs: ModuleType, case: str, caplog: pytest.LogCaptureFixture
+    case: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     first, seen = CASES[case]
 
     async def main() -> bytes:
         async with await gs.listen(LOCAL) as listener:
             got = await hostile(listener, tls_client_hello() if first is None else first)
-            await good_client_is_served(gs, listener)
+            await good_client_is_served(listener)
             return got
 
     with caplog.at_level(logging.INFO, logger="gradstream"):
@@ -106,8 +102,8 @@ def test_a_foreign_peer_is_refused_logged_and_the_listener_goes_on(
     assert len(accepted) == 1 and accepted[0].startswith("listener 127.0.0.1:")
 
 
-def test_a_gradstream_client_at_a_seed_listener_is_not_a_downgrade(pair: Any) -> None:
-    server, client = pair
+def test_a_gradstream_client_at_a_seed_listener_is_not_a_downgrade(acceptor: ModuleType) -> None:
+    server, client = acceptor, gs
 
     # The other way round: a gradstream client meeting a seed peer (here: a seed
     # listener's connection that sends a gradient at once) fails with a clear error.
@@ -129,7 +125,7 @@ def test_a_gradstream_client_at_a_seed_listener_is_not_a_downgrade(pair: Any) ->
     assert exc.seen.startswith("a bare seed frame header (chunk 0 of 1,")
 
 
-def test_bare_frames_at_a_seed_listener_are_accepted(gs: ModuleType) -> None:
+def test_bare_frames_at_a_seed_listener_are_accepted() -> None:
     async def main() -> np.ndarray:
         async with await gs.listen(
             LOCAL, protocol="seed", session=gs.GradientStreamSession("s", 1024)
@@ -146,13 +142,13 @@ def test_bare_frames_at_a_seed_listener_are_accepted(gs: ModuleType) -> None:
 
 
 def test_a_silent_peer_is_dropped_past_the_handshake_timeout(
-    gs: ModuleType, caplog: pytest.LogCaptureFixture
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     async def main() -> bytes:
         async with await gs.listen(LOCAL, handshake_timeout=0.3) as listener:
             async with raw_peer(listener.address) as (reader, _):
                 # Served while the silent one waits...
-                await good_client_is_served(gs, listener)
+                await good_client_is_served(listener)
                 # ...which gets the listener's hello and then the end.
                 return await read_to_end(reader)
 
@@ -163,7 +159,7 @@ def test_a_silent_peer_is_dropped_past_the_handshake_timeout(
     assert len(lines) == 1 and lines[0].endswith("silent past handshake_timeout (0.3 s)")
 
 
-def test_handshakes_wait_for_a_free_slot(gs: ModuleType, caplog: pytest.LogCaptureFixture) -> None:
+def test_handshakes_wait_for_a_free_slot(caplog: pytest.LogCaptureFixture) -> None:
     # Two slots: two silent peers take them (each is sent the listener's hello, so the
     # test knows its handshake began); a third peer gets no hello until one leaves.
     async def main() -> None:
@@ -192,7 +188,7 @@ def test_handshakes_wait_for_a_free_slot(gs: ModuleType, caplog: pytest.LogCaptu
     )
 
 
-def test_at_most_max_connections_are_open(gs: ModuleType) -> None:
+def test_at_most_max_connections_are_open() -> None:
     async def main() -> None:
         async with await gs.listen(LOCAL, max_connections=2) as listener:
             conns = [await gs.connect(listener.address) for _ in range(2)]
@@ -211,7 +207,7 @@ def test_at_most_max_connections_are_open(gs: ModuleType) -> None:
 
 
 def test_refusal_logs_are_rate_limited(
-    gs: ModuleType, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The listener's clock stands still for 15 refusals, then moves on a second. A peer
     # sees its connection close before the listener has logged it (the refusal reaches
@@ -226,7 +222,7 @@ def test_refusal_logs_are_rate_limited(
             return super().refused(address, reason)
 
     monkeypatch.setattr(
-        listener_module(gs),
+        _connection,
         "RefusalLog",
         functools.partial(CountedRefusalLog, clock=lambda: now[0]),
     )

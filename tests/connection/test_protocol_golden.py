@@ -1,11 +1,11 @@
-"""The protocol's bytes, pinned to README "Protocol" and its test vectors: the hello, the
-authentication message and tags, the transfer ids, the ack and its digest, and the strict
-reading of each (what a peer may not send, refused from its first 16 bytes).
+"""The protocol's bytes, pinned to docs/spec/protocol.md and its test vectors: the hello,
+the authentication message and tags, the transfer ids, the ack and its digest, and the
+strict reading of each (what a peer may not send, refused from its first 16 bytes).
 
 Each test takes a ``codec``: the messages of one implementation behind the small
-interface of ``support.protocol``. Only the reference's is there so far; the native
-side's functions join the same parametrisation (``CODECS``) when it has them, and must
-give the same bytes and the same refusals.
+interface of ``support.protocol``, the test peer's (``support.peer.messages``) and the
+core's; both must give the same bytes and the same refusals. Whole sessions of these
+messages, replayed against the native side, are test_protocol_sessions.py's.
 """
 
 from __future__ import annotations

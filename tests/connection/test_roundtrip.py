@@ -1,8 +1,9 @@
-"""Connections that work (README "Connections") over loopback, in each implementation and
-across them (``pair``: every listener with every client): gradients of every dtype and
-shape, tensor sets, out=, ``async for`` until the peer closes, several gradients each
-way, request and reply, serve() with handlers at once, ``protocol="seed"``, per-call
-deadlines and progress, and the rules of one transfer at a time."""
+"""Connections that work (docs/guides/connections.md) over loopback, native with native
+and with the test peer on either side (``pair``: listener, dialler): gradients of every
+dtype and shape, tensor sets, out=, ``async for`` until the peer closes, several
+gradients each way, request and reply, ``protocol="seed"``, progress; and the native
+side's own: serve() with handlers at once, per-call deadlines, the rules of one transfer
+at a time, the checks of its keywords, its DEBUG line per transfer."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+import gradstream as gs
 from gradstream.errors import SettingError, StreamDeadlineError, StreamIOError, StreamTimeoutError
-from gradstream.reference import _protocol as p
 from support.connections import (
     KEY,
     LOCAL,
@@ -27,6 +28,7 @@ from support.connections import (
     run,
     sealed_frames,
 )
+from support.peer import messages as p
 
 Pair = tuple[ModuleType, ModuleType]
 
@@ -54,8 +56,8 @@ def test_gradients_of_every_dtype_and_shape_arrive_bit_for_bit(
 ) -> None:
     server, client = pair
 
-    def s(gs: ModuleType) -> Any:
-        return gs.GradientStreamSession("s", 4096, keep_shape=True, keep_dtype=True)
+    def s(side: ModuleType) -> Any:
+        return side.GradientStreamSession("s", 4096, keep_shape=True, keep_dtype=True)
 
     async def main() -> tuple[list[int], list[np.ndarray], list[np.ndarray]]:
         async with await server.listen(LOCAL, session=s(server), authkey=authkey) as listener:
@@ -173,7 +175,7 @@ def test_recv_into_out_and_tensor_sets(pair: Pair) -> None:
 
 
 def test_serve_runs_handlers_at_once_and_survives_a_failing_one(
-    gs: ModuleType, caplog: pytest.LogCaptureFixture
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     async def main() -> list[float]:
         both_in = asyncio.Barrier(3)  # two handlers and the test
@@ -205,9 +207,7 @@ def test_serve_runs_handlers_at_once_and_survives_a_failing_one(
     assert failed[0].levelno == logging.WARNING and failed[0].exc_info is not None
 
 
-def test_serve_takes_a_plain_function_and_closes_the_connection_after_it(
-    gs: ModuleType,
-) -> None:
+def test_serve_takes_a_plain_function_and_closes_the_connection_after_it() -> None:
     async def main() -> tuple[list[str], np.ndarray]:
         seen: list[str] = []
 
@@ -252,7 +252,7 @@ def test_seed_protocol_speaks_bare_frames(pair: Pair) -> None:
     assert same(got, grad)
 
 
-def test_one_transfer_at_a_time(gs: ModuleType) -> None:
+def test_one_transfer_at_a_time() -> None:
     async def main() -> None:
         async with await gs.listen(LOCAL) as listener:
             _, accepted = await accept_in_background(listener)
@@ -278,7 +278,7 @@ def test_one_transfer_at_a_time(gs: ModuleType) -> None:
     run(main)
 
 
-def test_a_closed_connection_refuses_calls(gs: ModuleType) -> None:
+def test_a_closed_connection_refuses_calls() -> None:
     async def main() -> None:
         async with await gs.listen(LOCAL) as listener:
             conn = await gs.connect(listener.address)
@@ -303,14 +303,12 @@ def test_a_closed_connection_refuses_calls(gs: ModuleType) -> None:
         ({"timeout": 0}, SettingError, "timeout must be None or a positive number"),
         ({"deadline": "1"}, TypeError, "deadline must be None or a number, not str"),
         ({"handshake_timeout": 0}, SettingError, "handshake_timeout must be a positive"),
-        ({"session": object()}, TypeError, "session must be a {gs}.GradientStreamSession"),
+        ({"session": object()}, TypeError, "session must be a gradstream.GradientStreamSession"),
     ],
 )
 def test_bad_keywords_are_refused_before_connecting(
-    gs: ModuleType, keywords: dict[str, Any], error: type[Exception], match: str
+    keywords: dict[str, Any], error: type[Exception], match: str
 ) -> None:
-    match = match.format(gs=gs.__name__)
-
     async def main() -> None:
         with pytest.raises(error, match=match):
             await gs.connect("127.0.0.1:9", **keywords)
@@ -320,7 +318,7 @@ def test_bad_keywords_are_refused_before_connecting(
     run(main)
 
 
-def test_listener_keywords_are_checked(gs: ModuleType) -> None:
+def test_listener_keywords_are_checked() -> None:
     async def main() -> None:
         with pytest.raises(SettingError, match="max_pending_handshakes must be at least 1"):
             await gs.listen(LOCAL, max_pending_handshakes=0)
@@ -334,7 +332,7 @@ def test_listener_keywords_are_checked(gs: ModuleType) -> None:
     run(main)
 
 
-def test_accept_on_a_closed_listener(gs: ModuleType) -> None:
+def test_accept_on_a_closed_listener() -> None:
     async def main() -> None:
         listener = await gs.listen(LOCAL)
         waiting = asyncio.create_task(listener.accept())
@@ -350,7 +348,7 @@ def test_accept_on_a_closed_listener(gs: ModuleType) -> None:
     run(main)
 
 
-def test_a_connection_to_nobody_is_a_stream_io_error(gs: ModuleType) -> None:
+def test_a_connection_to_nobody_is_a_stream_io_error() -> None:
     async def main() -> None:
         listener = await gs.listen(LOCAL)
         address = listener.address
@@ -383,7 +381,7 @@ def test_connections_not_yet_accepted_are_closed_with_the_listener(pair: Pair) -
     assert isinstance(got, StreamIOError) or got.size == 0, got
 
 
-def test_a_silent_listener_is_cut_off_by_connects_handshake_timeout(gs: ModuleType) -> None:
+def test_a_silent_listener_is_cut_off_by_connects_handshake_timeout() -> None:
     # A TCP server that accepts and never says a word: connect gives up after
     # handshake_timeout, however long its session's timeout is.
     async def main() -> StreamTimeoutError:
@@ -406,7 +404,7 @@ def test_a_silent_listener_is_cut_off_by_connects_handshake_timeout(gs: ModuleTy
     assert exc.timeout == 0.3 and not isinstance(exc, StreamDeadlineError)
 
 
-def test_a_calls_deadline_overrides_the_connections(gs: ModuleType) -> None:
+def test_a_calls_deadline_overrides_the_connections() -> None:
     # A listener without a deadline of its own but 300 s; recv(deadline=0.4) cuts a slow
     # drip off, and the connection is refused and closed.
     s = gs.GradientStreamSession("s", 1024)
@@ -436,32 +434,35 @@ def test_a_calls_deadline_overrides_the_connections(gs: ModuleType) -> None:
 
 
 def test_progress_counts_a_calls_chunks(pair: Pair) -> None:
+    # The native side's counters, sending or receiving (the test peer counts none).
     server, client = pair
+    sent, received = gs.TransferProgress(), gs.TransferProgress()
+    sending = {"progress": sent} if client is gs else {}
+    receiving = {"progress": received} if server is gs else {}
 
-    async def main() -> tuple[Any, Any]:
-        sent, received = client.TransferProgress(), server.TransferProgress()
+    async def main() -> None:
         async with await server.listen(LOCAL) as listener:
             accepted = asyncio.create_task(listener.accept())
             s = client.GradientStreamSession("s", 1000)
             async with await client.connect(listener.address, session=s) as conn:
                 theirs = await accepted
-                receiving = asyncio.create_task(theirs.recv(progress=received))
-                assert await conn.send(np.ones(3500, np.float32), progress=sent) == 4
-                assert (await receiving).size == 3500
+                arrived = asyncio.create_task(theirs.recv(**receiving))
+                assert await conn.send(np.ones(3500, np.float32), **sending) == 4
+                assert (await arrived).size == 3500
                 await theirs.close()
-        return sent, received
 
-    sent, received = run(main)
-    assert (sent.chunks, sent.total_chunks) == (4, 4)
-    assert (received.chunks, received.total_chunks) == (4, 4)
+    run(main)
+    for counted, side in ((sent, client), (received, server)):
+        if side is gs:
+            assert (counted.chunks, counted.total_chunks) == (4, 4)
 
 
 def test_each_transfer_is_logged_at_debug_with_its_wire_bytes(
-    pair: Pair, caplog: pytest.LogCaptureFixture
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # README "Logging": one DEBUG line per transfer, the same words in both
-    # implementations; the two ends count the same wire bytes for the same transfer.
-    server, client = pair
+    # docs/guides/limits.md: one DEBUG line per transfer; the two ends count the same
+    # wire bytes for the same transfer.
+    server, client = gs, gs
     grad = np.arange(10_000, dtype=np.float32)
     tensors = {"w": np.ones((3, 4), np.float64)}
 

@@ -1,12 +1,11 @@
 """The seal inside a connection, against a man in the middle who rewrites frames but not
-their CRCs' coverage (README "Sealed chunks"): swapped chunk indices, a transfer replayed
+their CRCs' coverage (docs/spec/protocol.md): swapped chunk indices, a transfer replayed
 from another connection, a transfer repeated, a transfer reflected back to its sender.
 Each is refused by the receiver with a FrameError, and the sender learns it from the
 refusal (DeliveryError with the receiver's reason). The same swap on a bare
 `protocol="seed"` connection goes through as a wrong gradient: the hole the seal closes.
 
-Every combination of implementations (``pair``: native and reference, each side), on
-127.0.0.1.
+Native with native and with the test peer on either side (``pair``), on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+import gradstream as gs
 from gradstream.errors import DeliveryError, FrameError
 from support.connections import run as run_scenario
 
@@ -105,8 +105,8 @@ def swap_first_two_indices(frames: Transfer) -> Transfer:
     return [bytes(b), bytes(a), *frames[2:]]
 
 
-def session(gs: ModuleType) -> Any:
-    return gs.GradientStreamSession("mitm", chunk_size=1000, timeout=10)
+def session(side: ModuleType) -> Any:
+    return side.GradientStreamSession("mitm", chunk_size=1000, timeout=10)
 
 
 async def through_proxy(
@@ -159,7 +159,7 @@ def test_swapped_chunk_indices_are_refused(pair: Pair) -> None:
     assert sent.reason is not None and "sealed as chunk" in sent.reason
 
 
-def test_the_same_swap_on_a_seed_connection_is_a_wrong_gradient(gs: ModuleType) -> None:
+def test_the_same_swap_on_a_seed_connection_is_a_wrong_gradient() -> None:
     async def main() -> Any:
         listener = await gs.listen("127.0.0.1:0", session=session(gs), protocol="seed")
         proxy_server = await asyncio.start_server(

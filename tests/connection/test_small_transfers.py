@@ -2,9 +2,10 @@
 crates/gradstream-py/src/complete.rs ``run_or_spawn``): a small send writes its frames
 before any thread hop, and a receive takes what is already there, at most 256 KiB of it,
 before the rest goes on in tokio. What comes out must not depend on where the bytes were
-read: here gradients on both sides of the thresholds (and one far past them) go each way
-between every pair of implementations, back to back and in request/reply turns, with
-progress counts, and a receive that waits, times out before its first byte (the
+read: here gradients on both sides of the thresholds (and one far past them) go each way,
+back to back (native with native and with the test peer on either side, ``pair``) and in
+request/reply turns with progress counts (the native dialler, with either listener,
+``acceptor``), and a native receive that waits, times out before its first byte (the
 connection stays open) or is cancelled (it is closed only if bytes had moved)."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import gradstream as gs
 from gradstream.errors import StreamTimeoutError
 from support.connections import LOCAL, run
 
@@ -36,14 +38,16 @@ def same(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 async def connected(server: ModuleType, client: ModuleType, **kwargs: Any) -> tuple[Any, Any, Any]:
-    listener = await server.listen(LOCAL, **kwargs)
+    """(listener, its side of the connection, the dialler's); ``kwargs`` go to the
+    dialler's connect."""
+    listener = await server.listen(LOCAL)
     accepting = asyncio.ensure_future(listener.accept())
     here = await client.connect(listener.address, **kwargs)
     return listener, await accepting, here
 
 
-def test_gradients_around_the_thresholds_go_each_way_in_turns(pair: Pair) -> None:
-    server, client = pair
+def test_gradients_around_the_thresholds_go_each_way_in_turns(acceptor: ModuleType) -> None:
+    server, client = acceptor, gs
 
     async def main() -> None:
         listener, there, here = await connected(server, client)
@@ -86,9 +90,9 @@ def test_gradients_back_to_back_each_come_out_once(pair: Pair) -> None:
 
 
 def test_a_receive_that_times_out_before_a_byte_leaves_the_connection_open(
-    pair: Pair,
+    acceptor: ModuleType,
 ) -> None:
-    server, client = pair
+    server, client = acceptor, gs
 
     async def main() -> None:
         listener, there, here = await connected(server, client, timeout=0.2)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gradstream._peers import SSL_SOCKET_REFUSED
+from gradstream._checks import SSL_SOCKET_REFUSED
 from support.aio import run
 
 MESSAGE = SSL_SOCKET_REFUSED

@@ -11,9 +11,11 @@ here: they are in tests/conftest.py.
     memory    this process's RSS figures
     payloads  payload surgery: Arrow IPC record batches read and rewritten byte by byte
     bomb      compressed-buffer bombs, and a receive of one measured for peak RSS
+    peer      the test peer: an independent implementation of the connection protocol
+              (sans-I/O, with an asyncio driver) for the other side of a connection
 
 and one module per group of tests that share more (cases, compressed, differential, dtypes,
-links, outputs, shapes, streams, tensor_sets).
+links, outputs, shapes, streams, tensor_sets, certs, cli, connections, protocol).
 """
 
 from pathlib import Path

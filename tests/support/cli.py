@@ -17,22 +17,16 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import IO, Any
 
 import numpy as np
 import pytest
 
-import gradstream
 import gradstream.reference as ref
+from support import peer
 
 CLI = [sys.executable, "-m", "gradstream"]
 TIMEOUT = 60.0  # seconds any one child may run before the test fails
-NATIVE_STREAMS = hasattr(gradstream.GradientStreamSession, "stream_to")
-needs_native = pytest.mark.skipif(
-    not NATIVE_STREAMS, reason="the native module has no stream_to in this build"
-)
-IMPLS = ["reference", pytest.param("native", marks=needs_native)]
 LISTENING = re.compile(r"^listening on 127\.0\.0\.1:(\d+)$")
 
 
@@ -205,19 +199,14 @@ def save(folder: Path, name: str, array: np.ndarray) -> str:
     return str(path)
 
 
-def lib_of(impl: str) -> ModuleType:
-    """The module of an implementation, by its --impl name."""
-    return gradstream if impl == "native" else ref
-
-
-def send_over_connection(port: int, grads: list[np.ndarray], impl: str, **keywords: Any) -> None:
-    """A Python peer keeping dtypes and shapes sends `grads` over one gradstream
-    connection to 127.0.0.1:`port` (each acknowledged); `keywords` go to connect."""
-    lib = lib_of(impl)
+def send_over_connection(port: int, grads: list[np.ndarray], **keywords: Any) -> None:
+    """The test peer (support.peer), keeping dtypes and shapes, sends `grads` over one
+    gradstream connection to 127.0.0.1:`port` (each acknowledged); `keywords` go to its
+    connect."""
 
     async def main() -> None:
-        session = lib.GradientStreamSession("peer", keep_dtype=True, keep_shape=True)
-        conn = await lib.connect(("127.0.0.1", port), session=session, **keywords)
+        session = peer.GradientStreamSession("peer", keep_dtype=True, keep_shape=True)
+        conn = await peer.connect(("127.0.0.1", port), session=session, **keywords)
         async with conn:
             for grad in grads:
                 await conn.send(grad)

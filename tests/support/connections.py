@@ -1,26 +1,24 @@
 """What the connection tests (tests/connection/) share: a deadline for each scenario, a
 listener on 127.0.0.1 with its connections collected, peers that speak the protocol by
-hand (to be hostile on purpose) with frames sealed as a connection seals them, the module
-whose listener logs refusals in each implementation, and a proxy that records and edits
-the bytes between two peers (a man in the middle)."""
+hand (to be hostile on purpose; the messages are the test peer's, support.peer.messages)
+with frames sealed as a connection seals them, and a proxy that records and edits the
+bytes between two peers (a man in the middle)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import functools
-import importlib
 import ssl
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 import gradstream.reference as ref
-from gradstream.reference import _protocol as p
 from support.aio import run as run_under_deadline
+from support.peer import messages as p
 
 DEADLINE = 30.0
 run = functools.partial(run_under_deadline, deadline=DEADLINE)
@@ -55,7 +53,7 @@ async def read_to_end(reader: asyncio.StreamReader) -> bytes:
         return b""
 
 
-async def accept_in_background(listener: ref.Listener) -> tuple[asyncio.Task[Any], list[Any]]:
+async def accept_in_background(listener: Any) -> tuple[asyncio.Task[Any], list[Any]]:
     """A task that accepts every connection of ``listener`` into a list."""
     accepted: list[Any] = []
 
@@ -89,8 +87,8 @@ async def hello_by_hand(
     max_gradient_len: int = 1 << 30,
     max_payload_len: int = 1 << 28,
 ) -> tuple[bytes, bytes]:
-    """The hello (and authkey) exchange of side ``role``, written from the README's
-    bytes: (client nonce, server nonce)."""
+    """The hello (and authkey) exchange of side ``role``, written by hand from the
+    messages: (client nonce, server nonce)."""
     reader, writer = streams
     auth = p.AUTH_NONE if authkey is None else p.AUTH_KEY
     nonce = bytes([role]) * 32
@@ -115,16 +113,10 @@ def sealed_frames(
     chunk_size: int = 1024,
 ) -> bytes:
     """A gradient's frames as the ``counter``-th transfer of ``direction`` on the
-    connection of these nonces seals them (README "Sealed chunks"), by the reference's
+    connection of these nonces seals them (docs/spec/protocol.md), by the reference's
     encoder."""
     transfer = p.transfer_id(client_nonce, server_nonce, direction, counter)
     return ref.GradientStreamSession("s", chunk_size)._encode_frames_sealed(gradient, transfer)
-
-
-def listener_module(gs: ModuleType) -> ModuleType:
-    """The module whose ``RefusalLog`` a listener of ``gs`` logs its refusals through."""
-    name = "gradstream.reference._listener" if gs is ref else "gradstream._connection"
-    return importlib.import_module(name)
 
 
 async def frames_by_hand(reader: asyncio.StreamReader) -> list[bytes]:

@@ -1,15 +1,15 @@
-"""The protocol's messages (README "Protocol") of each implementation behind one small
-interface, ``Codec``, so the golden tests (connection/test_protocol_golden.py) hold every
-implementation to the same bytes and the same refusals: the reference's
-``_protocol`` (``REFERENCE``) and the core's, through the extension's ``_protocol_*``
-functions (``NATIVE``)."""
+"""The protocol's messages (docs/spec/protocol.md) of each implementation behind one
+small interface, ``Codec``, so the golden tests (connection/test_protocol_golden.py) hold
+both to the same bytes and the same refusals: the test peer's (``support.peer.messages``,
+``PEER``) and the core's, through the extension's ``_protocol_*`` functions
+(``NATIVE``)."""
 
 from __future__ import annotations
 
 from typing import Protocol
 
 from gradstream import _native
-from gradstream.reference import _protocol as p
+from support.peer import messages as p
 
 # (role, auth, nonce, max_gradient_len, max_payload_len)
 HelloFields = tuple[int, int, bytes, int, int]
@@ -36,8 +36,8 @@ class Codec(Protocol):
     def describe(self, head: bytes) -> str: ...
 
 
-class ReferenceCodec:
-    name = "reference"
+class PeerCodec:
+    name = "peer"
 
     def hello(
         self, role: int, auth: int, nonce: bytes, max_gradient_len: int, max_payload_len: int
@@ -123,6 +123,6 @@ class NativeCodec:
         return _native._protocol_describe(head)
 
 
-REFERENCE = ReferenceCodec()
+PEER = PeerCodec()
 NATIVE = NativeCodec()
-CODECS: list[Codec] = [REFERENCE, NATIVE]
+CODECS: list[Codec] = [PEER, NATIVE]

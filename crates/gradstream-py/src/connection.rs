@@ -57,6 +57,10 @@ pub struct LinkArgs {
     timeout: Option<f64>,
     #[pyo3(item)]
     deadline: Option<f64>,
+    /// Tests only, never set by `gradstream._connection`: this side's hello nonce, 32
+    /// bytes (`DialSettings::test_nonce`), for the replays of recorded sessions.
+    #[pyo3(item("_test_nonce"), default)]
+    test_nonce: Option<Vec<u8>>,
 }
 
 impl LinkArgs {
@@ -70,6 +74,17 @@ impl LinkArgs {
                 format!("protocol must be 'gradstream' or 'seed', not {other:?}"),
             )),
         }
+    }
+
+    fn test_nonce(&self, py: Python<'_>) -> PyResult<Option<[u8; 32]>> {
+        self.test_nonce
+            .as_deref()
+            .map(|nonce| {
+                <[u8; 32]>::try_from(nonce).map_err(|_| {
+                    setting_error(py, "_test_nonce", "a test nonce is 32 bytes".into())
+                })
+            })
+            .transpose()
     }
 
     fn waits(&self) -> Waits {
@@ -104,6 +119,7 @@ pub fn connect(
 ) -> PyResult<u64> {
     let py = engine.py();
     let protocol = args.protocol(py)?;
+    let test_nonce = args.test_nonce(py)?;
     let waits = args.waits();
     let tls = match args.tls {
         Some(files) => Some(Arc::new(
@@ -117,6 +133,7 @@ pub fn connect(
         authkey: args.authkey,
         handshake_timeout: Duration::from_secs_f64(args.handshake_timeout),
         limits: engine.get().config().limits,
+        test_nonce,
     };
     let engine = engine.clone().unbind();
     Ok(completions.get().spawn(async move {
@@ -136,6 +153,7 @@ pub fn listen(
 ) -> PyResult<u64> {
     let py = engine.py();
     let protocol = args.protocol(py)?;
+    let test_nonce = args.test_nonce(py)?;
     let waits = args.waits();
     let tls = match args.tls {
         Some(files) => Some(Arc::new(
@@ -152,6 +170,7 @@ pub fn listen(
         max_pending_handshakes,
         max_connections,
         limits: engine.get().config().limits,
+        test_nonce,
     };
     let engine = engine.clone().unbind();
     Ok(completions.get().spawn(async move {

@@ -12,8 +12,9 @@ import secrets
 from typing import Any, Literal
 
 from .. import DEFAULT_MAX_GRADIENT_LEN
-from .._peers import TLS, check_authkey
+from .._checks import check_authkey
 from .._session import GradientStreamSession
+from .._tls_settings import TLS
 from ..errors import SettingError
 
 # The wire layout between gradstream peers on Ray: nothing but gradstream reads these

@@ -1,35 +1,28 @@
-"""Pure-Python reference implementation of gradstream (numpy + pyarrow + zlib + struct).
+"""Pure-Python reference implementation of gradstream's codec and session (numpy +
+pyarrow + zlib + struct).
 
-An independent second implementation of the native module's API, written from the
-README's "Wire format" and "Decoding rules" step by step rather than from the Rust code,
-so that the differential tests, which hold the two against each other, catch a mistake on
-either side: for any input both must raise the same exception class with the same
-fields. It is the executable form of the spec: keep it obvious rather than fast.
+An independent second implementation of the native session's API, written from
+docs/spec/wire-format.md and docs/spec/decoding-rules.md step by step rather than from the
+Rust code, so that the differential tests, which hold the two against each other, catch a
+mistake on either side: for any input both must raise the same exception class with the
+same fields. It is the executable form of the spec: keep it obvious rather than fast. Its
+``stream_to`` / ``receive_from`` move frames over sockets and asyncio streams; it has no
+connections (``listen`` / ``connect`` are the native package's; the tests' protocol peer
+is tests/support/peer/).
 
 Two things hold throughout:
 
 * values are moved as raw words (numpy views, Arrow buffers, memcpy-style
   concatenation) and never pass through another dtype unless the dtypes rules cast them
-  (``_dtypes.cast``, README "The cast rule"), so NaN payloads, -0.0 and subnormals survive
-  bit for bit;
-* this package imports only ``gradstream.errors``, ``._convert``, ``._dtypes``,
-  ``._io`` and ``._peers`` from gradstream, never the native extension nor the native
+  (``_dtypes.cast``, docs/guides/dtypes-and-shapes.md), so NaN payloads, -0.0 and
+  subnormals survive bit for bit;
+* this package imports only ``gradstream.errors``, ``._checks``, ``._convert``,
+  ``._dtypes`` and ``._io`` from gradstream, never the native extension nor the native
   side's tensor-set layer (``gradstream._tensors``), so it can judge them without
   depending on them.
 
 One job a module; the imports run one way, from the session down:
 
-* ``_listener``: ``listen`` and ``serve`` (README "Connections"): the listening socket,
-  its caps, the handshakes under their timeout, the refusals logged;
-* ``_connection``: ``connect``, ``Connection`` (one transfer at a time) and what both
-  sides bring to a connection;
-* ``_transfers``: a connection's transfers over the session, with the ack around them
-  (``"gradstream"``) or without (``"seed"``);
-* ``_handshake``: the hellos and the authkey's tags exchanged;
-* ``_streams``: the connection's asyncio streams, TLS or not, tapped for the ack digest;
-* ``_tls``: the ``ssl`` contexts and what ``ssl`` errors mean;
-* ``_protocol``: the protocol's messages (hello, auth, ack), transfer ids and digests,
-  sans-I/O;
 * ``_session``: ``GradientStreamSession``, the settings and the API on them, wiring the
   modules below together;
 * ``_tensors``: tensor sets (encode_tensors, decode_tensors, stream_tensors,
@@ -48,6 +41,7 @@ One job a module; the imports run one way, from the session down:
   compressed batches), run before pyarrow reads them;
 * ``_writer``: the payload encoder (layouts, dtypes, metadata, compression) and
   ``payload_len``;
+* ``_seal``: the ``gradstream_seal`` metadata, written and held to what is expected;
 * ``_wire``: the wire format's fixed facts (frame header, schemas, metadata keys, value
   types), shared by the writer and the reader.
 
@@ -57,13 +51,10 @@ classes this package as their home.
 
 from __future__ import annotations
 
-from .._peers import TLS, Peer, Server
 from . import _wire
 from ._channels import TransferProgress
 from ._chunk import GradientChunk
-from ._connection import Connection, connect
 from ._guard import _footer_blocks as _footer_blocks
-from ._listener import Listener, listen, serve
 from ._reader import decode_payload as decode_payload
 from ._session import GradientStreamSession
 from ._settings import DEFAULT_CHUNK_SIZE as DEFAULT_CHUNK_SIZE
@@ -76,19 +67,7 @@ from ._wire import PAYLOAD_SCHEMA as PAYLOAD_SCHEMA
 from ._writer import encode_payload as encode_payload
 from ._writer import payload_len as payload_len
 
-__all__ = [
-    "TLS",
-    "Connection",
-    "GradientChunk",
-    "GradientStreamSession",
-    "Listener",
-    "Peer",
-    "Server",
-    "TransferProgress",
-    "connect",
-    "listen",
-    "serve",
-]
+__all__ = ["GradientChunk", "GradientStreamSession", "TransferProgress"]
 
 # The tests compare the shape metadata with what the session writes, which is this.
 _shape_text = _wire.shape_text
@@ -96,6 +75,6 @@ _shape_text = _wire.shape_text
 # The classes are defined in the submodules, but their public home is this package: so
 # reprs of the classes and pickles of their instances name gradstream.reference, as they
 # did before the split, and not a private module that may move again.
-for _cls in (Connection, GradientChunk, GradientStreamSession, Listener, TransferProgress):
+for _cls in (GradientChunk, GradientStreamSession, TransferProgress):
     _cls.__module__ = __name__
 del _cls

@@ -16,8 +16,8 @@ import socket
 import ssl
 from typing import Any
 
+from .._checks import SSL_SOCKET_REFUSED
 from .._io import Clock, Stalled
-from .._peers import SSL_SOCKET_REFUSED
 from ..errors import StreamIOError
 
 # --------------------------------------------------------------------------- progress

@@ -11,8 +11,8 @@ from __future__ import annotations
 import operator
 from typing import Any, Literal
 
+from .._checks import check_seconds
 from .._dtypes import DTYPES
-from .._peers import check_seconds
 from ..errors import SettingError
 from ._wire import LAYOUTS, U32_MAX, USIZE_MAX
 

@@ -22,14 +22,14 @@ from __future__ import annotations
 import contextlib
 import zlib
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import pyarrow as pa
 
 from .. import _dtypes
 from .._convert import byte_view, check_bool
-from .._io import Stalled
+from .._io import Clock, Stalled
 from ..errors import TensorSetError
 from ._channels import (
     TransferProgress,
@@ -52,11 +52,36 @@ from ._manifest import (
 )
 from ._receiver import _decode_frame_stream, _FrameReceiver, _walk_frames
 from ._seal import MANIFEST, Expect, Seal, _SealTracker
+from ._settings import Compression
 from ._wire import HEADER, HEADER_LEN, shape_text
 from ._writer import _Gradient, encode_payload
 
-if TYPE_CHECKING:
-    from ._session import GradientStreamSession
+
+class _Session(Protocol):
+    """What the tensor sets take of a session: ``_session``'s GradientStreamSession, which
+    calls this module with itself (so this module knows it only by what it uses)."""
+
+    @property
+    def layout(self) -> str: ...
+    @property
+    def compression(self) -> Compression | None: ...
+    @property
+    def max_payload_len(self) -> int: ...
+    @property
+    def max_gradient_len(self) -> int: ...
+    @property
+    def wire_dtype(self) -> str | None: ...
+    def _clock(self, deadline: Any) -> Clock: ...
+    def _expect(self, transfer: bytes | None = None) -> Expect: ...
+    def _transfer(self, transfer: bytes | None = None) -> bytes | None: ...
+    def _joined_frames(self, gradient: _Gradient) -> bytes: ...
+    async def _send(
+        self, channel: _Channel, grad: _Gradient, progress: TransferProgress | None
+    ) -> int: ...
+    async def _receive_with(
+        self, channel: _Channel, progress: TransferProgress | None, receiver: _FrameReceiver
+    ) -> np.ndarray | None: ...
+
 
 _PAIRS = "a mapping of name to tensor or an iterable of (name, tensor) pairs"
 
@@ -140,9 +165,7 @@ def _take(tensors: Any, doing: str) -> list[_Tensor]:
     return out
 
 
-def _as_gradient(
-    session: GradientStreamSession, tensor: _Tensor, k: int, transfer: bytes | None
-) -> _Gradient:
+def _as_gradient(session: _Session, tensor: _Tensor, k: int, transfer: bytes | None) -> _Gradient:
     """A tensor, the ``k``-th of its set (from 0), as the encoder of a keep_shape,
     keep_dtype session with the caller's wire_dtype takes it: cast to the wire dtype, flat,
     with its shape and (when cast) its own dtype as metadata, sealed at position ``k`` of
@@ -167,9 +190,7 @@ def manifest_frame(
     return HEADER.pack(0, 1, len(payload), zlib.crc32(payload)) + payload
 
 
-def _manifest_for(
-    session: GradientStreamSession, tensors: list[_Tensor], transfer: bytes | None
-) -> bytes:
+def _manifest_for(session: _Session, tensors: list[_Tensor], transfer: bytes | None) -> bytes:
     """The set's manifest frame, or TensorSetError when a receiver with this session's
     max_payload_len would refuse it for its size."""
     cap = _cap(session)
@@ -192,7 +213,7 @@ def _manifest_for(
 
 
 def encode_tensors(
-    session: GradientStreamSession,
+    session: _Session,
     tensors: Any,
     as_buffer: bool = False,
     transfer: bytes | None = None,
@@ -213,7 +234,7 @@ def encode_tensors(
 
 
 async def stream_tensors(
-    session: GradientStreamSession,
+    session: _Session,
     tensors: Any,
     stream: Any,
     progress: TransferProgress | None = None,
@@ -255,14 +276,12 @@ def _first_header(header: memoryview) -> None:
         )
 
 
-def _cap(session: GradientStreamSession) -> int:
+def _cap(session: _Session) -> int:
     """The max_payload_len a manifest frame is written and read under."""
     return min(session.max_payload_len, MANIFEST_CAP)
 
 
-def _manifest_receiver(
-    session: GradientStreamSession, copy: bool, expect: Expect
-) -> _FrameReceiver:
+def _manifest_receiver(session: _Session, copy: bool, expect: Expect) -> _FrameReceiver:
     """A receiver for the manifest frame: the usual rules, max_payload_len capped at
     16 MiB, and no values allowed (max_gradient_len 0); its seal held to ``expect`` at
     the manifest's position."""
@@ -286,7 +305,7 @@ def _tensor_limit(entry: Entry) -> int:
 
 
 def _tensor_receiver(
-    session: GradientStreamSession, entry: Entry, copy: bool, seal: _SealTracker
+    session: _Session, entry: Entry, copy: bool, seal: _SealTracker
 ) -> _FrameReceiver:
     """A receiver for one tensor: the session's max_payload_len, the entry's limit, the
     tensor's seal rule."""
@@ -295,7 +314,7 @@ def _tensor_receiver(
 
 
 def _entries(
-    session: GradientStreamSession, receiver: _FrameReceiver, max_values: int | None = None
+    session: _Session, receiver: _FrameReceiver, max_values: int | None = None
 ) -> list[Entry]:
     """Rules 1 (the end of the frame's decode) and 2: the manifest's entries, checked,
     their element counts summed within max_gradient_len (and ``max_values``, a
@@ -336,7 +355,7 @@ def _cut_short(received: int, n: int) -> TensorSetError:
 
 
 def _memory_manifest(
-    session: GradientStreamSession, view: memoryview, expect: Expect
+    session: _Session, view: memoryview, expect: Expect
 ) -> tuple[list[Entry], int, _FrameReceiver]:
     """The manifest at the start of non-empty ``view``: its entries, where it ends, and
     the receiver that read it."""
@@ -349,7 +368,7 @@ def _memory_manifest(
 
 
 def decode_tensors(
-    session: GradientStreamSession, data: Any, transfer: bytes | None = None
+    session: _Session, data: Any, transfer: bytes | None = None
 ) -> dict[str, np.ndarray]:
     """The set held by ``data``; ``{}`` for no bytes. Each tensor is decoded by
     decode_frames' rules from where the one before ended, the last one up to the end of
@@ -396,7 +415,7 @@ async def _fill(channel: _Channel, size: int, total: int | None) -> bytes:
 
 
 async def _stream_manifest(
-    session: GradientStreamSession,
+    session: _Session,
     channel: _Channel,
     receiver: _FrameReceiver,
     max_values: int | None,
@@ -418,7 +437,7 @@ async def _stream_manifest(
 
 
 async def receive_tensors(
-    session: GradientStreamSession,
+    session: _Session,
     stream: Any,
     progress: TransferProgress | None = None,
     deadline: float | None = None,

@@ -25,6 +25,12 @@ pub struct DialSettings {
     pub handshake_timeout: Duration,
     /// What this side accepts, told to the peer in its hello.
     pub limits: Limits,
+    /// Tests only (the recorded sessions of docs/spec/protocol.md, replayed byte for
+    /// byte): this side's hello nonce, instead of a fresh random one. A fixed nonce gives
+    /// every connection the same transfer ids, so a seal no longer tells one connection's
+    /// transfers from another's: leave it `None`.
+    #[doc(hidden)]
+    pub test_nonce: Option<[u8; 32]>,
 }
 
 /// Connect to `host:port` and do the handshake the settings say.
@@ -62,6 +68,7 @@ async fn establish(host: &str, port: u16, settings: &DialSettings) -> Result<Lin
                 authkey,
                 settings.limits,
                 peer,
+                settings.test_nonce,
             )
             .await?;
             let who = Peer::without_certificate(address, established.authenticated);
@@ -78,6 +85,7 @@ async fn establish(host: &str, port: u16, settings: &DialSettings) -> Result<Lin
                 authkey,
                 settings.limits,
                 peer,
+                settings.test_nonce,
             )
             .await
             .map_err(|e| match e {

@@ -95,7 +95,9 @@ fn dropped(ended: &Ended, tls: bool, peer: Option<SocketAddr>) -> Option<Gradien
     })
 }
 
-/// Exchange hellos (and, with `authkey`, tags) as `role`, over TLS when `tls`.
+/// Exchange hellos (and, with `authkey`, tags) as `role`, over TLS when `tls`. This
+/// side's nonce is fresh from the system's RNG, unless `test_nonce` fixes it (the tests'
+/// replays of recorded sessions only: see `DialSettings::test_nonce`).
 pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     role: Role,
@@ -103,8 +105,12 @@ pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     authkey: Option<&[u8]>,
     limits: Limits,
     peer: Option<SocketAddr>,
+    test_nonce: Option<[u8; 32]>,
 ) -> Result<Established> {
-    let mine = Hello::new(role, authkey.is_some(), limits)?;
+    let mine = match test_nonce {
+        Some(nonce) => Hello::with_nonce(role, authkey.is_some(), nonce, limits),
+        None => Hello::new(role, authkey.is_some(), limits)?,
+    };
     let mine_bytes = mine.to_bytes();
     // Both sides write first: 80 bytes fit any socket buffer, so neither waits on the other.
     stream.write_all(&mine_bytes).await?;

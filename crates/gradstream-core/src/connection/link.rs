@@ -304,6 +304,14 @@ impl Link {
         self._slot = None;
     }
 
+    /// The peer ended the connection between transfers: closed, and this side's end
+    /// shut down too (a peer that only shut down its sending side gets its end of the
+    /// connection now, not when this link is dropped).
+    async fn peer_closed(&mut self) {
+        self.closed("the peer closed it".into());
+        let _ = tokio::time::timeout(LINGER, self.stream.shutdown()).await;
+    }
+
     /// Close the connection (a TLS close_notify first); idempotent.
     pub async fn close(&mut self) {
         if !matches!(self.state, State::Closed(_)) {
@@ -580,7 +588,7 @@ impl Link {
         let Mode::Sealed(keys) = &self.mode else {
             return match receive_gradient(receiver, &mut self.stream, waits, progress).await {
                 Ok(Ended::BeforeFirstByte(receiver)) => {
-                    self.closed("the peer closed it".into());
+                    self.peer_closed().await;
                     Ok(Ended::BeforeFirstByte(receiver))
                 }
                 Ok(got) => Ok(got),
@@ -599,7 +607,7 @@ impl Link {
                 Ok(Ended::Gradient(values))
             }
             Ok(Ended::BeforeFirstByte(receiver)) => {
-                self.closed("the peer closed it".into());
+                self.peer_closed().await;
                 Ok(Ended::BeforeFirstByte(receiver))
             }
             Err(e) => self.failed_receive(e, Some(first)).await,
@@ -636,7 +644,7 @@ impl Link {
             let began = tap.first_header().is_some();
             return match got {
                 Ok(_) if !began => {
-                    self.closed("the peer closed it".into());
+                    self.peer_closed().await;
                     Ok(Received::End)
                 }
                 Ok(set) => Ok(Received::Transfer(set)),
@@ -651,7 +659,7 @@ impl Link {
         let digest = tap.finish();
         match got {
             Ok(_) if first.is_none() => {
-                self.closed("the peer closed it".into());
+                self.peer_closed().await;
                 Ok(Received::End)
             }
             Ok(set) => {

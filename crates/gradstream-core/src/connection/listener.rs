@@ -34,6 +34,9 @@ pub struct ListenSettings {
     pub max_connections: usize,
     /// What this side accepts, told to each peer in its hello.
     pub limits: Limits,
+    /// Tests only: this side's hello nonce (see `DialSettings::test_nonce`); `None`.
+    #[doc(hidden)]
+    pub test_nonce: Option<[u8; 32]>,
 }
 
 /// Why a peer was dropped.
@@ -191,6 +194,7 @@ async fn admit(tcp: TcpStream, address: SocketAddr, settings: &ListenSettings) -
                 authkey,
                 settings.limits,
                 peer,
+                settings.test_nonce,
             )
             .await;
             let established = shaken.inspect_err(|_| discard_pending(&stream))?;
@@ -206,6 +210,7 @@ async fn admit(tcp: TcpStream, address: SocketAddr, settings: &ListenSettings) -
                 authkey,
                 settings.limits,
                 peer,
+                settings.test_nonce,
             )
             .await?;
             let who = Peer {

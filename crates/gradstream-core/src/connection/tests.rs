@@ -1,6 +1,7 @@
 //! Connections end to end over 127.0.0.1: a sealed, acknowledged round trip each way, an
 //! authkey both sides hold and one they do not, a foreign peer turned into a refusal
-//! event while the listener goes on, and a peer's limit honoured before a byte is sent.
+//! event while the listener goes on, a peer's limit honoured before a byte is sent, and
+//! the tests' fixed nonce in the hello.
 
 use std::time::Duration;
 
@@ -24,6 +25,7 @@ fn listen_settings(authkey: Option<&[u8]>, limits: Limits) -> ListenSettings {
         max_pending_handshakes: 4,
         max_connections: 4,
         limits,
+        test_nonce: None,
     }
 }
 
@@ -34,6 +36,7 @@ fn dial_settings(authkey: Option<&[u8]>) -> DialSettings {
         authkey: authkey.map(<[u8]>::to_vec),
         handshake_timeout: Duration::from_secs(5),
         limits: Limits::default(),
+        test_nonce: None,
     }
 }
 
@@ -191,4 +194,37 @@ async fn a_gradient_over_the_peers_limit_is_refused_before_a_byte() {
         }
         other => panic!("expected a DeliveryError, got {:?}", other.err()),
     }
+}
+
+#[tokio::test]
+async fn a_fixed_test_nonce_is_the_hellos_nonce() {
+    use crate::protocol::{Hello, Role, HELLO_LEN};
+    let (mut ours, mut theirs) = tokio::io::duplex(1024);
+    let nonce = [7u8; 32];
+    let limits = Limits::default();
+    let peer_hello = Hello::with_nonce(Role::Server, false, [9u8; 32], limits).to_bytes();
+    theirs.write_all(&peer_hello).await.expect("writes");
+    let shaken = handshake::handshake(
+        &mut ours,
+        Role::Client,
+        false,
+        None,
+        limits,
+        None,
+        Some(nonce),
+    )
+    .await
+    .expect("shakes hands");
+    assert_eq!(
+        (shaken.client_nonce, shaken.server_nonce),
+        (nonce, [9u8; 32])
+    );
+    let mut sent = [0u8; HELLO_LEN];
+    tokio::io::AsyncReadExt::read_exact(&mut theirs, &mut sent)
+        .await
+        .expect("reads");
+    assert_eq!(
+        sent,
+        Hello::with_nonce(Role::Client, false, nonce, limits).to_bytes()
+    );
 }

@@ -1,4 +1,4 @@
-//! TLS for connections (README "TLS and authentication"): rustls on the ring provider,
+//! TLS for connections (docs/guides/connections.md): rustls on the ring provider,
 //! TLS 1.3 only (rustls is built without TLS 1.2), ALPN `gradstream/1` required on both
 //! sides, the server's certificate checked against the CA and the name or IP given to
 //! `connect` (no way to turn that off), and under mutual TLS a client certificate signed
@@ -7,15 +7,15 @@
 //! - `acceptor`: `TlsAcceptor`, the listener's side;
 //! - `connector`: `TlsConnector`, the client's side;
 //! - `files`: `TlsFiles`, and the PEM files read into certificates, a key and roots;
-//! - `subject`: a certificate's subject as text, by a small strict DER walker.
+//! - `subject`: a certificate's subject as RFC 4514 text (x509-cert).
 //!
 //! Every failure is a `GradientStreamError::Tls` saying what rustls said (or which file
 //! could not be read). Under TLS 1.3 a client learns that the listener refused its
 //! certificate only on its first read after the handshake: `from_io` turns that read's
 //! error into the same `Tls` error.
 //!
-//! Uses `error`, rustls, tokio-rustls and rustls-pki-types (feature `tls`); used by the
-//! connection driver and the bindings.
+//! Uses `error`, rustls, tokio-rustls, rustls-pki-types and x509-cert (feature `tls`);
+//! used by the connection driver and the bindings.
 
 mod acceptor;
 mod connector;
@@ -81,9 +81,8 @@ pub(crate) enum Side {
 /// What a peer that does not speak TLS at all is told (and the log says).
 const NOT_TLS: &str = "the peer does not speak TLS (give both sides tls=, or neither)";
 
-/// Our words for what rustls said where its words have a plainer cause, as the
-/// reference's for what `ssl` says (README "TLS and authentication"): `{hint} ({rustls's
-/// words})`; else rustls's words alone.
+/// Our words for what rustls said where its words have a plainer cause (docs/guides/
+/// connections.md): `{hint} ({rustls's words})`; else rustls's words alone.
 fn described(error: &rustls::Error) -> String {
     use rustls::{AlertDescription, Error, InvalidMessage, PeerIncompatible};
     let hint = match error {

@@ -89,9 +89,10 @@ pub(crate) fn pki() -> Pki {
         &["127.0.0.1", "localhost"],
         &[(DnType::CommonName, "server")],
     );
+    // In certificate order, the least specific first: the subject text reverses it.
     let worker = [
-        (DnType::CommonName, "worker-1"),
         (DnType::OrganizationName, "lab"),
+        (DnType::CommonName, "worker-1"),
     ];
     let (client_cert, client_key) = leaf(&ca, &[], &worker);
     let (stranger_cert, stranger_key) = leaf(&other, &[], &worker);

@@ -413,7 +413,7 @@ fn io_errors_that_are_not_tls_stay_io() {
 }
 
 #[test]
-fn the_subject_walker_reads_a_real_certificate_and_survives_its_every_cut() {
+fn the_subject_of_a_real_certificate_is_rfc_4514_text_and_no_cut_of_it_reads() {
     use rustls_pki_types::pem::PemObject;
     let pki = pki();
     let der = rustls_pki_types::CertificateDer::from_pem_file(&pki.client_cert).unwrap();

@@ -1,12 +1,13 @@
-"""The messages of README "Protocol", sans-I/O: the hello, the authentication message and
-the ack, written and strictly read; what a peer's first 16 bytes are when they are not a
-hello; the HMAC tags; the transfer ids; the ack digest, computed from a transfer's frames
-as they pass.
+"""The connection protocol's messages (docs/spec/protocol.md), sans-I/O: the hello, the
+authentication message and the ack, written and strictly read; what a peer's first 16
+bytes are when they are not a hello; the HMAC tags; the transfer ids; the ack digest,
+computed from a transfer's frames as they pass.
 
-Apart because it is the protocol's bytes and nothing else: the handshake and the
-connection read exactly what these functions say (16 bytes first, the rest only once
-those are checked) and hand the bytes here, so every rule is tested without a socket
-(tests/connection/test_protocol_golden.py, against the README's vectors).
+Written from the specification, not from the Rust core (crates/gradstream-core/src/
+protocol/), so that the golden tests (connection/test_protocol_golden.py) hold the two to
+the same bytes, and the test peer (``support.peer``) speaks the protocol independently of
+the product: a reader reads exactly what these functions say (16 bytes first, the rest
+only once those are checked) and hands the bytes here.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import struct
 from collections.abc import Callable
 from typing import NamedTuple
 
-from ..errors import Address, ProtocolError
-from ._wire import HEADER, HEADER_LEN
+from gradstream.errors import Address, ProtocolError
+from gradstream.reference import HEADER, HEADER_LEN
 
 # --------------------------------------------------------------------------- constants
 

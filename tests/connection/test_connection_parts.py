@@ -1,6 +1,8 @@
-"""What both implementations of connections share (gradstream._peers): the TLS settings
-and their file checks, addresses, the Peer, the keyword checks, the subject text and the
-rate limit on refusal logs."""
+"""The plain-Python parts connections stand on (docs/guides/connections.md): the TLS
+settings and their file checks (``_tls_settings``), addresses and the Peer
+(``_address``), the keyword checks and defaults (``_checks``), the log lines and the rate
+limit on refusal logs (``_logs``), one transfer at a time (``_turns``). The subject text
+is the TLS layer's (test_tls_subject.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +15,7 @@ import re
 import pytest
 
 import gradstream as gs
-import gradstream.reference as ref
-from gradstream import _peers
+from gradstream import _address, _checks, _logs, _tls_settings, _turns
 from gradstream.errors import SettingError
 
 
@@ -28,9 +29,9 @@ def pem(tmp_path: pathlib.Path) -> pathlib.Path:
 # --------------------------------------------------------------------------- TLS
 
 
-def test_tls_is_exported_from_both_packages() -> None:
-    assert gs.TLS is ref.TLS is _peers.TLS
-    assert gs.Peer is ref.Peer is _peers.Peer
+def test_tls_and_peer_are_the_packages() -> None:
+    assert gs.TLS is _tls_settings.TLS
+    assert gs.Peer is _address.Peer
 
 
 def test_tls_keeps_the_paths_as_str(pem: pathlib.Path) -> None:
@@ -75,11 +76,11 @@ def test_tls_needs_a_key_with_its_cert_and_something(pem: pathlib.Path) -> None:
 
 def test_each_side_needs_its_part_of_tls(pem: pathlib.Path) -> None:
     with pytest.raises(SettingError, match="a listener's TLS needs cert= and key="):
-        _peers.listener_tls(gs.TLS(ca=pem))
+        _tls_settings.listener_tls(gs.TLS(ca=pem))
     with pytest.raises(SettingError, match="a client's TLS needs ca="):
-        _peers.client_tls(gs.TLS(cert=pem, key=pem))
+        _tls_settings.client_tls(gs.TLS(cert=pem, key=pem))
     with pytest.raises(TypeError, match=r"tls must be None or a gradstream\.TLS, not dict"):
-        _peers.client_tls({"ca": pem})
+        _tls_settings.client_tls({"ca": pem})
 
 
 # --------------------------------------------------------------------------- addresses
@@ -96,7 +97,7 @@ def test_each_side_needs_its_part_of_tls(pem: pathlib.Path) -> None:
     ],
 )
 def test_addresses_parse(address: object, parsed: tuple[str, int]) -> None:
-    assert _peers.parse_address(address) == parsed
+    assert _address.parse_address(address) == parsed
 
 
 @pytest.mark.parametrize(
@@ -113,78 +114,58 @@ def test_addresses_parse(address: object, parsed: tuple[str, int]) -> None:
 )
 def test_bad_addresses_are_setting_errors(address: object, message: str) -> None:
     with pytest.raises(SettingError, match=re.escape(message)) as info:
-        _peers.parse_address(address)
+        _address.parse_address(address)
     assert info.value.setting == "address"
 
 
 @pytest.mark.parametrize("address", [7000, ("h", 1, 2), ("h", True), (1, 2), ("h", "7000")])
 def test_addresses_of_other_types_are_type_errors(address: object) -> None:
     with pytest.raises(TypeError):
-        _peers.parse_address(address)
+        _address.parse_address(address)
 
 
 # --------------------------------------------------------------------------- keywords
 
 
 def test_the_keyword_checks() -> None:
-    assert _peers.check_protocol("seed") == "seed"
+    assert _checks.check_protocol("seed") == "seed"
     with pytest.raises(SettingError, match="protocol must be 'gradstream' or 'seed', got 'http'"):
-        _peers.check_protocol("http")
-    assert _peers.check_authkey(bytearray(16)) == bytes(16)
+        _checks.check_protocol("http")
+    assert _checks.check_authkey(bytearray(16)) == bytes(16)
     with pytest.raises(SettingError, match="authkey must hold at least 16 bytes, got 15"):
-        _peers.check_authkey(b"x" * 15)
+        _checks.check_authkey(b"x" * 15)
     with pytest.raises(TypeError, match="authkey must be None or bytes, not str"):
-        _peers.check_authkey("x" * 16)
-    assert _peers.check_handshake_timeout(2) == 2.0
+        _checks.check_authkey("x" * 16)
+    assert _checks.check_handshake_timeout(2) == 2.0
     for bad in (0, -1, float("nan"), float("inf")):
         with pytest.raises(SettingError, match="handshake_timeout must be a positive number"):
-            _peers.check_handshake_timeout(bad)
+            _checks.check_handshake_timeout(bad)
     with pytest.raises(TypeError):
-        _peers.check_handshake_timeout(None)
+        _checks.check_handshake_timeout(None)
     with pytest.raises(SettingError, match="max_connections must be at least 1, got 0"):
-        _peers.check_count(0, "max_connections")
+        _checks.check_count(0, "max_connections")
     with pytest.raises(TypeError):
-        _peers.check_count(True, "max_connections")
+        _checks.check_count(True, "max_connections")
 
 
 def test_seed_carries_neither_tls_nor_authkey(pem: pathlib.Path) -> None:
     with pytest.raises(SettingError, match=r"protocol='seed' .* cannot carry authkey=") as info:
-        _peers.check_plain_seed("seed", None, bytes(16))
+        _checks.check_plain_seed("seed", None, bytes(16))
     assert info.value.setting == "protocol"
     with pytest.raises(SettingError, match="cannot carry tls="):
-        _peers.check_plain_seed("seed", gs.TLS(ca=pem), None)
-    _peers.check_plain_seed("gradstream", gs.TLS(ca=pem), bytes(16))
+        _checks.check_plain_seed("seed", gs.TLS(ca=pem), None)
+    _checks.check_plain_seed("gradstream", gs.TLS(ca=pem), bytes(16))
 
 
 def test_the_defaults() -> None:
-    assert _peers.HANDSHAKE_TIMEOUT == 10.0
-    assert _peers.MAX_PENDING_HANDSHAKES == 64
-    assert _peers.MAX_CONNECTIONS == 256
-    assert _peers.LISTENER_DEADLINE == 300.0
-    assert _peers.MIN_AUTHKEY_LEN == 16
+    assert _checks.HANDSHAKE_TIMEOUT == 10.0
+    assert _checks.MAX_PENDING_HANDSHAKES == 64
+    assert _checks.MAX_CONNECTIONS == 256
+    assert _checks.LISTENER_DEADLINE == 300.0
+    assert _checks.MIN_AUTHKEY_LEN == 16
 
 
-# --------------------------------------------------------------------------- subjects
-
-
-def test_the_subject_text() -> None:
-    subject = (
-        (("commonName", "worker-1"),),
-        (("organizationName", "lab"),),
-        (("organizationalUnitName", "ml"), ("countryName", "NZ")),
-        (("stateOrProvinceName", "Otago"),),
-        (("localityName", "Dunedin"),),
-        (("emailAddress", "w@lab.example"),),
-    )
-    assert _peers.subject_text(subject) == (
-        "CN=worker-1,O=lab,OU=ml+C=NZ,ST=Otago,L=Dunedin,emailAddress=w@lab.example"
-    )
-
-
-def test_separators_in_values_are_escaped() -> None:
-    # A commonName "a,O=lab" must not read as a second attribute.
-    subject = ((("commonName", "a,O=lab"),), (("organizationName", "x+y\\z"),))
-    assert _peers.subject_text(subject) == "CN=a\\,O=lab,O=x\\+y\\\\z"
+# --------------------------------------------------------------------------- the peer
 
 
 def test_peer_is_frozen() -> None:
@@ -199,7 +180,7 @@ def test_peer_is_frozen() -> None:
 
 def test_refusal_logs_are_limited_and_the_rest_counted(caplog: pytest.LogCaptureFixture) -> None:
     now = [100.0]
-    log = _peers.RefusalLog("127.0.0.1:7000", clock=lambda: now[0])
+    log = _logs.RefusalLog("127.0.0.1:7000", clock=lambda: now[0])
     with caplog.at_level(logging.WARNING, logger="gradstream"):
         written = [log.refused(("10.0.0.1", k), "bad hello") for k in range(25)]
         assert written == [True] * 10 + [False] * 15
@@ -218,33 +199,31 @@ def test_refusal_logs_are_limited_and_the_rest_counted(caplog: pytest.LogCapture
 
 
 def test_seconds_are_checked_as_the_sessions_are() -> None:
-    assert _peers.check_seconds(None) is None
-    assert _peers.check_seconds(2) == 2.0
+    assert _checks.check_seconds(None) is None
+    assert _checks.check_seconds(2) == 2.0
     for bad in (0, -1.5, float("nan"), float("inf")):
         with pytest.raises(SettingError, match="deadline must be None or a positive number"):
-            _peers.check_seconds(bad, "deadline")
+            _checks.check_seconds(bad, "deadline")
     with pytest.raises(TypeError, match="timeout must be None or a number, not str"):
-        _peers.check_seconds("1")
+        _checks.check_seconds("1")
 
 
-def test_the_texts_both_sides_write() -> None:
-    assert _peers.quoted("/tmp/a b.pem") == "'/tmp/a b.pem'"
-    assert _peers.quoted("it's\\here") == "'it\\'s\\\\here'"
-    assert _peers.silent_text(0.3) == "silent past handshake_timeout (0.3 s)"
-    assert _peers.silent_text(10.0) == "silent past handshake_timeout (10 s)"
-    assert _peers.describe_side("gradstream", True, True) == "gradstream, TLS, authkey"
-    assert _peers.describe_side("seed", False, False) == "seed"
+def test_the_texts_of_the_logs() -> None:
+    assert _logs.silent_text(0.3) == "silent past handshake_timeout (0.3 s)"
+    assert _logs.silent_text(10.0) == "silent past handshake_timeout (10 s)"
+    assert _logs.describe_side("gradstream", True, True) == "gradstream, TLS, authkey"
+    assert _logs.describe_side("seed", False, False) == "seed"
 
 
 def test_turns_let_one_transfer_run_at_a_time() -> None:
-    turns = _peers.Turns()
-    with turns.turn(_peers.Phase.SENDING, "send"):
+    turns = _turns.Turns()
+    with turns.turn(_turns.Phase.SENDING, "send"):
         with pytest.raises(SettingError, match="recv while this connection is sending"):
-            with turns.turn(_peers.Phase.RECEIVING, "recv"):
+            with turns.turn(_turns.Phase.RECEIVING, "recv"):
                 pass
-        assert turns.phase is _peers.Phase.SENDING
-    assert turns.phase is _peers.Phase.IDLE
+        assert turns.phase is _turns.Phase.SENDING
+    assert turns.phase is _turns.Phase.IDLE
     assert turns.close() and not turns.close()
     with pytest.raises(OSError, match="send on a closed connection"):
-        with turns.turn(_peers.Phase.SENDING, "send"):
+        with turns.turn(_turns.Phase.SENDING, "send"):
             pass

@@ -1,0 +1,168 @@
+"""The defaults of connections and the checks of their keywords (docs/guides/
+connections.md, docs/guides/limits.md): ``protocol=``, ``authkey=``, ``timeout=`` and
+``deadline=`` (a call's or a session's), ``handshake_timeout=``, the listener's caps,
+``recv_tensors``' ``max_values=``; the waits a connection's transfers get; and why
+``stream_to`` / ``receive_from`` refuse an ``ssl.SSLSocket``. Each raises the
+``SettingError`` or ``TypeError`` a user sees, in words given here once.
+
+Plain Python over ``errors`` and ``_tls_settings``: the native connections, the session
+layers (the native one's and the reference's ``timeout=``) and ``gradstream.ray`` check
+with it.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any, Literal
+
+from ._tls_settings import TLS
+from .errors import SettingError
+
+__all__ = [
+    "HANDSHAKE_TIMEOUT",
+    "LISTENER_DEADLINE",
+    "MAX_CONNECTIONS",
+    "MAX_PENDING_HANDSHAKES",
+    "MIN_AUTHKEY_LEN",
+    "SSL_SOCKET_REFUSED",
+    "Protocol",
+    "check_authkey",
+    "check_count",
+    "check_handler",
+    "check_handshake_timeout",
+    "check_max_values",
+    "check_plain_seed",
+    "check_protocol",
+    "check_seconds",
+    "connection_waits",
+]
+
+Protocol = Literal["gradstream", "seed"]
+
+# docs/guides/connections.md: the listener's defaults and the shortest authkey.
+HANDSHAKE_TIMEOUT = 10.0  # seconds for TLS, hello and authentication together
+MAX_PENDING_HANDSHAKES = 64
+MAX_CONNECTIONS = 256
+LISTENER_DEADLINE = 300.0  # seconds for a gradient, once begun, on a listener's connections
+MIN_AUTHKEY_LEN = 16
+
+# Why stream_to / receive_from refuse an ssl.SSLSocket: its descriptor carries TLS
+# records, and frames written beneath the TLS session would go out in plaintext.
+SSL_SOCKET_REFUSED = (
+    "an ssl.SSLSocket cannot carry frames (they would bypass its TLS); use tls= with "
+    "gradstream.connect / gradstream.listen, or asyncio streams over TLS"
+)
+
+
+def check_protocol(value: Any) -> Protocol:
+    if not isinstance(value, str):
+        raise TypeError(f"protocol must be 'gradstream' or 'seed', not {type(value).__name__}")
+    if value == "gradstream":
+        return "gradstream"
+    if value == "seed":
+        return "seed"
+    raise SettingError("protocol", f"protocol must be 'gradstream' or 'seed', got {value!r}")
+
+
+def check_authkey(value: Any) -> bytes | None:
+    """``authkey=``: None, or bytes-like of at least MIN_AUTHKEY_LEN bytes (a str is
+    refused: say which bytes it stands for)."""
+    if value is None:
+        return None
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        raise TypeError(f"authkey must be None or bytes, not {type(value).__name__}")
+    key = bytes(value)
+    if len(key) < MIN_AUTHKEY_LEN:
+        raise SettingError(
+            "authkey", f"authkey must hold at least {MIN_AUTHKEY_LEN} bytes, got {len(key)}"
+        )
+    return key
+
+
+def check_plain_seed(protocol: Protocol, tls: TLS | None, authkey: bytes | None) -> None:
+    """``protocol="seed"`` speaks bare frames: no TLS, no authkey."""
+    if protocol == "seed" and (tls is not None or authkey is not None):
+        given = "tls=" if tls is not None else "authkey="
+        raise SettingError(
+            "protocol",
+            f"protocol='seed' speaks the bare frames of ipfrs-transport 0.2.0 and cannot "
+            f"carry {given}; use protocol='gradstream'",
+        )
+
+
+def check_seconds(value: Any, name: str = "timeout") -> float | None:
+    """``timeout=`` or ``deadline=`` (``name``), a session's or a call's: None, or a
+    positive finite number of seconds."""
+    if value is None:
+        return None
+    # What float() accepts from a number (int, float, numpy scalars, Decimal...), but not
+    # a str, which float() would parse.
+    kind = type(value)
+    if not (hasattr(kind, "__float__") or hasattr(kind, "__index__")):
+        raise TypeError(f"{name} must be None or a number, not {kind.__name__}")
+    seconds = float(value)
+    # NaN fails the comparison; infinity is None's job ("wait for ever").
+    if not 0.0 < seconds < float("inf"):
+        raise SettingError(
+            name, f"{name} must be None or a positive number of seconds, got {value!r}"
+        )
+    return seconds
+
+
+def connection_waits(
+    session_timeout: float | None,
+    session_deadline: float | None,
+    timeout: float | None,
+    deadline: float | None,
+    *,
+    listening: bool,
+) -> tuple[float | None, float | None]:
+    """The timeout and deadline of a connection's transfers: a call's (``connect``,
+    ``listen``) replace the session's; a listener's connections give a gradient, once
+    begun, LISTENER_DEADLINE seconds when neither sets a deadline."""
+    wait = session_timeout if timeout is None else timeout
+    bound = session_deadline if deadline is None else deadline
+    if listening and bound is None:
+        bound = LISTENER_DEADLINE
+    return wait, bound
+
+
+def check_handshake_timeout(value: Any) -> float:
+    """A positive, finite number of seconds (None is refused: a listener must not wait for
+    ever on a silent peer)."""
+    kind = type(value)
+    if (
+        value is None
+        or isinstance(value, bool)
+        or not (hasattr(kind, "__float__") or hasattr(kind, "__index__"))
+    ):
+        raise TypeError(f"handshake_timeout must be a number of seconds, not {kind.__name__}")
+    seconds = float(value)
+    if not (0.0 < seconds and math.isfinite(seconds)):
+        raise SettingError(
+            "handshake_timeout",
+            f"handshake_timeout must be a positive number of seconds, got {value!r}",
+        )
+    return seconds
+
+
+def check_handler(handler: Any) -> None:
+    """``serve``'s handler: anything callable (a coroutine function or a plain one)."""
+    if not callable(handler):
+        raise TypeError(f"handler must be callable, not {type(handler).__name__}")
+
+
+def check_count(value: Any, name: str, least: int = 1) -> int:
+    """max_pending_handshakes, max_connections: an int of at least 1 (``least``)."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, not bool")
+    number = operator.index(value)
+    if number < least:
+        raise SettingError(name, f"{name} must be at least {least}, got {number}")
+    return number
+
+
+def check_max_values(value: Any) -> int | None:
+    """``recv_tensors``' ``max_values``: None, or an int of at least 0."""
+    return None if value is None else check_count(value, "max_values", least=0)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from ._connection import Connection, Listener, Server, connect, listen, serve
 from ._dtypes import BFloat16Type
-from ._memory import KeptMemory, keep_memory, kept_memory, release_memory
 from ._native import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_MAX_GRADIENT_LEN,
@@ -63,7 +62,6 @@ __all__ = [
     "GradientStreamError",
     "GradientStreamSession",
     "IncompleteStreamError",
-    "KeptMemory",
     "Listener",
     "ObjectUnavailableError",
     "Peer",
@@ -79,9 +77,6 @@ __all__ = [
     "WorkerLostError",
     "__version__",
     "connect",
-    "keep_memory",
-    "kept_memory",
     "listen",
-    "release_memory",
     "serve",
 ]

@@ -60,7 +60,9 @@ impl Direct {
             .as_ref()
             .is_some_and(|t| t.len() == payload.len());
         if !known {
-            self.predicted = Template::for_payload(payload.len())
+            self.predicted = receiver
+                .templates()
+                .for_payload(payload.len())
                 .into_iter()
                 .find(|t| t.fits(payload));
         }
@@ -370,7 +372,9 @@ mod tests {
             let mut wire = s.encode_frames(&g).unwrap();
             let (at, len) = frame_at(&wire, 2);
             // A value byte: the last value of chunk 2 sits 4 bytes before its suffix.
-            let cut = Template::for_payload(len)
+            let cut = s
+                .templates
+                .for_payload(len)
                 .into_iter()
                 .find(|t| t.fits(&wire[at + HEADER_LEN..at + HEADER_LEN + len]))
                 .expect("our payloads fit a template")

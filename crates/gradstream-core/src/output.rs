@@ -284,6 +284,24 @@ impl OutSlice {
     }
 }
 
+/// The room for `n` more values in `v`'s capacity (a receiver reserves the gradient's room
+/// at its first chunk), as bytes to read values into: a new array's values then arrive as
+/// a `out=` array's do, written once, by the read (`crate::direct`), instead of read into
+/// a buffer and copied. Zeroed first, since bytes handed out must be initialised: a
+/// payload's room (256 KiB at the default chunk size) is in the caches, and its first
+/// touch, which a copy would have paid, faults its pages in.
+// Only the tokio receiver (`direct`) places values.
+#[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+fn spare_f32(v: &mut Vec<f32>, n: usize) -> Option<&mut [u8]> {
+    let room = v.spare_capacity_mut().get_mut(..n)?;
+    for value in room.iter_mut() {
+        value.write(0.0);
+    }
+    // SAFETY: `room` is `n` float32 values of `v`'s allocation, all initialised just now,
+    // borrowed mutably from `v` for the slice's lifetime; float32 values are plain bytes.
+    Some(unsafe { std::slice::from_raw_parts_mut(room.as_mut_ptr().cast::<u8>(), n * 4) })
+}
+
 /// `dst[i] += src[i]` in float32, `dst` float32 bytes, `src` values of `from`: float32
 /// added as they are, other dtypes converted to float32 first, a block at a time on the
 /// stack.
@@ -374,6 +392,9 @@ enum Values {
 pub struct Output {
     values: Values,
     dtype: Dtype,
+    /// Values of our own past the vector's length that `slot_f32` initialised for a
+    /// receiver to read into, and `put_placed` may count (see `spare_f32`).
+    placeable: usize,
     /// Set by the reassembly when the payloads carried `gradient_shape`.
     pub shape: Option<Vec<usize>>,
     /// Set by the reassembly when the payloads carried `gradstream_tensors`.
@@ -392,6 +413,7 @@ impl Output {
         Self {
             values: Values::Owned(Store::new(dtype)),
             dtype,
+            placeable: 0,
             shape: None,
             manifest: None,
         }
@@ -402,6 +424,7 @@ impl Output {
         Self {
             dtype: out.dtype,
             values: Values::Lent(out),
+            placeable: 0,
             shape: None,
             manifest: None,
         }
@@ -463,6 +486,7 @@ impl Output {
 
     /// Forget the values put after the first `len` (a frame that failed).
     pub fn truncate(&mut self, len: usize) {
+        self.placeable = 0;
         match &mut self.values {
             Values::Owned(Store::U16(v)) => v.truncate(len),
             Values::Owned(Store::F32(v)) => v.truncate(len),
@@ -474,6 +498,7 @@ impl Output {
     /// Make room for `n` more values, if the allocator gives it: a guess, so a refusal
     /// (a peer's header promising gigabytes) is ignored rather than aborting.
     pub fn reserve(&mut self, n: usize) {
+        self.placeable = 0;
         fn grow<T>(v: &mut Vec<T>, n: usize) {
             let capacity = v.capacity();
             if v.try_reserve(n).is_ok() {
@@ -488,23 +513,55 @@ impl Output {
         }
     }
 
-    /// The caller's memory for the next `n` float32 values (see `OutSlice::slot_f32`):
-    /// None for values of our own, or when the buffer is not float32 or has no room.
+    /// Whether float32 values can have a `slot_f32`: the caller's float32 buffer to fill,
+    /// or float32 values of our own.
+    // Only the tokio receiver (`direct`) places values.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn places_f32(&self) -> bool {
+        self.dtype == Dtype::F32
+            && match &self.values {
+                Values::Lent(out) => out.lending == Lending::Fill,
+                Values::Owned(store) => matches!(store, Store::F32(_)),
+            }
+    }
+
+    /// The memory of the next `n` float32 values, where a receiver may read a payload's
+    /// values straight from the stream (`crate::direct`): the caller's (see
+    /// `OutSlice::slot_f32`), or the room our vector has reserved for the gradient (see
+    /// `spare_f32`). None when the values are not float32 or there is no room for them.
+    /// What is written there counts only once `put_placed(n)` says so.
     // Only the tokio receiver (`direct`) places values.
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     pub(crate) fn slot_f32(&mut self, n: usize) -> Option<&mut [u8]> {
+        self.placeable = 0;
+        if self.dtype != Dtype::F32 {
+            return None;
+        }
         match &mut self.values {
-            Values::Lent(out) if self.dtype == Dtype::F32 => out.slot_f32(n),
-            _ => None,
+            Values::Lent(out) => out.slot_f32(n),
+            Values::Owned(Store::F32(v)) => {
+                let slot = spare_f32(v, n)?;
+                self.placeable = n;
+                Some(slot)
+            }
+            Values::Owned(_) => None,
         }
     }
 
     /// Count the `n` values a receiver wrote into `slot_f32(n)`'s memory as put.
     pub(crate) fn put_placed(&mut self, n: usize) {
+        let placeable = std::mem::take(&mut self.placeable);
         match &mut self.values {
             Values::Lent(out) => out.offered += n,
-            // No slot is given for values of our own, so none can be placed there.
-            Values::Owned(_) => debug_assert_eq!(n, 0, "values placed in no slot"),
+            Values::Owned(Store::F32(v)) => {
+                // Only values `slot_f32` initialised (and nothing moved since) may count.
+                assert!(n <= placeable, "{n} values placed in a slot of {placeable}");
+                // SAFETY: `slot_f32` initialised `placeable` >= n values past the length,
+                // within the capacity, and nothing has touched the vector since (every
+                // other change resets `placeable`).
+                unsafe { v.set_len(v.len() + n) };
+            }
+            Values::Owned(_) => assert_eq!(n, 0, "values placed in no slot"),
         }
     }
 
@@ -542,6 +599,7 @@ impl Output {
 
 impl ValueSink for Output {
     fn put_raw(&mut self, raw: &[u8], from: Dtype) {
+        self.placeable = 0;
         let to = self.dtype;
         match &mut self.values {
             Values::Owned(Store::U16(v)) => append(v, raw, from, to),
@@ -604,6 +662,34 @@ mod tests {
             start[3] + half::bf16::from_f32(1e30).to_f32(),
         ];
         assert_eq!(acc.map(f32::to_bits), expected.map(f32::to_bits));
+    }
+
+    #[test]
+    fn a_vector_of_ours_gives_its_reserved_room_as_a_slot_counted_once_placed() {
+        let mut out = Output::default();
+        assert!(out.places_f32());
+        out.put(&[1.0, 2.0]);
+        // No room reserved past the values: no slot.
+        out.truncate(2);
+        assert!(out.slot_f32(1_000).is_none());
+        out.reserve(8);
+        let slot = out.slot_f32(3).expect("room for 3 values");
+        assert_eq!(slot, &[0u8; 12][..], "zeroed before it is handed out");
+        slot.copy_from_slice(crate::dtype::f32_bytes(&[3.0, 4.0, 5.0]));
+        out.put_placed(3);
+        assert_eq!(out.into_vec(), [1.0, 2.0, 3.0, 4.0, 5.0]);
+        // Other dtypes of ours are not placed.
+        assert!(!Output::of(Dtype::F64).places_f32());
+    }
+
+    #[test]
+    #[should_panic(expected = "values placed in a slot of 0")]
+    fn values_cannot_be_placed_where_no_slot_was_given_since() {
+        let mut out = Output::default();
+        out.reserve(8);
+        out.slot_f32(2).expect("room");
+        out.put(&[1.0]); // the vector moved on: the slot is gone
+        out.put_placed(2);
     }
 
     #[test]

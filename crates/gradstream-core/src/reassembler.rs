@@ -158,12 +158,12 @@ impl Reassembler {
         ours.then(|| self.values.slot_f32(values)).flatten()
     }
 
-    /// Whether the values go into the caller's float32 buffer (where `slot` finds room).
+    /// Whether the values are float32 that `slot` can find room for: in the caller's
+    /// buffer, or in a vector of ours.
     // Only the tokio receiver (`direct`) places values.
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-    pub(crate) fn lends_f32(&self) -> bool {
-        self.values.lending() == Some(crate::output::Lending::Fill)
-            && self.values.dtype() == crate::dtype::Dtype::F32
+    pub(crate) fn places_f32(&self) -> bool {
+        self.values.places_f32()
     }
 
     fn accept_arrived(

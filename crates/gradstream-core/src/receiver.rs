@@ -202,12 +202,12 @@ impl FrameReceiver {
         self.assembly.known_templates()
     }
 
-    /// Whether values can have a `slot`: the gradient goes into the caller's float32
-    /// buffer.
+    /// Whether values can have a `slot`: the gradient is float32, into the caller's
+    /// buffer or a new one of ours.
     // Only the tokio receiver (`direct`) places values.
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     pub(crate) fn places_values(&self) -> bool {
-        self.assembly.lends_f32()
+        self.assembly.places_f32()
     }
 
     /// Take the awaited payload, read into `slot` and checked there; as `feed` (which

@@ -284,21 +284,53 @@ impl OutSlice {
     }
 }
 
+/// Room for `n` more values in `v` (`len + n` in all), its new room allocated zeroed,
+/// keeping its values: the `zeroed` count of `Output` after it (see there). Zeroed by the
+/// allocator: a large allocation is a fresh mapping, which the kernel zeroes as each page
+/// is first touched (glibc's calloc writes nothing for it), so a receiver that reads
+/// values into the room (`spare_f32`) writes each page once, as a raw `recv_into` into a
+/// new array does, instead of zeroing it first. A refusal (a peer's header promising
+/// gigabytes) leaves `v` as it is, as `try_reserve`'s does.
+fn grow_zeroed(v: &mut Vec<f32>, n: usize, zeroed: usize) -> usize {
+    let Some(want) = v.len().checked_add(n).filter(|&want| want > v.capacity()) else {
+        return zeroed;
+    };
+    let Ok(layout) = std::alloc::Layout::array::<f32>(want) else {
+        return zeroed;
+    };
+    // SAFETY: `layout` has a non-zero size (want > capacity >= 0).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<f32>();
+    if ptr.is_null() {
+        return zeroed;
+    }
+    // Advised before any page is touched, the values copied below included.
+    advise_huge_pages(ptr.cast::<u8>(), want * 4);
+    // SAFETY: `ptr` is an allocation of the global allocator with the layout of `want`
+    // float32 values, which is how a vector of that capacity is freed; length 0.
+    let mut room = unsafe { Vec::from_raw_parts(ptr, 0, want) };
+    room.extend_from_slice(v);
+    *v = room;
+    want
+}
+
 /// The room for `n` more values in `v`'s capacity (a receiver reserves the gradient's room
 /// at its first chunk), as bytes to read values into: a new array's values then arrive as
-/// a `out=` array's do, written once, by the read (`crate::direct`), instead of read into
-/// a buffer and copied. Zeroed first, since bytes handed out must be initialised: a
-/// payload's room (256 KiB at the default chunk size) is in the caches, and its first
-/// touch, which a copy would have paid, faults its pages in.
+/// an `out=` array's do, written once, by the read (`crate::direct`), instead of read into
+/// a buffer and copied. Bytes handed out must be initialised: those past `zeroed` (see
+/// `Output`) are zeroed here first, and `zeroed` counts them.
 // Only the tokio receiver (`direct`) places values.
 #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-fn spare_f32(v: &mut Vec<f32>, n: usize) -> Option<&mut [u8]> {
+fn spare_f32<'v>(v: &'v mut Vec<f32>, n: usize, zeroed: &mut usize) -> Option<&'v mut [u8]> {
+    let len = v.len();
     let room = v.spare_capacity_mut().get_mut(..n)?;
-    for value in room.iter_mut() {
+    let known = zeroed.saturating_sub(len).min(n);
+    for value in &mut room[known..] {
         value.write(0.0);
     }
-    // SAFETY: `room` is `n` float32 values of `v`'s allocation, all initialised just now,
-    // borrowed mutably from `v` for the slice's lifetime; float32 values are plain bytes.
+    *zeroed = (*zeroed).max(len + n);
+    // SAFETY: `room` is `n` float32 values of `v`'s allocation, borrowed mutably from `v`
+    // for the slice's lifetime, all initialised: up to `zeroed` as `Output` keeps it,
+    // the rest just now; float32 values are plain bytes.
     Some(unsafe { std::slice::from_raw_parts_mut(room.as_mut_ptr().cast::<u8>(), n * 4) })
 }
 
@@ -392,9 +424,13 @@ enum Values {
 pub struct Output {
     values: Values,
     dtype: Dtype,
-    /// Values of our own past the vector's length that `slot_f32` initialised for a
-    /// receiver to read into, and `put_placed` may count (see `spare_f32`).
+    /// Values of our own past the vector's length that `slot_f32` handed a receiver to
+    /// read into, and `put_placed` may count (see `spare_f32`).
     placeable: usize,
+    /// How many values of our float32 vector's allocation, from its start, are known to be
+    /// initialised (its length at least): `reserve` allocates the gradient's room zeroed
+    /// (see `grow_zeroed`), so `slot_f32` need not write it first.
+    zeroed: usize,
     /// Set by the reassembly when the payloads carried `gradient_shape`.
     pub shape: Option<Vec<usize>>,
     /// Set by the reassembly when the payloads carried `gradstream_tensors`.
@@ -414,6 +450,7 @@ impl Output {
             values: Values::Owned(Store::new(dtype)),
             dtype,
             placeable: 0,
+            zeroed: 0,
             shape: None,
             manifest: None,
         }
@@ -425,6 +462,7 @@ impl Output {
             dtype: out.dtype,
             values: Values::Lent(out),
             placeable: 0,
+            zeroed: 0,
             shape: None,
             manifest: None,
         }
@@ -445,6 +483,7 @@ impl Output {
                 // Keep the room reserved for the gradient, in bytes.
                 let room = store.capacity() * self.dtype.width() / dtype.width();
                 *store = Store::with_capacity(dtype, 0);
+                self.zeroed = 0;
                 self.dtype = dtype;
                 self.reserve(room);
                 Ok(())
@@ -507,7 +546,7 @@ impl Output {
         }
         match &mut self.values {
             Values::Owned(Store::U16(v)) => grow(v, n),
-            Values::Owned(Store::F32(v)) => grow(v, n),
+            Values::Owned(Store::F32(v)) => self.zeroed = grow_zeroed(v, n, self.zeroed),
             Values::Owned(Store::F64(v)) => grow(v, n),
             Values::Lent(_) => {}
         }
@@ -540,7 +579,7 @@ impl Output {
         match &mut self.values {
             Values::Lent(out) => out.slot_f32(n),
             Values::Owned(Store::F32(v)) => {
-                let slot = spare_f32(v, n)?;
+                let slot = spare_f32(v, n, &mut self.zeroed)?;
                 self.placeable = n;
                 Some(slot)
             }
@@ -603,7 +642,16 @@ impl ValueSink for Output {
         let to = self.dtype;
         match &mut self.values {
             Values::Owned(Store::U16(v)) => append(v, raw, from, to),
-            Values::Owned(Store::F32(v)) => append(v, raw, from, to),
+            Values::Owned(Store::F32(v)) => {
+                let capacity = v.capacity();
+                append(v, raw, from, to);
+                // A vector that moved has only its values initialised for sure.
+                self.zeroed = if v.capacity() == capacity {
+                    self.zeroed.max(v.len())
+                } else {
+                    v.len()
+                };
+            }
             Values::Owned(Store::F64(v)) => append(v, raw, from, to),
             Values::Lent(o) => o.put_raw(raw, from),
         }

@@ -137,9 +137,10 @@ def _codec_rounds(
     ops = ("encode", "decode", "encode_out", "decode_out")
     times: dict[str, dict[str, list[float]]] = {i: {op: [] for op in ops} for i in sessions}
     # Beside the native calls into new objects, in the same rounds: numpy's copy into a
-    # new array (what fresh memory costs here after a round's pause) and frames as a
-    # pyarrow.Buffer (memory gradstream's allocator keeps, where `bytes` is Python's).
-    # At chunk 65536, the default calls' ratios' size.
+    # new array (what fresh memory costs here after a round's pause: the baseline of the
+    # default calls, whose results are new memory too) and frames as a pyarrow.Buffer
+    # (Rust's memory, where `bytes` is Python's). At chunk 65536, the default calls'
+    # ratios' size.
     beside = chunk_size == 65536
     fresh_copy: list[float] = []
     as_buffer: list[float] = []

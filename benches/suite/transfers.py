@@ -379,7 +379,9 @@ class GsRow:
 STREAMS = Route("streams")
 GS_ROWS = (
     *(GsRow("native", layout, Route()) for layout in LAYOUTS),
-    GsRow("native", "seed", Route(into_out=False), "_new"),
+    # The default call, receive_from into a new array: against the out= rows beside them,
+    # and (compact) against raw TCP recv_into a new array.
+    *(GsRow("native", layout, Route(into_out=False), "_new") for layout in LAYOUTS),
     *(GsRow("native", layout, STREAMS) for layout in LAYOUTS),
     *(GsRow("native", layout, Route("streams", "uvloop")) for layout in LAYOUTS),
     *(GsRow("reference", layout, route) for route in (Route(), STREAMS) for layout in LAYOUTS),

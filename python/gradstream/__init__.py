@@ -11,7 +11,6 @@ from __future__ import annotations
 from ._address import Peer
 from ._connection import Connection, Listener, Server, connect, listen, serve
 from ._dtypes import BFloat16Type
-from ._memory import KeptMemory, keep_memory, kept_memory, release_memory
 from ._native import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_MAX_GRADIENT_LEN,
@@ -64,7 +63,6 @@ __all__ = [
     "GradientStreamError",
     "GradientStreamSession",
     "IncompleteStreamError",
-    "KeptMemory",
     "Listener",
     "ObjectUnavailableError",
     "Peer",
@@ -80,9 +78,6 @@ __all__ = [
     "WorkerLostError",
     "__version__",
     "connect",
-    "keep_memory",
-    "kept_memory",
     "listen",
-    "release_memory",
     "serve",
 ]

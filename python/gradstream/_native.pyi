@@ -46,11 +46,8 @@ __all__ = [
     "_protocol_read_hello",
     "_protocol_transfer_id",
     "fast_path_counts",
-    "keep_memory",
-    "kept_memory",
     "manifest_json",
     "read_manifest",
-    "release_memory",
     "tensor_note",
 ]
 
@@ -359,15 +356,6 @@ class SocketReceive:
 
 def fast_path_counts() -> tuple[int, int]:
     """(sends, receives) of small gradients finished on the caller's thread so far."""
-
-def keep_memory(limit: int) -> None:
-    """Keep at most ``limit`` bytes of released large blocks (0: none)."""
-
-def kept_memory() -> tuple[int, int, int, int]:
-    """(limit, held, blocks, reused) of the allocator's kept blocks."""
-
-def release_memory() -> int:
-    """Free every kept block; the bytes that were kept."""
 
 @final
 class Handover:

@@ -77,7 +77,8 @@ TIMED_ROWS = {
         )
         for layout in LAYOUTS
     ),
-    "e2e_native_socket_seed_new",
+    # the default call, receive_from into a new array
+    *(f"e2e_native_socket_{layout}_new" for layout in LAYOUTS),
     # beside the default calls: frames as a pyarrow.Buffer, numpy's copy into a new array
     *(
         f"{row}_{layout}_65536"
@@ -137,6 +138,33 @@ RATIO_ROWS: dict[str, tuple[str, str, float | None]] = {
     "numpy copy into a new array in the same rounds / encode_frames(out=), seed": (
         "fresh_copy_seed_65536",
         "native_encode_out_seed_65536",
+        REPORTED,
+    ),
+    # issue 21: the default calls against baselines that make new memory too
+    **{
+        f"default decode_frames(wire), {layout}: new array / numpy copy into a new array": (
+            f"native_decode_{layout}_65536",
+            f"fresh_copy_{layout}_65536",
+            0.6 if layout == "compact" else REPORTED,
+        )
+        for layout in LAYOUTS
+    },
+    **{
+        f"default encode_frames(g) to bytes, {layout}: wire GB/s / numpy copy, new array": (
+            f"native_encode_{layout}_65536",
+            f"fresh_copy_{layout}_65536",
+            REPORTED,
+        )
+        for layout in LAYOUTS
+    },
+    "default receive_from(sock), compact: new array / raw TCP recv_into a new array": (
+        "e2e_native_socket_compact_new",
+        "raw_tcp_new",
+        0.8,
+    ),
+    "default receive_from(sock), seed: wire GB/s / raw TCP recv_into a new array": (
+        "e2e_native_socket_seed_new",
+        "raw_tcp_new",
         REPORTED,
     ),
     "end to end, socket path, seed: wire GB/s / raw loopback TCP": (

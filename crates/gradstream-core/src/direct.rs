@@ -1,5 +1,6 @@
 //! The direct read: a payload predicted to match a template has its value bytes read
-//! from the stream straight into their place in the caller's `out=` buffer, and only the
+//! from the stream straight into their place (in the caller's `out=` buffer, or in the
+//! room a new array's vector reserved: `output::Output::slot_f32`), and only the
 //! template's few constant bytes around them into a buffer of ours, leaving one copy (the
 //! kernel's, or TLS's out of its records) where the whole-payload read made two.
 //!
@@ -60,7 +61,9 @@ impl Direct {
             .as_ref()
             .is_some_and(|t| t.len() == payload.len());
         if !known {
-            self.predicted = Template::for_payload(payload.len())
+            self.predicted = receiver
+                .templates()
+                .for_payload(payload.len())
                 .into_iter()
                 .find(|t| t.fits(payload));
         }
@@ -370,7 +373,9 @@ mod tests {
             let mut wire = s.encode_frames(&g).unwrap();
             let (at, len) = frame_at(&wire, 2);
             // A value byte: the last value of chunk 2 sits 4 bytes before its suffix.
-            let cut = Template::for_payload(len)
+            let cut = s
+                .templates
+                .for_payload(len)
                 .into_iter()
                 .find(|t| t.fits(&wire[at + HEADER_LEN..at + HEADER_LEN + len]))
                 .expect("our payloads fit a template")
@@ -424,16 +429,10 @@ mod tests {
         }
     }
 
-    #[test]
-    fn values_are_read_in_place_from_the_second_chunk_of_a_length_on() {
-        let s = session(Layout::Compact, false);
-        let g = values(3 * CHUNK + 1);
-        let wire = s.encode_frames(&g).unwrap();
-        let mut out = vec![0f32; g.len()];
+    /// How each of `wire`'s 4 payloads reaches `receiver`, read by `Direct`.
+    fn reads_of(receiver: &mut FrameReceiver, wire: Vec<u8>) -> Vec<String> {
         let mut reader = Dribble::new(wire, READS[1]);
-        let reads = runtime().block_on(async {
-            // SAFETY: the receiver and its Output are dropped within this block.
-            let mut receiver = s.receiver_into(unsafe { OutSlice::of(&mut out) });
+        runtime().block_on(async {
             let (mut direct, mut unit) = (Direct::default(), Vec::new());
             let mut clock = Clock::idle(None);
             let progress = Progress::default();
@@ -451,7 +450,7 @@ mod tests {
                 .unwrap();
                 assert!(!receiver.feed(&unit).unwrap());
                 let read = direct
-                    .read_payload(&mut receiver, &mut reader, &mut unit, &mut clock, &progress)
+                    .read_payload(receiver, &mut reader, &mut unit, &mut clock, &progress)
                     .await
                     .unwrap();
                 reads.push(match read {
@@ -468,7 +467,7 @@ mod tests {
                         .await
                         .unwrap();
                         let done = receiver.feed(&unit).unwrap();
-                        direct.learn(&receiver, &unit);
+                        direct.learn(receiver, &unit);
                         format!("whole {done}")
                     }
                     Read::Placed(done) => format!("placed {done}"),
@@ -477,12 +476,76 @@ mod tests {
                 });
             }
             reads
-        });
+        })
+    }
+
+    #[test]
+    fn values_are_read_in_place_from_the_second_chunk_of_a_length_on() {
+        let s = session(Layout::Compact, false);
+        let g = values(3 * CHUNK + 1);
+        let wire = s.encode_frames(&g).unwrap();
         // The first chunk teaches the template; the last, a value long, is read whole.
-        assert_eq!(
-            reads,
-            ["whole false", "placed false", "placed false", "whole true"]
-        );
+        let expected = ["whole false", "placed false", "placed false", "whole true"];
+        let mut out = vec![0f32; g.len()];
+        {
+            // SAFETY: the receiver and its Output are dropped within this block.
+            let mut receiver = s.receiver_into(unsafe { OutSlice::of(&mut out) });
+            assert_eq!(reads_of(&mut receiver, wire.clone()), expected, "into out=");
+        }
         assert_eq!(bits(&out), bits(&g));
+        // Into a new array: its vector's room, reserved at the first chunk.
+        let mut receiver = s.receiver();
+        assert_eq!(reads_of(&mut receiver, wire), expected, "into a new array");
+        assert_eq!(bits(&receiver.finish().unwrap().into_vec()), bits(&g));
+    }
+
+    /// Receive `wire` into a new array, read `sizes` at a time.
+    fn receive_new(s: &SessionConfig, wire: &[u8], sizes: &'static [usize]) -> Result<Vec<u32>> {
+        let mut reader = Dribble::new(wire.to_vec(), sizes);
+        runtime().block_on(async {
+            match receive_gradient(s.receiver(), &mut reader, None, &Progress::default()).await? {
+                Ended::Gradient(output) => Ok(bits(&output.into_vec())),
+                Ended::BeforeFirstByte(receiver) => receiver.finish().map(|o| bits(&o.into_vec())),
+            }
+        })
+    }
+
+    #[test]
+    fn a_new_array_receives_what_decode_frames_gives_whatever_the_bytes() {
+        for s in sessions() {
+            let g = values(4 * CHUNK + 3);
+            let wire = s.encode_frames(&g).unwrap();
+            let whole = |wire: &[u8]| s.decode_frames(wire).map(|v| bits(&v));
+            for sizes in READS {
+                assert_eq!(receive_new(&s, &wire, sizes), Ok(bits(&g)), "{sizes:?}");
+            }
+            // A corrupt byte in the frames read in place (its CRC resealed or not), and a
+            // stream cut anywhere in them.
+            let (start, _) = frame_at(&wire, 1);
+            let (end, len) = frame_at(&wire, 3);
+            for i in (start..end + HEADER_LEN + len).step_by(5) {
+                let mut bad = wire.clone();
+                bad[i] ^= 0x40;
+                let what = format!("{:?} sealed={} byte {i}", s.layout, s.seal);
+                assert_eq!(receive_new(&s, &bad, READS[1]), whole(&bad), "{what}");
+                let (at, len) = frame_at(
+                    &wire,
+                    (1..4).rev().find(|&k| frame_at(&wire, k).0 <= i).unwrap(),
+                );
+                if i >= at + HEADER_LEN {
+                    reseal_crc(&mut bad, at, len);
+                    assert_eq!(
+                        receive_new(&s, &bad, READS[1]),
+                        whole(&bad),
+                        "{what} resealed"
+                    );
+                }
+                assert_eq!(
+                    receive_new(&s, &wire[..i], READS[3]),
+                    whole(&wire[..i]),
+                    "cut {i}"
+                );
+            }
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! The sending side: a `Gradient` to send (with its seal, when sealed), its chunking
 //! (`FramePlan`, planned once so the frame stream can be written into memory allocated
-//! once), each chunk's payload (`write_payload`: a template where one fits, else the Arrow
-//! writer), and the `SessionConfig` methods that encode (`encode_frames`,
+//! once), each chunk's payload (`write_payload`: a template of the session's where one fits, else
+//! the Arrow writer), and the `SessionConfig` methods that encode (`encode_frames`,
 //! `encode_gradient`, `encode_frame`, `frames_len`, `plan_frames`, `write_frames`,
 //! `sealing`).
 //!
@@ -18,7 +18,7 @@ use crate::error::{GradientStreamError, Result};
 use crate::frame::{FrameHeader, HEADER_LEN};
 use crate::seal::{Seal, SealText, TransferId};
 use crate::session::{ChunkRef, SessionConfig};
-use crate::template::{Kind, Template};
+use crate::template::Kind;
 
 /// What one gradient's payloads say about it besides its values: per gradient, not per
 /// session (two gradients sent by one session have their own shapes).
@@ -205,51 +205,55 @@ pub(crate) fn kind(layout: Layout, values: usize, sealed: bool) -> Kind {
     }
 }
 
-/// Encode one chunk's float32 payload (sealed with `seal`, if given) into `out` (exactly
-/// its planned length); its CRC-32.
-// Only the tokio sender (`stream`) writes payloads one at a time.
-#[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-pub(crate) fn write_payload(
-    layout: Layout,
-    seal: Option<SealText>,
-    raw: &[u8],
-    out: &mut [u8],
-) -> Result<u32> {
-    write_payload_with(layout, seal, raw, out, Stores::Cached)
-}
+impl SessionConfig {
+    /// Encode one chunk's float32 payload (sealed with `seal`, if given) into `out`
+    /// (exactly its planned length); its CRC-32.
+    // Only the tokio sender (`stream`) writes payloads one at a time.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn write_payload(
+        &self,
+        seal: Option<SealText>,
+        raw: &[u8],
+        out: &mut [u8],
+    ) -> Result<u32> {
+        self.write_payload_with(seal, raw, out, Stores::Cached)
+    }
 
-/// `write_payload`, a template's bytes stored with `stores` (streaming for a frame stream
-/// larger than the caches).
-fn write_payload_with(
-    layout: Layout,
-    seal: Option<SealText>,
-    raw: &[u8],
-    out: &mut [u8],
-    stores: Stores,
-) -> Result<u32> {
-    let values = as_f32(raw);
-    let template = Template::get(kind(layout, raw.len() / 4, seal.is_some()));
-    match values.zip(template) {
-        Some((values, template)) if template.len() == out.len() => {
-            Ok(template.write(values, seal.as_ref(), out, stores))
-        }
-        _ => {
-            codec::encode_payload_exact(layout, seal, raw, out)?;
-            Ok(codec::checksum(out))
+    /// `write_payload`, a template's bytes stored with `stores` (streaming for a frame
+    /// stream larger than the caches).
+    fn write_payload_with(
+        &self,
+        seal: Option<SealText>,
+        raw: &[u8],
+        out: &mut [u8],
+        stores: Stores,
+    ) -> Result<u32> {
+        let values = as_f32(raw);
+        let template = self
+            .templates
+            .get(kind(self.layout, raw.len() / 4, seal.is_some()));
+        match values.zip(template) {
+            Some((values, template)) if template.len() == out.len() => {
+                Ok(template.write(values, seal.as_ref(), out, stores))
+            }
+            _ => {
+                codec::encode_payload_exact(self.layout, seal, raw, out)?;
+                Ok(codec::checksum(out))
+            }
         }
     }
-}
 
-/// The length of the payload of `n` float32 values in `layout`, sealed or not (a seal's
-/// text has one width, so its value does not matter).
-fn payload_len_of(layout: Layout, n: usize, sealed: bool) -> Result<usize> {
-    match Template::get(kind(layout, n, sealed)) {
-        Some(template) => Ok(template.len()),
-        // No template (empty or huge chunks): measure by encoding as many zeros.
-        None => {
-            let seal = sealed.then(|| Seal::lone(TransferId([0; 16])).text(0, 1));
-            let encoding = Encoding::from(layout).sealed(seal);
-            Ok(codec::encode_payload(encoding, &vec![0f32; n])?.len())
+    /// The length of this session's payload of `n` float32 values, sealed or not (a
+    /// seal's text has one width, so its value does not matter).
+    fn payload_len_of(&self, n: usize, sealed: bool) -> Result<usize> {
+        match self.templates.get(kind(self.layout, n, sealed)) {
+            Some(template) => Ok(template.len()),
+            // No template (empty or huge chunks): measure by encoding as many zeros.
+            None => {
+                let seal = sealed.then(|| Seal::lone(TransferId([0; 16])).text(0, 1));
+                let encoding = Encoding::from(self.layout).sealed(seal);
+                Ok(codec::encode_payload(encoding, &vec![0f32; n])?.len())
+            }
         }
     }
 }
@@ -425,7 +429,7 @@ impl SessionConfig {
             }
             let floor = values.saturating_mul(self.layout.bytes_per_value());
             self.check_payload_len(index, values, floor)?;
-            let len = payload_len_of(self.layout, values, self.seal)?;
+            let len = self.payload_len_of(values, self.seal)?;
             let payload = self.check_payload_len(index, values, len)?;
             bytes = (HEADER_LEN + payload as usize)
                 .checked_mul(count)
@@ -489,7 +493,7 @@ impl SessionConfig {
                     // 8 bytes a value is a floor: refuse a hopeless chunk before encoding it.
                     let floor = n.saturating_mul(self.layout.bytes_per_value());
                     self.check_payload_len(index, n, floor)?;
-                    let len = payload_len_of(self.layout, n, seal.is_some())?;
+                    let len = self.payload_len_of(n, seal.is_some())?;
                     let len = self.check_payload_len(index, n, len)?;
                     sizes.push((n, len));
                     len
@@ -577,7 +581,7 @@ impl SessionConfig {
                 stores.copy(payload, out);
                 Ok(*checksum)
             }
-            None => write_payload_with(self.layout, plan.seal_text(index), window, out, stores),
+            None => self.write_payload_with(plan.seal_text(index), window, out, stores),
         }
     }
 

@@ -24,17 +24,17 @@
 //! - `rules`: the decoding rules both receiving paths share, and `decode_chunks`;
 //! - `encoder`: `Gradient`, `FramePlan`, chunking and `encode_frames`/`encode_gradient`;
 //! - `session`: `SessionConfig`, a session's settings, and `ChunkRef`;
-//! - `template` (the constant bytes of our own payloads, for the fast paths);
+//! - `template` (the constant bytes of our own payloads, for the fast paths; a session's
+//!   bounded `Templates`);
 //! - `codec` (one payload: `writer`, `reader`, and `guard`, the checks on hostile input
 //!   before arrow-rs sees it; CRC-32);
 //! - `output` (where received values go, and the `ValueSink` the reader writes through);
 //! - `frame` (the 16-byte header and the limits), `shape`, `dtype`, `seal` (metadata
 //!   rules: the seal's `TransferId`, `Position`, `Seal` and the receiver's `SealCheck`);
-//! - `error`: the one error type;
-//! - `kept`: `KeptMemory`, the allocator the extension installs, which keeps released
-//!   large blocks for the next result;
-//! - `fork`: `SpinLock`, and the `fork` handlers that hold `template`'s and `kept`'s locks
-//!   across a fork.
+//! - `error`: the one error type.
+//!
+//! Nothing in the crate is process-wide: a session's templates are its own
+//! (`SessionConfig::templates`), and a forked child needs no handler to use the crate.
 
 pub mod at_hand;
 pub mod codec;
@@ -46,9 +46,7 @@ mod direct;
 pub mod dtype;
 pub mod encoder;
 pub mod error;
-mod fork;
 pub mod frame;
-pub mod kept;
 pub mod output;
 pub mod protocol;
 mod reassembler;

@@ -14,7 +14,7 @@ use crate::rules::{
     check_range, check_total, duplicate, take_chunk, take_placed, DtypeCheck, Placed, Receiving,
 };
 use crate::seal::{Position, SealCheck, SealRule, TransferId};
-use crate::session::ChunkRef;
+use crate::session::{ChunkRef, Templates};
 use crate::shape::ShapeCheck;
 
 /// A frame's payload as it reached the reassembly: its bytes, or (read straight into
@@ -52,6 +52,8 @@ pub struct Reassembler {
     bf16_as_f32: bool,
     /// Chunk 0's `gradstream_tensors`, a tensor set's manifest.
     manifest: Option<String>,
+    /// The templates our own payloads match (the session's, or a set of its own).
+    templates: Templates,
 }
 
 impl Reassembler {
@@ -70,7 +72,22 @@ impl Reassembler {
             seal: SealRule::default(),
             bf16_as_f32: false,
             manifest: None,
+            templates: Templates::new(),
         }
+    }
+
+    /// Match payloads against `templates` (a session's: `SessionConfig::templates`)
+    /// rather than a set of its own.
+    pub fn templates(mut self, templates: Templates) -> Self {
+        self.templates = templates;
+        self
+    }
+
+    /// The templates payloads are matched against.
+    // Only the tokio receiver (`direct`) predicts payloads.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn known_templates(&self) -> &Templates {
+        &self.templates
     }
 
     /// Hand bfloat16 gradients back as float32 (`SessionConfig::bf16_as_f32`).
@@ -141,12 +158,12 @@ impl Reassembler {
         ours.then(|| self.values.slot_f32(values)).flatten()
     }
 
-    /// Whether the values go into the caller's float32 buffer (where `slot` finds room).
+    /// Whether the values are float32 that `slot` can find room for: in the caller's
+    /// buffer, or in a vector of ours.
     // Only the tokio receiver (`direct`) places values.
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-    pub(crate) fn lends_f32(&self) -> bool {
-        self.values.lending() == Some(crate::output::Lending::Fill)
-            && self.values.dtype() == crate::dtype::Dtype::F32
+    pub(crate) fn places_f32(&self) -> bool {
+        self.values.places_f32()
     }
 
     fn accept_arrived(
@@ -212,6 +229,7 @@ impl Reassembler {
             bf16_as_f32: self.bf16_as_f32,
             room,
             store_room: Some(room),
+            templates: &self.templates,
         };
         let taken = match arrived {
             Arrived::Payload(payload) => {

@@ -13,7 +13,7 @@ use crate::output::{OutSlice, Output};
 use crate::reassembler::Reassembler;
 use crate::rules::Placed;
 use crate::seal::{Position, SealCheck, TransferId};
-use crate::session::SessionConfig;
+use crate::session::{SessionConfig, Templates};
 
 impl SessionConfig {
     /// Parse a byte stream of frames as the receiver does (README "Decoding rules",
@@ -98,6 +98,7 @@ pub struct FrameReceiver {
 impl FrameReceiver {
     pub(crate) fn new(config: &SessionConfig, reserve_cap: usize) -> Self {
         let assembly = Reassembler::new(config.limits, reserve_cap)
+            .templates(config.templates.clone())
             .bf16_as_f32(config.bf16_as_f32)
             .expect_seal(config.seal_check(), Position::Lone);
         Self {
@@ -194,12 +195,19 @@ impl FrameReceiver {
         self.pending.is_some()
     }
 
-    /// Whether values can have a `slot`: the gradient goes into the caller's float32
-    /// buffer.
+    /// The templates its payloads are matched against (the session's).
+    // Only the tokio receiver (`direct`) predicts payloads.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn templates(&self) -> &Templates {
+        self.assembly.known_templates()
+    }
+
+    /// Whether values can have a `slot`: the gradient is float32, into the caller's
+    /// buffer or a new one of ours.
     // Only the tokio receiver (`direct`) places values.
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     pub(crate) fn places_values(&self) -> bool {
-        self.assembly.lends_f32()
+        self.assembly.places_f32()
     }
 
     /// Take the awaited payload, read into `slot` and checked there; as `feed` (which

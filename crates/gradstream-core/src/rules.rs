@@ -16,7 +16,7 @@ use crate::output::{Head, Output, ValueSink};
 use crate::seal::{Position, SealRule};
 use crate::session::{ChunkRef, SessionConfig};
 use crate::shape::ShapeCheck;
-use crate::template::Template;
+use crate::template::Templates;
 
 impl SessionConfig {
     /// Reassemble chunks given in any order (README "Decoding rules", decode_chunks).
@@ -64,6 +64,7 @@ impl SessionConfig {
                 bf16_as_f32: self.bf16_as_f32,
                 room,
                 store_room: None,
+                templates: &self.templates,
             };
             let (head, _) = take_chunk(*c, into)?;
             shape.check(c.chunk_index, head.shape)?;
@@ -116,11 +117,12 @@ fn verify_and_decode(
     payload: &[u8],
     out: &mut Taking<'_>,
     room: usize,
+    templates: &Templates,
 ) -> Result<Head> {
     // Our own payloads (any sender of ours) match a template: the CRC of the constant
     // bytes is known, and the values are copied out without going through Arrow.
-    let templates = Template::for_payload(payload.len());
-    for template in &templates {
+    let known = templates.for_payload(payload.len());
+    for template in &known {
         if let Some(matched) = template.matches(payload) {
             let actual = matched.checksum;
             if actual != expected {
@@ -153,10 +155,10 @@ fn verify_and_decode(
         seal: None,
         ..head.clone()
     };
-    if templates.is_empty() && unsealed == Head::default() {
+    if known.is_empty() && unsealed == Head::default() {
         // A payload size with no template yet: make this count's templates, so that
         // the next payload of this size (a gradient's next full chunk) takes the fast path.
-        Template::learn(out.offered, payload.len(), head.seal.is_some());
+        templates.learn(out.offered, payload.len(), head.seal.is_some());
     }
     Ok(head)
 }
@@ -277,6 +279,8 @@ pub(crate) struct Receiving<'a> {
     /// With `Some`, values past it are counted, not stored (the caller refuses such a
     /// chunk).
     pub(crate) store_room: Option<usize>,
+    /// The session's templates, which our own payloads match.
+    pub(crate) templates: &'a Templates,
 }
 
 /// Verify and decode `chunk` into `into.out` under the dtype rules; the chunk's head and
@@ -299,6 +303,7 @@ pub(crate) fn take_chunk(chunk: ChunkRef<'_>, into: Receiving<'_>) -> Result<(He
         chunk.payload,
         &mut sink,
         into.room,
+        into.templates,
     )?;
     Ok((head, sink.offered))
 }

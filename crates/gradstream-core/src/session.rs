@@ -9,11 +9,13 @@
 //! trailing bytes) turned into errors; the methods live beside the code they drive:
 //! `encoder` (encoding and planning), `rules` (`decode_chunks`), `receiver`
 //! (`decode_frames`, the receivers). Dependencies point down only: this file uses
-//! `codec` (its setting types), `dtype`, `frame` and `seal`, none of which uses it.
+//! `codec` (its setting types), `dtype`, `frame`, `seal` and `template` (the session's
+//! templates), none of which uses it.
 
 use crate::codec::{Compression, Layout};
 use crate::frame::Limits;
 use crate::seal::SealCheck;
+pub use crate::template::Templates;
 
 /// Default chunk size: 65,536 f32 values, 256 KiB of gradient.
 pub const DEFAULT_CHUNK_SIZE: usize = 65_536;
@@ -32,12 +34,16 @@ pub struct SessionConfig {
     /// Hand bfloat16 gradients back as float32 (an exact widening): for a caller with no
     /// bfloat16 type (Python without ml_dtypes).
     pub bf16_as_f32: bool,
-    /// Standalone sealed chunks (README "Sealed chunks"): the senders seal each gradient
+    /// Standalone sealed chunks (docs/spec/wire-format.md, sealed chunks): the senders seal each gradient
     /// (or tensor set) with a fresh random transfer id, and the receivers expect every
     /// chunk sealed, all with the first chunk's id (`SealCheck::Consistent`). The seal
     /// itself is per transfer: it travels with the gradient (`Gradient::sealed`), and a
     /// connection's exact expectation with its receiver (`FrameReceiver::expect_seal`).
     pub seal: bool,
+    /// The templates of this session's payloads (the fast paths of its encoders and
+    /// decoders), shared by its clones and dropped with the last of them. A cache, not a
+    /// setting: configs compare equal whatever theirs hold.
+    pub templates: Templates,
 }
 
 /// A chunk to decode, borrowed from wherever the caller keeps it.
@@ -69,6 +75,7 @@ impl SessionConfig {
             layout: Layout::Seed,
             bf16_as_f32: false,
             seal: false,
+            templates: Templates::new(),
         }
     }
 }

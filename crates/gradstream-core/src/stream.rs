@@ -13,12 +13,11 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::direct::{Direct, Read};
-use crate::encoder::{as_f32, kind, write_payload, Gradient};
+use crate::encoder::{as_f32, kind, Gradient};
 use crate::error::{GradientStreamError, Result};
 use crate::frame::{FrameHeader, HEADER_LEN};
 use crate::receiver::{Ended, FrameReceiver};
 use crate::session::SessionConfig;
-use crate::template::Template;
 
 /// Counters a transfer updates as it goes, readable from any thread.
 #[derive(Debug, Default)]
@@ -183,7 +182,11 @@ pub(crate) async fn send_gradient_on<W: AsyncWrite + Unpin>(
         let values = as_f32(window);
         let seal = plan.seal_text(index);
         let template = values
-            .and_then(|v| Template::get(kind(config.layout, v.len(), seal.is_some())))
+            .and_then(|v| {
+                config
+                    .templates
+                    .get(kind(config.layout, v.len(), seal.is_some()))
+            })
             .filter(|t| writer.is_write_vectored() && t.len() == payload_len as usize)
             .zip(values);
         let header = |checksum| FrameHeader {
@@ -205,7 +208,7 @@ pub(crate) async fn send_gradient_on<W: AsyncWrite + Unpin>(
                 // algorithm and delayed ACKs on TCP.
                 frame.resize(HEADER_LEN + payload_len as usize, 0);
                 let (head, payload) = frame.split_at_mut(HEADER_LEN);
-                let checksum = write_payload(config.layout, seal, window, payload)?;
+                let checksum = config.write_payload(seal, window, payload)?;
                 head.copy_from_slice(&header(checksum).to_bytes());
                 [&frame[..], &[], &[], &[], &[], &[], &[], &[]]
             }

@@ -13,7 +13,7 @@
 //! Both give bit for bit what the Arrow path gives: the template is built by the Arrow
 //! writer itself, and checked through the full decoder before it is used (see `build`).
 //!
-//! A *sealed* template (README "Sealed chunks") also leaves out the seal's value, which
+//! A *sealed* template (docs/spec/wire-format.md, sealed chunks) also leaves out the seal's value, which
 //! has one width whatever it says and sits twice in every payload: in the schema message
 //! before the values and in the footer's copy of the schema after them. Writing a sealed
 //! chunk patches both copies; its CRC is the CRC of the bytes before the first copy, then
@@ -26,132 +26,23 @@
 //! template when it is the template's outside the values and the two copies, and the two
 //! copies are the same text.
 //!
-//! Uses `codec` (to build and check templates), `seal`, `dtype` and `fork` (its lock);
-//! used by `encoder`, `rules`, `stream` and `direct`.
+//! The templates are kept per session, bounded (`cache`, `Templates`).
+//!
+//! Uses `codec` (to build and check templates), `seal` and `dtype`; used by `encoder`,
+//! `rules`, `stream` and `direct`, through the `Templates` of their session.
 
-use std::sync::Arc;
+mod cache;
 
-use crate::fork::{HeldAcrossFork, SpinLock};
+pub use cache::Templates;
 
 use crate::codec::{self, Encoding, Layout, Stores};
 use crate::seal::{Position, Seal, SealText, TransferId, SEAL_LEN};
 
-/// Values a cached template may hold: at most 8 MiB of template (seed layout).
+/// Values a template may hold: at most 8 MiB of template (seed layout).
 const MAX_VALUES: usize = 1 << 20;
-/// Templates kept of the sizes this process's senders chose (two sizes per gradient, full
-/// chunks and the tail, per layout).
-const MADE_SLOTS: usize = 8;
-/// Templates kept of the sizes peers' payloads had (learned on receipt).
-const LEARNED_SLOTS: usize = 4;
 /// Constant bytes between a seal and the values from which their CRC is combined in rather
 /// than recomputed per chunk (see the module comment).
 const COMBINE_FROM: usize = 4096;
-
-/// The process's templates, in two shelves. A template is a pure function of (layout,
-/// value count), so one set serves every session; what a peer decides (the sizes of the
-/// payloads it sends) can only fill the learned shelf: a peer cycling sizes evicts what
-/// other peers taught, never the templates our own senders use. Learning costs two
-/// encodes and two decodes of a payload's value count, which a peer paid for with at
-/// least 4 bytes a value (see `learn`), so its work per byte received is bounded.
-struct Cache {
-    made: Shelf,
-    learned: Shelf,
-}
-
-/// A bounded list of templates, oldest first out.
-struct Shelf {
-    slots: usize,
-    /// A `fork::SpinLock`: the `fork` handlers hold it across a fork.
-    list: SpinLock<Vec<Arc<Template>>>,
-}
-
-static CACHE: Cache = Cache::new();
-
-/// The `fork` handlers' side (module `fork`): both shelves held across a fork.
-pub(crate) fn hold_for_fork() {
-    CACHE.made.list.hold_all();
-    CACHE.learned.list.hold_all();
-}
-
-pub(crate) fn release_after_fork() {
-    CACHE.learned.list.release_all();
-    CACHE.made.list.release_all();
-}
-
-impl Shelf {
-    const fn new(slots: usize) -> Self {
-        Self {
-            slots,
-            list: SpinLock::new(Vec::new()),
-        }
-    }
-
-    fn with<T>(&self, f: impl FnOnce(&mut Vec<Arc<Template>>) -> T) -> T {
-        // A panic while the lock was held cannot leave the list half-changed (push and
-        // remove are whole).
-        self.list.with(f)
-    }
-
-    fn find(&self, keep: impl Fn(&Template) -> bool) -> Vec<Arc<Template>> {
-        self.with(|list| list.iter().filter(|t| keep(t)).cloned().collect())
-    }
-
-    fn put(&self, template: Arc<Template>) {
-        self.with(|list| {
-            if list.len() >= self.slots {
-                list.remove(0);
-            }
-            list.push(template);
-        });
-    }
-}
-
-impl Cache {
-    const fn new() -> Self {
-        Self {
-            made: Shelf::new(MADE_SLOTS),
-            learned: Shelf::new(LEARNED_SLOTS),
-        }
-    }
-
-    fn find(&self, keep: impl Fn(&Template) -> bool + Copy) -> Vec<Arc<Template>> {
-        let mut found = self.made.find(keep);
-        found.extend(self.learned.find(keep));
-        found
-    }
-
-    fn known(&self, kind: Kind) -> Option<Arc<Template>> {
-        let found = self.find(|t| t.kind == kind);
-        found.into_iter().next()
-    }
-
-    /// The template of `kind`, from either shelf or built onto `shelf`.
-    fn get_onto(&self, shelf: &Shelf, kind: Kind) -> Option<Arc<Template>> {
-        if kind.values == 0 || kind.values > MAX_VALUES {
-            return None;
-        }
-        if let Some(found) = self.known(kind) {
-            return Some(found);
-        }
-        let built = Arc::new(Template::build(kind)?);
-        shelf.put(built.clone());
-        Some(built)
-    }
-
-    fn learn(&self, values: usize, payload_len: usize, sealed: bool) {
-        // Any payload of ours is at least 4 bytes a value: a larger count is not ours.
-        if values.saturating_mul(4) < payload_len {
-            for layout in [Layout::Seed, Layout::Compact] {
-                let kind = Kind {
-                    layout,
-                    values,
-                    sealed,
-                };
-                self.get_onto(&self.learned, kind);
-            }
-        }
-    }
-}
 
 /// What a template is of: the payloads of `values` float32 values in `layout`, sealed or
 /// not (a seal's text has one width, so every sealed payload of a count has one length).
@@ -230,26 +121,6 @@ fn occurrences(bytes: &[u8], text: &[u8]) -> Vec<usize> {
 }
 
 impl Template {
-    /// The template of `kind`, from the cache or built now (for a sender: onto the shelf
-    /// of sizes our senders chose). None when it is too large to keep or the writer's
-    /// output has a shape we do not know (then the Arrow path is used, with the same
-    /// result).
-    pub fn get(kind: Kind) -> Option<Arc<Self>> {
-        CACHE.get_onto(&CACHE.made, kind)
-    }
-
-    /// The cached templates `payload_len` bytes long (at most one per layout and shelf).
-    pub fn for_payload(payload_len: usize) -> Vec<Arc<Self>> {
-        CACHE.find(|t| t.bytes.len() == payload_len)
-    }
-
-    /// A payload of `payload_len` bytes decoded to `values` values the slow way (sealed or
-    /// not): make the templates of that count (on the learned shelf), so later payloads
-    /// like it take the fast path.
-    pub fn learn(values: usize, payload_len: usize, sealed: bool) {
-        CACHE.learn(values, payload_len, sealed);
-    }
-
     /// Encode two payloads whose values differ in every byte (and, sealed, whose seals
     /// differ in every hex digit); the seal's text must be found exactly twice, at the
     /// same places in both, one copy before the values and one after; the other bytes
@@ -609,6 +480,11 @@ mod tests {
         }
     }
 
+    /// The template of `kind`, from a cache of the test's own.
+    fn get(kind: Kind) -> Option<std::sync::Arc<Template>> {
+        Templates::new().get(kind)
+    }
+
     fn a_seal(index: u32, total: u32) -> SealText {
         let id = TransferId::from_hex("fb1ea9060e8375d9842202a20885dc6b").unwrap();
         Seal::lone(id).text(index, total)
@@ -621,7 +497,7 @@ mod tests {
                 for n in [1, 2, 3, 7, 8, 1000, 4096, 65_537] {
                     let values = sample(n);
                     let seal = sealed.then(|| a_seal(3, 9));
-                    let t = Template::get(kind(layout, n, sealed)).expect("a template of ours");
+                    let t = get(kind(layout, n, sealed)).expect("a template of ours");
                     let encoding = Encoding::from(layout).sealed(seal);
                     let expected = codec::encode_payload(encoding, &values).unwrap();
                     for stores in [Stores::Cached, Stores::Streaming] {
@@ -646,7 +522,7 @@ mod tests {
     #[test]
     fn a_payload_that_differs_outside_the_values_does_not_match() {
         for sealed in [false, true] {
-            let t = Template::get(kind(Layout::Seed, 100, sealed)).unwrap();
+            let t = get(kind(Layout::Seed, 100, sealed)).unwrap();
             let seal = sealed.then(|| a_seal(0, 1));
             let encoding = Encoding::from(Layout::Seed).sealed(seal);
             let payload = codec::encode_payload(encoding, &sample(100)).unwrap();
@@ -678,7 +554,7 @@ mod tests {
             assert!(t.matches(&compact).is_none());
         }
         // A seal copy that is not UTF-8 is left to the Arrow path, which refuses it.
-        let t = Template::get(kind(Layout::Compact, 10, true)).unwrap();
+        let t = get(kind(Layout::Compact, 10, true)).unwrap();
         let encoding = Encoding::from(Layout::Compact).sealed(Some(a_seal(0, 1)));
         let mut payload = codec::encode_payload(encoding, &sample(10)).unwrap();
         let at = t.seal_at.unwrap();
@@ -688,36 +564,8 @@ mod tests {
     }
 
     #[test]
-    fn what_peers_teach_never_evicts_what_senders_made() {
-        // A cache of its own: the process's is shared with the tests running beside.
-        let cache = Cache::new();
-        let made = cache
-            .get_onto(&cache.made, kind(Layout::Compact, 300, false))
-            .unwrap();
-        // A peer cycling through 20 payload sizes, each learned in both layouts.
-        for n in 1..=20 {
-            cache.learn(1000 + n, 8 * (1000 + n) + 600, n % 2 == 0);
-        }
-        let again = cache
-            .known(kind(Layout::Compact, 300, false))
-            .expect("still on its shelf");
-        assert!(Arc::ptr_eq(&made, &again));
-        assert_eq!(cache.learned.find(|_| true).len(), LEARNED_SLOTS);
-        assert_eq!(cache.made.find(|_| true).len(), 1);
-        // A count no payload of ours could carry in that many bytes is not learned.
-        let before = cache.learned.find(|_| true);
-        cache.learn(5000, 5000, false);
-        let after = cache.learned.find(|_| true);
-        assert!(before.iter().zip(&after).all(|(a, b)| Arc::ptr_eq(a, b)));
-        // What was learned serves a payload of that size, sealed as it was.
-        let last = cache.learned.find(|t| t.kind.values == 1020);
-        assert_eq!(last.len(), 2);
-        assert!(last.iter().all(|t| t.kind.sealed));
-    }
-
-    #[test]
     fn no_template_for_nothing_or_for_huge_chunks() {
-        assert!(Template::get(kind(Layout::Seed, 0, false)).is_none());
-        assert!(Template::get(kind(Layout::Compact, MAX_VALUES + 1, true)).is_none());
+        assert!(get(kind(Layout::Seed, 0, false)).is_none());
+        assert!(get(kind(Layout::Compact, MAX_VALUES + 1, true)).is_none());
     }
 }

@@ -7,9 +7,8 @@
 //! that `pyarrow.py_buffer` can wrap it with no copy. `WritableBytes` holds a caller's
 //! `out=` buffer for `encode_frames` to write into.
 //!
-//! Uses pyo3, the core's `output::advise_huge_pages` and `memory` (the last large `bytes`,
-//! written again when nobody else holds it), no other file of this crate; used
-//! by `session`, `stream` and `chunk`.
+//! Uses pyo3 and the core's `output::advise_huge_pages`, no other file of this crate;
+//! used by `session`, `stream` and `chunk`.
 
 use std::mem::MaybeUninit;
 use std::os::raw::c_int;
@@ -94,28 +93,21 @@ pub fn new_bytes_with<'py>(
 ) -> PyResult<Bound<'py, PyBytes>> {
     let size = ffi::Py_ssize_t::try_from(len)
         .map_err(|_| PyValueError::new_err(format!("{len} bytes do not fit a bytes object")))?;
-    let bytes = match crate::memory::reusable_bytes(py, len) {
-        Some(bytes) => bytes,
-        // SAFETY: a NULL source asks CPython for a bytes object of `size` uninitialised
-        // bytes (or NULL with an exception set, which `from_owned_ptr_or_err` raises).
-        None => unsafe {
-            Bound::from_owned_ptr_or_err(
-                py,
-                ffi::PyBytes_FromStringAndSize(std::ptr::null(), size),
-            )?
+    // SAFETY: a NULL source asks CPython for a bytes object of `size` uninitialised bytes
+    // (or NULL with an exception set, which `from_owned_ptr_or_err` raises).
+    let bytes = unsafe {
+        Bound::from_owned_ptr_or_err(py, ffi::PyBytes_FromStringAndSize(std::ptr::null(), size))?
             .cast_into_unchecked::<PyBytes>()
-        },
     };
     // SAFETY: a bytes object holds `len` bytes at `PyBytes_AsString`, kept alive by
-    // `bytes`; it is ours alone until returned (no other reference exists: a new one, or
-    // the last result nobody else held), and seen only as possibly uninitialised bytes.
+    // `bytes`; it is ours alone until returned (a new object, no other reference exists),
+    // and seen only as possibly uninitialised bytes.
     let out = unsafe {
         let data = ffi::PyBytes_AsString(bytes.as_ptr()).cast::<MaybeUninit<u8>>();
         std::slice::from_raw_parts_mut(data, len)
     };
     gradstream_core::output::advise_huge_pages(out.as_ptr().cast::<u8>(), len);
     fill(out)?;
-    crate::memory::offer_bytes(py, &bytes);
     Ok(bytes)
 }
 

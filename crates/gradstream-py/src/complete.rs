@@ -1,6 +1,6 @@
 //! Delivering tokio results to asyncio without a tokio thread ever touching Python.
 //!
-//! `pyo3_async_runtimes::future_into_py` resolves the asyncio future from a tokio thread
+//! pyo3-async-runtimes' `future_into_py` resolves the asyncio future from a tokio thread
 //! (`call_soon_threadsafe`, which drops and retakes the GIL). When the interpreter starts
 //! finalizing in that window, CPython ends the thread with `pthread_exit`, unwinding
 //! through Rust frames, and the process aborts: it did, in about a third of short CLI runs
@@ -8,7 +8,8 @@
 //! result and writes to an eventfd; the event loop watches the eventfd (`add_reader`) and
 //! turns queued results into Python objects on its own thread (`gradstream._aio.Hub`, which owns one `Completions` per loop and hands
 //! it to every native transfer it starts).
-//! The tasks still run on pyo3-async-runtimes' tokio runtime.
+//! The tasks run on the extension's tokio runtime (`runtime`), made on first use and made
+//! again in a process forked from one that had made it.
 //!
 //! Uses `convert` and `tensors` (results to Python values) and `errors`; used by `session`,
 //! `connection` and `fastpath`.
@@ -16,11 +17,12 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
 use pyo3::prelude::*;
+use tokio::runtime::Runtime;
 use tokio::task::AbortHandle;
 
 use super::convert::values_tuple;
@@ -28,6 +30,52 @@ use super::errors::to_py_err;
 use super::tensors::set_list;
 use gradstream_core::error::GradientStreamError;
 use gradstream_core::output::Output;
+
+/// A runtime and the process that made it.
+struct Made {
+    pid: u32,
+    runtime: Runtime,
+}
+
+/// The current `Made`, leaked (never freed): null until the first transfer.
+static RUNTIME: AtomicPtr<Made> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The tokio runtime of this process's transfers, made on first use. A child forked from a
+/// process that had made one gets one of its own on first use: it has none of the
+/// parent's worker threads (fork copies only the thread that called it), so the parent's
+/// runtime would never run a task there (a transfer would wait for ever). The parent's is
+/// left as it is, never dropped: dropping it would wait for those threads.
+pub(crate) fn runtime() -> &'static Runtime {
+    let pid = std::process::id();
+    let found = RUNTIME.load(Ordering::Acquire);
+    // SAFETY: `RUNTIME` is null or a pointer from `Box::into_raw` below, never freed.
+    if let Some(made) = unsafe { found.as_ref() } {
+        if made.pid == pid {
+            return &made.runtime;
+        }
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("gradstream-tokio")
+        .build()
+        // Only when the system refuses the runtime's threads or its epoll descriptor: no
+        // transfer could run (a Python exception, PanicException, with this text).
+        .expect("gradstream: cannot start the tokio runtime of its transfers");
+    let fresh = Box::into_raw(Box::new(Made { pid, runtime }));
+    match RUNTIME.compare_exchange(found, fresh, Ordering::AcqRel, Ordering::Acquire) {
+        // SAFETY: `fresh` is now `RUNTIME`'s, never freed.
+        Ok(_) => unsafe { &(*fresh).runtime },
+        Err(now) => {
+            // Another thread of this process made one first: ours never ran a task.
+            // SAFETY: `fresh` came from `Box::into_raw` above and nobody else saw it.
+            let ours = unsafe { Box::from_raw(fresh) };
+            ours.runtime.shutdown_background();
+            // SAFETY: `now` differs from `found`, so it is a pointer this function stored
+            // (`RUNTIME` only ever changes to one), never freed.
+            unsafe { &(*now).runtime }
+        }
+    }
+}
 
 /// What a finished transfer hands back.
 pub enum Outcome {
@@ -113,7 +161,7 @@ impl Completions {
     where
         F: Future<Output = Result<Outcome, GradientStreamError>> + Send + 'static,
     {
-        let runtime = pyo3_async_runtimes::tokio::get_runtime();
+        let runtime = runtime();
         let mut transfer = Box::pin(transfer);
         let polled = py.detach(|| {
             let _context = runtime.enter();
@@ -141,7 +189,7 @@ impl Completions {
     {
         let job = NEXT_JOB.fetch_add(1, Ordering::Relaxed);
         let shared = self.shared.clone();
-        let runtime = pyo3_async_runtimes::tokio::get_runtime();
+        let runtime = runtime();
         // Hold the table while spawning so the task cannot finish (and remove itself)
         // before its abort handle is in.
         let mut running = Shared::lock(&self.shared.running);

@@ -8,8 +8,11 @@
 //! `convert`, `chunk`; `fastpath` uses `stream`, `complete`, `convert` and `errors`;
 //! `stream` and `complete` use `convert`; `stream` uses `handover`, which uses
 //! `buffers`; `convert` uses no sibling; `chunk` uses
-//! `buffers`; `tensors` uses `convert` and `stream`, `complete` uses `tensors`; `buffers` uses `memory`
-//! (the global allocator, the last large `bytes`), which uses no sibling; `settings`, `complete`, `stream`, `session`, `connection` and `protocol` use `errors`.
+//! `buffers`; `tensors` uses `convert` and `stream`, `complete` uses `tensors`; `buffers` uses no
+//! sibling; `settings`, `complete`, `stream`, `session`, `connection` and `protocol` use `errors`.
+//!
+//! Nothing here is process-wide but the tokio runtime the transfers run on
+//! (`complete::runtime`), made on first use and made again in a forked child.
 
 mod buffers;
 mod chunk;
@@ -19,7 +22,6 @@ mod convert;
 mod errors;
 mod fastpath;
 mod handover;
-mod memory;
 mod protocol;
 mod session;
 mod settings;
@@ -60,10 +62,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tensor_note, m)?)?;
     m.add_function(wrap_pyfunction!(read_manifest, m)?)?;
     m.add_function(wrap_pyfunction!(manifest_json, m)?)?;
-    m.add_function(wrap_pyfunction!(memory::keep_memory, m)?)?;
-    m.add_function(wrap_pyfunction!(memory::kept_memory, m)?)?;
-    m.add_function(wrap_pyfunction!(memory::release_memory, m)?)?;
-    memory::init();
     protocol::add(m)?;
     Ok(())
 }

@@ -18,15 +18,30 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-_lock = threading.Lock()
+# Each keyed by the process that made it: a forked child has neither the parent's loop
+# thread nor, if one of the parent's threads held it at the fork, a free lock.
+_lock: tuple[int, threading.Lock] = (os.getpid(), threading.Lock())
 _loop: tuple[int, asyncio.AbstractEventLoop] | None = None
+
+
+def _own_lock() -> threading.Lock:
+    """This process's lock (a new one in a forked child: the parent's may be held by a
+    thread the child does not have)."""
+    global _lock
+    pid, lock = _lock
+    if pid != os.getpid():
+        pid, lock = _lock = (os.getpid(), threading.Lock())
+    return lock
 
 
 def loop() -> asyncio.AbstractEventLoop:
     """This process's loop, started on first use (again in a forked child, whose copy of
     the parent's thread does not run)."""
     global _loop
-    with _lock:
+    made = _loop
+    if made is not None and made[0] == os.getpid():
+        return made[1]
+    with _own_lock():
         if _loop is not None and _loop[0] == os.getpid():
             return _loop[1]
         new = asyncio.new_event_loop()

@@ -262,8 +262,8 @@ class GradientStreamSession:
     @property
     def seal(self) -> bool:
         """Whether each gradient (or tensor set) is sealed with a fresh random transfer id
-        and every receiver of this session expects all chunks sealed alike (README "Sealed
-        chunks")."""
+        and every receiver of this session requires all chunks sealed alike (without it,
+        they verify the seals they find: docs/spec/decoding-rules.md)."""
         return self._engine.seal
 
     def __repr__(self) -> str:

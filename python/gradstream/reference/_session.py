@@ -46,6 +46,7 @@ from ._rules import _chunk_fields, _decode_chunk_list
 from ._seal import (
     CONSISTENT,
     LONE,
+    WHEN_PRESENT,
     Expect,
     Seal,
     _SealTracker,
@@ -206,15 +207,17 @@ class GradientStreamSession:
     @property
     def seal(self) -> bool:
         """Whether each gradient (or tensor set) is sealed with a fresh random transfer id,
-        and this session's receivers expect every chunk sealed, all alike."""
+        and this session's receivers require every chunk sealed, all alike (without it,
+        they verify the seals they find: docs/spec/decoding-rules.md)."""
         return self._seal
 
     def _expect(self, transfer: bytes | None = None) -> Expect:
         """What this session's receivers expect of seals: ``transfer`` exactly when given
-        (a connection's), else every chunk alike when the session seals, else nothing."""
+        (a connection's), else every chunk alike when the session seals, else a seal
+        found verified all the same (docs/spec/decoding-rules.md)."""
         if transfer is not None:
             return check_transfer_id(transfer)
-        return CONSISTENT if self._seal else None
+        return CONSISTENT if self._seal else WHEN_PRESENT
 
     def _transfer(self, transfer: bytes | None = None) -> bytes | None:
         """The id a transfer is sealed with: ``transfer`` when given (a connection's), a

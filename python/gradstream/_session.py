@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import _socket
 import errno
+import os
 import socket
 import ssl
 from collections.abc import AsyncIterator, Iterable, Mapping
@@ -150,8 +151,9 @@ def _stream_socket(stream: Any) -> socket.socket | None:
 class GradientStreamSession:
     """Chunks gradients into CRC-checked Arrow IPC frames and reassembles them.
 
-    The settings are fixed at construction (README "API"); every method is one call into
-    the native engine.
+    The settings are fixed at construction (docs/reference/api.md); every method is one
+    call into the native engine. ``GradientStreamSession()`` takes the defaults and a fresh
+    session id (a local label, never sent).
     """
 
     __slots__ = ("_engine",)
@@ -159,7 +161,7 @@ class GradientStreamSession:
 
     def __init__(
         self,
-        session_id: str,
+        session_id: str | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         *,
         max_payload_len: int = DEFAULT_MAX_PAYLOAD_LEN,
@@ -173,6 +175,11 @@ class GradientStreamSession:
         wire_dtype: _DtypeName | None = None,
         seal: bool = False,
     ) -> None:
+        # The id only labels chunks locally (it never goes on the wire): without one, a
+        # fresh "gradstream-<16 hex digits>". The Rust API keeps the original's
+        # GradientStreamSession::new(session_id, chunk_size).
+        if session_id is None:
+            session_id = f"gradstream-{os.urandom(8).hex()}"
         self._engine = Engine(
             session_id,
             chunk_size,
@@ -196,7 +203,7 @@ class GradientStreamSession:
         return session
 
     @classmethod
-    def with_defaults(cls, session_id: str) -> GradientStreamSession:
+    def with_defaults(cls, session_id: str | None = None) -> GradientStreamSession:
         """A session with the default settings (chunks of 65,536 values)."""
         return cls(session_id)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import operator
+import os
 import zlib
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any, Literal, overload
@@ -93,7 +94,7 @@ class GradientStreamSession:
 
     def __init__(
         self,
-        session_id: str,
+        session_id: str | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         *,
         max_payload_len: int = DEFAULT_MAX_PAYLOAD_LEN,
@@ -107,6 +108,10 @@ class GradientStreamSession:
         wire_dtype: str | None = None,
         seal: bool = False,
     ) -> None:
+        # The id only labels chunks locally (it never goes on the wire): without one, a
+        # fresh "gradstream-<16 hex digits>".
+        if session_id is None:
+            session_id = f"gradstream-{os.urandom(8).hex()}"
         # In this order: with several bad arguments, the first one raises.
         self._session_id = _check_str(session_id, "session_id")
         self._layout = _check_layout(layout)
@@ -122,7 +127,7 @@ class GradientStreamSession:
         self._seal = _check_flag(seal, "seal")
 
     @classmethod
-    def with_defaults(cls, session_id: str) -> GradientStreamSession:
+    def with_defaults(cls, session_id: str | None = None) -> GradientStreamSession:
         return cls(session_id, DEFAULT_CHUNK_SIZE)
 
     def with_compression(self, enabled: bool) -> GradientStreamSession:

@@ -8,8 +8,10 @@ same API.
 
 from __future__ import annotations
 
+import sys
+from typing import TYPE_CHECKING, Any
+
 from ._connection import Connection, Listener, Server, connect, listen, serve
-from ._dtypes import BFloat16Type
 from ._memory import KeptMemory, keep_memory, kept_memory, release_memory
 from ._native import (
     DEFAULT_CHUNK_SIZE,
@@ -41,6 +43,9 @@ from .errors import (
     TlsError,
     WorkerLostError,
 )
+
+if TYPE_CHECKING:
+    from ._arrow import BFloat16Type
 
 __version__ = "0.1.0"
 
@@ -85,3 +90,18 @@ __all__ = [
     "release_memory",
     "serve",
 ]
+
+
+# pyarrow (and with it BFloat16Type, the Arrow type gradstream.bfloat16) is imported when
+# first needed, not by `import gradstream` (docs/guides/dtypes-and-shapes.md). When the
+# caller imported pyarrow already, the type is registered with it now, as it always was.
+if "pyarrow" in sys.modules:
+    from . import _arrow  # noqa: F401
+
+
+def __getattr__(name: str) -> Any:
+    if name == "BFloat16Type":
+        from ._arrow import BFloat16Type
+
+        return BFloat16Type
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

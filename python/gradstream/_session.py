@@ -22,11 +22,10 @@ import os
 import socket
 import ssl
 from collections.abc import AsyncIterator, Iterable, Mapping
-from typing import Any, Literal, NamedTuple, overload
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, overload
 
 import numpy as np
 import numpy.typing as npt
-import pyarrow as pa
 from typing_extensions import Buffer
 
 from . import _aio, _dtypes, _handover
@@ -43,6 +42,10 @@ from ._native import (
 )
 from ._peers import SSL_SOCKET_REFUSED
 from .errors import StreamIOError
+
+if TYPE_CHECKING:
+    # Only named in annotations: pyarrow is imported when a pyarrow.Buffer is asked for.
+    import pyarrow as pa
 
 __all__ = ["GradientStreamSession"]
 
@@ -193,7 +196,7 @@ class GradientStreamSession:
             keep_dtype=keep_dtype,
             wire_dtype=wire_dtype,
             seal=seal,
-            bf16_as_f32=_dtypes.BFLOAT16 is None,
+            bf16_as_f32=not _dtypes.ML_DTYPES,
         )
 
     @classmethod

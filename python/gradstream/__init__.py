@@ -8,9 +8,11 @@ same API.
 
 from __future__ import annotations
 
+import sys
+from typing import TYPE_CHECKING, Any
+
 from ._address import Peer
 from ._connection import Connection, Listener, Server, connect, listen, serve
-from ._dtypes import BFloat16Type
 from ._native import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_MAX_GRADIENT_LEN,
@@ -41,6 +43,9 @@ from .errors import (
     TlsError,
     WorkerLostError,
 )
+
+if TYPE_CHECKING:
+    from ._arrow import BFloat16Type
 
 __version__ = "0.2.0"
 
@@ -81,3 +86,18 @@ __all__ = [
     "listen",
     "serve",
 ]
+
+
+# pyarrow (and with it BFloat16Type, the Arrow type gradstream.bfloat16) is imported when
+# first needed, not by `import gradstream` (docs/guides/dtypes-and-shapes.md). When the
+# caller imported pyarrow already, the type is registered with it now, as it always was.
+if "pyarrow" in sys.modules:
+    from . import _arrow  # noqa: F401
+
+
+def __getattr__(name: str) -> Any:
+    if name == "BFloat16Type":
+        from ._arrow import BFloat16Type
+
+        return BFloat16Type
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

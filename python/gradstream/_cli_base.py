@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from ._address import Peer
-from ._dtypes import DTYPES, numpy_dtype
+from ._dtypes import DTYPES, width
 
 __all__ = [
     "MIB",
@@ -41,7 +41,7 @@ SIZE_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 MAX_SIZE = 2**63 - 2**30  # a whole number of G, and far beyond any machine's memory
 # The widest value a receiving session can hand back (float64, from a peer that keeps its
 # dtype): recv counts its room at this many bytes a value.
-WIDEST_VALUE = max(numpy_dtype(name).itemsize for name in DTYPES)
+WIDEST_VALUE = max(width(name) for name in DTYPES)
 
 
 class CliError(Exception):

@@ -1,4 +1,5 @@
-"""The four value dtypes, their numpy and Arrow forms, and the cast rule (README "Dtypes").
+"""The four value dtypes, their numpy forms, and the cast rule
+(docs/guides/dtypes-and-shapes.md).
 
 Shared by the native session and the reference: input conversion (``prepare``), the
 ``out=`` dtype names, and handing bfloat16 back. The casts are each implementation's own:
@@ -8,38 +9,40 @@ differential tests compare them.
 
 bfloat16 has no numpy or Arrow type of its own. Arrays of it are handled here as uint16
 arrays of the raw bits; on the wire it is the Arrow extension type ``gradstream.bfloat16``
-over uint16 (``BFloat16Type``, registered with pyarrow when this module is imported);
-``ml_dtypes.bfloat16`` arrays are taken, and handed back when ml_dtypes is installed.
+over uint16 (``_arrow.BFloat16Type``); ``ml_dtypes.bfloat16`` arrays are taken, and
+handed back when ml_dtypes is installed.
+
+Neither pyarrow nor ml_dtypes is imported with this module (``import gradstream`` would
+cost twice as long): ml_dtypes when a bfloat16 array is first handed back, ``_arrow``
+when a gradient is given as an Arrow array.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any, NamedTuple
 
 import numpy as np
-import pyarrow as pa
 
 from ._convert import as_float32_array, dtype_name, to_ndarray
 
 __all__ = [
-    "BF16_EXTENSION",
     "DTYPES",
     "DTYPE_KEY",
-    "BFloat16Type",
+    "ML_DTYPES",
     "Prepared",
     "bfloat16_dtype",
     "cast",
     "dtype_name",
     "hand_back",
-    "is_bfloat16_type",
     "numpy_dtype",
     "prepare",
+    "width",
 ]
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 DTYPE_KEY = "gradient_dtype"
-BF16_EXTENSION = "gradstream.bfloat16"
 
 _BITS = {"float16": np.uint16, "bfloat16": np.uint16, "float32": np.uint32, "float64": np.uint64}
 # Canonical quiet NaN of each dtype (sign bit clear); README "The cast rule".
@@ -51,70 +54,41 @@ _CANONICAL_NAN = {
 }
 
 
-class BFloat16Type(pa.ExtensionType):  # type: ignore[misc]
-    """Arrow extension type ``gradstream.bfloat16``: bfloat16 values stored as the uint16
-    of their bits (the top half of the float32 bits). Its serialized metadata is empty.
-
-    ``BFloat16Type()`` is over uint16. A file may put the name on a field of another type;
-    pyarrow then reads that field as this type over its own storage type (rather than
-    failing to open the file), and gradstream goes by the storage type, as arrow-rs does:
-    only a uint16 field with the name holds bfloat16 values."""
-
-    def __init__(self, storage_type: pa.DataType | None = None) -> None:
-        super().__init__(pa.uint16() if storage_type is None else storage_type, BF16_EXTENSION)
-
-    def __arrow_ext_serialize__(self) -> bytes:
-        return b""
-
-    @classmethod
-    def __arrow_ext_deserialize__(
-        cls, storage_type: pa.DataType, serialized: bytes
-    ) -> BFloat16Type:
-        return cls(storage_type)
-
-
-def is_bfloat16_type(data_type: pa.DataType) -> bool:
-    """Whether an Arrow type is bfloat16: ``gradstream.bfloat16`` over uint16."""
-    return isinstance(data_type, BFloat16Type) and data_type.storage_type == pa.uint16()
-
-
-try:
-    pa.register_extension_type(BFloat16Type())
-except pa.ArrowKeyError:  # registered already (module reloaded)
-    pass
-
-
-def _load_bfloat16() -> np.dtype | None:
-    try:
-        import ml_dtypes
-    except ImportError:
-        return None
-    dtype: np.dtype = np.dtype(ml_dtypes.bfloat16)
-    return dtype
-
-
-# ml_dtypes' bfloat16, or None when it is not installed (tests set this to None to see
-# the fallback). The reference reads it through bfloat16_dtype() on every call; a native
-# session reads it once, when the session is made.
-BFLOAT16: np.dtype | None = _load_bfloat16()
+# Whether ml_dtypes is installed, found without importing it (its extension module alone
+# takes longer to import than the rest of gradstream); tests set it to False to see the
+# fallback. A native session reads it once, when the session is made.
+ML_DTYPES: bool = importlib.util.find_spec("ml_dtypes") is not None
+_BFLOAT16: list[np.dtype] = []  # ml_dtypes' bfloat16, once imported
 
 
 def bfloat16_dtype() -> np.dtype | None:
-    """numpy's dtype for bfloat16 (ml_dtypes), or None: then bfloat16 is handed back as
-    float32."""
-    return BFLOAT16
+    """numpy's dtype for bfloat16 (ml_dtypes, imported on the first call), or None: then
+    bfloat16 is handed back as float32."""
+    if not ML_DTYPES:
+        return None
+    if not _BFLOAT16:
+        import ml_dtypes
+
+        _BFLOAT16.append(np.dtype(ml_dtypes.bfloat16))
+    return _BFLOAT16[0]
+
+
+def width(name: str) -> int:
+    """Bytes a value of dtype ``name`` takes (without importing ml_dtypes for bfloat16)."""
+    return np.dtype(_BITS[name]).itemsize
 
 
 def hand_back(name: str) -> str:
     """The dtype name a gradient of dtype ``name`` comes back in (bfloat16 without
     ml_dtypes comes back as float32)."""
-    return "float32" if name == "bfloat16" and BFLOAT16 is None else name
+    return "float32" if name == "bfloat16" and not ML_DTYPES else name
 
 
 def numpy_dtype(name: str) -> np.dtype:
     """The numpy dtype a gradient of dtype ``name`` is handed back in."""
     back = hand_back(name)
-    return BFLOAT16 if back == "bfloat16" and BFLOAT16 is not None else np.dtype(back)
+    bfloat16 = bfloat16_dtype() if back == "bfloat16" else None
+    return np.dtype(back) if bfloat16 is None else bfloat16
 
 
 def _bits(values: np.ndarray, name: str) -> np.ndarray:
@@ -221,22 +195,11 @@ def _typed(obj: Any) -> tuple[np.ndarray, str] | None:
             bits = obj.detach().contiguous().view(torch.int16).numpy().view(np.uint16)
             return bits, "bfloat16"
         return None
-    if mod.startswith("pyarrow") and isinstance(obj, (pa.Array, pa.ChunkedArray)):
-        if isinstance(obj, pa.ChunkedArray):
-            obj = obj.combine_chunks()
-        if obj.null_count:
-            raise ValueError(
-                f"gradient Arrow array has {obj.null_count} null value(s); "
-                "a gradient must be dense (fill them first, e.g. pyarrow.compute.fill_null)"
-            )
-        if isinstance(obj.type, BFloat16Type):
-            if is_bfloat16_type(obj.type):
-                return obj.storage.to_numpy(zero_copy_only=True), "bfloat16"
-            obj = obj.storage  # the name on another type: that type's values
-        floats = (("float16", pa.float16()), ("float32", pa.float32()), ("float64", pa.float64()))
-        for name, arrow_type in floats:
-            if obj.type == arrow_type:
-                return obj.to_numpy(zero_copy_only=True), name
+    if mod.startswith("pyarrow"):
+        # pyarrow is imported already: the caller made the array with it.
+        from ._arrow import arrow_values
+
+        return arrow_values(obj)
     return None
 
 
@@ -282,6 +245,7 @@ def as_hand_back(values: np.ndarray, name: str) -> np.ndarray:
     back: bfloat16 viewed as ml_dtypes.bfloat16, or widened to float32 without it."""
     if name != "bfloat16":
         return values
-    if BFLOAT16 is not None:
-        return values.view(BFLOAT16)
+    bfloat16 = bfloat16_dtype()
+    if bfloat16 is not None:
+        return values.view(bfloat16)
     return cast(values, "bfloat16", "float32")

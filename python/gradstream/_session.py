@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import _socket
 import errno
+import os
 import socket
 import ssl
 from collections.abc import AsyncIterator, Iterable, Mapping
-from typing import Any, Literal, NamedTuple, overload
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, overload
 
 import numpy as np
 import numpy.typing as npt
-import pyarrow as pa
 from typing_extensions import Buffer
 
 from . import _aio, _dtypes, _handover
@@ -42,6 +42,10 @@ from ._native import (
     tensor_note,
 )
 from .errors import StreamIOError
+
+if TYPE_CHECKING:
+    # Only named in annotations: pyarrow is imported when a pyarrow.Buffer is asked for.
+    import pyarrow as pa
 
 __all__ = ["GradientStreamSession"]
 
@@ -150,8 +154,9 @@ def _stream_socket(stream: Any) -> socket.socket | None:
 class GradientStreamSession:
     """Chunks gradients into CRC-checked Arrow IPC frames and reassembles them.
 
-    The settings are fixed at construction (README "API"); every method is one call into
-    the native engine.
+    The settings are fixed at construction (docs/reference/api.md); every method is one
+    call into the native engine. ``GradientStreamSession()`` takes the defaults and a fresh
+    session id (a local label, never sent).
     """
 
     __slots__ = ("_engine",)
@@ -159,7 +164,7 @@ class GradientStreamSession:
 
     def __init__(
         self,
-        session_id: str,
+        session_id: str | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         *,
         max_payload_len: int = DEFAULT_MAX_PAYLOAD_LEN,
@@ -173,6 +178,11 @@ class GradientStreamSession:
         wire_dtype: _DtypeName | None = None,
         seal: bool = False,
     ) -> None:
+        # The id only labels chunks locally (it never goes on the wire): without one, a
+        # fresh "gradstream-<16 hex digits>". The Rust API keeps the original's
+        # GradientStreamSession::new(session_id, chunk_size).
+        if session_id is None:
+            session_id = f"gradstream-{os.urandom(8).hex()}"
         self._engine = Engine(
             session_id,
             chunk_size,
@@ -186,7 +196,7 @@ class GradientStreamSession:
             keep_dtype=keep_dtype,
             wire_dtype=wire_dtype,
             seal=seal,
-            bf16_as_f32=_dtypes.BFLOAT16 is None,
+            bf16_as_f32=not _dtypes.ML_DTYPES,
         )
 
     @classmethod
@@ -196,7 +206,7 @@ class GradientStreamSession:
         return session
 
     @classmethod
-    def with_defaults(cls, session_id: str) -> GradientStreamSession:
+    def with_defaults(cls, session_id: str | None = None) -> GradientStreamSession:
         """A session with the default settings (chunks of 65,536 values)."""
         return cls(session_id)
 
@@ -262,8 +272,8 @@ class GradientStreamSession:
     @property
     def seal(self) -> bool:
         """Whether each gradient (or tensor set) is sealed with a fresh random transfer id
-        and every receiver of this session expects all chunks sealed alike (README "Sealed
-        chunks")."""
+        and every receiver of this session requires all chunks sealed alike (without it,
+        they verify the seals they find: docs/spec/decoding-rules.md)."""
         return self._engine.seal
 
     def __repr__(self) -> str:

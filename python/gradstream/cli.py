@@ -4,7 +4,7 @@
                     [--max-connections N] [CONNECTION FLAGS] [--timeout S] [-v]
     gradstream send HOST:PORT FILE.npy [FILE.npy ...] [--chunk-size N] [--layout L]
                     [--compression C] [CONNECTION FLAGS] [--timeout S] [-v]
-    gradstream demo [--elements N] [--impl-only native|reference] [--chunk-size N]
+    gradstream demo [--mib N] [--repeats R]
 
     CONNECTION FLAGS: [--protocol gradstream|seed] [--tls-cert FILE --tls-key FILE]
                       [--tls-ca FILE] [--authkey-file FILE]
@@ -265,7 +265,7 @@ def _add_send(sub: Any) -> None:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from . import demo
 
-    return demo.run(elements=args.elements, impl_only=args.impl_only, chunk_size=args.chunk_size)
+    return demo.run(mib=args.mib, repeats=args.repeats)
 
 
 def _add_demo(sub: Any) -> None:
@@ -273,8 +273,8 @@ def _add_demo(sub: Any) -> None:
 
     demo_parser = sub.add_parser(
         "demo",
-        help="a verified transfer between two processes, native vs reference",
-        description=demo.NETWORK_DESCRIPTION,
+        help=demo.HELP,
+        description=demo.DESCRIPTION,
         formatter_class=_Formatter,
     )
     demo.add_arguments(demo_parser)

@@ -1,256 +1,383 @@
-"""`make demo`: a verified transfer of a large gradient between two processes over TCP,
-with the native module and with the reference, side by side.
+"""`make demo`: what a user compares gradstream against. The same float32 gradient (256 MiB
+by default) goes from one process to another over TCP on 127.0.0.1 three ways: by
+gradstream (a ``Connection`` with the default settings), by raw TCP (``sendall`` of the
+array's bytes, ``recv_into`` a new array) and by pickle over a socket (``pickle.dumps``,
+then ``pickle.loads`` of the bytes received). Each arrival is checked bit for bit against
+the gradient sent; the times, the throughput and the ratios gradstream/raw TCP and
+gradstream/pickle are printed (docs/performance.md has the method of the benchmarks).
 
-    gradstream demo [--elements N] [--impl-only native|reference] [--chunk-size N]
+    gradstream demo [--mib N] [--repeats R]
     python -m gradstream.demo [same options]        (the same demo)
 
-The demo writes a random float32 gradient (64M values, 256 MiB, by default; standard
-normal, fixed seed) to a .npy file in a temporary directory, starts a receiver process
-(``gradstream recv 127.0.0.1:0``, whose first output line gives its port) and a sender
-process (``gradstream send``), checks the received file bit for bit against the sent one,
-and prints the throughput the receiver measured. It does this with the native
-implementation, then with the reference, and prints their ratio. It exits non-zero if any
-transfer or verification fails.
+This process makes the gradient (standard normal, fixed seed), writes it to a .npy file
+in a temporary directory for the receivers to check against, and sends it; a receiver
+process per way receives it. A transfer is timed on the sending side from its first byte
+to the receiver's acknowledgement, which the receiver sends once it holds the whole
+gradient as a numpy array (gradstream's own ack; one byte for the other two), so that
+each time covers the whole way into an array on the other side (for pickle, its
+``dumps`` and ``loads`` too). Connecting is not timed. Each way runs ``--repeats`` times
+on one connection and its median is reported; the receiver compares what it got before it
+says it is ready for the next one. Exits non-zero if any transfer or check fails.
 """
 
 from __future__ import annotations
 
 import argparse
-import queue
-import re
-import signal
+import asyncio
+import pickle
+import socket
+import statistics
+import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 
-DEFAULT_ELEMENTS = 64 * 1024 * 1024
+DEFAULT_MIB = 256
+DEFAULT_REPEATS = 3
 SEED = 7
-# Passed to both child processes: seconds without progress before they give up.
-CHILD_TIMEOUT_S = 60.0
-# The most the demo waits for a child's whole run (they stop themselves far earlier).
-CHILD_DEADLINE_S = 1800.0
-# How long a receiver may still take to finish once its sender has failed.
-SHORT_WAIT_S = 10.0
+# Seconds a receiver may take for any one step (starting, a transfer, a check).
+STEP_TIMEOUT_S = 60.0
 
-NETWORK_DESCRIPTION = (
-    "Send a random float32 gradient (64M values by default) from one process to another "
-    "over TCP on 127.0.0.1, verify the received file bit for bit, and print the "
-    "throughput; first with the native implementation, then with the reference, then "
-    "their ratio. Exits non-zero if any verification fails."
+HELP = "the same gradient sent by gradstream, raw TCP and pickle between two processes"
+DESCRIPTION = (
+    "Send the same random float32 gradient (256 MiB by default) from this process to "
+    "another over TCP on 127.0.0.1 three ways (gradstream's Connection with its default "
+    "settings, raw TCP sendall/recv_into, pickle over a socket), check each arrival bit "
+    "for bit, and print the times, GB/s and the ratios gradstream/raw TCP and "
+    "gradstream/pickle. Exits non-zero if any check fails."
 )
 
-_LISTENING = re.compile(r"^listening on (?:\[(?P<h6>[^\]]+)\]|(?P<h>[^:\s]+)):(?P<port>\d+)\s*$")
-# recv's line for its one gradient (the chunk count before "in" is the native's only).
-_RECEIVED = re.compile(r"^received gradient: .* in (?P<s>[0-9.]+) s, (?P<rate>[0-9.]+) GB/s")
+# The three ways, in the order they run: (key, name printed, how).
+WAYS = (
+    ("gradstream", "gradstream", "Connection, default settings"),
+    ("raw", "raw TCP", "sendall / recv_into a new array"),
+    ("pickle", "pickle", "pickle.dumps / socket / pickle.loads"),
+)
+_LENGTH = struct.Struct("<Q")  # the byte count before a raw or pickled gradient
+_ACK = b"\x01"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of the transfer demo (shared by `gradstream demo` and this module)."""
+    """The options of the demo (shared by `gradstream demo` and this module)."""
     parser.add_argument(
-        "--elements",
-        type=int,
-        default=DEFAULT_ELEMENTS,
+        "--mib",
+        type=_positive_mib,
+        default=DEFAULT_MIB,
         metavar="N",
-        help=f"float32 values in the gradient (default {DEFAULT_ELEMENTS:,})",
+        help=f"size of the gradient in MiB of float32 values (default {DEFAULT_MIB})",
     )
     parser.add_argument(
-        "--impl-only",
-        choices=("native",),
-        default=None,
-        help="run one implementation only (default: both, and their ratio)",
-    )
-    parser.add_argument(
-        "--chunk-size",
-        type=int,
-        default=None,
-        metavar="N",
-        help="float32 values per chunk (default 65536)",
+        "--repeats",
+        type=_positive_int,
+        default=DEFAULT_REPEATS,
+        metavar="R",
+        help=f"transfers of each way, the median reported (default {DEFAULT_REPEATS})",
     )
 
 
-# --------------------------------------------------------------------------- transfer demo
+def _positive_mib(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1 << 20:
+        raise argparse.ArgumentTypeError(f"--mib must be > 0 and <= 1048576, not {text}")
+    return value
 
 
-class _LineReader:
-    """Reads a child's stdout lines in a thread, so that reads can time out."""
-
-    def __init__(self, stream: IO[str]) -> None:
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        self.seen: list[str] = []
-        self._thread = threading.Thread(target=self._pump, args=(stream,), daemon=True)
-        self._thread.start()
-
-    def _pump(self, stream: IO[str]) -> None:
-        for line in stream:
-            self._lines.put(line.rstrip("\n"))
-        self._lines.put(None)
-
-    def next_line(self, timeout: float) -> str | None:
-        """The next line, or None at the end of the output or after `timeout` seconds."""
-        try:
-            line = self._lines.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        if line is not None:
-            self.seen.append(line)
-        return line
-
-    def rest(self, timeout: float) -> list[str]:
-        """The remaining lines (call once the child has exited)."""
-        self._thread.join(timeout)
-        while self.next_line(0) is not None:
-            pass
-        return self.seen
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, not {text}")
+    return value
 
 
-@dataclass
-class _Outcome:
-    ok: bool
-    seconds: float | None  # the transfer time the receiver measured
-    detail: str
-    rate: str | None = None  # and the throughput it printed
+# --------------------------------------------------------------------------- checks
 
 
-def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "gradstream", *args]
-
-
-def _status(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            return f"killed by {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"killed by signal {-returncode}"
-    return f"exit status {returncode}"
-
-
-def _stop(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
-
-
-def _bit_equal_files(sent: Path, received: Path) -> bool:
-    a = np.load(sent, mmap_mode="r")
-    b = np.load(received, mmap_mode="r")
-    if a.dtype != np.float32 or b.dtype != np.float32 or a.size != b.size:
+def bit_equal(got: np.ndarray, want: np.ndarray) -> bool:
+    """Whether two float32 arrays hold the same bits (NaN payloads and -0.0 included)."""
+    if got.dtype != np.float32 or got.shape != want.shape:
         return False
-    a, b = a.reshape(-1).view(np.uint32), b.reshape(-1).view(np.uint32)
+    a, b = got.reshape(-1).view(np.uint32), want.reshape(-1).view(np.uint32)
     step = 1 << 24
     return all(np.array_equal(a[i : i + step], b[i : i + step]) for i in range(0, a.size, step))
 
 
-def _transfer(impl: str, sent: Path, out: Path, chunk_size: int | None) -> _Outcome:
-    """One receiver process and one sender process; verify what arrived."""
-    # The command has one implementation: `impl` only labels the lines.
-    common = ["--timeout", str(CHILD_TIMEOUT_S)]
-    # The receiver keeps the terminal's stderr (its progress bar, its error line).
-    receiver = subprocess.Popen(
-        _cli("recv", "127.0.0.1:0", "--out", str(out), *common),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    sender: subprocess.Popen[str] | None = None
+def _verdict(got: Any, want: np.ndarray) -> str:
+    if not isinstance(got, np.ndarray):
+        return f"differs: a {type(got).__name__} arrived"
+    if bit_equal(got, want):
+        return "bit-equal"
+    return f"differs: {got.dtype}{list(got.shape)} arrived, not float32{list(want.shape)}"
+
+
+# --------------------------------------------------------------------------- the receivers
+
+
+def _recv_exact(sock: socket.socket, view: memoryview) -> None:
+    got = 0
+    while got < len(view):
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            raise ConnectionError(f"the sender closed after {got} of {len(view)} bytes")
+        got += n
+
+
+def _receive_raw(conn: socket.socket) -> np.ndarray:
+    header = bytearray(_LENGTH.size)
+    _recv_exact(conn, memoryview(header))
+    (nbytes,) = _LENGTH.unpack(header)
+    values = np.empty(nbytes // 4, np.float32)
+    _recv_exact(conn, values.data.cast("B"))
+    conn.sendall(_ACK)
+    return values
+
+
+def _receive_pickle(conn: socket.socket) -> Any:
+    header = bytearray(_LENGTH.size)
+    _recv_exact(conn, memoryview(header))
+    (nbytes,) = _LENGTH.unpack(header)
+    data = bytearray(nbytes)
+    _recv_exact(conn, memoryview(data))
+    values = pickle.loads(data)  # the demo's own bytes, from this host
+    conn.sendall(_ACK)
+    return values
+
+
+def _socket_receiver(way: str, want: np.ndarray, repeats: int) -> None:
+    receive = _receive_raw if way == "raw" else _receive_pickle
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(STEP_TIMEOUT_S)
+        print(f"listening on 127.0.0.1:{server.getsockname()[1]}", flush=True)
+        conn, _ = server.accept()
+        with conn:
+            conn.settimeout(STEP_TIMEOUT_S)
+            for _ in range(repeats):
+                got = receive(conn)
+                print(_verdict(got, want), flush=True)
+                del got
+
+
+async def _gradstream_receiver(want: np.ndarray, repeats: int) -> None:
+    import gradstream
+
+    listener = await gradstream.listen(("127.0.0.1", 0))
     try:
-        assert receiver.stdout is not None
-        lines = _LineReader(receiver.stdout)
-        first = lines.next_line(CHILD_TIMEOUT_S)
-        match = _LISTENING.match(first or "")
-        if match is None:
-            _stop(receiver)
-            return _Outcome(False, None, f"receiver did not start (first line: {first!r})")
-        port = match["port"]
-        print(f"  receiver ({impl}) {first}", flush=True)
-
-        send_args = ["send", f"127.0.0.1:{port}", str(sent), "--no-progress", *common]
-        if chunk_size is not None:
-            send_args += ["--chunk-size", str(chunk_size)]
-        sender = subprocess.Popen(
-            _cli(*send_args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        send_out, send_err = sender.communicate(timeout=CHILD_DEADLINE_S)
-        for line in send_out.splitlines():
-            print(f"  sender   ({impl}) {line}", flush=True)
-        problems = []
-        if sender.returncode != 0:
-            problems.append(f"sender failed: {send_err.strip() or _status(sender.returncode)}")
-        # A sender that failed may never have connected: then the receiver would wait for
-        # its whole timeout, so it gets only a short while to report what it received.
-        try:
-            receiver.wait(timeout=CHILD_DEADLINE_S if not problems else SHORT_WAIT_S)
-        except subprocess.TimeoutExpired:
-            _stop(receiver)
-        received_lines = lines.rest(timeout=5)[1:]
-        for line in received_lines:
-            print(f"  receiver ({impl}) {line}", flush=True)
-        if receiver.returncode != 0:
-            problems.append(f"receiver failed: {_status(receiver.returncode)}")
-        seconds, rate = None, None
-        for line in received_lines:
-            if m := _RECEIVED.match(line):
-                seconds, rate = float(m["s"]), m["rate"]
-        if receiver.returncode == 0 and not _bit_equal_files(sent, out):
-            problems.append("the received file differs from the sent one")
-        if problems:
-            return _Outcome(False, seconds, "; ".join(problems), rate)
-        return _Outcome(True, seconds, "bit-equal", rate)
-    except subprocess.TimeoutExpired:
-        return _Outcome(False, None, f"no result within {CHILD_DEADLINE_S:g} s")
+        print(f"listening on 127.0.0.1:{listener.address[1]}", flush=True)
+        conn = await asyncio.wait_for(listener.accept(), STEP_TIMEOUT_S)
+        async with conn:
+            for _ in range(repeats):
+                got = await asyncio.wait_for(conn.recv(), STEP_TIMEOUT_S)
+                print(_verdict(got, want), flush=True)
+                del got
     finally:
-        if sender is not None:
-            _stop(sender)
-        _stop(receiver)
+        await listener.close()
 
 
-def run(
-    elements: int = DEFAULT_ELEMENTS,
-    impl_only: str | None = None,
-    chunk_size: int | None = None,
-) -> int:
-    """The transfer demo; the exit status (0 when every transfer verified)."""
-    if elements < 0:
-        print("gradstream: error: --elements must be >= 0", file=sys.stderr)
-        return 2
-    impls = [impl_only] if impl_only else ["native"]
-    outcomes: dict[str, _Outcome] = {}
-    nbytes = elements * 4
-    with tempfile.TemporaryDirectory(prefix="gradstream-demo-") as tmp:
-        sent = Path(tmp) / "sent.npy"
-        start = time.perf_counter()
-        np.save(sent, np.random.default_rng(SEED).standard_normal(elements, dtype=np.float32))
-        print(
-            f"gradient: {elements:,} float32 values ({nbytes / 2**20:,.0f} MiB), "
-            f"random normal (seed {SEED}), written to a temporary .npy in "
-            f"{time.perf_counter() - start:.1f} s"
+def _receiver_main(way: str, expected: str, repeats: int) -> int:
+    """A receiver process: one connection, ``repeats`` gradients, a line about each."""
+    want = np.load(expected, mmap_mode="r")
+    if way == "gradstream":
+        asyncio.run(_gradstream_receiver(want, repeats))
+    else:
+        _socket_receiver(way, want, repeats)
+    return 0
+
+
+# --------------------------------------------------------------------------- the senders
+
+
+def _send_raw(sock: socket.socket, values: np.ndarray) -> None:
+    data = values.data.cast("B")
+    sock.sendall(_LENGTH.pack(len(data)))
+    sock.sendall(data)
+    _await_ack(sock)
+
+
+def _send_pickle(sock: socket.socket, values: np.ndarray) -> None:
+    data = pickle.dumps(values)
+    sock.sendall(_LENGTH.pack(len(data)))
+    sock.sendall(data)
+    _await_ack(sock)
+
+
+def _await_ack(sock: socket.socket) -> None:
+    if sock.recv(1) != _ACK:
+        raise ConnectionError("the receiver closed without acknowledging the gradient")
+
+
+class _Receiver:
+    """A receiver process and the lines it prints (read in a thread, to time out)."""
+
+    def __init__(self, way: str, expected: Path, repeats: int) -> None:
+        command = [sys.executable, "-m", "gradstream.demo", "--receiver", way, str(expected)]
+        self.proc = subprocess.Popen(
+            [*command, "--repeats", str(repeats)], stdout=subprocess.PIPE, text=True
         )
-        for impl in impls:
-            print(f"{impl}: receiver and sender processes on 127.0.0.1", flush=True)
-            out = Path(tmp) / f"received-{impl}.npy"
-            outcome = _transfer(impl, sent, out, chunk_size)
-            outcomes[impl] = outcome
-            out.unlink(missing_ok=True)
-            timing = (
-                f"{outcome.seconds:.3f} s, {outcome.rate} GB/s"
-                if outcome.seconds is not None
-                else "time unknown"
-            )
-            verdict = "bit-equal" if outcome.ok else f"FAILED: {outcome.detail}"
-            print(f"{impl}: {verdict} ({timing})", flush=True)
+        self._lines: list[str | None] = []
+        self._ready = threading.Condition()
+        assert self.proc.stdout is not None
+        threading.Thread(target=self._pump, args=(self.proc.stdout,), daemon=True).start()
 
-    native, reference = outcomes.get("native"), outcomes.get("reference")
-    if native and reference and native.ok and reference.ok and native.seconds:
-        if reference.seconds:
-            ratio = reference.seconds / native.seconds
-            print(f"native vs reference: {ratio:.1f}x the throughput")
-    verified = bool(outcomes) and all(o.ok for o in outcomes.values())
-    print("verified" if verified else "VERIFICATION FAILED")
+    def _pump(self, stream: IO[str]) -> None:
+        for line in stream:
+            with self._ready:
+                self._lines.append(line.rstrip("\n"))
+                self._ready.notify()
+        with self._ready:
+            self._lines.append(None)
+            self._ready.notify()
+
+    def line(self) -> str:
+        """The receiver's next line; RuntimeError when it ends or takes too long."""
+        with self._ready:
+            if not self._ready.wait_for(lambda: self._lines, STEP_TIMEOUT_S):
+                raise RuntimeError(f"no word from the receiver in {STEP_TIMEOUT_S:g} s")
+            line = self._lines.pop(0)
+        if line is None:
+            self.proc.wait()
+            raise RuntimeError(f"the receiver ended (exit status {self.proc.returncode})")
+        return line
+
+    def port(self) -> int:
+        first = self.line()
+        prefix = "listening on 127.0.0.1:"
+        if not first.startswith(prefix):
+            raise RuntimeError(f"the receiver did not start: {first!r}")
+        return int(first[len(prefix) :])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.wait(timeout=STEP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@dataclass
+class _Result:
+    """One way's transfers: their times and the receiver's verdicts."""
+
+    seconds: list[float] = field(default_factory=list)
+    verdicts: list[str] = field(default_factory=list)
+    failure: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None and all(v == "bit-equal" for v in self.verdicts)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+
+def _timed(send: Callable[[], None], receiver: _Receiver, result: _Result) -> None:
+    start = time.perf_counter()
+    send()
+    result.seconds.append(time.perf_counter() - start)
+    # The receiver checks what it got, then says so: the next transfer starts after.
+    result.verdicts.append(receiver.line())
+
+
+def _run_way(way: str, values: np.ndarray, expected: Path, repeats: int) -> _Result:
+    """One receiver process, one connection, ``repeats`` timed transfers."""
+    result = _Result()
+    receiver = _Receiver(way, expected, repeats)
+    try:
+        port = receiver.port()
+        if way == "gradstream":
+            asyncio.run(_send_gradstream(port, values, receiver, repeats, result))
+        else:
+            send = _send_raw if way == "raw" else _send_pickle
+            with socket.create_connection(("127.0.0.1", port), timeout=STEP_TIMEOUT_S) as sock:
+                for _ in range(repeats):
+                    _timed(lambda: send(sock, values), receiver, result)
+    except Exception as exc:  # any failure is reported, exit status 1
+        result.failure = f"{type(exc).__name__}: {exc}"
+        receiver.proc.kill()
+    finally:
+        receiver.stop()
+    if result.failure is None and receiver.proc.returncode != 0:
+        result.failure = f"the receiver exited with status {receiver.proc.returncode}"
+    return result
+
+
+async def _send_gradstream(
+    port: int, values: np.ndarray, receiver: _Receiver, repeats: int, result: _Result
+) -> None:
+    import gradstream
+
+    conn = await gradstream.connect(("127.0.0.1", port))
+    async with conn:
+        for _ in range(repeats):
+            start = time.perf_counter()
+            await conn.send(values)  # returns once the receiver acknowledged it
+            result.seconds.append(time.perf_counter() - start)
+            result.verdicts.append(await asyncio.to_thread(receiver.line))
+
+
+# --------------------------------------------------------------------------- the demo
+
+
+def _wire_note(elements: int) -> str:
+    """What gradstream's frames weigh on the wire, in its default layout and the other."""
+    import gradstream
+
+    seed = gradstream.GradientStreamSession().frames_len(elements)
+    compact = gradstream.GradientStreamSession(layout="compact").frames_len(elements)
+    return (
+        f"gradstream's frames: {seed / 2**20:,.1f} MiB on the wire in the default layout "
+        f'"seed" (ipfrs-transport\'s, an index column beside the values), '
+        f'{compact / 2**20:,.1f} MiB with layout="compact"'
+    )
+
+
+def run(mib: float = DEFAULT_MIB, repeats: int = DEFAULT_REPEATS) -> int:
+    """The demo; the exit status (0 when every transfer arrived bit for bit)."""
+    elements = max(1, round(mib * 2**20 / 4))
+    nbytes = elements * 4
+    results: dict[str, _Result] = {}
+    with tempfile.TemporaryDirectory(prefix="gradstream-demo-") as tmp:
+        expected = Path(tmp) / "gradient.npy"
+        start = time.perf_counter()
+        values = np.random.default_rng(SEED).standard_normal(elements, dtype=np.float32)
+        np.save(expected, values)
+        print(
+            f"gradient: {elements:,} float32 values ({nbytes / 2**20:,.6g} MiB), random "
+            f"normal (seed {SEED}), made in {time.perf_counter() - start:.1f} s; each way "
+            f"sends it {repeats} time(s) to another process on 127.0.0.1 (median shown)",
+            flush=True,
+        )
+        width = max(len(f"{name} ({how})") for _, name, how in WAYS)
+        for way, name, how in WAYS:
+            result = _run_way(way, values, expected, repeats)
+            results[way] = result
+            label = f"{name} ({how})".ljust(width)
+            if result.ok:
+                seconds = result.median
+                rate = nbytes / seconds / 1e9
+                print(f"{label}  {seconds:8.3f} s  {rate:6.2f} GB/s  bit-equal", flush=True)
+            else:
+                bad = [v for v in result.verdicts if v != "bit-equal"]
+                why = result.failure or (bad[0] if bad else "no transfer")
+                print(f"{label}  FAILED: {why}", flush=True)
+
+    print(_wire_note(elements), flush=True)
+    ours = results["gradstream"]
+    for way, name, _ in WAYS[1:]:
+        other = results[way]
+        if ours.ok and other.ok:
+            ratio = other.median / ours.median
+            print(f"gradstream/{name}: {ratio:.2f}x the throughput", flush=True)
+    verified = all(r.ok for r in results.values())
+    print("verified" if verified else "VERIFICATION FAILED", flush=True)
     return 0 if verified else 1
 
 
@@ -261,9 +388,14 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_arguments(parser)
+    # A receiver process of the demo's own (not for users): WAY EXPECTED.npy.
+    parser.add_argument("--receiver", nargs=2, metavar=("WAY", "FILE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
-        return run(args.elements, args.impl_only, args.chunk_size)
+        if args.receiver is not None:
+            way, expected = args.receiver
+            return _receiver_main(way, expected, args.repeats)
+        return run(args.mib, args.repeats)
     except KeyboardInterrupt:
         return 130
 

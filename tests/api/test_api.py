@@ -60,14 +60,15 @@ def test_constructor_defaults_agree_with_the_constants() -> None:
 def test_metadata_keys_agree_with_the_cores() -> None:
     """The core defines each metadata key once and _native exposes it; the reference and
     the pyarrow extension type keep deliberate copies of their own."""
+    import gradstream._arrow as arrow
     import gradstream._dtypes as dtypes
     import gradstream._native as native
     from gradstream.reference import _wire
 
     assert (native.SHAPE_KEY, native.MANIFEST_KEY) == (_wire.SHAPE_KEY, _wire.MANIFEST_KEY)
     assert (native.SHAPE_KEY, native.MANIFEST_KEY) == ("gradient_shape", "gradstream_tensors")
-    assert (native.DTYPE_KEY, native.BF16_EXTENSION) == (dtypes.DTYPE_KEY, dtypes.BF16_EXTENSION)
-    assert native.BF16_EXTENSION == dtypes.BFloat16Type().extension_name
+    assert (native.DTYPE_KEY, native.BF16_EXTENSION) == (dtypes.DTYPE_KEY, arrow.BF16_EXTENSION)
+    assert native.BF16_EXTENSION == arrow.BFloat16Type().extension_name
 
 
 def _imported_names(path: Path, package: str) -> set[str]:
@@ -98,7 +99,7 @@ def test_reference_never_imports_the_extension() -> None:
     assert not any("_native" in name for name in imported), imported
     # Within the package: the subpackage itself, the modules both implementations share,
     # and nothing else.
-    shared = ("reference", "_checks", "_convert", "_dtypes", "_io", "errors")
+    shared = ("reference", "_arrow", "_checks", "_convert", "_dtypes", "_io", "errors")
     own = {name for name in imported if name.split(".")[0] == "gradstream"}
     assert all(
         name == "gradstream"

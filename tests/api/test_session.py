@@ -40,6 +40,26 @@ def test_defaults(impl):
     assert (d.session_id, d.chunk_size, d.max_payload_len) == ("run-8", 65536, 268435456)
 
 
+def test_a_session_without_an_id_gets_a_fresh_one(impl):
+    # docs/reference/api.md: the id is a local label; without one, "gradstream-<16 hex>".
+    a, b = impl.GradientStreamSession(), impl.GradientStreamSession(chunk_size=4)
+    for s in (a, b, impl.GradientStreamSession.with_defaults()):
+        prefix, _, digits = s.session_id.partition("-")
+        assert (prefix, len(digits)) == ("gradstream", 16)
+        int(digits, 16)
+    assert a.session_id != b.session_id
+    assert (a.chunk_size, b.chunk_size) == (65536, 4)
+    # It works like any other session, and its chunks carry its id.
+    chunks = b.encode_gradient(ramp(9))
+    assert {c.session_id for c in chunks} == {b.session_id}
+    assert_same_bits(a.decode_chunks(chunks), ramp(9))
+    assert_same_bits(a.decode_frames(b.encode_frames(ramp(9))), ramp(9))
+    # The original's positional (session_id, chunk_size) stays.
+    assert impl.GradientStreamSession("run-9", 5).session_id == "run-9"
+    with pytest.raises(TypeError):
+        impl.GradientStreamSession(7)
+
+
 def test_chunk_size_zero_is_raised_to_one(impl):
     s = session(impl, 0)
     assert s.chunk_size == 1

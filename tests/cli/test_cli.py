@@ -1,5 +1,6 @@
 """The `gradstream` command, run as real processes talking TCP on 127.0.0.1: transfers,
-what arrives, hostile and broken peers, --max-bytes, usage errors, the demo.
+what arrives, hostile and broken peers, --max-bytes, usage errors (the demo:
+test_demo.py).
 
 The connection side (TLS, authkey, several workers, --forever, acknowledgements, the
 seed protocol) is test_cli_connections.py. Helpers: support.cli.
@@ -565,21 +566,6 @@ def test_max_bytes_in_help() -> None:
     assert "--max-bytes B" in help_text and "default 4G" in help_text
     assert "8 bytes a value" in help_text
     assert "each gradient gets B/N" in help_text
-
-
-# --------------------------------------------------------------------------- demo
-
-
-@pytest.mark.parametrize("impl_only", ["native", None])
-def test_demo_small(impl_only: str | None) -> None:
-    args = ["demo", "--elements", "100000", "--chunk-size", "4096"]
-    if impl_only:
-        args += ["--impl-only", impl_only]
-    result = run(*args)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.rstrip().endswith("verified")
-    assert ": bit-equal (" in result.stdout
-    assert "time unknown" not in result.stdout  # the receiver's line was read
 
 
 # --------------------------------------------------------------------------- in-process units

@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+import gradstream
 import gradstream._dtypes as _dtypes
 from gradstream.errors import GradientDtypeError
 from support.dtypes import (
@@ -73,7 +74,7 @@ def test_keep_dtype_round_trip_is_bit_exact(enc: str, dec: str, name: str, layou
     assert len(parts) == 5
     for _, _, p in parts:
         field = schema_of(p).field("value")
-        assert field.type == (_dtypes.BFloat16Type() if name == "bfloat16" else ARROW[name])
+        assert field.type == (gradstream.BFloat16Type() if name == "bfloat16" else ARROW[name])
         assert schema_of(p).metadata is None  # no gradient_dtype: the column says it all
     assert_values(receiver.decode_frames(wire), name, words)
     assert_values(receiver.decode_frames(join_frames(parts[::-1])), name, words)
@@ -352,7 +353,7 @@ def test_rounding_error_is_within_the_documented_bound(impl, source, wire_dtype,
         (lambda: pa.array(np.zeros(3, np.float64)), None),
         (
             lambda: pa.ExtensionArray.from_storage(
-                _dtypes.BFloat16Type(), pa.array(np.zeros(3, np.uint16))
+                gradstream.BFloat16Type(), pa.array(np.zeros(3, np.uint16))
             ),
             None,
         ),
@@ -390,7 +391,7 @@ def test_non_float_dtypes_stay_refused(impl: ModuleType, settings_: dict[str, An
 
 
 def _bf16_arrow(words: np.ndarray) -> pa.Array:
-    return pa.ExtensionArray.from_storage(_dtypes.BFloat16Type(), pa.array(words, pa.uint16()))
+    return pa.ExtensionArray.from_storage(gradstream.BFloat16Type(), pa.array(words, pa.uint16()))
 
 
 @pytest.mark.parametrize("name", ["float16", "bfloat16", "float32", "float64"])
@@ -465,7 +466,7 @@ def test_bfloat16_comes_back_as_ml_dtypes(impl: ModuleType):
 
 
 def test_bfloat16_without_ml_dtypes_comes_back_as_float32(impl, monkeypatch):
-    """With _dtypes.BFLOAT16 None (ml_dtypes absent), a bfloat16 gradient is handed back
+    """With _dtypes.ML_DTYPES False (ml_dtypes absent), a bfloat16 gradient is handed back
     widened to float32, exactly; out= must then be float32."""
     words = sample("bfloat16", 10)
     sender = session(impl, 3, keep_dtype=True)
@@ -474,7 +475,7 @@ def test_bfloat16_without_ml_dtypes_comes_back_as_float32(impl, monkeypatch):
     cast_wire = session(impl, 3, keep_dtype=True, wire_dtype="float16").encode_frames(
         from_bits(words, "bfloat16")
     )
-    monkeypatch.setattr(_dtypes, "BFLOAT16", None)
+    monkeypatch.setattr(_dtypes, "ML_DTYPES", False)
     rx = session(impl)
     widened = expected(words, "bfloat16", "bfloat16", "float32")
     assert_values(rx.decode_frames(wire), "float32", widened)

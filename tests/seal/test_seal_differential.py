@@ -2,12 +2,13 @@
 other seals, in any layout, compression, chunking and dtype; and for every attack drawn
 (indices traded, a chunk spliced from another transfer, a chunk unsealed, a seal rewritten
 by hand: another total, another position, a malformed text, a copy changed in one place
-only) both refuse the same bytes with the same error, text and fields.
+only) both refuse the same bytes with the same error, text and fields, whether the
+receiver was made with ``seal=True`` or not (every receiver verifies a seal it finds,
+docs/spec/decoding-rules.md).
 """
 
 from __future__ import annotations
 
-import zlib
 from typing import Any
 
 import numpy as np
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 import gradstream as gs
 import gradstream.reference as ref
 from gradstream.reference._writer import encode_payload
-from support.frames import HEADER, join_frames, split_frames
+from support.frames import join_frames, split_frames
 from support.impls import CODECS, LAYOUTS, examples
 from support.seals import (
     bit_equal,
@@ -68,14 +69,11 @@ def test_each_decodes_what_the_other_seals(
             assert bit_equal(rx.decode_chunks(tx.encode_gradient(g)), want)
 
 
-def _rewritten(wire: bytes, k: int, seal: str | None, layout: str) -> bytes:
-    """``wire`` with frame k's payload written again (by the reference's writer, from the
-    values the native decoder reads) with the gradstream_seal ``seal`` (or none)."""
+def _rewritten(wire: bytes, k: int, seal: str | None, layout: str, values: np.ndarray) -> bytes:
+    """``wire`` with frame k's payload, whose values are ``values``, written again (by the
+    reference's writer) with the gradstream_seal ``seal`` (or none)."""
     parts = split_frames(wire)
-    index, total, payload = parts[k]
-    values = gs.GradientStreamSession("v").decode_frames(
-        HEADER.pack(0, 1, len(payload), zlib.crc32(payload)) + payload
-    )
+    index, total, _ = parts[k]
     parts[k] = (index, total, encode_payload(values, layout, seal=seal))
     return join_frames(parts)
 
@@ -128,6 +126,7 @@ def test_both_refuse_every_attack_with_the_same_error(
     total = len(split_frames(wire))
     k = data.draw(st.integers(0, total - 1))
     transfer = bytes.fromhex((seal_of(split_frames(wire)[0][2]) or "")[:32])
+    values = g[k * chunk_size : (k + 1) * chunk_size]
     if attack == "swap":
         if total < 2:
             return
@@ -136,18 +135,18 @@ def test_both_refuse_every_attack_with_the_same_error(
     elif attack == "splice":
         attacked = splice(wire, tx.encode_frames(gradient(n, 99)), k)
     elif attack == "unsealed":
-        attacked = _rewritten(wire, k, None, layout)
+        attacked = _rewritten(wire, k, None, layout, values)
     elif attack == "total":
-        attacked = _rewritten(wire, k, lone_seal_text(transfer, k, total + 1), layout)
+        attacked = _rewritten(wire, k, lone_seal_text(transfer, k, total + 1), layout, values)
     elif attack == "position":
         position = data.draw(st.sampled_from([0, 1, 0xFFFFFFFE, 0x7FFFFFFF]))
-        attacked = _rewritten(wire, k, lone_seal_text(transfer, k, total, position), layout)
+        attacked = _rewritten(wire, k, lone_seal_text(transfer, k, total, position), layout, values)
     elif attack == "malformed":
         text = lone_seal_text(transfer, k, total)
         bad = data.draw(
             st.sampled_from([text.upper(), text[:-1], text + "0", text.replace(":", "-", 1), ""])
         )
-        attacked = _rewritten(wire, k, bad, layout)
+        attacked = _rewritten(wire, k, bad, layout, values)
     else:
         attacked = _one_copy_changed(wire, k, footer=attack == "footer")
     # The seal read is the footer's: a copy changed in the schema message alone is not
@@ -155,13 +154,29 @@ def test_both_refuse_every_attack_with_the_same_error(
     # transfer) has no other chunk to disagree with (only a connection, which expects an
     # exact id, tells).
     refused = attack != "message" and not (attack in ("footer", "splice") and total == 1)
-    outcomes = {}
+    outcomes, defaults = {}, {}
     for name, impl in IMPLS.items():
         rx = sealed_session(impl, 3, seal=True)
         got = outcome(lambda rx=rx: rx.decode_frames(attacked))
         assert isinstance(got, gs.GradientStreamError) == refused, (name, attack, got)
         outcomes[name] = _described(got)
-        # Without the seal, every one of them is accepted (as a gradient of n values).
-        back = sealed_session(impl, 3).decode_frames(attacked)
-        assert isinstance(back, np.ndarray) and back.size == n
+        # A receiver without seal=True verifies the seals it finds: the same outcome, in
+        # the same words, but for a chunk unsealed among sealed ones (one unsealed
+        # chunk alone is a whole unsealed gradient, which it takes).
+        default = outcome(lambda impl=impl: sealed_session(impl, 3).decode_frames(attacked))
+        defaults[name] = _described(default)
+        if attack != "unsealed":
+            assert defaults[name] == outcomes[name], (name, attack)
+        elif total == 1:
+            assert isinstance(default, np.ndarray) and default.size == n
+        else:
+            # Once one chunk of a gradient is sealed, every chunk must be, either way round.
+            assert type(default) is gs.FrameError, (name, default)
+            mixed = (
+                "chunk 1 is sealed; chunk 0 is not sealed"
+                if k == 0
+                else f"chunk {k} is not sealed; chunk 0 is sealed for transfer {transfer.hex()}"
+            )
+            assert default.detail == mixed
     assert outcomes["native"] == outcomes["reference"], attack
+    assert defaults["native"] == defaults["reference"], attack

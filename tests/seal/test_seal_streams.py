@@ -1,7 +1,8 @@
 """Sealed transfers over real connections (sockets and asyncio streams, both
 implementations on either end): what a sealing session sends arrives, gradient after
 gradient and set after set; a hostile peer's swapped, spliced or unsealed frames are
-refused by a sealing receiver as decode_frames refuses them, with the same error; and the
+refused by a sealing receiver as decode_frames refuses them, with the same error, and its
+swapped or spliced sealed frames by a receiver without ``seal`` too; and the
 reference's seams for a connection seal with, and expect, an id of their own.
 """
 
@@ -69,17 +70,22 @@ def test_a_hostile_peers_frames_fail_alike_over_every_path(path: str) -> None:
     ours, theirs = sender.encode_frames(g), sender.encode_frames(g)
     plain = sealed_session(ref, 4).encode_frames(g)
     attacks = [swap_indices(ours), splice(ours, theirs, 2), plain, splice(ours, plain, 1)]
-    for data in attacks:
-        expected = None
-        for name in IMPL_NAMES:
-            rx = sealed_session(load_impl(name), 4, seal=True)
-            in_memory = outcome(lambda rx=rx, data=data: rx.decode_frames(data))
-            streamed = run(lambda rx=rx, data=data: receive_bytes(rx, data, path))
-            assert type(in_memory) is FrameError
-            # decode_frames and the stream receiver refuse alike, and so do both sides.
-            assert error_fields(streamed) == error_fields(in_memory)
-            expected = expected or error_fields(in_memory)
-            assert error_fields(in_memory) == expected
+    for k, data in enumerate(attacks):
+        expected: dict[bool, Any] = {}
+        # Without seal=True, the unsealed gradient is taken; the sealed chunks swapped or
+        # spliced are refused in the seal=True receiver's words.
+        for seal in (True, False) if k != 2 else (True,):
+            for name in IMPL_NAMES:
+                rx = sealed_session(load_impl(name), 4, seal=seal)
+                in_memory = outcome(lambda rx=rx, data=data: rx.decode_frames(data))
+                streamed = run(lambda rx=rx, data=data: receive_bytes(rx, data, path))
+                assert type(in_memory) is FrameError
+                # decode_frames and the stream receiver refuse alike, and so do both sides.
+                assert error_fields(streamed) == error_fields(in_memory)
+                expected.setdefault(seal, error_fields(in_memory))
+                assert error_fields(in_memory) == expected[seal]
+        if k < 2:
+            assert expected[False] == expected[True]
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -91,11 +97,12 @@ def test_a_set_spliced_over_a_connection_fails_alike(path: str) -> None:
     data = b"".join(frames(ours)[:3] + frames(theirs)[3:])
     described = []
     for name in IMPL_NAMES:
-        rx = sealed_session(load_impl(name), 4, seal=True)
-        got = run(lambda rx=rx: receive_set_bytes(rx, data, path))
-        assert type(got) is FrameError and "expected transfer" in got.detail
-        described.append(error_fields(got))
-    assert described[0] == described[1]
+        for seal in (True, False):
+            rx = sealed_session(load_impl(name), 4, seal=seal)
+            got = run(lambda rx=rx: receive_set_bytes(rx, data, path))
+            assert type(got) is FrameError and "expected transfer" in got.detail
+            described.append(error_fields(got))
+    assert all(d == described[0] for d in described)
 
 
 def test_the_references_connection_seams_seal_with_the_id_they_are_given() -> None:

@@ -129,7 +129,7 @@ def test_bfloat16_without_ml_dtypes_comes_back_as_float32(impl, monkeypatch):
     if BF16 is None:
         pytest.skip("needs ml_dtypes to make the input")
     t = {"b": raw((4, 2), "bfloat16", 1), "f": raw((3,), "float32", 2)}
-    monkeypatch.setattr(dt, "BFLOAT16", None)
+    monkeypatch.setattr(dt, "ML_DTYPES", False)
     s = session(impl)
     got = s.decode_tensors(s.encode_tensors(t))
     assert got["b"].dtype == np.float32 and got["b"].shape == (4, 2)

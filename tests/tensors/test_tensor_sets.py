@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-import gradstream._dtypes as dt
+import gradstream as gs
 from gradstream.errors import StreamIOError, TensorSetError
 from support.aio import close_all
 from support.frames import HEADER_LEN
@@ -192,7 +192,7 @@ def test_other_tensor_inputs(enc, dec):
     }
     if BF16 is not None:
         bf = raw((6,), "bfloat16", 3)
-        t["arrow-bf16"] = pa.ExtensionArray.from_storage(dt.BFloat16Type(), pa.array(bits(bf)))
+        t["arrow-bf16"] = pa.ExtensionArray.from_storage(gs.BFloat16Type(), pa.array(bits(bf)))
     got = receiver.decode_tensors(sender.encode_tensors(t))
     assert_set(got, expected(t))
     assert got["list"].dtype == np.float32 and got["list"].shape == (2, 2)

@@ -109,7 +109,7 @@ impl FrameReceiver {
         }
     }
 
-    /// Hold every chunk's seal to `check`, at `position` (README "Sealed chunks"): a
+    /// Hold every chunk's seal to `check`, at `position` (docs/spec/decoding-rules.md): a
     /// connection's receiver expects `SealCheck::Exact` of the id it derives for the
     /// transfer; a tensor set's receiver gives each gradient its position. Replaces what
     /// the session's `seal` setting chose.
@@ -119,7 +119,7 @@ impl FrameReceiver {
     }
 
     /// The transfer id of the chunks taken so far (the expected one, for `Exact`); None
-    /// before the first chunk, or when seals are not checked.
+    /// before the first chunk, or when they are unsealed.
     pub fn transfer(&self) -> Option<TransferId> {
         self.assembly.transfer()
     }

@@ -1,4 +1,5 @@
-//! Sealed chunks (README "Sealed chunks"): the schema metadata `gradstream_seal` that puts
+//! Sealed chunks (docs/spec/wire-format.md; the receiver's rule in
+//! docs/spec/decoding-rules.md): the schema metadata `gradstream_seal` that puts
 //! a chunk's transfer id, index, total and position under its CRC, so that headers swapped
 //! between chunks, frames spliced from another transfer and tensors swapped inside a set
 //! are refused. Here: `TransferId`, `Position` and `Seal` (what a sender attaches to a
@@ -193,26 +194,35 @@ pub fn parse(text: &str) -> Option<ReadSeal> {
     })
 }
 
-/// What a receiver expects of the seals.
+/// What a receiver expects of the seals (docs/spec/decoding-rules.md, the seal rule).
+///
+/// There is no key: a seal is the transfer's id and the chunk's place in it, under the
+/// chunk's CRC. Every receiver verifies a seal it finds; the modes differ in whether one
+/// is required and which transfer id is expected.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SealCheck {
-    /// Nothing: the key is ignored, as ipfrs-transport ignores it.
+    /// Any receiver without `seal=True` (ipfrs-transport's frames carry no seal): the first
+    /// chunk taken decides. Unsealed, every chunk must be unsealed; sealed, every chunk
+    /// must be sealed and is held to what `Consistent` holds it to.
     #[default]
-    Off,
+    WhenPresent,
     /// A standalone `seal=True` receiver: every chunk sealed, all with the transfer id of
     /// the first chunk taken.
     Consistent,
     /// A connection's receiver, which knows the id of the transfer it expects next.
     Exact(TransferId),
+    /// No chunk sealed: the tensors of a set whose manifest a `WhenPresent` receiver took
+    /// unsealed.
+    Absent,
 }
 
 /// One gradient's seal check: the expectation, the position the gradient must hold, and
-/// (`Consistent`) the first chunk taken and its transfer id.
+/// the first chunk taken with the transfer id it was sealed with (None: unsealed).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SealRule {
     check: SealCheck,
     position: Position,
-    first: Option<(u32, TransferId)>,
+    first: Option<(u32, Option<TransferId>)>,
 }
 
 impl SealRule {
@@ -224,25 +234,32 @@ impl SealRule {
         }
     }
 
-    /// The transfer id the chunks taken so far carry (None before the first, or when off).
+    /// The transfer id the chunks taken so far carry (the expected one, for `Exact`; None
+    /// before the first, or when they are unsealed).
     pub fn transfer(&self) -> Option<TransferId> {
         match self.check {
             SealCheck::Exact(id) => Some(id),
-            _ => self.first.map(|(_, id)| id),
+            _ => self.first.and_then(|(_, id)| id),
         }
     }
 
     /// The seal of chunk `index` of `total` (its header's), as its payload's schema
     /// carries it (`seal`, the first entry of the key), against what is expected.
     pub fn check(&mut self, index: u32, total: u32, seal: Option<&str>) -> Result<()> {
-        if self.check == SealCheck::Off {
-            return Ok(());
-        }
         let refused = |detail: String| GradientStreamError::frame(detail, Some(index));
         let Some(text) = seal else {
-            return Err(refused(format!(
-                "chunk {index} is not sealed; this receiver expects sealed chunks"
-            )));
+            return match (self.check, self.first) {
+                (SealCheck::Consistent | SealCheck::Exact(_), _) => Err(refused(format!(
+                    "chunk {index} is not sealed; this receiver expects sealed chunks"
+                ))),
+                (_, Some((first, Some(id)))) => Err(refused(format!(
+                    "chunk {index} is not sealed; chunk {first} is sealed for transfer {id}"
+                ))),
+                _ => {
+                    self.take(index, None);
+                    Ok(())
+                }
+            };
         };
         let Some(read) = parse(text) else {
             return Err(refused(format!(
@@ -251,13 +268,23 @@ impl SealRule {
             )));
         };
         match (self.check, self.first) {
+            (SealCheck::Absent, _) => {
+                return Err(refused(format!(
+                    "chunk {index} is sealed; the tensor set's manifest is not sealed"
+                )));
+            }
+            (SealCheck::WhenPresent, Some((first, None))) => {
+                return Err(refused(format!(
+                    "chunk {index} is sealed; chunk {first} is not sealed"
+                )));
+            }
             (SealCheck::Exact(expected), _) if read.transfer != expected => {
                 return Err(refused(format!(
                     "chunk {index} is sealed for transfer {}, expected transfer {expected}",
                     read.transfer
                 )));
             }
-            (SealCheck::Consistent, Some((first, expected))) if read.transfer != expected => {
+            (_, Some((first, Some(expected)))) if read.transfer != expected => {
                 return Err(refused(format!(
                     "chunk {index} is sealed for transfer {}; chunk {first} is sealed for \
                      transfer {expected}",
@@ -280,10 +307,15 @@ impl SealRule {
                 read.index, read.total
             )));
         }
-        if self.first.is_none() {
-            self.first = Some((index, read.transfer));
-        }
+        self.take(index, Some(read.transfer));
         Ok(())
+    }
+
+    /// Record the first chunk taken (a no-op for later ones).
+    fn take(&mut self, index: u32, transfer: Option<TransferId>) {
+        if self.first.is_none() {
+            self.first = Some((index, transfer));
+        }
     }
 
     /// Forget chunk `index` (it failed a later rule, so it was not taken).
@@ -361,17 +393,23 @@ mod tests {
         );
     }
 
-    #[test]
-    fn each_refusal_names_what_was_found_and_what_was_expected() {
-        let text = |seal: Seal, i, n| seal.text(i, n).as_str().to_string();
-        let detail = |r: Result<()>| match r {
+    fn text(seal: Seal, i: u32, n: u32) -> String {
+        seal.text(i, n).as_str().to_string()
+    }
+
+    fn detail(r: Result<()>) -> (String, Option<u32>) {
+        match r {
             Err(GradientStreamError::Frame {
                 detail,
                 chunk_index,
                 ..
             }) => (detail, chunk_index),
             other => panic!("{other:?}"),
-        };
+        }
+    }
+
+    #[test]
+    fn each_refusal_names_what_was_found_and_what_was_expected() {
         let mut exact = SealRule::new(SealCheck::Exact(id(1)), Position::Lone);
         assert_eq!(
             detail(exact.check(0, 2, None)),
@@ -430,11 +468,85 @@ mod tests {
             .check(0, 5, Some(&text(manifest(id(8)), 0, 5)))
             .unwrap();
         assert_eq!(consistent.transfer(), Some(id(8)));
+    }
 
-        let mut off = SealRule::default();
-        off.check(0, 1, Some("anything")).unwrap();
-        off.check(0, 1, None).unwrap();
-        assert_eq!(off.transfer(), None);
+    #[test]
+    fn a_receiver_without_seal_true_verifies_a_seal_it_finds_in_the_same_words() {
+        // Unsealed chunks, as ipfrs-transport sends them: taken, with no transfer id.
+        let mut plain = SealRule::default();
+        plain.check(1, 2, None).unwrap();
+        plain.check(0, 2, None).unwrap();
+        assert_eq!(plain.transfer(), None);
+        // Sealed ones: held to what a seal=True receiver holds them to, in its words.
+        for check in [SealCheck::WhenPresent, SealCheck::Consistent] {
+            let mut rule = SealRule::new(check, Position::Lone);
+            rule.check(1, 3, Some(&text(Seal::lone(id(4)), 1, 3)))
+                .unwrap();
+            assert_eq!(rule.transfer(), Some(id(4)));
+            let spliced = detail(rule.check(0, 3, Some(&text(Seal::lone(id(5)), 0, 3))));
+            let swapped = detail(rule.check(0, 3, Some(&text(Seal::lone(id(4)), 2, 3))));
+            let malformed = detail(rule.check(0, 3, Some("anything")));
+            let tensor = Seal {
+                transfer: id(4),
+                position: Position::Tensor(0),
+            };
+            let moved = detail(rule.check(0, 3, Some(&text(tensor, 0, 3))));
+            assert_eq!(
+                [spliced, swapped, malformed, moved].map(|(d, _)| d),
+                [
+                    format!(
+                        "chunk 0 is sealed for transfer {}; chunk 1 is sealed for transfer {}",
+                        id(5),
+                        id(4)
+                    ),
+                    "chunk 0 of 3 is sealed as chunk 2 of 3".into(),
+                    "chunk 0 has a gradstream_seal that is not <32 hex>:<8 hex>:<8 hex>:<8 hex> \
+                     in lowercase"
+                        .into(),
+                    "chunk 0 is sealed for tensor position 0 of a tensor set, expected a lone \
+                     gradient"
+                        .into(),
+                ],
+                "{check:?}"
+            );
+        }
+        // Once one chunk of a gradient is sealed, every chunk must be, and the other way.
+        let mut sealed_first = SealRule::default();
+        sealed_first
+            .check(0, 2, Some(&text(Seal::lone(id(4)), 0, 2)))
+            .unwrap();
+        assert_eq!(
+            detail(sealed_first.check(1, 2, None)),
+            (
+                format!(
+                    "chunk 1 is not sealed; chunk 0 is sealed for transfer {}",
+                    id(4)
+                ),
+                Some(1)
+            )
+        );
+        let mut plain_first = SealRule::default();
+        plain_first.check(1, 2, None).unwrap();
+        let sealed = text(Seal::lone(id(4)), 0, 2);
+        assert_eq!(
+            detail(plain_first.check(0, 2, Some(&sealed))),
+            ("chunk 0 is sealed; chunk 1 is not sealed".into(), Some(0))
+        );
+        // A first chunk that was not taken after all decides nothing.
+        plain_first.undo(1);
+        plain_first.check(0, 2, Some(&sealed)).unwrap();
+        assert_eq!(plain_first.transfer(), Some(id(4)));
+        // The tensors of a set whose manifest came unsealed.
+        let mut absent = SealRule::new(SealCheck::Absent, Position::Tensor(0));
+        absent.check(0, 1, None).unwrap();
+        let tensor = Seal {
+            transfer: id(4),
+            position: Position::Tensor(0),
+        };
+        assert_eq!(
+            detail(absent.check(0, 1, Some(&text(tensor, 0, 1)))).0,
+            "chunk 0 is sealed; the tensor set's manifest is not sealed"
+        );
     }
 
     #[test]

@@ -34,9 +34,10 @@ pub struct SessionConfig {
     /// Hand bfloat16 gradients back as float32 (an exact widening): for a caller with no
     /// bfloat16 type (Python without ml_dtypes).
     pub bf16_as_f32: bool,
-    /// Standalone sealed chunks (docs/spec/wire-format.md, sealed chunks): the senders seal each gradient
-    /// (or tensor set) with a fresh random transfer id, and the receivers expect every
-    /// chunk sealed, all with the first chunk's id (`SealCheck::Consistent`). The seal
+    /// Standalone sealed chunks (docs/spec/decoding-rules.md): the senders seal each
+    /// gradient (or tensor set) with a fresh random transfer id, and the receivers expect
+    /// every chunk sealed, all with the first chunk's id (`SealCheck::Consistent`).
+    /// Without it, receivers still verify the seals they find (`SealCheck::WhenPresent`). The seal
     /// itself is per transfer: it travels with the gradient (`Gradient::sealed`), and a
     /// connection's exact expectation with its receiver (`FrameReceiver::expect_seal`).
     pub seal: bool,
@@ -57,12 +58,13 @@ pub struct ChunkRef<'a> {
 
 impl SessionConfig {
     /// What this session's receivers expect of seals when the caller says nothing more
-    /// (a connection says `SealCheck::Exact`): `Consistent` when it seals, else `Off`.
+    /// (a connection says `SealCheck::Exact`): `Consistent` when it seals (one required),
+    /// else `WhenPresent` (a seal found is verified all the same).
     pub fn seal_check(&self) -> SealCheck {
         if self.seal {
             SealCheck::Consistent
         } else {
-            SealCheck::Off
+            SealCheck::WhenPresent
         }
     }
 

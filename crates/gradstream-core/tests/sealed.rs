@@ -1,6 +1,7 @@
-//! Sealed chunks (README "Sealed chunks") through the crate's public API, as the
+//! Sealed chunks (docs/spec/decoding-rules.md) through the crate's public API, as the
 //! connection layer uses it: each attack the seal is for, first accepted unsealed (a wrong
-//! gradient comes back "verified"), then refused sealed, in both layouts and compressed;
+//! gradient comes back "verified"), then refused sealed, in both layouts and compressed, by
+//! a `seal` receiver and by a default one alike (every receiver verifies a seal it finds);
 //! the exact expectation of a connection's receivers; and the original crate's decoder
 //! (arrow-rs `FileReader`, the `value` column by name) reading sealed payloads.
 
@@ -41,6 +42,14 @@ fn sessions(seal: bool) -> Vec<SessionConfig> {
         }
     }
     all
+}
+
+/// The same settings without `seal`: a default receiver.
+fn plain_of(s: &SessionConfig) -> SessionConfig {
+    SessionConfig {
+        seal: false,
+        ..s.clone()
+    }
 }
 
 fn frames_of(chunks: &[EncodedChunk]) -> Vec<u8> {
@@ -122,10 +131,13 @@ fn swapped_indices_with_valid_crcs_pass_unsealed_and_fail_sealed() {
                 "chunk 1 of 2 is sealed as chunk 0 of 2".to_string(),
                 Some(1),
             );
-            assert_eq!(frame_detail(s.decode_frames(&wire)), expected);
-            let refs = chunks.iter().map(EncodedChunk::as_ref).collect();
             let sorted_first = "chunk 0 of 2 is sealed as chunk 1 of 2".to_string();
-            assert_eq!(frame_detail(s.decode_chunks(refs)), (sorted_first, Some(0)));
+            for rx in [s.clone(), plain_of(&s)] {
+                assert_eq!(frame_detail(rx.decode_frames(&wire)), expected);
+                let refs = chunks.iter().map(EncodedChunk::as_ref).collect();
+                let got = frame_detail(rx.decode_chunks(refs));
+                assert_eq!(got, (sorted_first.clone(), Some(0)));
+            }
         }
     }
 }
@@ -146,13 +158,15 @@ fn frames_spliced_from_another_transfer_of_the_same_size_fail_sealed() {
             }
             let (ours, theirs) = (seal_of_chunk(&spliced[0]), seal_of_chunk(&other[1]));
             assert_ne!(ours, theirs);
-            assert_eq!(
-                frame_detail(s.decode_frames(&wire)),
-                (
-                    format!("chunk 1 is sealed for transfer {theirs}; chunk 0 is sealed for transfer {ours}"),
-                    Some(1)
-                )
-            );
+            for rx in [s.clone(), plain_of(&s)] {
+                assert_eq!(
+                    frame_detail(rx.decode_frames(&wire)),
+                    (
+                        format!("chunk 1 is sealed for transfer {theirs}; chunk 0 is sealed for transfer {ours}"),
+                        Some(1)
+                    )
+                );
+            }
         }
     }
 }
@@ -168,7 +182,7 @@ fn seal_of_chunk(chunk: &EncodedChunk) -> String {
 }
 
 #[test]
-fn a_sealing_receiver_refuses_unsealed_payloads_and_others_ignore_seals() {
+fn a_sealing_receiver_refuses_unsealed_payloads_and_others_take_either_but_not_both() {
     for (plain, sealed) in sessions(false).into_iter().zip(sessions(true)) {
         let g = values(7, 3);
         let unsealed = plain.encode_frames(&g).unwrap();
@@ -182,6 +196,28 @@ fn a_sealing_receiver_refuses_unsealed_payloads_and_others_ignore_seals() {
         let wire = sealed.encode_frames(&g).unwrap();
         assert_eq!(plain.decode_frames(&wire).unwrap(), g);
         assert_eq!(sealed.decode_frames(&wire).unwrap(), g);
+        // Once one chunk of a gradient is sealed, every chunk must be: either way round.
+        let (sealed_chunks, plain_chunks) = (
+            sealed.encode_gradient(&g).unwrap(),
+            plain.encode_gradient(&g).unwrap(),
+        );
+        let id = seal_of_chunk(&sealed_chunks[0]);
+        let mixed = frames_of(&[sealed_chunks[0].clone(), plain_chunks[1].clone()]);
+        assert_eq!(
+            frame_detail(plain.decode_frames(&mixed)),
+            (
+                format!("chunk 1 is not sealed; chunk 0 is sealed for transfer {id}"),
+                Some(1)
+            )
+        );
+        let mixed = frames_of(&[plain_chunks[0].clone(), sealed_chunks[1].clone()]);
+        assert_eq!(
+            frame_detail(plain.decode_frames(&mixed)),
+            (
+                "chunk 1 is sealed; chunk 0 is not sealed".to_string(),
+                Some(1)
+            )
+        );
         // Two gradients of one sealing session: two transfer ids.
         assert_ne!(wire, sealed.encode_frames(&g).unwrap());
         if plain.compression.is_none() {
@@ -281,9 +317,24 @@ async fn two_same_shape_tensors_swapped_in_a_set_pass_unsealed_and_fail_sealed()
         let expected = "chunk 0 is sealed for tensor position 1 of a tensor set, expected \
                         tensor position 0 of a tensor set\n\
                         while receiving tensor \"fc1.weight\" (1 of 2) of a tensor set";
+        for rx in [&sealed, &plain] {
+            assert_eq!(
+                decode_tensors(rx, &swapped).unwrap_err().to_string(),
+                expected
+            );
+        }
+        // A sealed tensor in a set whose manifest came unsealed.
+        let unsealed = encode_tensors(&plain, None, &tensors).unwrap();
+        let ours = encode_tensors(&sealed, None, &tensors).unwrap();
+        let mixed = [
+            &unsealed[..frame_end(&unsealed, 3)],
+            &ours[frame_end(&ours, 3)..],
+        ]
+        .concat();
         assert_eq!(
-            decode_tensors(&sealed, &swapped).unwrap_err().to_string(),
-            expected
+            decode_tensors(&plain, &mixed).unwrap_err().to_string(),
+            "chunk 0 is sealed; the tensor set's manifest is not sealed\n\
+             while receiving tensor \"fc2.weight\" (2 of 2) of a tensor set"
         );
         // A connection's set: its id exactly, over a stream.
         let (mut a, mut b) = tokio::io::duplex(1 << 12);
@@ -313,16 +364,18 @@ async fn two_same_shape_tensors_swapped_in_a_set_pass_unsealed_and_fail_sealed()
         // A tensor spliced in from another set of the same shapes: the manifest's id.
         let ours = encode_tensors_sealed(&plain, None, &tensors, id(5)).unwrap();
         let mixed = [&ours[..frame_end(&ours, 3)], &other[frame_end(&other, 3)..]].concat();
-        let err = decode_tensors(&sealed, &mixed).unwrap_err().to_string();
-        assert_eq!(
-            err,
-            format!(
-                "chunk 0 is sealed for transfer {}, expected transfer {}\n\
-                 while receiving tensor \"fc2.weight\" (2 of 2) of a tensor set",
-                id(6),
-                id(5)
-            )
-        );
+        for rx in [&sealed, &plain] {
+            let err = decode_tensors(rx, &mixed).unwrap_err().to_string();
+            assert_eq!(
+                err,
+                format!(
+                    "chunk 0 is sealed for transfer {}, expected transfer {}\n\
+                     while receiving tensor \"fc2.weight\" (2 of 2) of a tensor set",
+                    id(6),
+                    id(5)
+                )
+            );
+        }
     }
 }
 

@@ -18,7 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc
 
-from .._dtypes import DTYPE_KEY, DTYPES, is_bfloat16_type
+from .._arrow import is_bfloat16_type
+from .._dtypes import DTYPE_KEY, DTYPES
 from ..errors import ArrowIpcError
 from ._guard import _check_compressed_batches, _check_footer
 from ._seal import SEAL_KEY

@@ -125,8 +125,9 @@ class _FrameReceiver:
         self._values = 0  # accepted so far, in arrival order
         self._shape = _ShapeTracker()  # gradient_shape: the first arrival's, checked
         self._dtype = _DtypeTracker()  # value dtype, gradient_dtype: likewise
-        # The seal every chunk is held to (README "Sealed chunks"); none checked without.
-        self._seal = _SealTracker(None) if seal is None else seal
+        # The seal every chunk is held to (docs/spec/decoding-rules.md); by default, a
+        # lone gradient's seal, verified when it has one.
+        self._seal = _SealTracker() if seal is None else seal
         self._manifest: str | None = None  # the first arrival's gradstream_tensors
 
     @property
@@ -246,7 +247,7 @@ class _FrameReceiver:
     @property
     def transfer(self) -> bytes | None:
         """The transfer id of the chunks accepted so far (the expected one, for an exact
-        id); None before the first, or when seals are not checked."""
+        id); None before the first, or when they are unsealed."""
         return self._seal.transfer
 
     @property

@@ -39,7 +39,7 @@ from ..errors import (
     IncompleteStreamError,
 )
 from ._reader import _concat, _Head, _open_payload, _read_values
-from ._seal import LONE, Expect, _SealTracker
+from ._seal import LONE, WHEN_PRESENT, Expect, _SealTracker
 from ._settings import _check_u32
 from ._wire import _STORAGE, numpy_can_make
 
@@ -297,7 +297,7 @@ def _check_chunk_set(chunks: list[_ChunkFields]) -> None:
 
 
 def _decode_chunk_list(
-    chunks: list[_ChunkFields], max_gradient_len: int, seal: Expect = None
+    chunks: list[_ChunkFields], max_gradient_len: int, seal: Expect = WHEN_PRESENT
 ) -> np.ndarray:
     if not chunks:  # rule 1
         return _empty_vector()
@@ -308,7 +308,7 @@ def _decode_chunk_list(
         raise IncompleteStreamError(len(chunks), total)
     # Rule 5: CRC then decode, chunk after chunk, in index order. A compressed chunk's
     # declared rows are held to what max_gradient_len leaves after the chunks before it.
-    # Before its record batches are read, the chunk's seal (when ``seal`` expects one) and
+    # Before its record batches are read, the chunk's seal (whenever it has one) and
     # its value dtype and gradient_dtype: the same as the lowest index's. After them, its
     # gradient_shape: well formed, and the same as the lowest index's.
     parts: list[np.ndarray] = []

@@ -1,4 +1,5 @@
-"""Sealed chunks (README "Sealed chunks"): the ``gradstream_seal`` schema metadata that puts
+"""Sealed chunks (docs/spec/wire-format.md; the receiver's rule in
+docs/spec/decoding-rules.md): the ``gradstream_seal`` schema metadata that puts
 a chunk's transfer id, index, total and position under its CRC, written by the sender and
 held by the receiver to what it expects.
 
@@ -7,10 +8,13 @@ The value is 59 ASCII characters, lowercase hex fields of fixed width::
     <transfer id: 32 hex>:<chunk_index: 8 hex>:<total_chunks: 8 hex>:<position: 8 hex>
 
 ``position`` is ``ffffffff`` for a lone gradient, ``fffffffe`` for a tensor set's
-manifest and k for tensor k (from 0) of a set. A receiver expects nothing (``None``: the
-key is ignored, as the original ignores it), ``CONSISTENT`` (a standalone ``seal=True``
-session: every chunk sealed, all with the transfer id of the first chunk taken) or the
-16 bytes of one exact transfer id (a connection's receiver).
+manifest and k for tensor k (from 0) of a set. Every receiver verifies a seal it finds;
+what it expects is ``WHEN_PRESENT`` (a receiver without ``seal=True``: the first chunk
+taken decides; sealed, every chunk is held to what ``CONSISTENT`` holds it to, unsealed,
+every chunk must be unsealed, as the original's frames are), ``CONSISTENT`` (a standalone
+``seal=True`` session: every chunk sealed, all with the transfer id of the first chunk
+taken), the 16 bytes of one exact transfer id (a connection's receiver) or ``ABSENT``
+(no seal: the tensors of a set whose manifest a ``WHEN_PRESENT`` receiver took unsealed).
 
 Apart because it is one rule of its own, used by the writer's callers (the session and
 the tensor sets) and by both receiving paths (``_rules``' decode_chunks and
@@ -28,10 +32,12 @@ from ..errors import FrameError
 SEAL_KEY: Final = "gradstream_seal"
 LONE: Final = 0xFFFF_FFFF
 MANIFEST: Final = 0xFFFF_FFFE
+WHEN_PRESENT: Final = "when-present"
 CONSISTENT: Final = "consistent"
+ABSENT: Final = "absent"
 
 # What a receiver expects of seals (see the module's docstring).
-Expect = Literal["consistent"] | bytes | None
+Expect = Literal["when-present", "consistent", "absent"] | bytes
 
 _GRAMMAR = re.compile(r"([0-9a-f]{32}):([0-9a-f]{8}):([0-9a-f]{8}):([0-9a-f]{8})")
 
@@ -72,20 +78,21 @@ def _described(position: int) -> str:
 
 class _SealTracker:
     """One gradient's seal rule: what is expected, the position the gradient must hold,
-    and (``CONSISTENT``) the first accepted chunk and its transfer id. ``check`` for a
+    and the first accepted chunk with its transfer id (None: unsealed). ``check`` for a
     chunk whose schema has been read, before the dtype rules; ``accept`` once every rule
     has passed for it."""
 
     __slots__ = ("_expect", "_first", "_position")
 
-    def __init__(self, expect: Expect, position: int = LONE) -> None:
+    def __init__(self, expect: Expect = WHEN_PRESENT, position: int = LONE) -> None:
         self._expect = expect
         self._position = position
-        self._first: tuple[int, bytes] | None = None  # (chunk_index, transfer)
+        self._first: tuple[int, bytes | None] | None = None  # (chunk_index, transfer)
 
     @property
     def transfer(self) -> bytes | None:
-        """The id the chunks taken so far carry (the expected one, for an exact id)."""
+        """The id the chunks taken so far carry (the expected one, for an exact id; None
+        before the first, or when they are unsealed)."""
         if isinstance(self._expect, bytes):
             return self._expect
         return None if self._first is None else self._first[1]
@@ -93,16 +100,24 @@ class _SealTracker:
     def check(
         self, raw: str | None, chunk_index: int, total_chunks: int, offset: int | None
     ) -> bytes | None:
-        """The chunk's transfer id as its seal gives it, or FrameError when the seal is
-        not what is expected; None when seals are not checked."""
-        if self._expect is None:
-            return None
+        """The chunk's transfer id as its seal gives it (None: unsealed), or FrameError
+        when the seal is not what is expected."""
 
         def refused(detail: str) -> FrameError:
             return FrameError(detail, chunk_index, offset)
 
+        first = self._first
         if raw is None:
-            raise refused(f"chunk {chunk_index} is not sealed; this receiver expects sealed chunks")
+            if self._expect == CONSISTENT or isinstance(self._expect, bytes):
+                raise refused(
+                    f"chunk {chunk_index} is not sealed; this receiver expects sealed chunks"
+                )
+            if first is not None and first[1] is not None:
+                raise refused(
+                    f"chunk {chunk_index} is not sealed; chunk {first[0]} is sealed for "
+                    f"transfer {first[1].hex()}"
+                )
+            return None
         match = _GRAMMAR.fullmatch(raw)
         if match is None:
             raise refused(
@@ -111,16 +126,19 @@ class _SealTracker:
             )
         transfer = bytes.fromhex(match[1])
         index, total, position = (int(match[k], 16) for k in (2, 3, 4))
+        if self._expect == ABSENT:
+            raise refused(f"chunk {chunk_index} is sealed; the tensor set's manifest is not sealed")
+        if self._expect == WHEN_PRESENT and first is not None and first[1] is None:
+            raise refused(f"chunk {chunk_index} is sealed; chunk {first[0]} is not sealed")
         if isinstance(self._expect, bytes) and transfer != self._expect:
             raise refused(
                 f"chunk {chunk_index} is sealed for transfer {transfer.hex()}, expected "
                 f"transfer {self._expect.hex()}"
             )
-        if self._first is not None and transfer != self._first[1]:
-            first, expected = self._first
+        if first is not None and first[1] is not None and transfer != first[1]:
             raise refused(
-                f"chunk {chunk_index} is sealed for transfer {transfer.hex()}; chunk {first} "
-                f"is sealed for transfer {expected.hex()}"
+                f"chunk {chunk_index} is sealed for transfer {transfer.hex()}; chunk "
+                f"{first[0]} is sealed for transfer {first[1].hex()}"
             )
         if position != self._position:
             raise refused(
@@ -134,6 +152,7 @@ class _SealTracker:
         return transfer
 
     def accept(self, chunk_index: int, transfer: bytes | None) -> None:
-        """Record the first accepted chunk's transfer id (a no-op for later ones)."""
-        if self._first is None and transfer is not None:
+        """Record the first accepted chunk and its transfer id, None when unsealed (a
+        no-op for later ones)."""
+        if self._first is None:
             self._first = (chunk_index, transfer)

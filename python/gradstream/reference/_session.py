@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import operator
+import os
 import zlib
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any, Literal, overload
@@ -46,6 +47,7 @@ from ._rules import _chunk_fields, _decode_chunk_list
 from ._seal import (
     CONSISTENT,
     LONE,
+    WHEN_PRESENT,
     Expect,
     Seal,
     _SealTracker,
@@ -92,7 +94,7 @@ class GradientStreamSession:
 
     def __init__(
         self,
-        session_id: str,
+        session_id: str | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         *,
         max_payload_len: int = DEFAULT_MAX_PAYLOAD_LEN,
@@ -106,6 +108,10 @@ class GradientStreamSession:
         wire_dtype: str | None = None,
         seal: bool = False,
     ) -> None:
+        # The id only labels chunks locally (it never goes on the wire): without one, a
+        # fresh "gradstream-<16 hex digits>".
+        if session_id is None:
+            session_id = f"gradstream-{os.urandom(8).hex()}"
         # In this order: with several bad arguments, the first one raises.
         self._session_id = _check_str(session_id, "session_id")
         self._layout = _check_layout(layout)
@@ -121,7 +127,7 @@ class GradientStreamSession:
         self._seal = _check_flag(seal, "seal")
 
     @classmethod
-    def with_defaults(cls, session_id: str) -> GradientStreamSession:
+    def with_defaults(cls, session_id: str | None = None) -> GradientStreamSession:
         return cls(session_id, DEFAULT_CHUNK_SIZE)
 
     def with_compression(self, enabled: bool) -> GradientStreamSession:
@@ -206,15 +212,17 @@ class GradientStreamSession:
     @property
     def seal(self) -> bool:
         """Whether each gradient (or tensor set) is sealed with a fresh random transfer id,
-        and this session's receivers expect every chunk sealed, all alike."""
+        and this session's receivers require every chunk sealed, all alike (without it,
+        they verify the seals they find: docs/spec/decoding-rules.md)."""
         return self._seal
 
     def _expect(self, transfer: bytes | None = None) -> Expect:
         """What this session's receivers expect of seals: ``transfer`` exactly when given
-        (a connection's), else every chunk alike when the session seals, else nothing."""
+        (a connection's), else every chunk alike when the session seals, else a seal
+        found verified all the same (docs/spec/decoding-rules.md)."""
         if transfer is not None:
             return check_transfer_id(transfer)
-        return CONSISTENT if self._seal else None
+        return CONSISTENT if self._seal else WHEN_PRESENT
 
     def _transfer(self, transfer: bytes | None = None) -> bytes | None:
         """The id a transfer is sealed with: ``transfer`` when given (a connection's), a

@@ -9,7 +9,7 @@ own machinery: the payload writer for the manifest frame, the session's frame en
 sender for the tensors, ``_FrameReceiver`` (fed from memory by ``_walk_frames``, or from
 a channel by the session's receive loop) for every frame read, so that where a gradient
 ends is the receiver's knowledge and not a second header walk, and the channels for all
-I/O. A sealed set (README "Sealed chunks") carries one transfer id in every frame: the
+I/O. A sealed set (docs/spec/wire-format.md) carries one transfer id in every frame: the
 manifest at position ``fffffffe``, tensor k at position k; its receiver holds the
 manifest to what it expects and each tensor to the manifest's id exactly.
 
@@ -51,7 +51,7 @@ from ._manifest import (
     read_manifest,
 )
 from ._receiver import _decode_frame_stream, _FrameReceiver, _walk_frames
-from ._seal import MANIFEST, Expect, Seal, _SealTracker
+from ._seal import ABSENT, MANIFEST, WHEN_PRESENT, Expect, Seal, _SealTracker
 from ._settings import Compression
 from ._wire import HEADER, HEADER_LEN, shape_text
 from ._writer import _Gradient, encode_payload
@@ -290,12 +290,12 @@ def _manifest_receiver(session: _Session, copy: bool, expect: Expect) -> _FrameR
 
 
 def _tensor_seal(expect: Expect, manifest: _FrameReceiver, k: int) -> _SealTracker:
-    """What tensor ``k`` (from 0) is held to: nothing when seals are not checked, else
-    the manifest's transfer id exactly, at position ``k``."""
-    if expect is None:
-        return _SealTracker(None)
+    """What tensor ``k`` (from 0) is held to, at position ``k``: the manifest's transfer id
+    exactly when it was sealed, else no seal when the receiver took it unsealed."""
     transfer = manifest.transfer
-    return _SealTracker(expect if transfer is None else transfer, k)
+    if transfer is not None:
+        return _SealTracker(transfer, k)
+    return _SealTracker(ABSENT if expect == WHEN_PRESENT else expect, k)
 
 
 def _tensor_limit(entry: Entry) -> int:
@@ -382,7 +382,7 @@ def decode_tensors(
     if not entries and pos < len(view):
         # An empty set's manifest is its last frame: decoded again as a whole, it meets
         # decode_frames' rule 9 (bytes left over), the manifest having passed the rest.
-        _decode_frame_stream(view, _cap(session), 0)
+        _decode_frame_stream(view, _cap(session), 0, None, _SealTracker(expect, MANIFEST))
     result: dict[str, np.ndarray] = {}
     n = len(entries)
     for k, entry in enumerate(entries, 1):

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .. import _dtypes
+from .. import _arrow
 
 U32_MAX = 2**32 - 1
 USIZE_MAX = 2**64 - 1  # chunk_size is a usize in the native core
@@ -43,7 +43,8 @@ MANIFEST_KEY = "gradstream_tensors"
 
 # The value column's Arrow type by dtype. bfloat16 is its storage type, UInt16, with the
 # field metadata of the extension type gradstream.bfloat16 (what arrow-rs writes; pyarrow
-# reads it back as _dtypes.BFloat16Type, registered when _dtypes is imported).
+# reads it back as _arrow.BFloat16Type, registered when _arrow is imported, as the
+# reader's import of it does).
 _ARROW_TYPES = {
     "float16": pa.float16(),
     "bfloat16": pa.uint16(),
@@ -51,7 +52,7 @@ _ARROW_TYPES = {
     "float64": pa.float64(),
 }
 _BF16_FIELD_METADATA = {
-    b"ARROW:extension:name": _dtypes.BF16_EXTENSION.encode(),
+    b"ARROW:extension:name": _arrow.BF16_EXTENSION.encode(),
     b"ARROW:extension:metadata": b"",
 }
 # The numpy dtype of a value column's values as they are moved (bfloat16 as its bits).

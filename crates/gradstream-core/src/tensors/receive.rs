@@ -8,7 +8,9 @@
 //! entry's element count (at least 1) and checked against its entry on arrival. Every
 //! error met on a tensor is noted `while receiving tensor "name" (k of n) of a tensor set`.
 //! Sealed sets: the manifest is held to the receiver's `SealCheck` at position `Manifest`,
-//! and each tensor k to the manifest's transfer id exactly, at position `Tensor(k)`.
+//! and each tensor k to the manifest's transfer id exactly, at position `Tensor(k)`; a
+//! manifest a receiver without `seal=True` took unsealed makes every tensor's frames
+//! unsealed too (`SealCheck::Absent`).
 //!
 //! Uses `manifest`, `encode` (the cap), the crate's `FrameReceiver`, `seal` and `output`;
 //! used by `decode`, `stream` and the bindings.
@@ -260,8 +262,9 @@ impl TensorSetReceiver {
         let mut config = self.config.clone();
         config.limits.max_gradient_len = entry.len().max(1);
         let check = match (self.seal, self.transfer) {
-            (SealCheck::Off, _) => SealCheck::Off,
             (_, Some(id)) => SealCheck::Exact(id),
+            // The set's manifest came unsealed: so must its tensors.
+            (SealCheck::WhenPresent, None) => SealCheck::Absent,
             (check, None) => check,
         };
         // A manifest of at most 16 MiB lists far fewer than 2^32 - 2 tensors.

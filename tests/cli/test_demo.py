@@ -14,14 +14,13 @@ import numpy as np
 import pytest
 
 from gradstream import demo
-from support.cli import assert_one_line_error, needs_native, run
+from support.cli import assert_one_line_error, run
 
 LABELS = [f"{name} ({how})" for _, name, how in demo.WAYS]
 TIMED = re.compile(r"^(?P<label>.+?)\s+(?P<s>[0-9.]+) s\s+(?P<rate>[0-9.]+) GB/s  bit-equal$")
 RATIO = re.compile(r"^gradstream/(?P<other>raw TCP|pickle): (?P<x>[0-9.]+)x the throughput$")
 
 
-@needs_native
 def test_the_demo_sends_one_gradient_three_ways_and_checks_each() -> None:
     result = run("demo", "--mib", "8", "--repeats", "2")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -43,7 +42,6 @@ def test_the_demo_sends_one_gradient_three_ways_and_checks_each() -> None:
     assert lines[7:] == ["verified"]
 
 
-@needs_native
 def test_python_m_gradstream_demo_is_the_same_demo() -> None:
     import subprocess
 

@@ -36,6 +36,8 @@ from gradstream.errors import (
 )
 from gradstream.reference import HEADER_LEN, GradientStreamSession
 from gradstream.reference._manifest import read_manifest
+from gradstream.reference._seal import check_transfer_id
+from gradstream.reference._tensors import _memory_manifest
 
 from . import messages as m
 
@@ -371,8 +373,14 @@ class Machine:
         """The tensors a manifest frame declares (0 when it is none: the decoder says
         why)."""
         try:
-            text, _ = self.session._decode_manifest(frames)
-            return 0 if text is None else len(read_manifest(text))
+            if self.seed:
+                text, _ = self.session._decode_manifest(frames)
+                return 0 if text is None else len(read_manifest(text))
+            # A connection's manifest is sealed to this transfer: read it as the receiver
+            # will (a receiver verifies any seal it finds, docs/spec/decoding-rules.md).
+            transfer = check_transfer_id(self._id(outgoing=False))
+            entries, _, _ = _memory_manifest(self.session, memoryview(frames), transfer)
+            return len(entries)
         except GradientStreamError:
             return 0
 

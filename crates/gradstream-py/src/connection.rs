@@ -268,7 +268,7 @@ impl PyLink {
                 .await
                 .map(Outcome::Chunks)
         };
-        if small {
+        if small && self.engine.get().drivers().caller_thread {
             return completions.get().run_or_spawn(py, transfer, || ());
         }
         let job = completions.get().spawn(transfer);
@@ -306,6 +306,11 @@ impl PyLink {
             link.read_budget(None);
             received(got?, owner, none_at_end)
         };
+        if !self.engine.get().drivers().caller_thread {
+            budget.lift();
+            let job = completions.get().spawn(transfer);
+            return Ok((false, job.into_pyobject(py)?.into_any().unbind()));
+        }
         completions
             .get()
             .run_or_spawn(py, transfer, || budget.lift())

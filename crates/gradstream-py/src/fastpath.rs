@@ -31,13 +31,14 @@ use super::complete::{Completions, Outcome};
 use super::convert::{values_tuple, Input, LentArray};
 use super::errors::{to_py_err, IntoPyResult};
 use super::handover::Handover;
+use super::session::Drivers;
 use super::stream::{expired, SocketStream};
 use gradstream_core::at_hand::{receive_at_hand, send_rest, AtHand};
 use gradstream_core::error::GradientStreamError;
 use gradstream_core::frame::HEADER_LEN;
 use gradstream_core::receiver::Ended;
 use gradstream_core::session::SessionConfig;
-use gradstream_core::stream::{receive_gradient, Progress, Waits};
+use gradstream_core::stream::{receive_gradient_with, Progress, Waits};
 
 /// Gradients of at most this many bytes of values are sent from the caller's thread.
 /// Their frames are copied once into one buffer (a large gradient's are written from the
@@ -196,6 +197,8 @@ const SLOW: u8 = 2;
 #[pyclass(module = "gradstream._native", name = "SocketReceive")]
 pub struct SocketReceive {
     config: SessionConfig,
+    /// Whether the tokio receive reads values straight into `out=`.
+    direct_read: bool,
     socket: Py<PyAny>,
     progress: Arc<Progress>,
     waits: Waits,
@@ -214,6 +217,7 @@ pub struct SocketReceive {
 impl SocketReceive {
     pub fn new(
         config: SessionConfig,
+        drivers: Drivers,
         socket: &Bound<'_, PyAny>,
         progress: Arc<Progress>,
         waits: Waits,
@@ -222,13 +226,14 @@ impl SocketReceive {
     ) -> Self {
         Self {
             config,
+            direct_read: drivers.direct_read,
             socket: socket.clone().unbind(),
             progress,
             waits,
             none_at_end,
             out,
             began: Instant::now(),
-            peekable: Handover::unwrap(socket).1.is_none(),
+            peekable: drivers.caller_thread && Handover::unwrap(socket).1.is_none(),
         }
     }
 
@@ -262,13 +267,15 @@ impl SocketReceive {
         let socket = SocketStream::from_socket(self.socket.bind(py))?;
         let (config, waits) = (self.config.clone(), self.waits);
         let (progress, none_at_end) = (self.progress.clone(), self.none_at_end);
+        let direct_read = self.direct_read;
         Ok(completions.get().spawn(async move {
             let (receiver, owner) = match lent {
                 Some(lent) => (config.receiver_into(lent.slice), Some(lent.owner)),
                 None => (config.receiver(), None),
             };
             let mut io = socket.open()?;
-            let values = match receive_gradient(receiver, &mut io, waits, &progress).await? {
+            let received = receive_gradient_with(receiver, &mut io, waits, &progress, direct_read);
+            let values = match received.await? {
                 Ended::Gradient(values) => values,
                 Ended::BeforeFirstByte(_) if none_at_end => return Ok(Outcome::End),
                 // "No network": the empty gradient (which must fit `out`).

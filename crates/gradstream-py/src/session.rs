@@ -48,6 +48,27 @@ impl OutArgs<'_> {
     }
 }
 
+/// The optional ways onto a socket an engine may take, all by default. A benchmark row
+/// turns one off to measure it against the path that serves its case without it (each
+/// stays only while it beats that path: docs/performance.md).
+#[derive(Clone, Copy, Debug)]
+pub struct Drivers {
+    /// Small transfers tried on the caller's thread before tokio (`fastpath` for
+    /// sockets, `Completions::run_or_spawn` for connections).
+    pub caller_thread: bool,
+    /// A payload's values read from the socket straight into `out=` (core `direct`).
+    pub direct_read: bool,
+}
+
+impl Default for Drivers {
+    fn default() -> Self {
+        Self {
+            caller_thread: true,
+            direct_read: true,
+        }
+    }
+}
+
 #[pyclass(name = "Engine", module = "gradstream._native", frozen)]
 pub struct Engine {
     config: SessionConfig,
@@ -61,6 +82,7 @@ pub struct Engine {
     keep_dtype: bool,
     /// Cast every gradient to this dtype for transfer.
     wire_dtype: Option<Dtype>,
+    drivers: Drivers,
 }
 
 impl From<Settings> for Engine {
@@ -72,6 +94,7 @@ impl From<Settings> for Engine {
             keep_shape: settings.keep_shape,
             keep_dtype: settings.keep_dtype,
             wire_dtype: settings.wire_dtype,
+            drivers: Drivers::default(),
         }
     }
 }
@@ -87,6 +110,10 @@ impl Engine {
         self.wire_dtype
     }
 
+    pub(crate) fn drivers(&self) -> Drivers {
+        self.drivers
+    }
+
     /// The waits of one transfer: the session's timeout, and the call's deadline (checked
     /// as the setting is) or else the session's.
     fn waits(&self, deadline: Option<&Bound<'_, PyAny>>) -> PyResult<Waits> {
@@ -94,6 +121,19 @@ impl Engine {
             timeout: self.timeout,
             deadline: seconds_arg(deadline, "deadline")?.or(self.deadline),
         })
+    }
+
+    /// These settings but for `config` and `drivers`.
+    fn with(&self, config: SessionConfig, drivers: Drivers) -> Self {
+        Self {
+            config,
+            timeout: self.timeout,
+            deadline: self.deadline,
+            keep_shape: self.keep_shape,
+            keep_dtype: self.keep_dtype,
+            wire_dtype: self.wire_dtype,
+            drivers,
+        }
     }
 
     /// Why the frames' length is not known before encoding, if it is not.
@@ -209,14 +249,17 @@ impl Engine {
     fn with_compression(&self, enabled: bool) -> Self {
         let mut config = self.config.clone();
         config.compression = enabled.then_some(Compression::Lz4);
-        Self {
-            config,
-            timeout: self.timeout,
-            deadline: self.deadline,
-            keep_shape: self.keep_shape,
-            keep_dtype: self.keep_dtype,
-            wire_dtype: self.wire_dtype,
-        }
+        self.with(config, self.drivers)
+    }
+
+    /// The same settings, with only the drivers said (the benchmark's seam: every
+    /// driver is on otherwise).
+    fn with_drivers(&self, caller_thread: bool, direct_read: bool) -> Self {
+        let drivers = Drivers {
+            caller_thread,
+            direct_read,
+        };
+        self.with(self.config.clone(), drivers)
     }
 
     #[getter]
@@ -322,8 +365,11 @@ impl Engine {
         let waits = self.waits(deadline)?;
         let input = Input::try_from(gradient)?;
         let config = &self.config;
-        if let Some(sent) = fastpath::send(config, completions, &input, socket, &counters, waits)? {
-            return Ok(sent.into());
+        if self.drivers.caller_thread {
+            let sent = fastpath::send(config, completions, &input, socket, &counters, waits)?;
+            if let Some(sent) = sent {
+                return Ok(sent.into());
+            }
         }
         let socket = SocketStream::from_socket(socket)?;
         let gradient = HeldGradient::new(&input)?;
@@ -361,6 +407,7 @@ impl Engine {
         let config = self.config.clone();
         Ok(SocketReceive::new(
             config,
+            self.drivers,
             socket,
             counters,
             waits,

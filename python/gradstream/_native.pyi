@@ -49,6 +49,8 @@ __all__ = [
     "keep_memory",
     "kept_memory",
     "manifest_json",
+    "open_link",
+    "open_listener",
     "read_manifest",
     "release_memory",
     "tensor_note",
@@ -153,15 +155,6 @@ class Engine:
     def keep_dtype(self) -> bool: ...
     @property
     def wire_dtype(self) -> _DtypeName | None: ...
-    def connect(self, completions: Completions, host: str, port: int, args: _LinkArgs) -> int: ...
-    def listen(
-        self,
-        completions: Completions,
-        host: str,
-        port: int,
-        args: _LinkArgs,
-        caps: tuple[int, int],
-    ) -> int: ...
     def stream_to_socket(
         self,
         completions: Completions,
@@ -359,6 +352,22 @@ class SocketReceive:
 
 def fast_path_counts() -> tuple[int, int]:
     """(sends, receives) of small gradients finished on the caller's thread so far."""
+
+def open_link(
+    engine: Engine, completions: Completions, host: str, port: int, args: _LinkArgs
+) -> int:
+    """Connect to host:port with the engine's settings; a job whose result is a Link."""
+
+def open_listener(
+    engine: Engine,
+    completions: Completions,
+    host: str,
+    port: int,
+    args: _LinkArgs,
+    caps: tuple[int, int],
+) -> int:
+    """Listen on host:port with the engine's settings; a job whose result is a Listener.
+    ``caps``: (max_pending_handshakes, max_connections)."""
 
 def keep_memory(limit: int) -> None:
     """Keep at most ``limit`` bytes of released large blocks (0: none)."""

@@ -34,10 +34,13 @@ from ._native import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_MAX_GRADIENT_LEN,
     DEFAULT_MAX_PAYLOAD_LEN,
+    Completions,
     Engine,
     GradientChunk,
     Handover,
     TransferProgress,
+    open_link,
+    open_listener,
     tensor_note,
 )
 from ._peers import SSL_SOCKET_REFUSED
@@ -557,6 +560,18 @@ class GradientStreamSession:
         job = self._engine.receive_tensors_socket(hub.native, sock, progress, deadline)
         got: list[tuple[str, _Values]] = await hub.track(job)
         return got
+
+    # ---- connections (gradstream._connection's, with this session's settings)
+
+    def _open_link(self, completions: Completions, host: str, port: int, args: Any) -> int:
+        """A job of ``completions`` whose result is a native ``Link`` to host:port."""
+        return open_link(self._engine, completions, host, port, args)
+
+    def _open_listener(
+        self, completions: Completions, host: str, port: int, args: Any, caps: tuple[int, int]
+    ) -> int:
+        """A job of ``completions`` whose result is a native ``Listener`` on host:port."""
+        return open_listener(self._engine, completions, host, port, args, caps)
 
     def _encode_manifest(self, text: str) -> bytes:
         """The frames of a tensor set's manifest carrying ``text``."""

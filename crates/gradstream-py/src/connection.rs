@@ -1,10 +1,13 @@
-//! `gradstream._native.Link` and `Listener`: the core's connections (`gradstream_core::
-//! connection`) for `gradstream/_connection.py`. Each async operation is a job on the
-//! loop's `Completions`, as the socket transfers are; a link's operations hold its lock
-//! for their whole run, so a second call while one runs is refused at once, never queued.
+//! `gradstream._native.Link` and `Listener`, and `open_link` / `open_listener` that make
+//! them: the core's connections (`gradstream_core::connection`) for
+//! `gradstream/_connection.py`, with a session's `Engine` settings. Each async operation is
+//! a job on the loop's `Completions`, as the socket transfers are; a link's operations
+//! hold its lock for their whole run, so a second call while one runs is refused at once,
+//! never queued.
 //!
-//! Uses `session` (the engine's settings), `convert`, `tensors`, `stream` (progress),
-//! `fastpath` (what a small send is), `complete` and `errors`; used by `session` (`Engine.connect`, `Engine.listen`).
+//! Uses `session` (the engine's settings and drivers), `convert`, `tensors`, `stream`
+//! (progress), `fastpath` (what a small transfer is), `complete` and `errors`; used by
+//! `lib.rs` alone.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -15,10 +18,10 @@ use pyo3::prelude::*;
 use tokio::sync::Mutex as AsyncMutex;
 
 use super::complete::{Completions, Outcome};
-use super::convert::{GradientArgs, HeldGradient, Input};
+use super::convert::{GradientArgs, HeldGradient, Input, OutArgs};
 use super::errors::{setting_error, to_py_err};
 use super::fastpath;
-use super::session::{Engine, OutArgs};
+use super::session::Engine;
 use super::settings::seconds_arg;
 use super::stream::{progress_counters, TransferProgress};
 use super::tensors::{HeldTensors, TensorArgs};
@@ -94,8 +97,11 @@ fn link_outcome(link: Link, engine: Py<Engine>, waits: Waits) -> Outcome {
     }))
 }
 
-/// `Engine.connect`: a job whose result is a `Link`.
-pub fn connect(
+/// `open_link(engine, completions, host, port, args)`: connect to `host:port` with the
+/// engine's settings (docs/guides/connections.md); a job whose result is a `Link`, after
+/// the handshake.
+#[pyfunction]
+pub fn open_link(
     engine: &Bound<'_, Engine>,
     completions: &Bound<'_, Completions>,
     host: String,
@@ -125,8 +131,11 @@ pub fn connect(
     }))
 }
 
-/// `Engine.listen`: a job whose result is a `Listener`.
-pub fn listen(
+/// `open_listener(engine, completions, host, port, args, caps)`: listen on `host:port`
+/// with the engine's settings; a job whose result is a `Listener`. `caps` are
+/// (max_pending_handshakes, max_connections).
+#[pyfunction]
+pub fn open_listener(
     engine: &Bound<'_, Engine>,
     completions: &Bound<'_, Completions>,
     host: String,

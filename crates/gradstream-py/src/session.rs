@@ -5,10 +5,10 @@
 //! checked bytes, sockets already checked. The GIL is released for every pass over
 //! gradient data; nothing here calls back into the package's Python modules.
 //!
-//! Uses `settings` (the constructor's keywords), `convert` (gradients in, values out),
-//! `stream` (sockets, progress, the asyncio encoder and receiver), `fastpath` (the
-//! socket transfers of small gradients), `complete`, `chunk`,
-//! `buffers` and `errors`; nothing in this crate uses it but `lib.rs`.
+//! Uses `settings` (the constructor's keywords), `convert` (gradients in, `out=`, values
+//! out), `stream` (sockets, progress, the asyncio encoder and receiver), `fastpath` (the
+//! socket transfers of small gradients), `complete`, `chunk`, `buffers` and `errors`;
+//! used by `lib.rs` and `connection` (a link's settings), never the other way.
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -17,13 +17,12 @@ use pyo3::types::{PyBytes, PyList};
 use super::buffers::{new_bytes_with, vec_to_pyarrow, ReadBuffer, WritableBytes};
 use super::chunk::{HeldChunk, PyChunk};
 use super::complete::{Completions, Outcome};
-use super::connection::{self, LinkArgs};
-use super::convert::{values_tuple, GradientArgs, HeldGradient, Input, LentArray};
+use super::convert::{values_tuple, GradientArgs, HeldGradient, Input, OutArgs};
 use super::errors::IntoPyResult;
 use super::fastpath::{self, SocketReceive};
 use super::settings::{seconds_arg, Flag, SettingArgs, Settings};
 use super::stream::{
-    progress_counters, FrameEncoder, PyFrameReceiver, SocketStream, TransferProgress,
+    progress_counters, Drivers, FrameEncoder, PyFrameReceiver, SocketStream, TransferProgress,
 };
 use super::tensors::{
     check_names, doing_named, set_list, HeldTensors, PyTensorSetReceiver, TensorArgs,
@@ -35,39 +34,6 @@ use gradstream_core::encoder::{Gradient, GradientMeta};
 use gradstream_core::session::SessionConfig;
 use gradstream_core::stream::{send_gradient, Waits};
 use gradstream_core::tensors;
-
-/// An `out=` (or `reduce_into=`) array as the Python session hands it over: its memory as
-/// a writeable 1-D uint8 view, its dtype's name, and what is done with the values
-/// (`"fill"`, or `"sum"` for a float32 `reduce_into=`).
-#[derive(FromPyObject)]
-pub struct OutArgs<'py>(Bound<'py, PyAny>, String, String);
-
-impl OutArgs<'_> {
-    pub(crate) fn lend(&self) -> PyResult<LentArray> {
-        LentArray::new(&self.0, &self.1, &self.2)
-    }
-}
-
-/// The optional ways onto a socket an engine may take, all by default. A benchmark row
-/// turns one off to measure it against the path that serves its case without it (each
-/// stays only while it beats that path: docs/performance.md).
-#[derive(Clone, Copy, Debug)]
-pub struct Drivers {
-    /// Small transfers tried on the caller's thread before tokio (`fastpath` for
-    /// sockets, `Completions::run_or_spawn` for connections).
-    pub caller_thread: bool,
-    /// A payload's values read from the socket straight into `out=` (core `direct`).
-    pub direct_read: bool,
-}
-
-impl Default for Drivers {
-    fn default() -> Self {
-        Self {
-            caller_thread: true,
-            direct_read: true,
-        }
-    }
-}
 
 #[pyclass(name = "Engine", module = "gradstream._native", frozen)]
 pub struct Engine {
@@ -324,31 +290,6 @@ impl Engine {
         self.deadline.map(|t| t.as_secs_f64())
     }
 
-    /// Connect to `host:port` with these settings (README "Connections"); a job whose
-    /// result is a `Link`, after the handshake.
-    fn connect(
-        slf: &Bound<'_, Self>,
-        completions: &Bound<'_, Completions>,
-        host: String,
-        port: u16,
-        args: LinkArgs,
-    ) -> PyResult<u64> {
-        connection::connect(slf, completions, host, port, args)
-    }
-
-    /// Listen on `host:port`; a job whose result is a `Listener`. `caps` are
-    /// (max_pending_handshakes, max_connections).
-    fn listen(
-        slf: &Bound<'_, Self>,
-        completions: &Bound<'_, Completions>,
-        host: String,
-        port: u16,
-        args: LinkArgs,
-        caps: (usize, usize),
-    ) -> PyResult<u64> {
-        connection::listen(slf, completions, host, port, args, caps)
-    }
-
     /// Send one gradient over a checked stream socket under the loop's `completions`:
     /// `(True, chunks)` when it all went at once from this thread (a small one), else
     /// `(False, job)` (the job's result: the number of chunks).
@@ -401,7 +342,7 @@ impl Engine {
         let waits = self.waits(deadline)?;
         // Checked now, as before any byte moves; lent afresh to each receiver.
         let out = match out {
-            Some(out) => Some((out.lend()?.owner, out.1, out.2)),
+            Some(out) => Some(out.checked()?),
             None => None,
         };
         let config = self.config.clone();

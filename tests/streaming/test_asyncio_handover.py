@@ -25,7 +25,7 @@ pytest.importorskip("gradstream._native", reason="native extension not built")
 
 import gradstream as gs
 import gradstream.reference as ref
-from gradstream import _handover
+from gradstream import _handover, _native
 from gradstream.errors import (
     FrameError,
     GradientStreamError,
@@ -818,3 +818,33 @@ def test_uvloop_streams_take_the_generic_path_both_ways_with_bytes_around() -> N
 
     uvloop.run(main())
     assert counts() == before
+
+
+@pytest.mark.parametrize("buffered", [False, True])
+def test_a_small_handed_over_receive_runs_on_the_callers_thread_when_nothing_is_buffered(
+    buffered: bool,
+) -> None:
+    """A reader holding no bytes lends its socket to the socket path's caller-thread
+    receive (its transport paused, the socket peeked as any); one holding bytes goes to
+    tokio, which reads them first. Both give the gradient and leave what follows."""
+    s = gs.GradientStreamSession("t", CHUNK, timeout=10)
+    grad = gradient(CHUNK + 7, seed=26)
+    wire = s.encode_frames(grad) + b"next"
+
+    async def main() -> None:
+        async with tcp_streams() as ((_, cw), (sr, _)):
+            if buffered:
+                cw.write(wire[:5])
+                await cw.drain()
+                await buffered_at_least(sr, 5)
+            before = (counts()[1], _native.fast_path_counts()[1])
+            receiving = asyncio.ensure_future(s.receive_from(sr))
+            await asyncio.sleep(0.01)
+            cw.write(wire[5:] if buffered else wire)
+            await cw.drain()
+            assert_bit_equal(await receiving, grad)
+            assert await sr.readexactly(4) == b"next"
+            here = _native.fast_path_counts()[1] - before[1]
+            assert (counts()[1] - before[0], here) == (1, 0 if buffered else 1)
+
+    run(main)

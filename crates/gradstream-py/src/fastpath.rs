@@ -1,4 +1,6 @@
-//! The socket path's small transfers on the caller's thread (README "Streaming"): a
+//! The socket path's small transfers on the caller's thread (docs/performance.md, bench
+//! section 7 "driver caller_thread"; an asyncio stream's socket handed over by
+//! `gradstream._handover` takes it too): a
 //! transfer handed to tokio pays a fixed cost before a byte moves (a duplicated
 //! descriptor, its mode, an epoll registration, a task, two thread hops), which is most
 //! of the time of a small gradient's round trip. So a small send is encoded here and
@@ -16,8 +18,8 @@
 //! without it.
 //!
 //! Uses `convert` (gradients in, `out=` arrays, values out), `stream` (sockets, progress,
-//! the expiry error), `handover` (what it is not for), `complete` and `errors`; used by
-//! `session` and `connection`.
+//! the expiry error, the drivers), `handover` (a stream's socket with its reader's bytes),
+//! `complete` and `errors`; used by `session` and `connection`.
 
 use std::cell::RefCell;
 use std::os::fd::RawFd;
@@ -206,8 +208,10 @@ pub struct SocketReceive {
     /// When the receive began: nothing has arrived since (a byte that arrives ends the
     /// waiting here), so the timeout runs from it.
     began: Instant,
-    /// False for a socket an asyncio stream handed over (`handover`): the bytes its
-    /// reader held come first, and a peek would not see them, so tokio takes it at once.
+    /// False without the caller-thread driver, and for a socket an asyncio stream handed
+    /// over with bytes its reader held (`handover`): they come first, and a peek would
+    /// not see them, so tokio takes it at once. Handed over with none, the socket is
+    /// peeked as any (its transport's reading is paused meanwhile).
     peekable: bool,
 }
 
@@ -229,7 +233,10 @@ impl SocketReceive {
             none_at_end,
             out,
             began: Instant::now(),
-            peekable: drivers.caller_thread && Handover::unwrap(socket).1.is_none(),
+            peekable: drivers.caller_thread
+                && Handover::unwrap(socket)
+                    .1
+                    .is_none_or(|held| held.is_empty()),
         }
     }
 

@@ -51,7 +51,13 @@ Sections:
    benches/stream_memory.py);
 6. gs.Connection against the bare socket path: benches/connections.py's measurement
    (bare, plain, authkey and TLS connections in interleaved rounds, compact layout, the
-   end-to-end size), run from here so that one command prints every ratio.
+   end-to-end size), run from here so that one command prints every ratio;
+7. the transfer drivers (docs/performance.md): each optional way onto a socket against
+   the path that serves its case without it, in the same rounds as the rows of sections
+   3 and 4 (the caller-thread driver of the socket path and of connections against
+   tokio alone, in small-gradient round trips; the asyncio handover against the generic
+   asyncio path, in round trips and end to end). A driver is kept while it is >= 1.1 x
+   that path. `--drivers` runs these rows alone.
 
 After the table come the ratios, each with its target and "met" / "NOT MET" (or
 "reported": a figure the issue asks to see beside the targets); --json FILE holds every

@@ -127,7 +127,7 @@ def _pp_echo(
 
 # The rows whose messages are a connection's sealed frames.
 SEALED_ROWS = ("pingpong_connection", "pingpong_connection_tokio", "pingpong_raw_ack")
-# An accepted ack's bytes on the wire (README "Protocol": 56 bytes, no reason).
+# An accepted ack's bytes on the wire (docs/spec/protocol.md: 56 bytes, no reason).
 ACK_LEN = 56
 
 

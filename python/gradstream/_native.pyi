@@ -286,7 +286,7 @@ _LinkArgs = dict[str, Any]
 
 @final
 class Link:
-    """One connection (README "Connections"); each method but peer/closed returns a job
+    """One connection (docs/guides/connections.md); each method but peer/closed returns a job
     of the loop's Completions."""
 
     def peer(self) -> tuple[tuple[str, int], str | None, bool]: ...
@@ -405,7 +405,7 @@ def manifest_json(entries: list[tuple[str, str, tuple[int, ...]]]) -> str:
 def _error_samples() -> list[tuple[GradientStreamError, str]]:
     """One core error of every variant: (its Python exception, the Rust Display text)."""
 
-# The protocol's messages (README "Protocol"), sans-I/O, for the golden tests
+# The protocol's messages (docs/spec/protocol.md), sans-I/O, for the golden tests
 # (tests/support/protocol.py); every refusal is a gradstream.errors.ProtocolError.
 def _protocol_hello(
     role_byte: int, auth: bool, nonce: bytes, max_gradient_len: int, max_payload_len: int

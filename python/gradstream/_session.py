@@ -78,7 +78,7 @@ def _lend(out: Any) -> _Out:
 
 def lend_either(out: Any, reduce_into: Any, op: str) -> _Out | None:
     """The array a receive writes into: ``out`` (filled), ``reduce_into`` (summed into,
-    float32, README "Reducing while receiving"), or neither."""
+    float32, docs/guides/buffers.md), or neither."""
     acc = reduction(out, reduce_into, op)
     if acc is not None:
         return _Out(acc, (acc.reshape(-1).view(np.uint8), "float32", "sum"))
@@ -153,7 +153,7 @@ def _stream_socket(stream: Any) -> socket.socket | None:
 class GradientStreamSession:
     """Chunks gradients into CRC-checked Arrow IPC frames and reassembles them.
 
-    The settings are fixed at construction (README "API"); every method is one call into
+    The settings are fixed at construction (docs/reference/api.md); every method is one call into
     the native engine.
     """
 
@@ -265,8 +265,8 @@ class GradientStreamSession:
     @property
     def seal(self) -> bool:
         """Whether each gradient (or tensor set) is sealed with a fresh random transfer id
-        and every receiver of this session expects all chunks sealed alike (README "Sealed
-        chunks")."""
+        and every receiver of this session expects all chunks sealed alike
+        (docs/spec/wire-format.md)."""
         return self._engine.seal
 
     def __repr__(self) -> str:
@@ -280,7 +280,7 @@ class GradientStreamSession:
             f"wire_dtype={e.wire_dtype!r}, seal={e.seal})"
         )
 
-    # ---- taking a gradient (README "Dtypes")
+    # ---- taking a gradient (docs/guides/dtypes-and-shapes.md)
 
     def _take(self, gradient: Any) -> _GradientArgs:
         """``gradient`` as this session's settings take it: float32 alone by default (read
@@ -365,7 +365,7 @@ class GradientStreamSession:
         values = self._engine.decode_frames(data, None if lent is None else lent.args)
         return lent.array if lent is not None else _hand_back(values)  # type: ignore[arg-type]
 
-    # ---- streaming (README "Streaming")
+    # ---- streaming (docs/getting-started/python.md, docs/guides/limits.md)
 
     async def stream_to(
         self,
@@ -466,7 +466,7 @@ class GradientStreamSession:
         receive = self._engine.receive_from_socket(sock, progress, none_at_end, args, deadline)
         return await _aio.receive_socket(receive, sock)
 
-    # ---- tensor sets (README "Tensor sets")
+    # ---- tensor sets (docs/guides/tensor-sets.md)
 
     def _tensors(self, tensors: Any, doing: str) -> list[_TensorArgs]:
         """The tensors of a set as the engine takes them: every name checked first (by the

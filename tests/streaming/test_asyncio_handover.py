@@ -311,7 +311,7 @@ def close_early_cases() -> list[tuple[str, int, type]]:
 
 @pytest.mark.parametrize(("where", "cut", "kind"), close_early_cases())
 def test_a_peer_that_closes_mid_gradient(where: str, cut: int, kind: type) -> None:
-    """The error the table of README "Streaming" gives, word for word the same on both
+    """The error the table of docs/spec/decoding-rules.md gives, word for word the same on both
     paths; the reader then sees the end of the stream."""
     s = gs.GradientStreamSession("t", CHUNK, timeout=10)
     wire = s.encode_frames(gradient(2 * CHUNK, seed=6))

@@ -255,7 +255,7 @@ impl PyLink {
     /// Send one gradient: `(true, chunks)` when it was acknowledged before the call
     /// returned, else `(false, job)`, a job whose result is the chunk count, once
     /// acknowledged. A small gradient's frames are written from the caller's thread (no
-    /// thread hop before its bytes move: README "Performance"); the wait for the ack, and
+    /// thread hop before its bytes move: docs/performance.md); the wait for the ack, and
     /// any larger send, run in tokio.
     #[pyo3(signature = (completions, gradient, progress, deadline))]
     fn send(

@@ -240,7 +240,7 @@ impl Engine {
     }
 
     /// Whether each gradient (or set) is sealed with a fresh random transfer id, and
-    /// receivers expect every chunk sealed alike (README "Sealed chunks").
+    /// receivers expect every chunk sealed alike (docs/spec/wire-format.md).
     #[getter]
     fn seal(&self) -> bool {
         self.config.seal

@@ -1,12 +1,13 @@
 # The two commands of the README: `make demo` and `make test` (and `make bench`, the
-# benchmark; `make wheel`, the wheel of README "Install"). Each creates the venv, installs
-# what it needs and builds the extension first, so a fresh clone needs nothing else.
+# benchmark; `make wheel`, the wheel of README "Install"; `make docs`, the docs site). Each
+# creates the venv, installs what it needs and builds the extension first, so a fresh clone
+# needs nothing else.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-installed
 # benches/ may not exist yet on a fresh clone; ruff fails on a missing path.
-PY_SOURCES := python tests $(wildcard benches)
+PY_SOURCES := python tests $(wildcard benches) docs/hooks
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
@@ -26,7 +27,7 @@ DIST := dist
 SMOKE_VENV := .venv-smoke
 SMOKE_PYTHON ?= $(PYTHON)
 
-.PHONY: venv build wheel smoke demo bench test cargo-test pytest lint fmt clean
+.PHONY: venv build wheel smoke demo bench docs test cargo-test pytest lint fmt clean
 
 venv: $(STAMP)
 
@@ -64,7 +65,8 @@ demo: build
 	$(PY) -m gradstream demo
 
 # The peer comparison suite (benches/suite/), the connection and TLS rows included; e.g.
-# `make bench BENCH_ARGS="--quick --json b.json"`, then `python benches/readme_table.py b.json`.
+# `make bench BENCH_ARGS="--quick --json b.json"`, then `python benches/perf_page.py b.json`
+# (the tables of docs/performance.md; with --install, the run that page shows).
 # Then, when Ray imports, the Ray rows (benches/ray_bench.py: its across-nodes rows need root
 # for a network namespace, and are skipped with a note without it); it takes --quick from
 # BENCH_ARGS, and RAY_BENCH_ARGS (e.g. "--json r.json") for itself.
@@ -74,6 +76,14 @@ bench: build
 	$(PY) benches/bench.py $(BENCH_ARGS)
 	if $(PY) -c 'import ray' 2>/dev/null; then \
 		$(PY) benches/ray_bench.py $(filter --quick,$(BENCH_ARGS)) $(RAY_BENCH_ARGS); fi
+
+# The docs site (mkdocs.yml) into site/. It imports the package (the API reference is read
+# from its sources and the extension's stubs, the CLI reference from its argparse parser),
+# hence `build`. --strict: a warning (a broken link, an API name griffe cannot find) fails.
+# NO_MKDOCS_2_WARNING: Material's notice about its successor is not about this site.
+export NO_MKDOCS_2_WARNING := 1
+docs: build
+	$(VENV)/bin/mkdocs build --strict
 
 # The core's tests without Python (its unit tests, the original's API tests in
 # crates/gradstream-core/tests/; the extension has none, `test = false`), and a build of
@@ -95,7 +105,7 @@ test: build cargo-test pytest smoke lint
 # mypy (strict, the files of pyproject.toml: the package and the bench suite) checks them
 # against the extension's stubs; stubtest checks the stubs against the built extension (it
 # imports it, hence `build`). clippy checks in the release profile: its build scripts and
-# proc-macros are the release build's.
+# proc-macros are the release build's. Last, the docs site is built strictly (`make docs`).
 lint: build
 	cargo fmt --check
 	cargo clippy --release --workspace --all-targets -- -D warnings
@@ -103,10 +113,11 @@ lint: build
 	$(VENV)/bin/ruff format --check $(PY_SOURCES)
 	$(VENV)/bin/mypy --config-file pyproject.toml
 	$(PY) -m mypy.stubtest --mypy-config-file pyproject.toml gradstream._native
+	$(VENV)/bin/mkdocs build --strict --quiet
 
 fmt: $(STAMP)
 	cargo fmt
 	$(VENV)/bin/ruff format $(PY_SOURCES)
 
 clean:
-	rm -rf $(VENV) $(SMOKE_VENV) $(DIST) target
+	rm -rf $(VENV) $(SMOKE_VENV) $(DIST) target site

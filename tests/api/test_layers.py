@@ -80,7 +80,7 @@ def test_no_module_calls_an_underscore_method_of_the_session_engine() -> None:
 
 
 def _layout_section() -> str:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "contributing.md").read_text()
     start = text.index("## Layout")
     return text[start : text.index("\n## ", start + 1) if "\n## " in text[start + 1 :] else None]
 

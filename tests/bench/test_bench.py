@@ -558,18 +558,26 @@ def test_a_connection_measurement_short_of_repeats_fails_only_that_row(
     assert tls.gbps == pytest.approx(tls.gradient_bytes / 0.3 / 1e9)
 
 
-# ---------------------------------------------------------------- the README's tables
+# ------------------------------------------------------- the performance page's tables
 
-README_TABLE = [sys.executable, str(BENCHES / "readme_table.py")]
+PERF_PAGE = [sys.executable, str(BENCHES / "perf_page.py")]
 
 
-def test_the_readme_tables_are_made_from_the_tiny_run(
+def _perf_page() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gradstream_perf_page", BENCHES / "perf_page.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_performance_tables_are_made_from_the_tiny_run(
     tiny_run: tuple[dict[str, Any], str], tmp_path: Path
 ) -> None:
     doc, _ = tiny_run
     source = tmp_path / "run.json"
     source.write_text(json.dumps(doc))
-    done = subprocess.run([*README_TABLE, str(source)], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([*PERF_PAGE, str(source)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     m = doc["machine"]
@@ -597,21 +605,38 @@ def test_the_readme_tables_are_made_from_the_tiny_run(
         assert f"**{title}**" in lines
 
 
-def test_the_readme_table_of_a_missing_or_broken_file_is_an_error(tmp_path: Path) -> None:
+def test_the_performance_tables_of_a_missing_or_broken_file_are_an_error(tmp_path: Path) -> None:
     broken = tmp_path / "broken.json"
     broken.write_text('{"rows": []')
     for path in (tmp_path / "missing.json", broken):
-        done = subprocess.run([*README_TABLE, str(path)], capture_output=True, text=True)
+        done = subprocess.run([*PERF_PAGE, str(path)], capture_output=True, text=True)
         assert done.returncode == 1 and done.stdout == ""
         assert str(path) in done.stderr
 
 
-def test_the_readme_shows_tables_pasted_from_the_generator() -> None:
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("\n## Performance\n") : text.index("\n### Connections\n")]
-    begin = "<!-- the output of `python benches/readme_table.py FILE`, pasted: begin -->\n"
-    block = section[section.index(begin) + len(begin) : section.index("\n<!-- end -->")]
-    lines = block.splitlines()
+def test_install_makes_a_run_the_one_the_page_shows(
+    tiny_run: tuple[dict[str, Any], str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    page = _perf_page()
+    monkeypatch.setattr(page, "LATEST", tmp_path / "results" / "latest.json")
+    source = tmp_path / "run.json"
+    source.write_text(json.dumps(tiny_run[0]))
+    assert page.main([str(source), "--install"]) == 0
+    assert page.LATEST.read_text() == source.read_text()
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"rows": []')
+    assert page.main([str(broken), "--install"]) == 1
+    assert page.LATEST.read_text() == source.read_text()  # a broken run is not installed
+
+
+def test_the_performance_page_shows_the_tables_of_a_recorded_run() -> None:
+    """docs/performance.md holds no typed figure: the docs hook puts perf_page.py's tables
+    of benches/results/latest.json (a real run's JSON) where its marker is."""
+    text = (ROOT / "docs" / "performance.md").read_text()
+    assert text.count("<!-- perf-tables -->") == 1
+    page = _perf_page()
+    doc = json.loads(page.LATEST.read_text())
+    lines = page.markdown(doc).splitlines()
     assert re.match(r"`python benches/bench.py` \((full|quick) run, median of \d+, ", lines[0])
     assert "| ratio (two figures of this run) | measured | target | |" in lines
     assert "| figure | GB/s | wire GB/s | other | note |" in lines

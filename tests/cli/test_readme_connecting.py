@@ -1,13 +1,13 @@
-"""README "Connecting two machines", run as written: its openssl commands make the CA, the
-receiver's and the workers' certificates and the key; its ``recv`` and ``send`` command
-lines run a mutual-TLS, authkey round with three workers at once; its two Python
-programs run the same round; and the lines it says each side prints when a key or a
-certificate is wrong are the lines the commands print.
+"""docs/guides/connections.md, "Two machines: mutual TLS and an authkey", run as written:
+its openssl commands make the CA, the receiver's and the workers' certificates and the
+key; its ``recv`` and ``send`` command lines run a mutual-TLS, authkey round with three
+workers at once; its two Python programs run the same round; and the lines it says each
+side prints when a key or a certificate is wrong are the lines the commands print.
 
-Every block is read from the README text (so editing the README without the code, or
-the code without the README, fails here). The receiver runs on 127.0.0.1 in place of
-10.0.0.5 and 0.0.0.0, and each worker in a folder of its own holding only the files the
-section says to copy to it.
+Every block is read from the page's text (so editing the page without the code, or the
+code without the page, fails here). The receiver runs on 127.0.0.1 in place of 10.0.0.5,
+and each worker in a folder of its own holding only the files the section says to copy
+to it.
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ import pytest
 from support import ROOT
 from support.cli import CLI, TIMEOUT, Child, error_lines, free_port, start
 
-SECTION = "## Connecting two machines"
+PAGE = ROOT / "docs" / "guides" / "connections.md"
+SECTION = "## Two machines: mutual TLS and an authkey"
 RECEIVER = "10.0.0.5:7000"
-LISTEN = "0.0.0.0:7000"
+LISTEN = "10.0.0.5:7000"  # the receiver listens on its own address
 WORKERS = ["worker-1", "worker-2", "worker-3"]
 WORKER_FILES = ["ca.pem", "round.key"]  # and its own .pem and .key
 RECEIVER_FILES = ["ca.pem", "round.key", "receiver.pem", "receiver.key"]
@@ -41,9 +42,10 @@ needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="need
 
 
 def section() -> str:
-    text = (ROOT / "README.md").read_text()
+    text = PAGE.read_text()
     start_at = text.index(f"\n{SECTION}\n")
-    return text[start_at : text.index("\n## ", start_at + 1)]
+    end = text.find("\n## ", start_at + 1)
+    return text[start_at : None if end < 0 else end]
 
 
 def blocks(language: str) -> list[str]:

@@ -1,5 +1,6 @@
-"""README "Many workers on Ray": its complete example runs as written, in a fresh
-process that starts its own Ray (in single-node mode, so that Ray stays on loopback)."""
+"""docs/guides/ray.md: its complete example (the page's first python block) runs as
+written, in a fresh process that starts its own Ray (in single-node mode, so that Ray
+stays on loopback)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,12 @@ import re
 import subprocess
 import sys
 
-README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+PAGE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "guides" / "ray.md"
 
 
 def example() -> str:
-    text = README.read_text()
-    section = text[text.index("\n## Many workers on Ray\n") :]
-    section = section[: section.index("\n### ")]
+    text = PAGE.read_text()
+    section = text[: text.index("\n## ")]  # the page's introduction, before its sections
     (code,) = re.findall(r"```python\n(.*?)```", section, re.S)
     return code
 

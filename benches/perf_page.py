@@ -1,11 +1,15 @@
-"""The README's Performance tables (markdown), made from one benchmark run's JSON, so that
-the README shows figures of a run rather than typed ones:
+"""The tables of the docs' performance page (docs/performance.md), made from one
+benchmark run's JSON, so that the page shows the figures of a run rather than typed ones:
 
-    python benches/bench.py --json results.json && python benches/readme_table.py results.json
+    python benches/bench.py --json results.json && python benches/perf_page.py results.json
 
-Prints the machine and software the run was on, every ratio with its target and verdict,
-then the figures by section (section 2 at chunk 65536 only: the other chunk sizes are in
-the JSON).
+prints them. The page itself is built from benches/results/latest.json by the docs hook
+docs/hooks/perf_table.py, which calls ``markdown`` below; to publish a run, copy its JSON
+there (``--install`` does that after checking that it makes tables).
+
+The tables: the machine and software the run was on, every ratio with its target and
+verdict, then the figures by section (section 2 at chunk 65536 only: the other chunk
+sizes are in the JSON).
 """
 
 from __future__ import annotations
@@ -17,10 +21,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # suite/, when imported by the docs hook
+
 from suite.results import SECTIONS
 
+LATEST = Path(__file__).resolve().parent / "results" / "latest.json"
+
 GIB = 2**30
-SUMMARY_CHUNK = "65536"  # of section 2's chunk sizes, the one the README shows
+SUMMARY_CHUNK = "65536"  # of section 2's chunk sizes, the one the page shows
 
 
 def _number(value: float | None, spec: str = ".2f") -> str:
@@ -100,16 +108,24 @@ def markdown(doc: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python benches/readme_table.py",
-        description="Print the README's Performance tables from benches/bench.py --json FILE.",
+        prog="python benches/perf_page.py",
+        description="Print the performance page's tables from benches/bench.py --json FILE.",
     )
     parser.add_argument("json", metavar="FILE", help="the JSON that bench.py --json wrote")
+    parser.add_argument(
+        "--install",
+        action="store_true",
+        help=f"also copy FILE to {LATEST.relative_to(LATEST.parents[2])}, the run the page shows",
+    )
     args = parser.parse_args(argv)
     try:
-        doc = json.loads(Path(args.json).read_text())
-        text = markdown(doc)
+        source = Path(args.json).read_text()
+        text = markdown(json.loads(source))
+        if args.install:
+            LATEST.parent.mkdir(exist_ok=True)
+            LATEST.write_text(source)
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        print(f"readme_table.py: {args.json}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"perf_page.py: {args.json}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     sys.stdout.write(text)
     return 0

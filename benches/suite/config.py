@@ -189,8 +189,9 @@ def layout_support(impl: str) -> str | None:
 
 # The native drivers a row can turn off, to measure one against the path that serves its
 # case without it (section 7): "caller_thread" (small transfers tried on the caller's
-# thread), "handover" (an asyncio stream's plain socket driven natively).
-DRIVERS = ("caller_thread", "handover")
+# thread), "direct_read" (values read from the socket straight into out=), "handover" (an
+# asyncio stream's plain socket driven natively).
+DRIVERS = ("caller_thread", "direct_read", "handover")
 
 
 def drivers_off(session: Any, off: tuple[str, ...]) -> Any:
@@ -204,8 +205,10 @@ def drivers_off(session: Any, off: tuple[str, ...]) -> Any:
 
         _handover.lend_reader = lambda reader: None
         _handover.socket_to_write = lambda writer: None
-    if "caller_thread" in off:
-        session._engine = session._engine.with_drivers(caller_thread=False)
+    if {"caller_thread", "direct_read"} & set(off):
+        session._engine = session._engine.with_drivers(
+            "caller_thread" not in off, "direct_read" not in off
+        )
     return session
 
 

@@ -320,6 +320,15 @@ DRIVER_RATIOS = (
         )
         for layout in LAYOUTS
     ),
+    *(
+        (
+            f"driver direct_read, {layout}: GB/s / without it (whole payloads)",
+            f"e2e_native_socket_{layout}",
+            f"e2e_native_socket_{layout}_whole",
+            "gbps",
+        )
+        for layout in LAYOUTS
+    ),
 )
 DRIVER_ROWS = frozenset(key for _, a, b, _ in DRIVER_RATIOS for key in (a, b))
 

@@ -41,6 +41,8 @@ pub mod codec;
 mod compat;
 #[cfg(feature = "tls")]
 pub mod connection;
+#[cfg(feature = "tokio")]
+mod direct;
 pub mod dtype;
 pub mod encoder;
 pub mod error;

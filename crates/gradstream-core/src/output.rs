@@ -8,7 +8,8 @@
 //!
 //! Uses `dtype`, `error` and `codec::Stores` (the copy into large destinations), and libc
 //! (madvise); `codec`'s reader writes through its `ValueSink`, and `rules`,
-//! `reassembler` and `receiver` fill its `Output`.
+//! `reassembler` and `receiver` fill its `Output` (and `direct` reads values straight
+//! into a lent one's memory).
 
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
@@ -263,6 +264,26 @@ impl ValueSink for OutSlice {
     }
 }
 
+impl OutSlice {
+    /// The memory of the next `n` values, when they are float32 and fit: where a receiver
+    /// may read a payload's values straight from the stream (`crate::direct`). What is
+    /// written there counts only once `put_placed(n)` says so.
+    // Only the tokio receiver (`direct`) places values.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    fn slot_f32(&mut self, n: usize) -> Option<&mut [u8]> {
+        let end = self.offered.checked_add(n)?;
+        // A sum adds values; read straight from the stream they would replace.
+        if self.dtype != Dtype::F32 || end > self.capacity || self.lending == Lending::Sum {
+            return None;
+        }
+        // SAFETY: offered + n <= capacity keeps the range inside the buffer, which is ours
+        // alone (see `new`); float32 values are plain bytes, any of which are valid.
+        Some(unsafe {
+            std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(self.offered * 4), n * 4)
+        })
+    }
+}
+
 /// `dst[i] += src[i]` in float32, `dst` float32 bytes, `src` values of `from`: float32
 /// added as they are, other dtypes converted to float32 first, a block at a time on the
 /// stack.
@@ -467,6 +488,26 @@ impl Output {
         }
     }
 
+    /// The caller's memory for the next `n` float32 values (see `OutSlice::slot_f32`):
+    /// None for values of our own, or when the buffer is not float32 or has no room.
+    // Only the tokio receiver (`direct`) places values.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn slot_f32(&mut self, n: usize) -> Option<&mut [u8]> {
+        match &mut self.values {
+            Values::Lent(out) if self.dtype == Dtype::F32 => out.slot_f32(n),
+            _ => None,
+        }
+    }
+
+    /// Count the `n` values a receiver wrote into `slot_f32(n)`'s memory as put.
+    pub(crate) fn put_placed(&mut self, n: usize) {
+        match &mut self.values {
+            Values::Lent(out) => out.offered += n,
+            // No slot is given for values of our own, so none can be placed there.
+            Values::Owned(_) => debug_assert_eq!(n, 0, "values placed in no slot"),
+        }
+    }
+
     /// The bytes of values of our own (empty for a lent buffer).
     pub fn owned_bytes(&self) -> &[u8] {
         match &self.values {
@@ -553,6 +594,8 @@ mod tests {
             out.put_raw(&raw, Dtype::BF16);
             out.put(&[7.0]); // runs over: dropped, counted
             assert_eq!((out.len(), out.limit()), (5, Some(4)));
+            // A sum never lends its memory to be overwritten.
+            assert!(out.slot_f32(1).is_none());
         }
         let expected = [
             start[0] + 0.5,

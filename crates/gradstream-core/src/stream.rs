@@ -4,14 +4,15 @@
 //! timeout, and the whole transfer by the optional deadline (`Waits`, run by a `Clock`);
 //! dropping the future (a cancelled Python task) stops the transfer there.
 //!
-//! Uses `session`, `encoder`, `receiver`, `template`, `frame` and `error`; used by
-//! `compat`, `at_hand`, `tensors`, `connection` and the bindings.
+//! Uses `session`, `encoder`, `receiver`, `direct` (the receiver's reads into `out=`),
+//! `template`, `frame` and `error`; used by `compat` and the bindings.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use crate::direct::{Direct, Read};
 use crate::encoder::{as_f32, kind, write_payload, Gradient};
 use crate::error::{GradientStreamError, Result};
 use crate::frame::{FrameHeader, HEADER_LEN};
@@ -265,25 +266,57 @@ async fn send_each<W: AsyncWrite + Unpin>(
     Ok(total as usize)
 }
 
-/// Receive one gradient through `receiver` (`SessionConfig::receiver` or `receiver_into`),
-/// reading exactly what it asks for, a header or a whole payload at a time (a payload is
-/// checked whole before any of its values reach `out=`).
+/// Receive one gradient through `receiver` (`SessionConfig::receiver` or `receiver_into`).
 pub async fn receive_gradient<R: AsyncRead + Unpin>(
-    mut receiver: FrameReceiver,
+    receiver: FrameReceiver,
     reader: &mut R,
     waits: impl Into<Waits>,
     progress: &Progress,
 ) -> Result<Ended> {
+    receive_gradient_with(receiver, reader, waits, progress, true).await
+}
+
+/// `receive_gradient`, reading every payload whole when `direct_read` is false (the
+/// benchmark's row against the direct read).
+pub async fn receive_gradient_with<R: AsyncRead + Unpin>(
+    mut receiver: FrameReceiver,
+    reader: &mut R,
+    waits: impl Into<Waits>,
+    progress: &Progress,
+    direct_read: bool,
+) -> Result<Ended> {
     let mut clock = Clock::idle(waits);
     // Holds a header or a payload (at most max_payload_len, checked from the header).
     let mut unit = Vec::with_capacity(HEADER_LEN);
+    // The template the next payload is predicted to fit, to read its values in place.
+    let mut direct = Direct::default();
     loop {
         let (before, known) = (receiver.received(), receiver.total().is_some());
-        let (want, at) = (receiver.want(), (receiver.received(), receiver.total()));
-        if !read_unit(reader, &mut unit, want, &mut clock, at, Some(progress)).await? {
-            return receiver.end_of_stream(unit.len());
+        let payload = receiver.awaits_payload();
+        let mut read = Read::Whole;
+        if payload {
+            let reading =
+                direct.read_payload(&mut receiver, reader, &mut unit, &mut clock, progress);
+            read = reading.await?;
         }
-        let done = receiver.feed(&unit)?;
+        let done = match read {
+            Read::Placed(done) => done,
+            Read::Ended(got) => return receiver.end_of_stream(got),
+            Read::Whole | Read::Assembled => {
+                let (want, at) = (receiver.want(), (receiver.received(), receiver.total()));
+                let whole = matches!(read, Read::Whole);
+                if whole
+                    && !read_unit(reader, &mut unit, want, &mut clock, at, Some(progress)).await?
+                {
+                    return receiver.end_of_stream(unit.len());
+                }
+                let done = receiver.feed(&unit)?;
+                if payload && !done && direct_read {
+                    direct.learn(&receiver, &unit);
+                }
+                done
+            }
+        };
         if let (false, Some(total)) = (known, receiver.total()) {
             progress.add_total(total);
         }
@@ -604,283 +637,6 @@ mod tests {
         match got {
             Ok(Ended::Gradient(values)) => assert_eq!(values.into_vec(), g),
             other => panic!("{other:?}"),
-        }
-    }
-
-    /// Receives into `out=` (what the socket path and connections do): exactly what
-    /// `decode_frames` into `out=` gives on the same bytes, however they are cut into
-    /// reads.
-    mod into_out {
-        use std::pin::Pin;
-        use std::task::{Context, Poll};
-
-        use tokio::io::ReadBuf;
-
-        use super::super::*;
-        use crate::codec::Layout;
-        use crate::output::OutSlice;
-        use crate::template::Template;
-
-        const CHUNK: usize = 64;
-
-        /// A stream of `data` that hands out at most `sizes[turn]` bytes a read, in turn.
-        struct Dribble {
-            data: Vec<u8>,
-            at: usize,
-            sizes: &'static [usize],
-            turn: usize,
-        }
-
-        impl Dribble {
-            fn new(data: Vec<u8>, sizes: &'static [usize]) -> Self {
-                Dribble {
-                    data,
-                    at: 0,
-                    sizes,
-                    turn: 0,
-                }
-            }
-        }
-
-        /// The runtime each test's receive runs on (one thread, timers for the clock).
-        fn runtime() -> tokio::runtime::Runtime {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_time()
-                .build()
-                .unwrap()
-        }
-
-        impl AsyncRead for Dribble {
-            fn poll_read(
-                self: Pin<&mut Self>,
-                _: &mut Context<'_>,
-                buf: &mut ReadBuf<'_>,
-            ) -> Poll<std::io::Result<()>> {
-                let this = self.get_mut();
-                let size = this.sizes[this.turn % this.sizes.len()];
-                this.turn += 1;
-                let n = size.min(buf.remaining()).min(this.data.len() - this.at);
-                buf.put_slice(&this.data[this.at..this.at + n]);
-                this.at += n;
-                Poll::Ready(Ok(()))
-            }
-        }
-
-        /// Read sizes: a byte at a time, odd sizes across the cuts, and all that is asked.
-        const READS: [&[usize]; 4] = [&[1], &[7, 3, 1000, 5], &[4099], &[usize::MAX]];
-
-        fn session(layout: Layout, sealed: bool) -> SessionConfig {
-            let mut s = SessionConfig::new("direct", CHUNK);
-            s.layout = layout;
-            s.seal = sealed;
-            s
-        }
-
-        fn sessions() -> Vec<SessionConfig> {
-            let mut all = Vec::new();
-            for layout in [Layout::Seed, Layout::Compact] {
-                for sealed in [false, true] {
-                    all.push(session(layout, sealed));
-                }
-            }
-            all
-        }
-
-        fn values(n: usize) -> Vec<f32> {
-            (0..n)
-                .map(|i| f32::from_bits((i as u32).wrapping_mul(2_654_435_761)))
-                .collect()
-        }
-
-        fn bits(v: &[f32]) -> Vec<u32> {
-            v.iter().map(|x| x.to_bits()).collect()
-        }
-
-        /// Receive `wire` through the stream receiver into an `out=` of `room` values (NaNs
-        /// before), read `sizes` at a time: the result and what `out` holds.
-        fn receive_into(
-            s: &SessionConfig,
-            wire: &[u8],
-            room: usize,
-            sizes: &'static [usize],
-        ) -> (Result<()>, Vec<f32>) {
-            let mut out = vec![f32::NAN; room];
-            let mut reader = Dribble::new(wire.to_vec(), sizes);
-            let got = runtime().block_on(async {
-                // SAFETY: the receiver and its Output are dropped within this block.
-                let receiver = s.receiver_into(unsafe { OutSlice::of(&mut out) });
-                match receive_gradient(receiver, &mut reader, None, &Progress::default()).await {
-                    Ok(Ended::Gradient(_)) => Ok(()),
-                    Ok(Ended::BeforeFirstByte(receiver)) => receiver.finish().map(drop),
-                    Err(e) => Err(e),
-                }
-            });
-            (got, out)
-        }
-
-        /// What `decode_frames` gives for `wire` into an `out=` of `room` values.
-        fn reference(s: &SessionConfig, wire: &[u8], room: usize) -> (Result<()>, Vec<f32>) {
-            let mut out = vec![f32::NAN; room];
-            let got = s.decode_frames_into(wire, &mut out);
-            (got, out)
-        }
-
-        /// The same outcome; on success, the same values bit for bit.
-        fn assert_same(s: &SessionConfig, wire: &[u8], room: usize, what: &str) {
-            let (want, want_out) = reference(s, wire, room);
-            for sizes in READS {
-                let (got, out) = receive_into(s, wire, room, sizes);
-                assert_eq!(got, want, "{what}, reads {sizes:?}");
-                if got.is_ok() {
-                    assert_eq!(bits(&out), bits(&want_out), "{what}, reads {sizes:?}");
-                }
-            }
-        }
-
-        fn header_at(wire: &[u8], at: usize) -> FrameHeader {
-            let head: &[u8; HEADER_LEN] = wire[at..at + HEADER_LEN].try_into().unwrap();
-            FrameHeader::from_bytes(head)
-        }
-
-        /// Where the `index`th frame starts in `wire`, and its payload's length.
-        fn frame_at(wire: &[u8], index: usize) -> (usize, usize) {
-            let mut at = 0;
-            for _ in 0..index {
-                at += HEADER_LEN + header_at(wire, at).payload_len as usize;
-            }
-            (at, header_at(wire, at).payload_len as usize)
-        }
-
-        /// Set the header CRC of the frame at `at` to its payload's (a corruption the CRC
-        /// does not catch, so that the payload's reader decides).
-        fn reseal_crc(wire: &mut [u8], at: usize, len: usize) {
-            let mut header = header_at(wire, at);
-            header.checksum = crc32fast::hash(&wire[at + HEADER_LEN..at + HEADER_LEN + len]);
-            wire[at..at + HEADER_LEN].copy_from_slice(&header.to_bytes());
-        }
-
-        #[test]
-        fn receives_what_decode_frames_gives_at_any_size_and_read_size() {
-            for s in sessions() {
-                for n in [
-                    0,
-                    1,
-                    CHUNK - 1,
-                    CHUNK,
-                    CHUNK + 1,
-                    3 * CHUNK,
-                    3 * CHUNK + 1,
-                    5 * CHUNK - 7,
-                ] {
-                    let g = values(n);
-                    let wire = s.encode_frames(&g).unwrap();
-                    let (got, out) = receive_into(&s, &wire, n, &[1]);
-                    assert_eq!(got, Ok(()), "{:?} n={n}", s.layout);
-                    assert_eq!(bits(&out), bits(&g));
-                    for room in [n, n.saturating_sub(1), n + 1] {
-                        assert_same(
-                            &s,
-                            &wire,
-                            room,
-                            &format!("{:?} n={n} room={room}", s.layout),
-                        );
-                    }
-                }
-            }
-        }
-
-        #[test]
-        fn a_corrupt_byte_anywhere_ends_as_decode_frames_ends() {
-            for s in sessions() {
-                let g = values(4 * CHUNK);
-                let wire = s.encode_frames(&g).unwrap();
-                let (start, _) = frame_at(&wire, 1);
-                let (end, len) = frame_at(&wire, 2);
-                let end = end + HEADER_LEN + len;
-                for i in (start..end).step_by(3) {
-                    for reseal in [false, true] {
-                        let mut bad = wire.clone();
-                        bad[i] ^= 0x40;
-                        let (at, len) = if i < frame_at(&wire, 2).0 {
-                            frame_at(&wire, 1)
-                        } else {
-                            frame_at(&wire, 2)
-                        };
-                        if reseal && i >= at + HEADER_LEN {
-                            reseal_crc(&mut bad, at, len);
-                        }
-                        let what =
-                            format!("{:?} sealed={} byte {i} reseal={reseal}", s.layout, s.seal);
-                        let (want, want_out) = reference(&s, &bad, g.len());
-                        let (got, out) = receive_into(&s, &bad, g.len(), READS[1]);
-                        assert_eq!(got, want, "{what}");
-                        if got.is_ok() {
-                            assert_eq!(bits(&out), bits(&want_out), "{what}");
-                        }
-                    }
-                }
-            }
-        }
-
-        #[test]
-        fn a_failed_crc_raises_and_leaves_the_chunks_before_in_out() {
-            for s in sessions() {
-                let g = values(4 * CHUNK);
-                let mut wire = s.encode_frames(&g).unwrap();
-                let (at, len) = frame_at(&wire, 2);
-                // A byte of the last value of chunk 2.
-                let payload = &wire[at + HEADER_LEN..at + HEADER_LEN + len];
-                let values_at = Template::for_payload(len)
-                    .iter()
-                    .find_map(|t| t.matches(payload))
-                    .map(|m| m.raw.as_ptr() as usize - payload.as_ptr() as usize)
-                    .expect("our payloads match a template");
-                let byte = at + HEADER_LEN + values_at + 4 * CHUNK - 1;
-                wire[byte] ^= 0x40;
-                let (got, out) = receive_into(&s, &wire, g.len(), READS[0]);
-                match got {
-                    Err(GradientStreamError::ChecksumMismatch { chunk_index: 2, .. }) => {}
-                    other => panic!("{other:?}"),
-                }
-                assert_eq!(got, reference(&s, &wire, g.len()).0);
-                // docs/guides/buffers.md: after a failed receive `out` holds the chunks taken
-                // before it; a payload is checked whole before its values reach `out`, so
-                // the failed chunk's place and the rest are as they were.
-                assert_eq!(bits(&out[..2 * CHUNK]), bits(&g[..2 * CHUNK]));
-                assert!(out[2 * CHUNK..].iter().all(|v| v.is_nan()));
-            }
-        }
-
-        #[test]
-        fn a_peer_that_stops_anywhere_ends_as_decode_frames_ends() {
-            for s in sessions() {
-                let g = values(3 * CHUNK + 5);
-                let wire = s.encode_frames(&g).unwrap();
-                for cut in frame_at(&wire, 1).0..wire.len() {
-                    let (want, _) = reference(&s, &wire[..cut], g.len());
-                    let (got, _) = receive_into(&s, &wire[..cut], g.len(), READS[1]);
-                    assert_eq!(got, want, "{:?} cut {cut}", s.layout);
-                }
-            }
-        }
-
-        #[test]
-        fn frames_out_of_order_and_repeated_end_as_decode_frames_ends() {
-            for s in sessions() {
-                let g = values(4 * CHUNK);
-                let wire = s.encode_frames(&g).unwrap();
-                let frames: Vec<&[u8]> = (0..4)
-                    .map(|i| {
-                        let (at, len) = frame_at(&wire, i);
-                        &wire[at..at + HEADER_LEN + len]
-                    })
-                    .collect();
-                for order in [[0, 2, 1, 3], [3, 2, 1, 0], [0, 1, 1, 3], [1, 0, 3, 2]] {
-                    let shuffled: Vec<u8> =
-                        order.iter().flat_map(|&i| frames[i].to_vec()).collect();
-                    assert_same(&s, &shuffled, g.len(), &format!("order {order:?}"));
-                }
-            }
         }
     }
 }

@@ -220,8 +220,12 @@ impl Engine {
 
     /// The same settings, with only the drivers said (the benchmark's seam: every
     /// driver is on otherwise).
-    fn with_drivers(&self, caller_thread: bool) -> Self {
-        self.with(self.config.clone(), Drivers { caller_thread })
+    fn with_drivers(&self, caller_thread: bool, direct_read: bool) -> Self {
+        let drivers = Drivers {
+            caller_thread,
+            direct_read,
+        };
+        self.with(self.config.clone(), drivers)
     }
 
     #[getter]

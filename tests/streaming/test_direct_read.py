@@ -1,11 +1,10 @@
-"""Receiving from a socket into ``out=`` (docs/guides/buffers.md): each payload is read
-whole and checked before its values reach ``out=`` (a direct read of the values into
-``out=`` was removed: it did not beat this by 10 %, bench section 7). Whatever arrives,
-``receive_from(sock, out=)`` ends as ``decode_frames(wire, out=)`` does on the same bytes
-(the same values, the same error and text), in both layouts, sealed or not, whatever the
-sizes around the chunk boundaries and however the bytes are cut into writes; after a
-failed CRC the call raises and ``out=`` holds the chunks before it, the rest as it was.
-Connections (plain and TLS) receive through the same read."""
+"""The socket receive's direct read (README "Reusing buffers", "Performance"): a payload
+that matches a template has its values read from the socket straight into ``out=`` and
+checked there. Whatever arrives, ``receive_from(sock, out=)`` ends as ``decode_frames(wire,
+out=)`` does on the same bytes (the same values, the same error and text), in both
+layouts, sealed or not, whatever the sizes around the chunk boundaries and however the
+bytes are cut into writes; after a failed CRC the call raises and ``out=`` holds what
+the README says. Connections (plain and TLS) receive through the same read."""
 
 from __future__ import annotations
 
@@ -165,10 +164,10 @@ def test_a_corrupt_byte_in_a_later_frame_ends_as_decode_frames_ends(
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_a_failed_crc_raises_and_out_holds_what_the_buffers_guide_says(layout: Layout) -> None:
+def test_a_failed_crc_raises_and_out_holds_what_the_readme_says(layout: Layout) -> None:
     # Chunks of 65536 values: the gradient is larger than what the socket path's small
-    # transfers peek at (256 KiB), so it takes the stream receiver (a small one, taken
-    # whole from the peek, leaves out= as it was too).
+    # transfers peek at (256 KiB), so it takes the stream receiver, which reads chunk 1
+    # in place (a small one, taken whole from the peek, leaves out= as it was there).
     chunk = 65536
     s = gs.GradientStreamSession("direct", chunk_size=chunk, layout=layout)
     g = values(3 * chunk)
@@ -181,10 +180,12 @@ def test_a_failed_crc_raises_and_out_holds_what_the_buffers_guide_says(layout: L
     got, out = received(s, bad, g.size)
     assert isinstance(got, ChecksumMismatchError) and got.chunk_index == 1
     assert outcome(got) == outcome(reference(s, bad, g.size)[0])
-    # The chunks before are in; chunk 1 was refused before any of its values reached
-    # out=, so its place is as it was, and so is what follows it.
+    # The chunks before are in; where chunk 1 goes, the bytes as they came (read in
+    # place, then refused); after it, what was there before.
     assert same(out[:chunk], g[:chunk])
-    assert np.isnan(out[chunk : 2 * chunk]).all()
+    flipped = bytearray(last)
+    flipped[3] ^= 0x40
+    assert out[2 * chunk - 1].tobytes() == bytes(flipped)
     assert np.isnan(out[2 * chunk :]).all()
 
 

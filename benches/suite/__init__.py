@@ -51,7 +51,13 @@ Sections:
    benches/stream_memory.py);
 6. gs.Connection against the bare socket path: benches/connections.py's measurement
    (bare, plain, authkey and TLS connections in interleaved rounds, compact layout, the
-   end-to-end size), run from here so that one command prints every ratio.
+   end-to-end size), run from here so that one command prints every ratio;
+7. the transfer drivers (docs/performance.md): each optional way onto a socket against
+   the path that serves its case without it, in the same rounds as the rows of sections
+   3 and 4 (the caller-thread driver of the socket path and of connections against
+   tokio alone, in small-gradient round trips; the asyncio handover against the generic
+   asyncio path, in round trips and end to end). A driver is kept while it is >= 1.1 x
+   that path. `--drivers` runs these rows alone.
 
 After the table come the ratios, each with its target and "met" / "NOT MET" (or
 "reported": a figure the issue asks to see beside the targets); --json FILE holds every
@@ -82,11 +88,11 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from .config import layout_support, make_config, make_gradient
+from .config import Config, layout_support, make_config, make_gradient
 from .connection_rows import bench_connections
 from .inmemory import Memcpy, bench_codec, bench_limits
 from .machine import machine, print_machine
-from .ratios import compute_ratios, print_ratios
+from .ratios import DRIVER_ROWS, compute_ratios, driver_ratios, print_ratios
 from .results import Results
 from .rss import bench_rss
 from .small import bench_small
@@ -113,6 +119,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--json", metavar="FILE", default=None, help="also write every row and ratio to FILE"
+    )
+    parser.add_argument(
+        "--drivers",
+        action="store_true",
+        help="only section 7: each transfer driver against the path without it",
     )
     # For the test suite: sizes small enough for seconds.
     parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
@@ -141,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
     print("measuring (each row on stderr as it completes) ...", flush=True)
 
     res = Results()
+    if args.drivers:
+        return _run_drivers(args, cfg, res, available, started)
     memcpy = Memcpy(cfg.limit_bytes)
     bench_limits(cfg, res, memcpy)
     grad = make_gradient(max(cfg.e2e_elements, cfg.codec_elements))
@@ -180,6 +193,40 @@ def run(args: argparse.Namespace) -> int:
         }
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
         print(f"wrote {args.json}", flush=True)
+    return 1 if failed else 0
+
+
+def _run_drivers(
+    args: argparse.Namespace,
+    cfg: Config,
+    res: Results,
+    available: dict[str, str | None],
+    started: float,
+) -> int:
+    """Section 7 alone: the rows of each driver and of the path without it, in rounds."""
+    grad = make_gradient(cfg.e2e_elements)
+    plans = [p for p in plan_transfers(cfg, grad, available) if p.key in DRIVER_ROWS]
+    bench_transfers(cfg, res, plans, grad)
+    del grad, plans
+    gc.collect()
+    bench_small(cfg, res, only=DRIVER_ROWS)
+    res.print_table()
+    ratios = driver_ratios(res)
+    print_ratios(ratios)
+    runtime = time.perf_counter() - started
+    print(f"\ntotal run time {runtime:.1f} s")
+    if args.json:
+        doc = {
+            "benchmark": "benches/bench.py --drivers",
+            "mode": cfg.mode,
+            "config": asdict(cfg),
+            "machine": machine(),
+            "rows": [asdict(r) for r in res.rows.values()],
+            "ratios": [asdict(r) for r in ratios],
+            "runtime_s": runtime,
+        }
+        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+    failed = [r.key for r in res.rows.values() if r.status == "failed"]
     return 1 if failed else 0
 
 

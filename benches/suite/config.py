@@ -187,12 +187,38 @@ def layout_support(impl: str) -> str | None:
     return None
 
 
+# The native drivers a row can turn off, to measure one against the path that serves its
+# case without it (section 7): "caller_thread" (small transfers tried on the caller's
+# thread), "direct_read" (values read from the socket straight into out=), "handover" (an
+# asyncio stream's plain socket driven natively).
+DRIVERS = ("caller_thread", "direct_read", "handover")
+
+
+def drivers_off(session: Any, off: tuple[str, ...]) -> Any:
+    """``session`` (native) with the drivers in ``off`` turned off. The handover is turned
+    off for the whole process: call it in a row's own child processes only."""
+    unknown = set(off) - set(DRIVERS)
+    if unknown:
+        raise ValueError(f"unknown drivers {sorted(unknown)}")
+    if "handover" in off:
+        from gradstream import _handover
+
+        _handover.lend_reader = lambda reader: None
+        _handover.socket_to_write = lambda writer: None
+    if {"caller_thread", "direct_read"} & set(off):
+        session._engine = session._engine.with_drivers(
+            "caller_thread" not in off, "direct_read" not in off
+        )
+    return session
+
+
 @dataclass(frozen=True)
 class SessionSpec:
     impl: str  # "native" or "reference"
     chunk_size: int = 65536
     layout: str | None = None  # None: the keyword is not passed (the seed layout)
     timeout: float | None = None
+    off: tuple[str, ...] = ()  # native drivers turned off (drivers_off)
 
     def make(self) -> Any:
         kwargs: dict[str, Any] = {}
@@ -200,7 +226,8 @@ class SessionSpec:
             kwargs["layout"] = self.layout
         if self.timeout is not None:
             kwargs["timeout"] = self.timeout
-        return session_class(self.impl)("gradstream-bench", self.chunk_size, **kwargs)
+        session = session_class(self.impl)("gradstream-bench", self.chunk_size, **kwargs)
+        return drivers_off(session, self.off) if self.off else session
 
 
 def layout_arg(layout: str, available: dict[str, str | None], impl: str) -> str | None:

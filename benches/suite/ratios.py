@@ -340,9 +340,61 @@ def _connection_ratios(res: Results) -> list[Ratio]:
     ]
 
 
+# Section 7: each optional driver against the path that serves its case without it, in
+# the same rounds (docs/performance.md): it stays only while it is >= 1.1 x that path.
+DRIVER_TARGET = 1.1
+DRIVER_RATIOS = (
+    (
+        "driver caller_thread, socket: round trips / without it (tokio)",
+        "pingpong_native",
+        "pingpong_native_tokio",
+        "round_trips_per_s",
+    ),
+    (
+        "driver caller_thread, connection: round trips / without it (tokio)",
+        "pingpong_connection",
+        "pingpong_connection_tokio",
+        "round_trips_per_s",
+    ),
+    (
+        "driver handover, small: round trips / without it (generic asyncio)",
+        "pingpong_streams",
+        "pingpong_streams_generic",
+        "round_trips_per_s",
+    ),
+    *(
+        (
+            f"driver handover, {layout}: GB/s / without it (generic asyncio)",
+            f"e2e_native_streams_{layout}",
+            f"e2e_native_streams_{layout}_generic",
+            "gbps",
+        )
+        for layout in LAYOUTS
+    ),
+    *(
+        (
+            f"driver direct_read, {layout}: GB/s / without it (whole payloads)",
+            f"e2e_native_socket_{layout}",
+            f"e2e_native_socket_{layout}_whole",
+            "gbps",
+        )
+        for layout in LAYOUTS
+    ),
+)
+DRIVER_ROWS = frozenset(key for _, a, b, _ in DRIVER_RATIOS for key in (a, b))
+
+
+def driver_ratios(res: Results) -> list[Ratio]:
+    return [
+        _at_least(res, name, num, den, attr, DRIVER_TARGET, "without it")
+        for name, num, den, attr in DRIVER_RATIOS
+    ]
+
+
 def compute_ratios(res: Results, cfg: Config) -> list[Ratio]:
     ratios = _codec_ratios(res) + _default_call_ratios(res) + _socket_ratios(res)
     ratios += _streams_ratios(res) + _small_ratios(res) + _connection_ratios(res)
+    ratios += driver_ratios(res)
     rss_gib = cfg.rss_elements * 4 / GIB
     ratios.append(
         _rss_ratio(

@@ -12,9 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 from .children import ChildError, Contestant, free_port, recv_exactly, run_rounds, turns
-from .config import F32, Config, SessionSpec, make_gradient, same_bits
+from .config import F32, Config, SessionSpec, drivers_off, make_gradient, same_bits
 from .results import Results, Row
-from .transfers import Planned
+from .transfers import Planned, _Link
 
 
 def _window(step: Callable[[], Any], seconds: float) -> float:
@@ -41,10 +41,19 @@ async def _window_async(step: Callable[[], Any], seconds: float) -> float:
 
 
 def _pp_initiator(
-    out: Any, ctl: Any, sock: socket.socket, impl: str, g: F32, wire_len: int, seconds: float
+    out: Any,
+    ctl: Any,
+    sock: socket.socket,
+    impl: str,
+    g: F32,
+    wire_len: int,
+    seconds: float,
+    path: str = "socket",
+    off: tuple[str, ...] = (),
 ) -> None:
     """Side A: per turn, a window of round trips (a warm-up before the first); at the end
-    it closes its side, which stops side B."""
+    it closes its side, which stops side B. ``path`` "streams": over asyncio streams on the
+    socket; ``off``: native drivers turned off."""
     if impl == "raw":
         msg = (g.tobytes() * (wire_len // g.nbytes + 1))[:wire_len]
         view = memoryview(bytearray(wire_len))
@@ -60,46 +69,65 @@ def _pp_initiator(
             rate = _window(step, seconds)
             out.put(("rate", rep, rate, bytes(view) == msg))
     else:
-        session = SessionSpec(impl).make()
+        session = SessionSpec(impl, off=off).make()
         last: list[Any] = [g]
+        link = _Link(sock, path)
 
         async def step_async() -> None:
-            await session.stream_to(g, sock)
-            last[0] = await session.receive_from(sock)
+            await session.stream_to(g, link.stream)
+            last[0] = await session.receive_from(link.stream)
 
         async def run() -> None:
+            await link.open()
             for rep in turns(ctl):
                 if rep == 0:
                     await _window_async(step_async, seconds / 4)
                 rate = await _window_async(step_async, seconds)
                 out.put(("rate", rep, rate, same_bits(last[0], g)))
+            if link.writer is not None:
+                link.writer.write_eof()
+                await link.close()
 
         asyncio.run(run())
-    sock.shutdown(socket.SHUT_WR)
+    if path == "socket":
+        sock.shutdown(socket.SHUT_WR)
 
 
-def _pp_echo(out: Any, _: Any, sock: socket.socket, impl: str, g: F32, wire_len: int) -> None:
+def _pp_echo(
+    out: Any,
+    _: Any,
+    sock: socket.socket,
+    impl: str,
+    g: F32,
+    wire_len: int,
+    path: str = "socket",
+    off: tuple[str, ...] = (),
+) -> None:
     """Side B: sends back what arrives until side A closes."""
     if impl == "raw":
         view = memoryview(bytearray(wire_len))
         while recv_exactly(sock, view) == wire_len:
             sock.sendall(view)
         return
-    session = SessionSpec(impl).make()  # no timeout: it idles while the others take turns
+    # No timeout: it idles while the others take turns.
+    session = SessionSpec(impl, off=off).make()
+    link = _Link(sock, path)
 
     async def run() -> None:
+        await link.open()
         while True:
-            got = await session.receive_from(sock)
+            got = await session.receive_from(link.stream)
             if got.size == 0:  # the peer closed between gradients
+                await link.close()
                 return
-            await session.stream_to(got, sock)
+            await session.stream_to(got, link.stream)
 
     asyncio.run(run())
 
 
 # The rows whose messages are a connection's sealed frames.
-SEALED_ROWS = ("pingpong_connection", "pingpong_raw_ack")
-# An accepted ack's bytes on the wire (README "Protocol": 56 bytes, no reason).
+SEALED_ROWS = ("pingpong_connection", "pingpong_connection_tokio", "pingpong_raw_ack")
+# An accepted ack's bytes on the wire (docs/spec/protocol.md: 56 bytes, no reason).
 ACK_LEN = 56
 
 
@@ -134,24 +162,33 @@ def _ack_echo(out: Any, _: Any, sock: socket.socket, wire_len: int) -> None:
         recv_exactly(sock, ack_view)
 
 
-async def _dial(port: int) -> Any:
+async def _dial(port: int, session: Any) -> Any:
     """A connection to the echo side's listener, retried while it starts."""
     import gradstream
 
     for _ in range(200):
         try:
-            return await gradstream.connect(("127.0.0.1", port))
+            return await gradstream.connect(("127.0.0.1", port), session=session)
         except OSError:
             await asyncio.sleep(0.05)
-    return await gradstream.connect(("127.0.0.1", port))
+    return await gradstream.connect(("127.0.0.1", port), session=session)
 
 
-def _conn_initiator(out: Any, ctl: Any, port: int, g: F32, seconds: float) -> None:
+def _conn_session(off: tuple[str, ...]) -> Any:
+    """A connection's session: the default one, maybe without some drivers."""
+    import gradstream
+
+    return drivers_off(gradstream.GradientStreamSession("bench"), off)
+
+
+def _conn_initiator(
+    out: Any, ctl: Any, port: int, g: F32, seconds: float, off: tuple[str, ...] = ()
+) -> None:
     """Side A through a connection: send (returns once acknowledged), then receive the
     echo (acknowledging it)."""
 
     async def run() -> None:
-        conn = await _dial(port)
+        conn = await _dial(port, _conn_session(off))
         last: list[Any] = [g]
 
         async def step() -> None:
@@ -168,11 +205,12 @@ def _conn_initiator(out: Any, ctl: Any, port: int, g: F32, seconds: float) -> No
     asyncio.run(run())
 
 
-def _conn_echo(out: Any, _: Any, port: int) -> None:
+def _conn_echo(out: Any, _: Any, port: int, off: tuple[str, ...] = ()) -> None:
     import gradstream
 
     async def run() -> None:
-        async with await gradstream.listen(("127.0.0.1", port)) as listener:
+        session = _conn_session(off)
+        async with await gradstream.listen(("127.0.0.1", port), session=session) as listener:
             conn = await listener.accept()
             async for got in conn:  # until side A closes
                 await conn.send(got)
@@ -180,7 +218,7 @@ def _conn_echo(out: Any, _: Any, port: int) -> None:
     asyncio.run(run())
 
 
-def bench_small(cfg: Config, res: Results) -> None:
+def bench_small(cfg: Config, res: Results, only: frozenset[str] | None = None) -> None:
     import gradstream
 
     g = make_gradient(cfg.pingpong_elements)
@@ -206,7 +244,38 @@ def bench_small(cfg: Config, res: Results) -> None:
             ("raw", f"raw socket ping-pong of {wire_len:,} bytes (sendall / recv_into)"),
         )
     ]
+    # Section 7: the socket path without its caller-thread driver (tokio for every
+    # transfer), and asyncio streams on the socket with and without the handover.
+    for key, name, path, off in (
+        (
+            "pingpong_native_tokio",
+            "native socket path without caller_thread",
+            "socket",
+            ("caller_thread",),
+        ),
+        ("pingpong_streams", "native asyncio streams", "streams", ()),
+        (
+            "pingpong_streams_generic",
+            "native asyncio streams without handover",
+            "streams",
+            ("handover",),
+        ),
+    ):
+        plans.append(
+            Planned(
+                key,
+                "small",
+                f"{name}, {g.size:,} values ({wire_len:,} wire bytes)",
+                Contestant(
+                    key,
+                    ("ping", _pp_initiator, ("native", g, wire_len, seconds, path, off)),
+                    ("echo", _pp_echo, ("native", g, wire_len, path, off)),
+                    per_turn=1,
+                ),
+            )
+        )
     echo_port = free_port()  # the connection's echo side listens there
+    tokio_port = free_port()
     plans += [
         Planned(
             "pingpong_connection",
@@ -216,6 +285,19 @@ def bench_small(cfg: Config, res: Results) -> None:
                 "pingpong_connection",
                 ("ping", _conn_initiator, (echo_port, g, seconds)),
                 ("echo", _conn_echo, (echo_port,)),
+                per_turn=1,
+                connect=False,
+            ),
+        ),
+        Planned(
+            "pingpong_connection_tokio",
+            "small",
+            f"native connection without caller_thread, {g.size:,} values "
+            f"({sealed_len:,} wire bytes)",
+            Contestant(
+                "pingpong_connection_tokio",
+                ("ping", _conn_initiator, (tokio_port, g, seconds, ("caller_thread",))),
+                ("echo", _conn_echo, (tokio_port, ("caller_thread",))),
                 per_turn=1,
                 connect=False,
             ),
@@ -232,6 +314,8 @@ def bench_small(cfg: Config, res: Results) -> None:
             ),
         ),
     ]
+    if only is not None:
+        plans = [p for p in plans if p.key in only]
     run_rounds([p.contestant for p in plans if p.contestant], cfg.repeats, cfg.deadline)
     for p in plans:
         c = p.contestant

@@ -362,6 +362,7 @@ class GsRow:
     layout: str
     route: Route
     suffix: str = ""  # of the key, after the layout
+    off: tuple[str, ...] = ()  # native drivers turned off (config.drivers_off)
 
     @property
     def key(self) -> str:
@@ -373,7 +374,8 @@ class GsRow:
         if self.route.loop == "uvloop":
             what += " under uvloop"
         into = "into out=" if self.route.into_out else "receive_from into a new array"
-        return f"{self.impl} {what}, {self.layout} layout, {label}, {into}"
+        without = "".join(f", without {driver}" for driver in self.off)
+        return f"{self.impl} {what}, {self.layout} layout, {label}, {into}{without}"
 
 
 STREAMS = Route("streams")
@@ -385,6 +387,9 @@ GS_ROWS = (
     *(GsRow("native", layout, STREAMS) for layout in LAYOUTS),
     *(GsRow("native", layout, Route("streams", "uvloop")) for layout in LAYOUTS),
     *(GsRow("reference", layout, route) for route in (Route(), STREAMS) for layout in LAYOUTS),
+    # Section 7's rows: a driver turned off, beside the row that has it.
+    *(GsRow("native", layout, Route(), "_whole", ("direct_read",)) for layout in LAYOUTS),
+    *(GsRow("native", layout, STREAMS, "_generic", ("handover",)) for layout in LAYOUTS),
 )
 # What each kind of row has that the others do not (the "keep every peer honest" notes).
 STREAMS_NOTE = "open_connection(sock=) at both ends (start_server's transport)"
@@ -403,7 +408,7 @@ def _gs_plan(row: GsRow, cfg: Config, grad: F32, available: dict[str, str | None
     if row.route.loop == "uvloop" and not importable("uvloop"):
         return Planned(row.key, "e2e", name, None, "uvloop is not importable")
     spec = SessionSpec(
-        row.impl, 65536, layout_arg(row.layout, available, row.impl), cfg.stall_timeout
+        row.impl, 65536, layout_arg(row.layout, available, row.impl), cfg.stall_timeout, row.off
     )
     c = Contestant(
         row.key,
@@ -414,6 +419,8 @@ def _gs_plan(row: GsRow, cfg: Config, grad: F32, available: dict[str, str | None
     note = STREAMS_NOTE if row.route.path == "streams" else ""
     if not row.route.into_out:
         note = "the default call: a new array per receive, against the out= row beside it"
+    if row.off:
+        note = f"section 7: the path without {', '.join(row.off)}, against the row with it"
     return Planned(row.key, "e2e", name, c, note)
 
 

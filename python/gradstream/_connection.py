@@ -395,7 +395,7 @@ async def listen(
         check_count(max_connections, "max_connections"),
     )
     hub = _aio.hub()
-    native = await hub.track(own._engine.listen(hub.native, host, port, args, caps))
+    native = await hub.track(own._open_listener(hub.native, host, port, args, caps))
     listener = Listener(native, own, args["protocol"])
     log.info("listening on %s (%s)", peer_text(listener.address), speaks)
     return listener
@@ -427,7 +427,7 @@ async def connect(
         handshake_timeout=handshake_timeout,
     )
     hub = _aio.hub()
-    link = await hub.track(own._engine.connect(hub.native, host, port, args))
+    link = await hub.track(own._open_link(hub.native, host, port, args))
     connection = Connection(link, own)
     log.info("connected to %s (%s)", peer_text(connection.peer.address), speaks)
     return connection

@@ -47,6 +47,8 @@ __all__ = [
     "_protocol_transfer_id",
     "fast_path_counts",
     "manifest_json",
+    "open_link",
+    "open_listener",
     "read_manifest",
     "tensor_note",
 ]
@@ -125,6 +127,7 @@ class Engine:
         bf16_as_f32: bool,
     ) -> Engine: ...
     def with_compression(self, enabled: bool) -> Engine: ...
+    def with_drivers(self, caller_thread: bool, direct_read: bool) -> Engine: ...
     @property
     def session_id(self) -> str: ...
     @property
@@ -149,15 +152,6 @@ class Engine:
     def keep_dtype(self) -> bool: ...
     @property
     def wire_dtype(self) -> _DtypeName | None: ...
-    def connect(self, completions: Completions, host: str, port: int, args: _LinkArgs) -> int: ...
-    def listen(
-        self,
-        completions: Completions,
-        host: str,
-        port: int,
-        args: _LinkArgs,
-        caps: tuple[int, int],
-    ) -> int: ...
     def stream_to_socket(
         self,
         completions: Completions,
@@ -290,7 +284,7 @@ _LinkArgs = dict[str, Any]
 
 @final
 class Link:
-    """One connection (README "Connections"); each method but peer/closed returns a job
+    """One connection (docs/guides/connections.md); each method but peer/closed returns a job
     of the loop's Completions."""
 
     def peer(self) -> tuple[tuple[str, int], str | None, bool]: ...
@@ -357,6 +351,22 @@ class SocketReceive:
 def fast_path_counts() -> tuple[int, int]:
     """(sends, receives) of small gradients finished on the caller's thread so far."""
 
+def open_link(
+    engine: Engine, completions: Completions, host: str, port: int, args: _LinkArgs
+) -> int:
+    """Connect to host:port with the engine's settings; a job whose result is a Link."""
+
+def open_listener(
+    engine: Engine,
+    completions: Completions,
+    host: str,
+    port: int,
+    args: _LinkArgs,
+    caps: tuple[int, int],
+) -> int:
+    """Listen on host:port with the engine's settings; a job whose result is a Listener.
+    ``caps``: (max_pending_handshakes, max_connections)."""
+
 @final
 class Handover:
     """A socket an asyncio transport stopped reading and the bytes its reader held, for
@@ -365,6 +375,7 @@ class Handover:
     def __new__(cls, socket: _Socket, buffered: Buffer) -> Handover: ...
     def unread(self) -> bytes: ...
     def ended(self) -> bool: ...
+    def fileno(self) -> int: ...
 
 # What the socket path drives: a socket, or an asyncio transport's (TransportSocket);
 # a receive also takes one handed over with the bytes its reader held.
@@ -383,7 +394,7 @@ def manifest_json(entries: list[tuple[str, str, tuple[int, ...]]]) -> str:
 def _error_samples() -> list[tuple[GradientStreamError, str]]:
     """One core error of every variant: (its Python exception, the Rust Display text)."""
 
-# The protocol's messages (README "Protocol"), sans-I/O, for the golden tests
+# The protocol's messages (docs/spec/protocol.md), sans-I/O, for the golden tests
 # (tests/support/protocol.py); every refusal is a gradstream.errors.ProtocolError.
 def _protocol_hello(
     role_byte: int, auth: bool, nonce: bytes, max_gradient_len: int, max_payload_len: int

@@ -35,10 +35,13 @@ from ._native import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_MAX_GRADIENT_LEN,
     DEFAULT_MAX_PAYLOAD_LEN,
+    Completions,
     Engine,
     GradientChunk,
     Handover,
     TransferProgress,
+    open_link,
+    open_listener,
     tensor_note,
 )
 from .errors import StreamIOError
@@ -79,7 +82,7 @@ def _lend(out: Any) -> _Out:
 
 def lend_either(out: Any, reduce_into: Any, op: str) -> _Out | None:
     """The array a receive writes into: ``out`` (filled), ``reduce_into`` (summed into,
-    float32, README "Reducing while receiving"), or neither."""
+    float32, docs/guides/buffers.md), or neither."""
     acc = reduction(out, reduce_into, op)
     if acc is not None:
         return _Out(acc, (acc.reshape(-1).view(np.uint8), "float32", "sum"))
@@ -287,7 +290,7 @@ class GradientStreamSession:
             f"wire_dtype={e.wire_dtype!r}, seal={e.seal})"
         )
 
-    # ---- taking a gradient (README "Dtypes")
+    # ---- taking a gradient (docs/guides/dtypes-and-shapes.md)
 
     def _take(self, gradient: Any) -> _GradientArgs:
         """``gradient`` as this session's settings take it: float32 alone by default (read
@@ -372,7 +375,7 @@ class GradientStreamSession:
         values = self._engine.decode_frames(data, None if lent is None else lent.args)
         return lent.array if lent is not None else _hand_back(values)  # type: ignore[arg-type]
 
-    # ---- streaming (README "Streaming")
+    # ---- streaming (docs/getting-started/python.md, docs/guides/limits.md)
 
     async def stream_to(
         self,
@@ -473,7 +476,7 @@ class GradientStreamSession:
         receive = self._engine.receive_from_socket(sock, progress, none_at_end, args, deadline)
         return await _aio.receive_socket(receive, sock)
 
-    # ---- tensor sets (README "Tensor sets")
+    # ---- tensor sets (docs/guides/tensor-sets.md)
 
     def _tensors(self, tensors: Any, doing: str) -> list[_TensorArgs]:
         """The tensors of a set as the engine takes them: every name checked first (by the
@@ -567,6 +570,18 @@ class GradientStreamSession:
         job = self._engine.receive_tensors_socket(hub.native, sock, progress, deadline)
         got: list[tuple[str, _Values]] = await hub.track(job)
         return got
+
+    # ---- connections (gradstream._connection's, with this session's settings)
+
+    def _open_link(self, completions: Completions, host: str, port: int, args: Any) -> int:
+        """A job of ``completions`` whose result is a native ``Link`` to host:port."""
+        return open_link(self._engine, completions, host, port, args)
+
+    def _open_listener(
+        self, completions: Completions, host: str, port: int, args: Any, caps: tuple[int, int]
+    ) -> int:
+        """A job of ``completions`` whose result is a native ``Listener`` on host:port."""
+        return open_listener(self._engine, completions, host, port, args, caps)
 
     def _encode_manifest(self, text: str) -> bytes:
         """The frames of a tensor set's manifest carrying ``text``."""

@@ -44,7 +44,7 @@ def test_only_the_session_layer_uses_the_engine() -> None:
     users = _native_users()
     # __init__ re-exports the constants and the two plain classes; _aio makes the loop's
     # Completions; _handover wraps an asyncio stream's socket; _session alone holds an
-    # Engine (_connection asks the session's engine for links and listeners).
+    # Engine (_connection asks the session for links and listeners made with its engine).
     assert set(users) == {"__init__.py", "_session.py", "_aio.py", "_handover.py"}, users
     assert users["_aio.py"] == {"Completions"}
     assert users["_handover.py"] == {"Handover"}

@@ -89,6 +89,9 @@ TIMED_ROWS = {
     "e2e_pickle_oob",
     "e2e_gloo",
     *(f"conn_{kind}" for kind in ("bare", "plain", "authkey", "tls")),
+    # section 7: a driver turned off, beside the row that has it
+    *(f"e2e_native_socket_{layout}_whole" for layout in LAYOUTS),
+    *(f"e2e_native_streams_{layout}_generic" for layout in LAYOUTS),
 }
 PING_PONG_ROWS = {
     "pingpong_native",
@@ -97,6 +100,12 @@ PING_PONG_ROWS = {
     # a Connection's round trips, and their baseline: a raw ping-pong with an ack
     "pingpong_connection",
     "pingpong_raw_ack",
+    # section 7: without the caller-thread driver, and asyncio streams with and without
+    # the handover
+    "pingpong_native_tokio",
+    "pingpong_connection_tokio",
+    "pingpong_streams",
+    "pingpong_streams_generic",
 }
 RSS_ROWS = {"rss_send", "rss_recv"}
 REPORTED = None  # a ratio shown beside the targets, with none of its own
@@ -238,6 +247,38 @@ RATIO_ROWS: dict[str, tuple[str, str, float | None]] = {
     ),
     "TLS connection / plain connection": ("conn_tls", "conn_plain", 0.6),
     "authkey connection / plain connection": ("conn_authkey", "conn_plain", REPORTED),
+    # Section 7: each driver against the path that serves its case without it.
+    "driver caller_thread, socket: round trips / without it (tokio)": (
+        "pingpong_native",
+        "pingpong_native_tokio",
+        1.1,
+    ),
+    "driver caller_thread, connection: round trips / without it (tokio)": (
+        "pingpong_connection",
+        "pingpong_connection_tokio",
+        1.1,
+    ),
+    "driver handover, small: round trips / without it (generic asyncio)": (
+        "pingpong_streams",
+        "pingpong_streams_generic",
+        1.1,
+    ),
+    **{
+        f"driver handover, {layout}: GB/s / without it (generic asyncio)": (
+            f"e2e_native_streams_{layout}",
+            f"e2e_native_streams_{layout}_generic",
+            1.1,
+        )
+        for layout in LAYOUTS
+    },
+    **{
+        f"driver direct_read, {layout}: GB/s / without it (whole payloads)": (
+            f"e2e_native_socket_{layout}",
+            f"e2e_native_socket_{layout}_whole",
+            1.1,
+        )
+        for layout in LAYOUTS
+    },
 }
 
 
@@ -637,3 +678,19 @@ def test_the_performance_page_shows_the_tables_of_a_recorded_run() -> None:
     assert "| ratio (two figures of this run) | measured | target | |" in lines
     assert "| figure | GB/s | wire GB/s | other | note |" in lines
     assert all(line.count("|") in (0, 5, 6) for line in lines[1:]), "a table line lost a cell"
+
+
+def test_the_drivers_section_runs_alone(tmp_path: Path) -> None:
+    """``--drivers``: only section 7's rows, each driver's ratio against the path without it."""
+    out = tmp_path / "drivers.json"
+    cmd = [*BENCH, "--tiny", "--drivers", "--json", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    doc = json.loads(out.read_text())
+    drivers = {name: rows for name, rows in RATIO_ROWS.items() if name.startswith("driver ")}
+    assert {r["name"] for r in doc["ratios"]} == set(drivers)
+    assert {row["key"] for row in doc["rows"]} == {
+        k for num, den, _ in drivers.values() for k in (num, den)
+    }
+    assert all(row["status"] == "ok" for row in doc["rows"])
+    assert all(r["measured"] > 0 and isinstance(r["met"], bool) for r in doc["ratios"])

@@ -25,7 +25,7 @@ pytest.importorskip("gradstream._native", reason="native extension not built")
 
 import gradstream as gs
 import gradstream.reference as ref
-from gradstream import _handover
+from gradstream import _handover, _native
 from gradstream.errors import (
     FrameError,
     GradientStreamError,
@@ -216,19 +216,29 @@ def test_tensor_sets_with_bytes_around_them(mode: str) -> None:
 
     async def main() -> None:
         async with tcp_streams() as ((_, cw), (sr, _)):
-            cw.write(b"<")
-            await s.stream_tensors(tensors, cw)
-            cw.write(b">")
-            await cw.drain()
-            assert await sr.readexactly(1) == b"<"
-            got = await s.receive_tensors(sr)
-            assert await sr.readexactly(1) == b">"
-            assert list(got) == ["w", "b"]
-            for name, t in tensors.items():
-                np.testing.assert_array_equal(got[name], t)
-                assert got[name].dtype == t.dtype
+            await tensors_with_bytes_around(s, tensors, cw, sr)
 
     run(main)
+
+
+async def tensors_with_bytes_around(
+    s: gs.GradientStreamSession,
+    tensors: dict[str, np.ndarray],
+    writer: asyncio.StreamWriter,
+    reader: asyncio.StreamReader,
+) -> None:
+    """A tensor set between a "<" and a ">" of the caller's: all arrive, in order."""
+    writer.write(b"<")
+    await s.stream_tensors(tensors, writer)
+    writer.write(b">")
+    await writer.drain()
+    assert await reader.readexactly(1) == b"<"
+    got = await s.receive_tensors(reader)
+    assert await reader.readexactly(1) == b">"
+    assert list(got) == list(tensors)
+    for name, t in tensors.items():
+        np.testing.assert_array_equal(got[name], t)
+        assert got[name].dtype == t.dtype
 
 
 @pytest.mark.parametrize("direction", ["native to reference", "reference to native"])
@@ -301,7 +311,7 @@ def close_early_cases() -> list[tuple[str, int, type]]:
 
 @pytest.mark.parametrize(("where", "cut", "kind"), close_early_cases())
 def test_a_peer_that_closes_mid_gradient(where: str, cut: int, kind: type) -> None:
-    """The error the table of README "Streaming" gives, word for word the same on both
+    """The error the table of docs/spec/decoding-rules.md gives, word for word the same on both
     paths; the reader then sees the end of the stream."""
     s = gs.GradientStreamSession("t", CHUNK, timeout=10)
     wire = s.encode_frames(gradient(2 * CHUNK, seed=6))
@@ -618,10 +628,14 @@ def test_both_directions_at_once_on_one_connection(mode: str) -> None:
     run(main)
 
 
-def test_a_stream_upgraded_by_start_tls_keeps_the_generic_path(certs: Certificates) -> None:
+@pytest.mark.parametrize("first", ["nothing", "a handed-over transfer"])
+def test_a_stream_upgraded_by_start_tls_keeps_the_generic_path(
+    certs: Certificates, first: str
+) -> None:
     """After StreamWriter.start_tls the reader's old transport feeds the TLS layer, not
     the reader: a handover would read ciphertext. The generic path runs, the values
-    arrive."""
+    arrive; so also when a transfer before the upgrade was handed over (the stream's
+    probe is kept, but its writer's transport changed and its reader's protocol too)."""
     s = gs.GradientStreamSession("t", CHUNK, timeout=10)
     grad = gradient(4 * CHUNK + 3, seed=18)
     contexts = ssl_contexts(certs)
@@ -629,6 +643,10 @@ def test_a_stream_upgraded_by_start_tls_keeps_the_generic_path(certs: Certificat
 
     async def main() -> None:
         async with tcp_streams() as ((cr, cw), (sr, sw)):
+            if first != "nothing":
+                _, got = await asyncio.gather(s.stream_to(grad, cw), s.receive_from(sr))
+                assert_bit_equal(got, grad)
+                assert counts() == (before[0] + 1, before[1] + 1)
             await asyncio.gather(
                 cw.start_tls(contexts["client"], server_hostname="127.0.0.1"),
                 sw.start_tls(contexts["server"]),
@@ -639,4 +657,194 @@ def test_a_stream_upgraded_by_start_tls_keeps_the_generic_path(certs: Certificat
             assert_bit_equal(back, grad)
 
     run(main)
+    handed = 0 if first == "nothing" else 1
+    assert counts() == (before[0] + handed, before[1] + handed)
+
+
+# ------------------------------------------------------------------ the probe
+
+
+class CountingReader(asyncio.StreamReader):
+    """A StreamReader of the caller's own: its read() must see every byte."""
+
+    reads = 0
+
+    async def read(self, n: int = -1) -> bytes:
+        CountingReader.reads += 1
+        return await super().read(n)
+
+
+class CountingWriter(asyncio.StreamWriter):
+    """A StreamWriter of the caller's own: its write() must see every byte."""
+
+    writes = 0
+
+    def write(self, data: Any) -> None:
+        CountingWriter.writes += 1
+        super().write(data)
+
+
+async def counting_streams(sock: socket.socket) -> Streams:
+    """open_connection(sock=) with the two subclasses above."""
+    loop = asyncio.get_running_loop()
+    reader = CountingReader(loop=loop)
+    protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+    transport, _ = await loop.connect_accepted_socket(lambda: protocol, sock=sock)
+    return reader, CountingWriter(transport, protocol, reader, loop)
+
+
+def test_subclasses_of_the_streams_keep_the_generic_path() -> None:
+    """The native side would bypass a subclass's read() and write(): both take the
+    generic path, and the subclass sees the gradient's bytes."""
+    s = gs.GradientStreamSession("t", CHUNK, timeout=10)
+    grad = gradient(3 * CHUNK + 2, seed=20)
+
+    async def main() -> None:
+        a, b = socket.socketpair()
+        ours = await counting_streams(a)
+        theirs = await asyncio.open_connection(sock=b)
+        before = counts()
+        reads, writes = CountingReader.reads, CountingWriter.writes
+        _, got = await asyncio.gather(s.stream_to(grad, ours), s.receive_from(theirs))
+        assert_bit_equal(got, grad)
+        _, back = await asyncio.gather(s.stream_to(grad, theirs), s.receive_from(ours))
+        assert_bit_equal(back, grad)
+        # theirs were handed over (a send and a receive), ours never
+        assert counts() == (before[0] + 1, before[1] + 1)
+        assert CountingReader.reads > reads and CountingWriter.writes > writes
+        for _, w in (ours, theirs):
+            w.close()
+
+    run(main)
+
+
+def test_a_reader_without_the_private_attributes_takes_the_generic_path() -> None:
+    """A StreamReader whose ``_transport`` and ``_waiter`` are gone (fed from memory, as
+    a caller's own stream may be): the probe finds nothing to hand over, and the generic
+    path receives the gradient and what follows it."""
+    s = gs.GradientStreamSession("t", CHUNK, timeout=10)
+    grad = gradient(2 * CHUNK + 5, seed=21)
+
+    async def main() -> None:
+        reader = asyncio.StreamReader()
+        reader.feed_data(s.encode_frames(grad) + b"tail")
+        reader.feed_eof()
+        del reader._transport  # type: ignore[attr-defined]
+        del reader._waiter  # type: ignore[attr-defined]
+        before = counts()
+        assert_bit_equal(await s.receive_from(reader), grad)
+        assert await reader.read() == b"tail"
+        assert counts() == before
+
+    run(main)
+
+
+@pytest.mark.parametrize("attribute", ["_buffer", "_eof"])
+def test_a_reader_whose_attributes_are_not_asyncios_takes_the_generic_path(
+    attribute: str,
+) -> None:
+    """A reader on a real socket whose private attribute has another type than Python
+    3.11's asyncio gives it (a future asyncio, or a caller's patch): generic path."""
+    s = gs.GradientStreamSession("t", CHUNK, timeout=10)
+    grad = gradient(CHUNK + 1, seed=22)
+
+    class Buffer(bytearray):
+        pass
+
+    class Flag(int):
+        pass
+
+    async def main() -> None:
+        async with tcp_streams() as ((_, cw), (sr, _)):
+            if attribute == "_buffer":
+                sr._buffer = Buffer()  # type: ignore[attr-defined]
+            else:
+                sr._eof = Flag(0)  # type: ignore[attr-defined]
+            before = counts()[1]
+            _, got = await asyncio.gather(s.stream_to(grad, cw), s.receive_from(sr))
+            assert_bit_equal(got, grad)
+            assert counts()[1] == before
+
+    run(main)
+
+
+def test_each_stream_is_probed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe of a stream's loop, class, attributes and socket runs at its first
+    transfer; later transfers on the stream check only its state."""
+    probes: list[str] = []
+    for name in ("_probe_reader", "_probe_writer"):
+        probe = getattr(_handover, name)
+
+        def counted(stream: Any, probe: Any = probe, name: str = name) -> Any:
+            probes.append(name)
+            return probe(stream)
+
+        monkeypatch.setattr(_handover, name, counted)
+    s = gs.GradientStreamSession("t", CHUNK, timeout=10)
+    grads = [gradient(n, seed=n) for n in (1, CHUNK + 3, 5 * CHUNK)]
+
+    async def main() -> None:
+        async with tcp_streams() as ((_, cw), (sr, _)):
+            before = counts()
+            for g in grads:
+                _, got = await asyncio.gather(s.stream_to(g, cw), s.receive_from(sr))
+                assert_bit_equal(got, g)
+            assert counts() == (before[0] + 3, before[1] + 3)
+
+    run(main)
+    assert sorted(probes) == ["_probe_reader", "_probe_writer"]
+
+
+def test_uvloop_streams_take_the_generic_path_both_ways_with_bytes_around() -> None:
+    """Under uvloop the probe refuses every stream (its transports keep their own I/O):
+    gradients and tensor sets cross both ways, the caller's bytes around them intact."""
+    uvloop = pytest.importorskip("uvloop")
+    s = gs.GradientStreamSession("t", CHUNK, timeout=10)
+    grad = gradient(2 * CHUNK + 9, seed=24)
+    tensors = {"w": gradient(30, seed=25).reshape(5, 6), "b": np.arange(4, dtype=np.float64)}
+    before = counts()
+
+    async def main() -> None:
+        async with tcp_streams() as ((cr, cw), (sr, sw)):
+            cw.write(b"<")
+            sending = asyncio.ensure_future(s.stream_to(grad, cw))
+            assert await sr.readexactly(1) == b"<"
+            got = await s.receive_from((sr, sw))
+            await sending
+            cw.write(b">")
+            assert await sr.readexactly(1) == b">"
+            assert_bit_equal(got, grad)
+            await tensors_with_bytes_around(s, tensors, sw, cr)
+
+    uvloop.run(main())
     assert counts() == before
+
+
+@pytest.mark.parametrize("buffered", [False, True])
+def test_a_small_handed_over_receive_runs_on_the_callers_thread_when_nothing_is_buffered(
+    buffered: bool,
+) -> None:
+    """A reader holding no bytes lends its socket to the socket path's caller-thread
+    receive (its transport paused, the socket peeked as any); one holding bytes goes to
+    tokio, which reads them first. Both give the gradient and leave what follows."""
+    s = gs.GradientStreamSession("t", CHUNK, timeout=10)
+    grad = gradient(CHUNK + 7, seed=26)
+    wire = s.encode_frames(grad) + b"next"
+
+    async def main() -> None:
+        async with tcp_streams() as ((_, cw), (sr, _)):
+            if buffered:
+                cw.write(wire[:5])
+                await cw.drain()
+                await buffered_at_least(sr, 5)
+            before = (counts()[1], _native.fast_path_counts()[1])
+            receiving = asyncio.ensure_future(s.receive_from(sr))
+            await asyncio.sleep(0.01)
+            cw.write(wire[5:] if buffered else wire)
+            await cw.drain()
+            assert_bit_equal(await receiving, grad)
+            assert await sr.readexactly(4) == b"next"
+            here = _native.fast_path_counts()[1] - before[1]
+            assert (counts()[1] - before[0], here) == (1, 0 if buffered else 1)
+
+    run(main)

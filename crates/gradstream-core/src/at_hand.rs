@@ -1,5 +1,5 @@
 //! Transfers tried with the bytes at hand, before any tokio task: the bindings' fast path
-//! for small gradients (README "Performance"). `receive_at_hand` runs a `FrameReceiver`
+//! for small gradients (docs/performance.md). `receive_at_hand` runs a `FrameReceiver`
 //! over bytes a socket already holds (peeked, not yet consumed) and says whether they hold
 //! a whole gradient, and how many of them the gradient took; `send_rest` finishes on tokio
 //! a send whose first bytes went out at once. Both follow the receiver's and the sender's

@@ -271,10 +271,22 @@ async fn send_each<W: AsyncWrite + Unpin>(
 
 /// Receive one gradient through `receiver` (`SessionConfig::receiver` or `receiver_into`).
 pub async fn receive_gradient<R: AsyncRead + Unpin>(
+    receiver: FrameReceiver,
+    reader: &mut R,
+    waits: impl Into<Waits>,
+    progress: &Progress,
+) -> Result<Ended> {
+    receive_gradient_with(receiver, reader, waits, progress, true).await
+}
+
+/// `receive_gradient`, reading every payload whole when `direct_read` is false (the
+/// benchmark's row against the direct read).
+pub async fn receive_gradient_with<R: AsyncRead + Unpin>(
     mut receiver: FrameReceiver,
     reader: &mut R,
     waits: impl Into<Waits>,
     progress: &Progress,
+    direct_read: bool,
 ) -> Result<Ended> {
     let mut clock = Clock::idle(waits);
     // Holds a header or a payload (at most max_payload_len, checked from the header).
@@ -302,7 +314,7 @@ pub async fn receive_gradient<R: AsyncRead + Unpin>(
                     return receiver.end_of_stream(unit.len());
                 }
                 let done = receiver.feed(&unit)?;
-                if payload && !done {
+                if payload && !done && direct_read {
                     direct.learn(&receiver, &unit);
                 }
                 done

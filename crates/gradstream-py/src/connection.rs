@@ -1,10 +1,13 @@
-//! `gradstream._native.Link` and `Listener`: the core's connections (`gradstream_core::
-//! connection`) for `gradstream/_connection.py`. Each async operation is a job on the
-//! loop's `Completions`, as the socket transfers are; a link's operations hold its lock
-//! for their whole run, so a second call while one runs is refused at once, never queued.
+//! `gradstream._native.Link` and `Listener`, and `open_link` / `open_listener` that make
+//! them: the core's connections (`gradstream_core::connection`) for
+//! `gradstream/_connection.py`, with a session's `Engine` settings. Each async operation is
+//! a job on the loop's `Completions`, as the socket transfers are; a link's operations
+//! hold its lock for their whole run, so a second call while one runs is refused at once,
+//! never queued.
 //!
-//! Uses `session` (the engine's settings), `convert`, `tensors`, `stream` (progress),
-//! `fastpath` (what a small send is), `complete` and `errors`; used by `session` (`Engine.connect`, `Engine.listen`).
+//! Uses `session` (the engine's settings and drivers), `convert`, `tensors`, `stream`
+//! (progress), `fastpath` (what a small transfer is), `complete` and `errors`; used by
+//! `lib.rs` alone.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -15,10 +18,10 @@ use pyo3::prelude::*;
 use tokio::sync::Mutex as AsyncMutex;
 
 use super::complete::{Completions, Outcome};
-use super::convert::{GradientArgs, HeldGradient, Input};
+use super::convert::{GradientArgs, HeldGradient, Input, OutArgs};
 use super::errors::{setting_error, to_py_err};
 use super::fastpath;
-use super::session::{Engine, OutArgs};
+use super::session::Engine;
 use super::settings::seconds_arg;
 use super::stream::{progress_counters, TransferProgress};
 use super::tensors::{HeldTensors, TensorArgs};
@@ -109,8 +112,11 @@ fn link_outcome(link: Link, engine: Py<Engine>, waits: Waits) -> Outcome {
     }))
 }
 
-/// `Engine.connect`: a job whose result is a `Link`.
-pub fn connect(
+/// `open_link(engine, completions, host, port, args)`: connect to `host:port` with the
+/// engine's settings (docs/guides/connections.md); a job whose result is a `Link`, after
+/// the handshake.
+#[pyfunction]
+pub fn open_link(
     engine: &Bound<'_, Engine>,
     completions: &Bound<'_, Completions>,
     host: String,
@@ -142,8 +148,11 @@ pub fn connect(
     }))
 }
 
-/// `Engine.listen`: a job whose result is a `Listener`.
-pub fn listen(
+/// `open_listener(engine, completions, host, port, args, caps)`: listen on `host:port`
+/// with the engine's settings; a job whose result is a `Listener`. `caps` are
+/// (max_pending_handshakes, max_connections).
+#[pyfunction]
+pub fn open_listener(
     engine: &Bound<'_, Engine>,
     completions: &Bound<'_, Completions>,
     host: String,
@@ -265,7 +274,7 @@ impl PyLink {
     /// Send one gradient: `(true, chunks)` when it was acknowledged before the call
     /// returned, else `(false, job)`, a job whose result is the chunk count, once
     /// acknowledged. A small gradient's frames are written from the caller's thread (no
-    /// thread hop before its bytes move: README "Performance"); the wait for the ack, and
+    /// thread hop before its bytes move: docs/performance.md); the wait for the ack, and
     /// any larger send, run in tokio.
     #[pyo3(signature = (completions, gradient, progress, deadline))]
     fn send(
@@ -287,7 +296,7 @@ impl PyLink {
                 .await
                 .map(Outcome::Chunks)
         };
-        if small {
+        if small && self.engine.get().drivers().caller_thread {
             return completions.get().run_or_spawn(py, transfer, || ());
         }
         let job = completions.get().spawn(transfer);
@@ -325,6 +334,11 @@ impl PyLink {
             link.read_budget(None);
             received(got?, owner, none_at_end)
         };
+        if !self.engine.get().drivers().caller_thread {
+            budget.lift();
+            let job = completions.get().spawn(transfer);
+            return Ok((false, job.into_pyobject(py)?.into_any().unbind()));
+        }
         completions
             .get()
             .run_or_spawn(py, transfer, || budget.lift())

@@ -95,6 +95,25 @@ pub fn values_tuple(py: Python<'_>, values: Output) -> PyResult<Bound<'_, PyAny>
     (flat, dtype, shape).into_pyobject(py).map(Bound::into_any)
 }
 
+/// An `out=` (or `reduce_into=`) array as the Python session hands it over: its memory as
+/// a writeable 1-D uint8 view, its dtype's name, and what is done with the values
+/// (`"fill"`, or `"sum"` for a float32 `reduce_into=`).
+#[derive(FromPyObject)]
+pub struct OutArgs<'py>(Bound<'py, PyAny>, String, String);
+
+impl OutArgs<'_> {
+    pub fn lend(&self) -> PyResult<LentArray> {
+        LentArray::new(&self.0, &self.1, &self.2)
+    }
+
+    /// Checked now, as before any byte moves, and kept to be lent afresh to each
+    /// receiver: (the bytes, the dtype's name, the lending).
+    pub fn checked(self) -> PyResult<(Py<PyAny>, String, String)> {
+        let owner = self.lend()?.owner;
+        Ok((owner, self.1, self.2))
+    }
+}
+
 /// A caller's `out=` array, kept alive while values are written into it without the GIL.
 pub struct LentArray {
     pub owner: Py<PyAny>,

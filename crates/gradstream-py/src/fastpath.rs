@@ -1,4 +1,6 @@
-//! The socket path's small transfers on the caller's thread (README "Streaming"): a
+//! The socket path's small transfers on the caller's thread (docs/performance.md, bench
+//! section 7 "driver caller_thread"; an asyncio stream's socket handed over by
+//! `gradstream._handover` takes it too): a
 //! transfer handed to tokio pays a fixed cost before a byte moves (a duplicated
 //! descriptor, its mode, an epoll registration, a task, two thread hops), which is most
 //! of the time of a small gradient's round trip. So a small send is encoded here and
@@ -16,8 +18,8 @@
 //! without it.
 //!
 //! Uses `convert` (gradients in, `out=` arrays, values out), `stream` (sockets, progress,
-//! the expiry error), `handover` (what it is not for), `complete` and `errors`; used by
-//! `session` and `connection`.
+//! the expiry error, the drivers), `handover` (a stream's socket with its reader's bytes),
+//! `complete` and `errors`; used by `session` and `connection`.
 
 use std::cell::RefCell;
 use std::os::fd::RawFd;
@@ -31,13 +33,13 @@ use super::complete::{Completions, Outcome};
 use super::convert::{values_tuple, Input, LentArray};
 use super::errors::{to_py_err, IntoPyResult};
 use super::handover::Handover;
-use super::stream::{expired, SocketStream};
+use super::stream::{expired, Drivers, SocketStream};
 use gradstream_core::at_hand::{receive_at_hand, send_rest, AtHand};
 use gradstream_core::error::GradientStreamError;
 use gradstream_core::frame::HEADER_LEN;
 use gradstream_core::receiver::Ended;
 use gradstream_core::session::SessionConfig;
-use gradstream_core::stream::{receive_gradient, Progress, Waits};
+use gradstream_core::stream::{receive_gradient_with, Progress, Waits};
 
 /// Gradients of at most this many bytes of values are sent from the caller's thread.
 /// Their frames are copied once into one buffer (a large gradient's are written from the
@@ -196,6 +198,8 @@ const SLOW: u8 = 2;
 #[pyclass(module = "gradstream._native", name = "SocketReceive")]
 pub struct SocketReceive {
     config: SessionConfig,
+    /// Whether the tokio receive reads values straight into `out=`.
+    direct_read: bool,
     socket: Py<PyAny>,
     progress: Arc<Progress>,
     waits: Waits,
@@ -206,14 +210,17 @@ pub struct SocketReceive {
     /// When the receive began: nothing has arrived since (a byte that arrives ends the
     /// waiting here), so the timeout runs from it.
     began: Instant,
-    /// False for a socket an asyncio stream handed over (`handover`): the bytes its
-    /// reader held come first, and a peek would not see them, so tokio takes it at once.
+    /// False without the caller-thread driver, and for a socket an asyncio stream handed
+    /// over with bytes its reader held (`handover`): they come first, and a peek would
+    /// not see them, so tokio takes it at once. Handed over with none, the socket is
+    /// peeked as any (its transport's reading is paused meanwhile).
     peekable: bool,
 }
 
 impl SocketReceive {
     pub fn new(
         config: SessionConfig,
+        drivers: Drivers,
         socket: &Bound<'_, PyAny>,
         progress: Arc<Progress>,
         waits: Waits,
@@ -222,13 +229,17 @@ impl SocketReceive {
     ) -> Self {
         Self {
             config,
+            direct_read: drivers.direct_read,
             socket: socket.clone().unbind(),
             progress,
             waits,
             none_at_end,
             out,
             began: Instant::now(),
-            peekable: Handover::unwrap(socket).1.is_none(),
+            peekable: drivers.caller_thread
+                && Handover::unwrap(socket)
+                    .1
+                    .is_none_or(|held| held.is_empty()),
         }
     }
 
@@ -262,13 +273,15 @@ impl SocketReceive {
         let socket = SocketStream::from_socket(self.socket.bind(py))?;
         let (config, waits) = (self.config.clone(), self.waits);
         let (progress, none_at_end) = (self.progress.clone(), self.none_at_end);
+        let direct_read = self.direct_read;
         Ok(completions.get().spawn(async move {
             let (receiver, owner) = match lent {
                 Some(lent) => (config.receiver_into(lent.slice), Some(lent.owner)),
                 None => (config.receiver(), None),
             };
             let mut io = socket.open()?;
-            let values = match receive_gradient(receiver, &mut io, waits, &progress).await? {
+            let received = receive_gradient_with(receiver, &mut io, waits, &progress, direct_read);
+            let values = match received.await? {
                 Ended::Gradient(values) => values,
                 Ended::BeforeFirstByte(_) if none_at_end => return Ok(Outcome::End),
                 // "No network": the empty gradient (which must fit `out`).

@@ -63,6 +63,12 @@ impl Buffered {
         true
     }
 
+    /// Whether no bytes were read before the socket's: then the socket alone holds the
+    /// stream, and the caller's thread may peek at it as at any socket.
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
     fn unread(&self) -> &[u8] {
         let from = self.taken.load(Ordering::Acquire);
         self.bytes.get(from..).unwrap_or_default()
@@ -114,5 +120,10 @@ impl Handover {
     /// Whether a receive met the end of the stream on the socket.
     fn ended(&self) -> bool {
         self.buffered.ended.load(Ordering::Acquire)
+    }
+
+    /// The socket's descriptor (a receive on the caller's thread waits for it).
+    fn fileno(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        Ok(self.socket.bind(py).call_method0("fileno")?.unbind())
     }
 }

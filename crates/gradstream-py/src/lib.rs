@@ -59,6 +59,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("BF16_EXTENSION", gradstream_core::dtype::BF16_EXTENSION)?;
     m.add_function(wrap_pyfunction!(error_samples, m)?)?;
     m.add_function(wrap_pyfunction!(fastpath::fast_path_counts, m)?)?;
+    m.add_function(wrap_pyfunction!(connection::open_link, m)?)?;
+    m.add_function(wrap_pyfunction!(connection::open_listener, m)?)?;
     m.add_function(wrap_pyfunction!(tensor_note, m)?)?;
     m.add_function(wrap_pyfunction!(read_manifest, m)?)?;
     m.add_function(wrap_pyfunction!(manifest_json, m)?)?;

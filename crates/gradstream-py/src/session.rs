@@ -5,10 +5,10 @@
 //! checked bytes, sockets already checked. The GIL is released for every pass over
 //! gradient data; nothing here calls back into the package's Python modules.
 //!
-//! Uses `settings` (the constructor's keywords), `convert` (gradients in, values out),
-//! `stream` (sockets, progress, the asyncio encoder and receiver), `fastpath` (the
-//! socket transfers of small gradients), `complete`, `chunk`,
-//! `buffers` and `errors`; nothing in this crate uses it but `lib.rs`.
+//! Uses `settings` (the constructor's keywords), `convert` (gradients in, `out=`, values
+//! out), `stream` (sockets, progress, the asyncio encoder and receiver), `fastpath` (the
+//! socket transfers of small gradients), `complete`, `chunk`, `buffers` and `errors`;
+//! used by `lib.rs` and `connection` (a link's settings), never the other way.
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -17,13 +17,12 @@ use pyo3::types::{PyBytes, PyList};
 use super::buffers::{new_bytes_with, vec_to_pyarrow, ReadBuffer, WritableBytes};
 use super::chunk::{HeldChunk, PyChunk};
 use super::complete::{Completions, Outcome};
-use super::connection::{self, LinkArgs};
-use super::convert::{values_tuple, GradientArgs, HeldGradient, Input, LentArray};
+use super::convert::{values_tuple, GradientArgs, HeldGradient, Input, OutArgs};
 use super::errors::IntoPyResult;
 use super::fastpath::{self, SocketReceive};
 use super::settings::{seconds_arg, Flag, SettingArgs, Settings};
 use super::stream::{
-    progress_counters, FrameEncoder, PyFrameReceiver, SocketStream, TransferProgress,
+    progress_counters, Drivers, FrameEncoder, PyFrameReceiver, SocketStream, TransferProgress,
 };
 use super::tensors::{
     check_names, doing_named, set_list, HeldTensors, PyTensorSetReceiver, TensorArgs,
@@ -35,18 +34,6 @@ use gradstream_core::encoder::{Gradient, GradientMeta};
 use gradstream_core::session::SessionConfig;
 use gradstream_core::stream::{send_gradient, Waits};
 use gradstream_core::tensors;
-
-/// An `out=` (or `reduce_into=`) array as the Python session hands it over: its memory as
-/// a writeable 1-D uint8 view, its dtype's name, and what is done with the values
-/// (`"fill"`, or `"sum"` for a float32 `reduce_into=`).
-#[derive(FromPyObject)]
-pub struct OutArgs<'py>(Bound<'py, PyAny>, String, String);
-
-impl OutArgs<'_> {
-    pub(crate) fn lend(&self) -> PyResult<LentArray> {
-        LentArray::new(&self.0, &self.1, &self.2)
-    }
-}
 
 #[pyclass(name = "Engine", module = "gradstream._native", frozen)]
 pub struct Engine {
@@ -61,6 +48,7 @@ pub struct Engine {
     keep_dtype: bool,
     /// Cast every gradient to this dtype for transfer.
     wire_dtype: Option<Dtype>,
+    drivers: Drivers,
 }
 
 impl From<Settings> for Engine {
@@ -72,6 +60,7 @@ impl From<Settings> for Engine {
             keep_shape: settings.keep_shape,
             keep_dtype: settings.keep_dtype,
             wire_dtype: settings.wire_dtype,
+            drivers: Drivers::default(),
         }
     }
 }
@@ -87,6 +76,10 @@ impl Engine {
         self.wire_dtype
     }
 
+    pub(crate) fn drivers(&self) -> Drivers {
+        self.drivers
+    }
+
     /// The waits of one transfer: the session's timeout, and the call's deadline (checked
     /// as the setting is) or else the session's.
     fn waits(&self, deadline: Option<&Bound<'_, PyAny>>) -> PyResult<Waits> {
@@ -94,6 +87,19 @@ impl Engine {
             timeout: self.timeout,
             deadline: seconds_arg(deadline, "deadline")?.or(self.deadline),
         })
+    }
+
+    /// These settings but for `config` and `drivers`.
+    fn with(&self, config: SessionConfig, drivers: Drivers) -> Self {
+        Self {
+            config,
+            timeout: self.timeout,
+            deadline: self.deadline,
+            keep_shape: self.keep_shape,
+            keep_dtype: self.keep_dtype,
+            wire_dtype: self.wire_dtype,
+            drivers,
+        }
     }
 
     /// Why the frames' length is not known before encoding, if it is not.
@@ -209,14 +215,17 @@ impl Engine {
     fn with_compression(&self, enabled: bool) -> Self {
         let mut config = self.config.clone();
         config.compression = enabled.then_some(Compression::Lz4);
-        Self {
-            config,
-            timeout: self.timeout,
-            deadline: self.deadline,
-            keep_shape: self.keep_shape,
-            keep_dtype: self.keep_dtype,
-            wire_dtype: self.wire_dtype,
-        }
+        self.with(config, self.drivers)
+    }
+
+    /// The same settings, with only the drivers said (the benchmark's seam: every
+    /// driver is on otherwise).
+    fn with_drivers(&self, caller_thread: bool, direct_read: bool) -> Self {
+        let drivers = Drivers {
+            caller_thread,
+            direct_read,
+        };
+        self.with(self.config.clone(), drivers)
     }
 
     #[getter]
@@ -235,7 +244,7 @@ impl Engine {
     }
 
     /// Whether each gradient (or set) is sealed with a fresh random transfer id, and
-    /// receivers expect every chunk sealed alike (README "Sealed chunks").
+    /// receivers expect every chunk sealed alike (docs/spec/wire-format.md).
     #[getter]
     fn seal(&self) -> bool {
         self.config.seal
@@ -281,31 +290,6 @@ impl Engine {
         self.deadline.map(|t| t.as_secs_f64())
     }
 
-    /// Connect to `host:port` with these settings (README "Connections"); a job whose
-    /// result is a `Link`, after the handshake.
-    fn connect(
-        slf: &Bound<'_, Self>,
-        completions: &Bound<'_, Completions>,
-        host: String,
-        port: u16,
-        args: LinkArgs,
-    ) -> PyResult<u64> {
-        connection::connect(slf, completions, host, port, args)
-    }
-
-    /// Listen on `host:port`; a job whose result is a `Listener`. `caps` are
-    /// (max_pending_handshakes, max_connections).
-    fn listen(
-        slf: &Bound<'_, Self>,
-        completions: &Bound<'_, Completions>,
-        host: String,
-        port: u16,
-        args: LinkArgs,
-        caps: (usize, usize),
-    ) -> PyResult<u64> {
-        connection::listen(slf, completions, host, port, args, caps)
-    }
-
     /// Send one gradient over a checked stream socket under the loop's `completions`:
     /// `(True, chunks)` when it all went at once from this thread (a small one), else
     /// `(False, job)` (the job's result: the number of chunks).
@@ -322,8 +306,11 @@ impl Engine {
         let waits = self.waits(deadline)?;
         let input = Input::try_from(gradient)?;
         let config = &self.config;
-        if let Some(sent) = fastpath::send(config, completions, &input, socket, &counters, waits)? {
-            return Ok(sent.into());
+        if self.drivers.caller_thread {
+            let sent = fastpath::send(config, completions, &input, socket, &counters, waits)?;
+            if let Some(sent) = sent {
+                return Ok(sent.into());
+            }
         }
         let socket = SocketStream::from_socket(socket)?;
         let gradient = HeldGradient::new(&input)?;
@@ -355,12 +342,13 @@ impl Engine {
         let waits = self.waits(deadline)?;
         // Checked now, as before any byte moves; lent afresh to each receiver.
         let out = match out {
-            Some(out) => Some((out.lend()?.owner, out.1, out.2)),
+            Some(out) => Some(out.checked()?),
             None => None,
         };
         let config = self.config.clone();
         Ok(SocketReceive::new(
             config,
+            self.drivers,
             socket,
             counters,
             waits,

@@ -1,5 +1,6 @@
-//! The Python side of streaming: sockets handed to tokio, progress counters, and the
-//! sans-I/O encoder/receiver that `gradstream._aio` drives for asyncio streams.
+//! The Python side of streaming: sockets handed to tokio, progress counters, the drivers
+//! an engine may take, and the sans-I/O encoder/receiver that `gradstream._aio` drives for
+//! asyncio streams.
 //!
 //! Uses `convert` (the gradient held across a transfer, the `out=` array, values out),
 //! `handover` (an asyncio stream's socket with the bytes its reader held), `buffers` and
@@ -27,6 +28,27 @@ use gradstream_core::receiver::{Ended, FrameReceiver};
 use gradstream_core::seal::Seal;
 use gradstream_core::session::SessionConfig;
 use gradstream_core::stream::{Progress, Waits};
+
+/// The optional ways onto a socket an engine may take, all by default. A benchmark row
+/// turns one off to measure it against the path that serves its case without it (each
+/// stays only while it beats that path: docs/performance.md).
+#[derive(Clone, Copy, Debug)]
+pub struct Drivers {
+    /// Small transfers tried on the caller's thread before tokio (`fastpath` for
+    /// sockets, `Completions::run_or_spawn` for connections).
+    pub caller_thread: bool,
+    /// A payload's values read from the socket straight into `out=` (core `direct`).
+    pub direct_read: bool,
+}
+
+impl Default for Drivers {
+    fn default() -> Self {
+        Self {
+            caller_thread: true,
+            direct_read: true,
+        }
+    }
+}
 
 /// Progress counters of a transfer; what `progress=` was given, or fresh unobserved ones.
 #[pyclass(name = "TransferProgress", module = "gradstream", frozen)]

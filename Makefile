@@ -1,5 +1,5 @@
 # The two commands of the README: `make demo` and `make test` (and `make bench`, the
-# benchmark; `make wheel`, the wheel of README "Install"; `make docs`, the docs site). Each
+# benchmark; `make wheel`, the wheel of docs/contributing.md; `make docs`, the docs site). Each
 # creates the venv, installs what it needs and builds the extension first, so a fresh clone
 # needs nothing else.
 PYTHON ?= python3
@@ -46,7 +46,7 @@ build: $(STAMP)
 	$(VENV)/bin/maturin develop --release --quiet
 
 # The one Linux wheel, cp311-abi3 with the manylinux tag maturin's audit of its symbols
-# gives (README "Install"), alone in dist/.
+# gives (docs/contributing.md), alone in dist/.
 wheel: $(STAMP)
 	rm -f $(DIST)/gradstream-*.whl
 	$(VENV)/bin/maturin build --release --quiet --out $(DIST)

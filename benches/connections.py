@@ -1,4 +1,4 @@
-"""Connections against the bare socket path (README "Performance"): one gradient moved
+"""Connections against the bare socket path (docs/performance.md): one gradient moved
 between two processes over loopback TCP, by
 
 * `raw`: the gradient's bytes as one `sendall` / `recv_into` the same `out=` array in

@@ -1,4 +1,4 @@
-"""gradstream on Ray against Ray's own object store (issue 13's benchmark rows; README
+"""gradstream on Ray against Ray's own object store (issue 13's benchmark rows; docs/performance.md
 "Many workers on Ray"), measured side by side in one run:
 
     python benches/ray_bench.py [--quick] [--json FILE]

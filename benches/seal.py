@@ -47,7 +47,8 @@ def seal_benchmark(elements: int, chunk_size: int, repeats: int) -> int:
             for sealed in (False, True)
         }
         frames = {s: bytearray(sessions[s].frames_len(elements)) for s in sessions}
-        # decode_frames copies a bytearray first (README "Differences"); bytes are read in
+        # decode_frames copies a bytearray first (docs/spec/wire-format.md, differences); bytes are
+        # read in
         # place, so each session decodes a bytes copy of its frames.
         wires = {s: bytes(sessions[s].encode_frames(gradient)) for s in sessions}
         back = {s: np.empty(elements, np.float32) for s in sessions}

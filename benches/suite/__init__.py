@@ -61,7 +61,8 @@ Sections:
 
 After the table come the ratios, each with its target and "met" / "NOT MET" (or
 "reported": a figure the issue asks to see beside the targets); --json FILE holds every
-row, ratio and the machine, and benches/readme_table.py makes the README's tables of it.
+row, ratio and the machine, and benches/perf_page.py makes the tables of docs/performance.md from
+it.
 
 How an end-to-end transfer is timed (sections 1 and 3): sender and receiver stay connected
 for all the repeats of a row. When its turn comes, the receiver, its event loop running

@@ -1,4 +1,4 @@
-"""The command's view of the library's log (logger ``gradstream``, README "Logging"):
+"""The command's view of the library's log (logger ``gradstream``, docs/guides/limits.md, logging):
 one compact line a record on stderr, ``gradstream: warning: ...``, WARNING and above by
 default (the refusals of bad peers at ``recv``), INFO with ``-v``, DEBUG with ``-vv``.
 

@@ -1,4 +1,4 @@
-"""Connections over the native engine (README "Connections"): ``listen``, ``connect``,
+"""Connections over the native engine (docs/guides/connections.md): ``listen``, ``connect``,
 ``serve``, and the ``Connection`` and ``Listener`` they give.
 
 The protocol (TLS, the hello, authentication, seals, acks) runs in Rust on tokio

@@ -164,7 +164,8 @@ def value_buffer(out: Any) -> np.ndarray:
 
 
 def _memory_problem(array: np.ndarray, name: str) -> str | None:
-    """What keeps the native side from writing ``array``'s values in place (README: native
+    """What keeps the native side from writing ``array``'s values in place (docs/guides/buffers.md:
+    native
     byte order, C-contiguous, aligned, writeable), in words naming its dtype ``name``; None
     when nothing does. Shared by ``out=`` and ``reduce_into=``."""
     if not array.dtype.isnative:
@@ -185,7 +186,8 @@ _REDUCE_INTO = (
 
 
 def reduction(out: Any, reduce_into: Any, op: str) -> np.ndarray | None:
-    """Check a receive's ``reduce_into=`` and ``op=`` before any data is read (README
+    """Check a receive's ``reduce_into=`` and ``op=`` before any data is read
+    (docs/guides/buffers.md
     "Reducing while receiving"): ``op`` must be ``"sum"`` (else SettingError), ``out`` and
     ``reduce_into`` exclude each other (ValueError), and ``reduce_into`` is a writeable,
     C-contiguous, aligned, native float32 array (TypeError naming the problem). Returns

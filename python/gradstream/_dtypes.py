@@ -45,7 +45,7 @@ DTYPES = ("float16", "bfloat16", "float32", "float64")
 DTYPE_KEY = "gradient_dtype"
 
 _BITS = {"float16": np.uint16, "bfloat16": np.uint16, "float32": np.uint32, "float64": np.uint64}
-# Canonical quiet NaN of each dtype (sign bit clear); README "The cast rule".
+# Canonical quiet NaN of each dtype (sign bit clear); docs/guides/dtypes-and-shapes.md.
 _CANONICAL_NAN = {
     "float16": 0x7E00,
     "bfloat16": 0x7FC0,
@@ -227,7 +227,7 @@ def _any_dtype_array(obj: Any) -> tuple[np.ndarray, str]:
 def prepare(
     obj: Any, *, keep_dtype: bool, wire_dtype: str | None, cast_here: bool = True
 ) -> Prepared:
-    """Take a gradient as a session with these settings does (README "Dtypes"). The
+    """Take a gradient as a session with these settings does (docs/guides/dtypes-and-shapes.md). The
     values come back cast to the wire dtype, or, with ``cast_here=False``, in their own
     dtype for the caller to cast."""
     if not keep_dtype and wire_dtype is None:

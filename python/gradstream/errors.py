@@ -302,7 +302,7 @@ def _peer_text(peer: Address | None) -> str:
 
 
 class ProtocolError(GradientStreamError):
-    """A connection's peer does not speak this side's protocol (README "Protocol"): an
+    """A connection's peer does not speak this side's protocol (docs/spec/protocol.md): an
     HTTP client, a TLS client at a plaintext listener, an ipfrs-transport peer (use
     ``protocol="seed"``), another version, a malformed message.
 

@@ -1,4 +1,5 @@
-"""The arrows between the layers point one way (README "Layout"): the Python session calls
+"""The arrows between the layers point one way (docs/contributing.md, layout): the Python session
+calls
 the Rust engine once per public call, and Rust never calls back into the package.
 
 Read from the sources, so that a new call in the wrong direction fails here rather than

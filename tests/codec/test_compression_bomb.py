@@ -5,7 +5,7 @@ that trusts the declared lengths allocates 1 GiB for a 128 MiB gradient (16 GiB 
 default max_gradient_len) and accepts a gradient of zeros.
 
 Each declared length is now bounded by what its column needs, before anything is
-decompressed (README "Decoding rules", step 8): the column's width times the rows for its
+decompressed (docs/spec/decoding-rules.md, step 8): the column's width times the rows for its
 data, rows/8 rounded up for the validity bitmap of a nullable column, nothing for that
 of a non-nullable one. The payloads are built in support/bomb.py.
 """
@@ -92,7 +92,8 @@ def test_peak_rss_of_receiving_the_bomb(impl_name: str, codec: str, tmp_path: Pa
 @pytest.mark.parametrize("impl_name", IMPL_NAMES)
 def test_peak_rss_of_the_bomb_made_honest(impl_name: str, tmp_path: Path):
     """The same gradient in a payload that declares only what its column needs (2 bytes a
-    row, no bitmap) is a real 128 MiB gradient of zeros, accepted; the README's bound holds:
+    row, no bitmap) is a real 128 MiB gradient of zeros, accepted; the docs/spec/wire-format.md
+    bound holds:
     the payload, its decompressed column while it is decoded, and the gradient."""
     got = measure_in_subprocess(impl_name, at_the_bound("zstd"), tmp_path)
     assert got == {**got, "accepted": True, "dtype": "float16", "size": ROWS}, got
@@ -151,7 +152,8 @@ def test_the_seed_index_may_declare_four_bytes_a_row(impl: ModuleType, codec: st
 @pytest.mark.parametrize("codec", CODECS)
 def test_a_nullable_column_may_carry_a_bitmap_of_its_rows(impl: ModuleType, codec: str, rows: int):
     """Where a bitmap is allowed (a nullable column, as another writer may send: the
-    README refuses nulls, not bitmaps), it may declare rows/8 rounded up, no more."""
+    docs/spec/wire-format.md refuses nulls, not bitmaps), it may declare rows/8 rounded up, no
+    more."""
     values = compressed(codec, np.arange(rows, dtype=np.float32).tobytes())
     payload = template(codec, "float32", nullable=True)
     need = -(-rows // 8)

@@ -84,11 +84,12 @@ def assert_same_outcome(native: Outcome, reference: Outcome, what: str) -> None:
         assert str(native) == str(reference), context
     elif isinstance(native, FrameError):
         assert native.offset == reference.offset, context
-        # The README fixes these texts, so they must match verbatim.
+        # docs/spec/decoding-rules.md fixes these texts, so they must match verbatim.
         assert native.detail == reference.detail, context
 
 
-# Disagreements the README leaves open (a CRC-valid but odd Arrow file that one Arrow
+# Disagreements docs/spec/decoding-rules.md leaves open (a CRC-valid but odd Arrow file that one
+# Arrow
 # library accepts and the other refuses) are recorded here and reported once, not failed.
 DISAGREEMENTS, _report_disagreements = counted_disagreements(
     "native and reference Arrow decoders disagreed on CRC-valid mutated payloads "
@@ -323,7 +324,7 @@ def patched_payload(draw: Draw, base: Base) -> tuple[list[Frame], int, str]:
 
 
 def is_dtype_disagreement(outcome: Outcome) -> bool:
-    """A FrameError of the dtype rules (README "Decoding rules", step 8)."""
+    """A FrameError of the dtype rules (docs/spec/decoding-rules.md, step 8)."""
     return isinstance(outcome, FrameError) and outcome.detail.startswith(
         ("chunks disagree on the value dtype", "chunks disagree on gradient_dtype")
     )

@@ -4,7 +4,7 @@ Default frames are byte-identical to what ipfrs-transport 0.2.0 sends. The diffe
 tests compare native against reference, and the round-trip tests compare a session with
 itself: neither notices both sides drifting together (a new arrow-rs writing other
 padding, a refactor reordering columns). These hashes do. A change here is a change of
-wire format: it needs a reason in the README's "Wire format", not a new hash.
+wire format: it needs a reason in docs/spec/wire-format.md, not a new hash.
 
 The gradients are built from integer arithmetic only (no RNG, no float maths), so the
 bytes do not depend on numpy's version.

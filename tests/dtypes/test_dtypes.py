@@ -1,4 +1,5 @@
-"""Dtypes (README "Dtypes", "The cast rule", "Decoding rules"): ``keep_dtype=True`` and
+"""Dtypes (docs/guides/dtypes-and-shapes.md, "The cast rule", "Decoding rules"):
+``keep_dtype=True`` and
 ``wire_dtype=``, against both implementations: round trips, the cast rule, the input
 accepted, bfloat16.
 

@@ -1,4 +1,4 @@
-"""One Ray cluster for every test of gradstream.ray (README "Many workers on Ray"): a
+"""One Ray cluster for every test of gradstream.ray (docs/guides/ray.md): a
 local head in Ray's single-node mode on 127.0.0.1 (Ray's own traffic and every
 gradstream endpoint stay on loopback), no dashboard, a small object store, and the
 GRADSTREAM transport's settings registered once in this driver. Ray's workers get

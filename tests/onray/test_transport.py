@@ -295,7 +295,7 @@ def test_an_abort_stops_a_fetch_under_way_at_once() -> None:
 def test_ray_pickles_a_makers_plain_numpy_results_once_it_ran_a_decorated_method(
     cluster: str,
 ) -> None:
-    """README's caveat of Ray 2.60, held to it: Ray's zero-copy path hands the driver a
+    """docs/guides/ray.md's caveat of Ray 2.60, held to it: Ray's zero-copy path hands the driver a
     read-only array backed by its object store; after the actor ran a decorated method,
     the same plain method's array comes through pickle, a writeable copy."""
     maker = Maker.remote()

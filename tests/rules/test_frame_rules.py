@@ -1,4 +1,5 @@
-"""The README's decoding rules for chunks and frames, hand-picked cases against both
+"""The docs/spec/decoding-rules.md decoding rules for chunks and frames, hand-picked cases against
+both
 implementations: checksum errors, decode_chunks' rules and decode_frames' rules, and the
 order in which they apply.
 

@@ -194,5 +194,5 @@ def test_payload_bit_flips_never_crash(impl):
             assert exc.chunk_index == 0
         else:
             # A flip in the value column's type can make it Float16 or Float64: still a
-            # gradient (README "Dtypes"), handed back in that dtype.
+            # gradient (docs/guides/dtypes-and-shapes.md), handed back in that dtype.
             assert out.dtype in (np.float16, np.float32, np.float64) and out.ndim == 1

@@ -1,10 +1,10 @@
-"""The socket receive's direct read (README "Reusing buffers", "Performance"): a payload
+"""The socket receive's direct read (docs/guides/buffers.md, "Performance"): a payload
 that matches a template has its values read from the socket straight into ``out=`` and
 checked there. Whatever arrives, ``receive_from(sock, out=)`` ends as ``decode_frames(wire,
 out=)`` does on the same bytes (the same values, the same error and text), in both
 layouts, sealed or not, whatever the sizes around the chunk boundaries and however the
 bytes are cut into writes; after a failed CRC the call raises and ``out=`` holds what
-the README says. Connections (plain and TLS) receive through the same read."""
+docs/guides/buffers.md says. Connections (plain and TLS) receive through the same read."""
 
 from __future__ import annotations
 

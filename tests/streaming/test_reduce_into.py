@@ -1,4 +1,4 @@
-"""Reducing while receiving (``reduce_into=acc, op="sum"``; README "Reducing while
+"""Reducing while receiving (``reduce_into=acc, op="sum"``; docs/spec/wire-format.md "Reducing while
 receiving"): the gradient is added into a float32 array instead of stored, by
 ``decode_frames``, ``receive_from`` (a socket, small or large; asyncio streams) and
 ``Connection.recv``, in both implementations. Each value is added once, in float32,

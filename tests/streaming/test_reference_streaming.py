@@ -1,4 +1,4 @@
-"""The reference's streaming API (README "Streaming"): stream_to, receive_from and
+"""The reference's streaming API (docs/guides/limits.md): stream_to, receive_from and
 receive_iter over sockets (socketpair, TCP on 127.0.0.1, AF_UNIX) and asyncio streams:
 round trips, progress, the end of a stream and the limits on arrival. Timeouts,
 cancellation and broken connections are in test_reference_streaming_failures.py.

@@ -1,5 +1,5 @@
 """Streaming from hostile and broken peers: plain sockets write crafted bytes; what
-they provoke must be exactly what README "Streaming", "Limits against a hostile or broken
+they provoke must be exactly what docs/guides/limits.md, "Limits against a hostile or broken
 peer" and "Decoding rules" promise, with nothing left behind (descriptors, blocking mode,
 stray readers).
 
@@ -262,7 +262,8 @@ async def feed(peer: socket.socket, fault: Fault) -> None:
 @pytest.mark.parametrize("receiver", IMPL_NAMES)
 @pytest.mark.parametrize("name", list(FAULTS))
 def test_broken_or_hostile_peer(receiver: str, path: str, name: str) -> None:
-    """A raw socket peer writes crafted bytes; the receiver raises what the README says
+    """A raw socket peer writes crafted bytes; the receiver raises what docs/spec/decoding-rules.md
+    says
     (the same as decode_frames for a closed peer), promptly, and leaves nothing behind:
     descriptors back to their count, the socket open in blocking mode."""
     mod = need(receiver)
@@ -467,7 +468,8 @@ def test_full_duplex_on_one_socket(impl_name: str) -> None:
     transfer on it ends, then is put back to blocking."""
     mod = need(impl_name)
     s = mod.GradientStreamSession("duplex", timeout=10)
-    # `medium` is past the native socket path's small-gradient thresholds (README
+    # `medium` is past the native socket path's small-gradient thresholds
+    # (docs/spec/decoding-rules.md
     # "Streaming"): its send and receive run in tokio, as `big`'s do.
     small, medium, big = gradient(10, seed=14), gradient(40_000), gradient(2_000_000, seed=15)
     wire = s.encode_frames(big)

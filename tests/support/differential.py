@@ -94,7 +94,7 @@ def outcome_of(call: Callable[[], Any], who: str) -> Any:
 
 
 def report_disagreements(counted: Counter[str], what: str) -> None:
-    """Warn once with every disagreement the README leaves open (one Arrow library
+    """Warn once with every disagreement docs/spec/decoding-rules.md leaves open (one Arrow library
     accepting a CRC-valid odd file that the other refuses), most frequent first."""
     if counted:
         lines = "\n".join(f"  {n:4d} x {case}" for case, n in counted.most_common())

@@ -107,7 +107,7 @@ def error_fields(got: Any) -> tuple[Any, ...]:
 
 
 def lone_seal_text(transfer: bytes, index: int, total: int, position: int = 0xFFFFFFFF) -> str:
-    """A seal's text, written here from the README's grammar."""
+    """A seal's text, written here from the docs/spec/wire-format.md grammar."""
     return f"{transfer.hex()}:{index:08x}:{total:08x}:{position:08x}"
 
 

@@ -176,7 +176,8 @@ async def wrap_sender(sock: socket.socket, path: str) -> tuple[Any, Any]:
 
 
 def check_socket_intact(sock: socket.socket, timeout: float | None = None) -> None:
-    """README: the Python socket is not closed; its blocking mode is put back."""
+    """docs/spec/decoding-rules.md: the Python socket is not closed; its blocking mode is put
+    back."""
     assert sock.fileno() != -1, "the transfer closed the caller's socket"
     assert sock.gettimeout() == timeout
     assert sock.getblocking() == (timeout != 0.0)

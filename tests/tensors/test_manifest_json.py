@@ -1,4 +1,5 @@
-"""A manifest's JSON as the README's receiver rule 2 reads it, and how tensor-set messages
+"""A manifest's JSON as the docs/spec/decoding-rules.md receiver rule 2 reads it, and how
+tensor-set messages
 quote names and values, against both set layers (the native session's and the
 reference's): the depth scan, RFC 8259 strictness with one message and no position, the
 4300-digit limit, lone surrogates, when a repeated key is found, and compact ASCII JSON

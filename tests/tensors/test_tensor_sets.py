@@ -1,4 +1,4 @@
-"""Named tensor sets (README "Tensor sets"), against both implementations: round trips
+"""Named tensor sets (docs/guides/tensor-sets.md), against both implementations: round trips
 and the sender's checks.
 
 A set is a manifest (a one-frame empty gradient whose schema metadata

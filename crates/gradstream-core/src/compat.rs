@@ -4,7 +4,7 @@
 //!
 //! The bytes on the wire are the original's. What differs is what the original let
 //! through: duplicate or out-of-range chunks, disagreeing totals, payloads over the
-//! limits, trailing bytes and a truncated first header are errors here (README
+//! limits, trailing bytes and a truncated first header are errors here (docs/spec/decoding-rules.md
 //! "Differences from ipfrs-transport 0.2.0"), and `with_compression(true)` really
 //! compresses (lz4; the original only stored the flag).
 //!

@@ -11,7 +11,7 @@
 //! same rules as any chunk (`rules::take_placed`). A payload that turns out not to fit
 //! is put back together (the bytes around, the values copied back from the buffer) and
 //! fed whole, so it ends exactly as it would have: the Arrow path's result or error. What
-//! the buffer holds after a failed receive is in the README ("Reusing buffers").
+//! the buffer holds after a failed receive is in docs/guides/buffers.md ("Reusing buffers").
 //!
 //! Uses `template`, `receiver`, `rules` (`Placed`) and `stream` (the clock, progress);
 //! used by `stream::receive_gradient`.
@@ -388,7 +388,7 @@ mod tests {
                 other => panic!("{other:?}"),
             }
             assert_eq!(got, reference(&s, &wire, g.len()).0);
-            // README "Reusing buffers": after a failed receive `out` holds the chunks
+            // docs/guides/buffers.md: after a failed receive `out` holds the chunks
             // taken before it, and may hold the failed chunk's bytes as they came (here
             // they do: it was read in place), never a result the call returned.
             assert_eq!(bits(&out[..2 * CHUNK]), bits(&g[..2 * CHUNK]));

@@ -1,5 +1,6 @@
 //! The value dtypes a gradient can travel in, and the one cast rule both implementations
-//! follow (README "Dtypes"): same dtype keeps every bit; to float64 is exact; to anything
+//! follow (docs/guides/dtypes-and-shapes.md): same dtype keeps every bit; to float64 is exact; to
+//! anything
 //! else goes through float32, rounding to nearest-even each time; a NaN becomes the
 //! target's canonical quiet NaN with its sign kept (so the two implementations agree bit
 //! for bit, where hardware and libraries differ on NaN payloads).

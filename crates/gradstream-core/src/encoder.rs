@@ -76,7 +76,7 @@ impl<'g> Gradient<'g> {
     }
 
     /// The same values, each chunk sealed with `seal` and its own index and total
-    /// (README "Sealed chunks").
+    /// (docs/spec/wire-format.md, sealed chunks).
     pub fn sealed(self, seal: Seal) -> Self {
         self.seal_with(Some(seal))
     }

@@ -83,7 +83,7 @@ pub enum GradientStreamError {
         total: Option<u32>,
     },
 
-    /// A tensor set that is not valid (README "Tensor sets"): a repeated or bad name, a
+    /// A tensor set that is not valid (docs/guides/tensor-sets.md): a repeated or bad name, a
     /// manifest that cannot be read or declares too much, a tensor arriving other than its
     /// manifest entry says. `name` is the tensor concerned, when there is one.
     #[error("{detail}")]
@@ -102,7 +102,7 @@ pub enum GradientStreamError {
         note: String,
     },
 
-    /// A connection's peer does not speak this side's protocol (README "Protocol"): an
+    /// A connection's peer does not speak this side's protocol (docs/spec/protocol.md): an
     /// HTTP client, a TLS client at a plaintext listener, an ipfrs-transport peer, another
     /// version, a malformed message, a message where a frame belongs.
     #[error(

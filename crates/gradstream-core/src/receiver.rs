@@ -16,7 +16,7 @@ use crate::seal::{Position, SealCheck, TransferId};
 use crate::session::{SessionConfig, Templates};
 
 impl SessionConfig {
-    /// Parse a byte stream of frames as the receiver does (README "Decoding rules",
+    /// Parse a byte stream of frames as the receiver does (docs/spec/decoding-rules.md,
     /// decode_frames): exactly one gradient, and nothing after it.
     pub fn decode_frames(&self, data: &[u8]) -> Result<Vec<f32>> {
         self.decode_frames_output(data).map(Output::into_vec)

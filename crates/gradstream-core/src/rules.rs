@@ -1,4 +1,4 @@
-//! The decoding rules every receiving path shares (README "Decoding rules"; the
+//! The decoding rules every receiving path shares (docs/spec/decoding-rules.md; the
 //! reference's `_rules` follows the same list): totals that agree, indices in range and
 //! new, the CRC before any parsing, the seal (`seal::SealRule`) and the dtype rules
 //! (`DtypeCheck`) once a payload's schema is read, and the sink one chunk is decoded
@@ -19,7 +19,7 @@ use crate::shape::ShapeCheck;
 use crate::template::Templates;
 
 impl SessionConfig {
-    /// Reassemble chunks given in any order (README "Decoding rules", decode_chunks).
+    /// Reassemble chunks given in any order (docs/spec/decoding-rules.md, decode_chunks).
     pub fn decode_chunks(&self, chunks: Vec<ChunkRef<'_>>) -> Result<Vec<f32>> {
         self.decode_chunks_output(chunks).map(Output::into_vec)
     }
@@ -163,7 +163,8 @@ fn verify_and_decode(
     Ok(head)
 }
 
-/// The dtype rules of the README's decoding rules: every chunk's column dtype and
+/// The dtype rules of the docs/spec/decoding-rules.md decoding rules: every chunk's column dtype
+/// and
 /// `gradient_dtype` are those of the first chunk taken.
 #[derive(Debug, Default)]
 pub(crate) struct DtypeCheck {

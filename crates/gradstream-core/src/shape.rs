@@ -1,5 +1,5 @@
 //! `gradient_shape`: the shape a sender with `keep_shape` writes into every payload's
-//! schema metadata, and the receiver's rules for it (README "Decoding rules"): it must be
+//! schema metadata, and the receiver's rules for it (docs/spec/decoding-rules.md): it must be
 //! a list of at most 32 non-negative integers, the same in every chunk, and hold exactly
 //! the gradient's values. The text is compared as it is, so both sides agree byte for byte.
 //!

@@ -1,4 +1,4 @@
-//! The connection protocol's messages (`gradstream_core::protocol`, README "Protocol"),
+//! The connection protocol's messages (`gradstream_core::protocol`, docs/spec/protocol.md),
 //! sans-I/O, as functions for the golden tests (tests/support/protocol.py holds the two
 //! implementations to the same bytes and the same refusals): they convert bytes and ints,
 //! nothing more.

@@ -1,4 +1,4 @@
-"""gradstream on Ray (README "Many workers on Ray"): the ``GRADSTREAM`` tensor transport
+"""gradstream on Ray (docs/guides/ray.md): the ``GRADSTREAM`` tensor transport
 for ``@ray.method(tensor_transport="gradstream")``, and a parameter server that sums its
 workers' gradients as they stream in.
 

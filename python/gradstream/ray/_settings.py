@@ -18,7 +18,7 @@ from .._tls_settings import TLS
 from ..errors import SettingError
 
 # The wire layout between gradstream peers on Ray: nothing but gradstream reads these
-# frames, so the faster compact layout is the default (README "Many workers on Ray").
+# frames, so the faster compact layout is the default (docs/guides/ray.md).
 DEFAULT_LAYOUT: Literal["compact"] = "compact"
 # Seconds without progress before a transfer fails, and for connecting (TCP, TLS, hello).
 DEFAULT_TIMEOUT = 60.0

@@ -1,11 +1,12 @@
-"""A tensor set's manifest (README "Tensor sets"): its entries, the JSON text a sender
+"""A tensor set's manifest (docs/guides/tensor-sets.md): its entries, the JSON text a sender
 writes, the strict reading of that text by a receiver (receiver rule 2), and the checks
 of a tensor name, which the sender applies too.
 
 Apart from ``_tensors`` because it is about JSON and names alone: no frames, no I/O, no
 session. It is the reference's own reading of the rules, written separately from the
 native session's ``gradstream._tensors`` (once shared by both), so that the differential
-tests see two readings of every rule; where the README states a message, both give it.
+tests see two readings of every rule; where docs/spec/decoding-rules.md states a message, both give
+it.
 """
 
 from __future__ import annotations
@@ -91,7 +92,8 @@ def check_name(name: str, taken: set[str]) -> None:
 
 
 def manifest_json(entries: list[Entry]) -> str:
-    """The manifest's text: compact JSON, keys in the README's order, names as they are
+    """The manifest's text: compact JSON, keys in the docs/spec/decoding-rules.md order, names as
+    they are
     (not escaped to ASCII)."""
     tensors = [{"name": e.name, "dtype": e.dtype, "shape": list(e.shape)} for e in entries]
     document = {"format": FORMAT, "version": VERSION, "tensors": tensors}
@@ -195,7 +197,8 @@ def _kind(value: Any) -> str:
 
 
 def _load(text: str) -> Any:
-    """Rules 2 and 3 of the README's manifest reading: the depth scan, then a strict
+    """Rules 2 and 3 of the docs/spec/decoding-rules.md manifest reading: the depth scan, then a
+    strict
     parse (RFC 8259 JSON only, a repeated key refused when its object closes), then no
     lone surrogate anywhere."""
     _check_depth(text)

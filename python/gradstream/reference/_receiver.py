@@ -1,8 +1,8 @@
-"""The frame receiver: decode_frames' rules 1-9 (README "Decoding rules") as one sans-I/O
+"""The frame receiver: decode_frames' rules 1-9 (docs/spec/decoding-rules.md) as one sans-I/O
 state machine, ``_FrameReceiver``, that is fed one header or one payload at a time, and
 ``_run_frames``, which drives it over bytes in memory (decode_frames). The session's
 ``receive_from`` / ``receive_iter`` drive the same machine over a socket or an asyncio
-stream (README "Streaming"), so every way in raises the same errors for the same bytes.
+stream (docs/guides/limits.md), so every way in raises the same errors for the same bytes.
 
 Caller-provided buffers (``out=``): the receiver can write the gradient into an array the
 caller owns, chunk by chunk as the chunks come into index order (a chunk that arrives

@@ -1,4 +1,4 @@
-"""The decoding rules a gradient's chunks are held to together (README "Decoding rules"),
+"""The decoding rules a gradient's chunks are held to together (docs/spec/decoding-rules.md),
 and decode_chunks, which applies them to a set of chunks in memory.
 
 * the texts of the errors both implementations word alike;
@@ -49,7 +49,7 @@ def _empty_vector() -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- error messages
-# The README fixes these texts; both implementations must produce them verbatim.
+# docs/spec/decoding-rules.md fixes these texts; both implementations must produce them verbatim.
 
 
 def _disagree(first_index: int, first_total: int, index: int, total: int) -> str:

@@ -2,7 +2,7 @@
 (encode_gradient, encode_frames, frames_len), decoding (decode_chunks, decode_frames),
 streaming (stream_to, receive_from, receive_iter) and tensor sets; and the seams a
 connection uses to send and receive sealed with a transfer id of its own (the
-``_*_sealed`` methods, README "Sealed chunks").
+``_*_sealed`` methods, docs/spec/wire-format.md, sealed chunks).
 
 Apart because it only holds settings and wires the other modules together: the payloads
 come from the writer, every rule of decoding from the rules and the receiver, every byte of
@@ -505,7 +505,7 @@ class GradientStreamSession:
         its contents are unspecified (part of the gradient, perhaps).
 
         ``reduce_into`` (a float32 array, instead of ``out``) gets the values added into
-        it, in float32 (README "Reducing while receiving"), and is returned.
+        it, in float32 (docs/guides/buffers.md), and is returned.
         """
         acc = reduction(out, reduce_into, op)
         if acc is not None:
@@ -523,7 +523,7 @@ class GradientStreamSession:
             _byte_view(data), self._max_payload_len, self._max_gradient_len, out, seal
         )
 
-    # ---- streaming (README "Streaming")
+    # ---- streaming (docs/guides/limits.md)
 
     async def stream_to(
         self,
@@ -588,7 +588,8 @@ class GradientStreamSession:
         """Receive one gradient from a socket or an asyncio stream.
 
         The end of the stream before any byte gives an empty array (the original's "no
-        network"); see the README for the other ends. ``out`` is as for decode_frames: the
+        network"); see docs/spec/wire-format.md for the other ends. ``out`` is as for
+        decode_frames: the
         gradient is written into it as its chunks arrive, and ``out`` is returned; it is
         checked before any byte is read, and holds unspecified values after an error.
         ``reduce_into`` is as for decode_frames (the end of the stream is then a
@@ -604,7 +605,7 @@ class GradientStreamSession:
             return add_into(acc, _zero_values(None) if values is None else values)
         return _zero_values(out) if values is None else values
 
-    # ---- seams of a connection (README "Sealed chunks"): its own transfer ids
+    # ---- seams of a connection (docs/spec/wire-format.md, sealed chunks): its own transfer ids
 
     def _encode_frames_sealed(self, gradient: Any, transfer: bytes) -> bytes:
         """encode_frames, every chunk sealed with ``transfer`` (16 bytes), position lone."""
@@ -712,7 +713,7 @@ class GradientStreamSession:
                         _count(progress, total_chunks=receiver.total or 0)
         return receiver.result()
 
-    # ---- tensor sets (README "Tensor sets"; the logic is this package's _tensors)
+    # ---- tensor sets (docs/guides/tensor-sets.md; the logic is this package's _tensors)
 
     def encode_tensors(self, tensors: Any, as_buffer: bool = False) -> bytes | pa.Buffer:
         return _tensors.encode_tensors(self, tensors, as_buffer)
@@ -799,7 +800,7 @@ class GradientStreamSession:
 
 def add_into(acc: np.ndarray, values: np.ndarray) -> np.ndarray:
     """``reduce_into=``: the gradient's values added into ``acc`` in float32, each once
-    (README "Reducing while receiving"); GradientSizeError when the sizes differ."""
+    (docs/guides/buffers.md); GradientSizeError when the sizes differ."""
     if values.size != acc.size:
         raise GradientSizeError(acc.size, values.size)
     flat = acc.reshape(-1)

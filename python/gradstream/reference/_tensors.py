@@ -1,5 +1,6 @@
-"""Named tensor sets (README "Tensor sets") for the reference session: encode_tensors,
-decode_tensors, stream_tensors and receive_tensors, following the README's framing and
+"""Named tensor sets (docs/guides/tensor-sets.md) for the reference session: encode_tensors,
+decode_tensors, stream_tensors and receive_tensors, following the docs/spec/decoding-rules.md
+framing and
 its receiver rules 1-4 in order.
 
 A set is a manifest (one frame of an empty gradient whose schema metadata

@@ -1,4 +1,4 @@
-"""The wire format's fixed facts, as the README's "Wire format" states them: the frame
+"""The wire format's fixed facts, as docs/spec/wire-format.md states them: the frame
 header, the payload layouts and their schemas, the schema metadata keys, and the Arrow
 type and numpy storage of each value dtype.
 
@@ -78,7 +78,7 @@ def shape_text(shape: Any) -> str:
 def numpy_can_make(dims: tuple[int, ...]) -> bool:
     """Whether numpy can make an array of these dimensions in any of the four dtypes: it
     refuses when the non-zero dimensions multiply past 2**63 bytes, even for an empty
-    array. README "Decoding rules": such a shape is refused, at most 2**60 values."""
+    array. docs/spec/decoding-rules.md: such a shape is refused, at most 2**60 values."""
     product = 1
     for dim in dims:
         if dim:

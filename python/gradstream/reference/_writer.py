@@ -1,4 +1,4 @@
-"""The payload writer: a 1-D vector of values as one Arrow IPC file (README "Wire
+"""The payload writer: a 1-D vector of values as one Arrow IPC file (docs/spec/wire-format.md, "Wire
 format"), in the seed or the compact layout, of any of the four dtypes, with the schema
 metadata gradstream writes (gradient_shape, gradient_dtype, gradstream_tensors) and the
 optional IPC BodyCompression (lz4 or zstd); and the size arithmetic of such payloads

@@ -1,5 +1,5 @@
 //! What each buffer of a compressed record batch may declare uncompressed: what its
-//! column can need, read from the file's schema (README "Decoding rules", step 8). An
+//! column can need, read from the file's schema (docs/spec/decoding-rules.md, step 8). An
 //! Arrow reader allocates whatever a compressed buffer declares, so without these bounds
 //! a payload of kilobytes could make the receiver allocate gigabytes and read a gradient
 //! of zeros out of it. The reference's `_guard` computes the same bounds.

@@ -54,7 +54,7 @@ pub(super) fn open_footer(buf: &Buffer) -> Result<(Footer<'_>, usize)> {
     Ok((footer, footer_start))
 }
 
-/// The structure first, in the reference's order (README "Decoding rules"): the
+/// The structure first, in the reference's order (docs/spec/decoding-rules.md): the
 /// record-batch list, no dictionary batches, blocks in order without overlap, each
 /// batch message checked (compressed ones bounded by `room`, the values the gradient may
 /// still take, and each of their buffers by what its column of the schema can need)

@@ -21,7 +21,7 @@ pub fn checksum(data: &[u8]) -> u32 {
 /// array of integers: "[768,3072]".
 pub const SHAPE_KEY: &str = "gradient_shape";
 
-/// The schema metadata key of a tensor set's manifest (README "Tensor sets").
+/// The schema metadata key of a tensor set's manifest (docs/guides/tensor-sets.md).
 pub const MANIFEST_KEY: &str = "gradstream_tensors";
 
 /// The field metadata that makes a UInt16 `value` column bfloat16.

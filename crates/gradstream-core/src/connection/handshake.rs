@@ -1,4 +1,4 @@
-//! The start of a `"gradstream"` connection (README "Protocol", steps 2 and 3): both
+//! The start of a `"gradstream"` connection (docs/spec/protocol.md, steps 2 and 3): both
 //! hellos, then, with an authkey, both tags. Runs over any byte stream (TCP, or TLS once
 //! its own handshake is done); the caller bounds it in time (`handshake_timeout`).
 //!

@@ -1,4 +1,4 @@
-//! One established connection (README "Connections"): its transfers, sealed to it and
+//! One established connection (docs/guides/connections.md): its transfers, sealed to it and
 //! acknowledged, one at a time in either direction.
 //!
 //! A `Link` owns the byte stream (TCP, or TLS over it) and, for a `"gradstream"`
@@ -61,7 +61,8 @@ impl Peer {
 }
 
 /// How long a refusing receiver keeps reading (and discarding) what the sender is still
-/// writing, so that the sender reaches the refusal instead of a reset connection (README
+/// writing, so that the sender reaches the refusal instead of a reset connection
+/// (docs/spec/protocol.md
 /// "Connections": at most 1 s); also how long a close waits for the stream's shutdown.
 const LINGER: Duration = Duration::from_secs(1);
 
@@ -437,7 +438,7 @@ impl Link {
         progress: &Progress,
     ) -> Result<usize> {
         // A set is not checked against the peer's limits here: its receiver refuses the
-        // manifest of a set over them, as README "Connections" says (and the reference).
+        // manifest of a set over them, as docs/guides/connections.md says (and the reference).
         self.begin().await?;
         let sent = self
             .send_tensors_begun(config, wire_dtype, tensors, waits, progress)

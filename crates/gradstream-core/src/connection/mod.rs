@@ -1,4 +1,4 @@
-//! Connections between two gradstream peers (README "Connections"): a client dials
+//! Connections between two gradstream peers (docs/guides/connections.md): a client dials
 //! (`dial`), a server listens (`listener`), both run the handshake (`handshake`: hellos,
 //! authentication) over TCP or TLS (`crate::tls`), and the result is a `Link` carrying
 //! sealed, acknowledged transfers (`link`, whose ack digests come from `tap`).
@@ -29,7 +29,7 @@ pub use listener::{Event, ListenSettings, Listener, Refusal, Stopper};
 /// What a connection speaks: a local setting of each side, never negotiated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Protocol {
-    /// Hello, seals and acks (README "Protocol").
+    /// Hello, seals and acks (docs/spec/protocol.md).
     Gradstream,
     /// The bare frames of ipfrs-transport 0.2.0, nothing else.
     Seed,
@@ -37,7 +37,7 @@ pub enum Protocol {
 
 /// Bytes read from the socket at a time under TLS. rustls asks for at most 4 KiB per
 /// read (and resizes its buffer as it empties); a buffer beneath it turns those into one
-/// system call per 256 KiB: measured, 2.6 x the TLS receive rate (README "Performance").
+/// system call per 256 KiB: measured, 2.6 x the TLS receive rate (docs/performance.md).
 const TLS_READ_BUFFER: usize = 256 << 10;
 
 /// A TCP stream with a read buffer, for TLS to read its records from.

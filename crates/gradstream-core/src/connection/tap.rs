@@ -1,6 +1,6 @@
 //! The frame headers that pass through a stream, for an ack's digest.
 //!
-//! An ack's digest covers every frame header of a transfer in wire order (README
+//! An ack's digest covers every frame header of a transfer in wire order (docs/spec/protocol.md
 //! "Protocol"). Rather than thread a hook through the sender and the receivers, a
 //! `Tap` wraps the connection's stream for the length of one transfer and walks the frame
 //! stream as its bytes pass: 16 header bytes, then the payload length they declare,

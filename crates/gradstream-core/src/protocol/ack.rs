@@ -1,4 +1,4 @@
-//! The ack (README "Protocol", step 4): the receiver's answer to each transfer, accepted
+//! The ack (docs/spec/protocol.md, step 4): the receiver's answer to each transfer, accepted
 //! with a digest of what it accepted or refused with its error message, read in two steps
 //! (the 56-byte head, then the reason it declares), and `Digest`, the running SHA-256 of a
 //! transfer's id and frame headers that both sides compute. `Ack::confirm` is the sender's
@@ -238,7 +238,7 @@ mod tests {
     use crate::protocol::ids::{transfer_id, Direction};
     use crate::protocol::testing::{hex, CLIENT_NONCE, PEER, SERVER_NONCE};
 
-    /// The README's digest: transfer 0 from the client, headers (0, 2, 10, 0x11111111)
+    /// The docs/spec/protocol.md digest: transfer 0 from the client, headers (0, 2, 10, 0x11111111)
     /// and (1, 2, 10, 0x22222222).
     fn vector_digest() -> [u8; 32] {
         let id = transfer_id(&CLIENT_NONCE, &SERVER_NONCE, Direction::ClientToServer, 0);

@@ -1,4 +1,4 @@
-//! Authentication by a shared key (README "Protocol", step 3): each side's tag is
+//! Authentication by a shared key (docs/spec/protocol.md, step 3): each side's tag is
 //! `HMAC-SHA256(authkey, label || client nonce || server nonce || SHA-256(client hello ||
 //! server hello))`, the label naming the side, so that a tag cannot be reflected back to its
 //! sender and a hello changed on the way changes both tags; the auth message carries it.

@@ -1,6 +1,6 @@
 //! The first 16 bytes of a message: our three messages' magics and common start (magic,
 //! then 8 zero bytes), and, for anything else, what it is, in the words of a
-//! `ProtocolError`'s `seen` (README "Protocol", the texts listed there, the same as the
+//! `ProtocolError`'s `seen` (docs/spec/protocol.md, the texts listed there, the same as the
 //! reference's `_protocol.describe`): the end of the connection, an HTTP request, a TLS
 //! client or alert at a plaintext side, one of our messages where another belongs, a bare
 //! ipfrs-transport frame header, or the bytes in hex.

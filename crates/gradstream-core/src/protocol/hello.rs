@@ -1,4 +1,4 @@
-//! The hello (README "Protocol", step 2): the first message each way, 80 bytes, saying
+//! The hello (docs/spec/protocol.md, step 2): the first message each way, 80 bytes, saying
 //! which side sent it, whether it holds an authkey, a fresh nonce, and the limits its
 //! receiver applies. Read in two steps, so that at most 80 bytes are ever read for it: the
 //! first 16 (`check_start`: magic, zeros, version, length), then the whole (`parse`).

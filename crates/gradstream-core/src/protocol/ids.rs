@@ -1,4 +1,4 @@
-//! Transfer ids (README "Protocol", step 4): the id each transfer of a connection is
+//! Transfer ids (docs/spec/protocol.md, step 4): the id each transfer of a connection is
 //! sealed with, derived from both hellos' nonces, the direction and a counter, so that a
 //! transfer recorded on one connection, reflected back, repeated or dropped is noticed.
 //!

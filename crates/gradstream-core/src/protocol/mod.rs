@@ -1,4 +1,4 @@
-//! The connection protocol's messages (README "Protocol"), sans-I/O: bytes in, bytes out,
+//! The connection protocol's messages (docs/spec/protocol.md), sans-I/O: bytes in, bytes out,
 //! no tokio. A `"gradstream"` connection sends, besides frames, a hello each way,
 //! optionally an auth message each way, and an ack per transfer; each begins with a
 //! 4-byte magic and 8 zero bytes, so that its first 16 bytes tell it from a frame header.

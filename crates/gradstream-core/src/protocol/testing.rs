@@ -1,4 +1,4 @@
-//! The README's test vectors and helpers the protocol's unit tests share (test builds
+//! The docs/spec/protocol.md test vectors and helpers the protocol's unit tests share (test builds
 //! only). Uses `hello`; used by the tests of every protocol file.
 
 use std::net::SocketAddr;
@@ -6,11 +6,11 @@ use std::net::SocketAddr;
 use super::hello::{Hello, Role};
 use crate::frame::Limits;
 
-/// The README's client nonce, `00 01 .. 1f`.
+/// The docs/spec/protocol.md client nonce, `00 01 .. 1f`.
 pub(crate) const CLIENT_NONCE: [u8; 32] = nonce(0);
-/// The README's server nonce, `20 21 .. 3f`.
+/// The docs/spec/protocol.md server nonce, `20 21 .. 3f`.
 pub(crate) const SERVER_NONCE: [u8; 32] = nonce(32);
-/// The README's authkey.
+/// The docs/spec/protocol.md authkey.
 pub(crate) const AUTHKEY: &[u8] = b"correct horse battery staple";
 /// A peer address for errors to carry.
 pub(crate) const PEER: SocketAddr =
@@ -26,12 +26,12 @@ const fn nonce(from: u8) -> [u8; 32] {
     out
 }
 
-/// The README's client hello: default limits, with an authkey.
+/// The docs/spec/protocol.md client hello: default limits, with an authkey.
 pub(crate) fn client_hello() -> Hello {
     Hello::with_nonce(Role::Client, true, CLIENT_NONCE, Limits::default())
 }
 
-/// The README's server hello.
+/// The docs/spec/protocol.md server hello.
 pub(crate) fn server_hello() -> Hello {
     Hello::with_nonce(Role::Server, true, SERVER_NONCE, Limits::default())
 }

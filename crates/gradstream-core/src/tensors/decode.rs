@@ -1,6 +1,6 @@
 //! `decode_tensors`: a tensor set held in memory, read by `TensorSetReceiver` as a
 //! stream would be, and then nothing after it. Its tests walk every receiver rule of the
-//! README, as the Python tests do over both implementations.
+//! docs/spec/decoding-rules.md, as the Python tests do over both implementations.
 //!
 //! Uses `receive`; used by the bindings.
 
@@ -8,7 +8,8 @@ use super::receive::{TensorSet, TensorSetReceiver};
 use crate::error::{GradientStreamError, Result};
 use crate::session::SessionConfig;
 
-/// The tensor set held by `data`, by the README's rules; empty for no bytes. Bytes after
+/// The tensor set held by `data`, by the docs/spec/decoding-rules.md rules; empty for no bytes.
+/// Bytes after
 /// the set's last frame are decode_frames' "bytes left over" FrameError (offset from the
 /// start of the last gradient, noted with the last tensor).
 pub fn decode_tensors(config: &SessionConfig, data: &[u8]) -> Result<TensorSet> {

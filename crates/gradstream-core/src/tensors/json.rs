@@ -1,8 +1,9 @@
-//! The JSON of a tensor set's manifest (README "Tensor sets", receiver rule 2): a small
+//! The JSON of a tensor set's manifest (docs/guides/tensor-sets.md, receiver rule 2): a small
 //! strict reader, and the compact ASCII writer of the values it reads, which messages
 //! quote them with.
 //!
-//! The reader follows the README's three steps, each error a `TensorSet` error: a lexical
+//! The reader follows the docs/spec/decoding-rules.md three steps, each error a `TensorSet` error:
+//! a lexical
 //! depth scan of the text before any parsing (deeper than 32 levels is refused, so the
 //! recursive parser below never goes deeper); a parse of RFC 8259 JSON only (anything
 //! else, integer literals of more than 4300 digits included, is "not valid JSON", with no

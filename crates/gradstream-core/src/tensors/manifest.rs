@@ -1,4 +1,4 @@
-//! A tensor set's manifest (README "Tensor sets"): its entries, the JSON text a sender
+//! A tensor set's manifest (docs/guides/tensor-sets.md): its entries, the JSON text a sender
 //! writes (`manifest_json`, byte for byte what Python's `json.dumps(ensure_ascii=False)`
 //! writes), the checks of a tensor name (`check_name`, the sender's and the receiver's),
 //! and receiver rule 2 on a manifest's text (`read_manifest`): the same checks, in the same
@@ -122,7 +122,8 @@ pub fn check_name<'n>(name: &'n str, taken: &mut HashSet<&'n str>) -> Result<()>
     Ok(())
 }
 
-/// The manifest's text: compact JSON, keys in the README's order, names as they are (not
+/// The manifest's text: compact JSON, keys in the docs/spec/decoding-rules.md order, names as they
+/// are (not
 /// escaped to ASCII), as the Python implementations write it.
 pub fn manifest_json(entries: &[Entry]) -> String {
     let mut out = format!("{{\"format\":\"{FORMAT}\",\"version\":{VERSION},\"tensors\":[");

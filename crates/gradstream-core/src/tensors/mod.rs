@@ -1,4 +1,4 @@
-//! Tensor sets (README "Tensor sets"): named tensors of any dtype and shape sent as one
+//! Tensor sets (docs/guides/tensor-sets.md): named tensors of any dtype and shape sent as one
 //! transfer, a manifest frame first, then each tensor as the frames of a gradient that
 //! keeps its shape and dtype. Everything the Python set layers do but the conversion of
 //! Python objects, so that a binding crosses into Rust once per set. Here too: the note an

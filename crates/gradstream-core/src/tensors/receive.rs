@@ -1,5 +1,6 @@
 //! The receiving side of a tensor set: `TensorSetReceiver`, the sans-I/O receiver of a
-//! whole set (the README's receiver rules 1-4, in order). `decode` drives it over bytes
+//! whole set (the docs/spec/decoding-rules.md receiver rules 1-4, in order). `decode` drives it
+//! over bytes
 //! in memory (and its tests walk every rule), the tokio receiver (`stream`) and the
 //! bindings' asyncio receiver over a connection.
 //!
@@ -95,7 +96,8 @@ impl TensorSetReceiver {
         }
     }
 
-    /// Hold the set's seals to `check` (README "Sealed chunks"), before its first byte: a
+    /// Hold the set's seals to `check` (docs/spec/wire-format.md, sealed chunks), before its first
+    /// byte: a
     /// connection's receiver expects `SealCheck::Exact` of the id it derives for the set.
     /// Replaces what the session's `seal` setting chose.
     pub fn expect_seal(mut self, check: SealCheck) -> Self {

@@ -104,7 +104,8 @@ async fn send_set<W: AsyncWrite + Unpin>(
     Ok(sent)
 }
 
-/// Receive one tensor set (the README's receiver rules 1-4); empty when the stream ended
+/// Receive one tensor set (the docs/spec/decoding-rules.md receiver rules 1-4); empty when the
+/// stream ended
 /// before its first byte. Reads nothing past the set's last frame, so sets can follow
 /// each other on one connection. Errors met on a tensor, timeouts and I/O included, are
 /// noted `while receiving tensor "name" (k of n) of a tensor set`. Seals are held to the

@@ -37,6 +37,8 @@
 //! (`SessionConfig::templates`), and a forked child needs no handler to use the crate.
 
 pub mod at_hand;
+#[cfg(feature = "tokio")]
+mod clock;
 pub mod codec;
 mod compat;
 #[cfg(feature = "tls")]

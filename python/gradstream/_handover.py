@@ -29,7 +29,7 @@ reader waiting, the transport closing or its protocol replaced by ``start_tls``)
 stream the probe refuses, or whose attributes are not what Python 3.11's asyncio gives
 them, takes the generic path, with the same results and errors.
 
-The native side dups the descriptor and leaves it non-blocking, as asyncio keeps it; the
+The native side dups the descriptor, whose mode stays as asyncio keeps it (non-blocking); the
 loop's selector does not watch the socket's reading while the receive runs. Nothing
 else may read the reader or write the writer while a transfer runs (as on the generic
 path). Called by ``_session`` alone.

@@ -6,16 +6,16 @@
 //! `handover` (an asyncio stream's socket with the bytes its reader held), `buffers` and
 //! `errors`; used by `session`.
 
-use std::collections::HashMap;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
+use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::buffers::ReadBuffer;
@@ -125,79 +125,15 @@ pub fn progress_counters(progress: Option<&Bound<'_, TransferProgress>>) -> Arc<
     progress.map_or_else(Arc::default, |p| p.get().counters.clone())
 }
 
-/// Sockets on which a transfer has put O_NONBLOCK, by (device, inode): the flag belongs
-/// to the shared open file, so with two transfers on one socket (a send and a receive)
-/// only the last to finish may restore the caller's mode.
-static NONBLOCKING: Mutex<Option<NonBlockingTable>> = Mutex::new(None);
-
-/// (device, inode) of a socket -> (transfers using it, its flags before the first).
-type NonBlockingTable = HashMap<(u64, u64), (usize, libc::c_int)>;
-
-fn socket_key(fd: BorrowedFd<'_>) -> std::io::Result<(u64, u64)> {
-    let mut stat = std::mem::MaybeUninit::<libc::stat>::uninit();
-    // SAFETY: fstat writes a stat struct for a valid descriptor.
-    if unsafe { libc::fstat(fd.as_raw_fd(), stat.as_mut_ptr()) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: fstat succeeded, so the struct is initialised.
-    let stat = unsafe { stat.assume_init() };
-    Ok((stat.st_dev, stat.st_ino))
-}
-
-fn set_flags(fd: BorrowedFd<'_>, flags: libc::c_int) -> std::io::Result<()> {
-    // SAFETY: F_SETFL on a valid descriptor.
-    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags) } == -1 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// Keeps a socket non-blocking while it lives; the last one on a socket restores its mode.
-struct NonBlocking {
-    fd: OwnedFd,
-    key: (u64, u64),
-}
-
-impl NonBlocking {
-    fn acquire(fd: OwnedFd) -> std::io::Result<Self> {
-        let key = socket_key(fd.as_fd())?;
-        let mut table = NONBLOCKING.lock().unwrap_or_else(|e| e.into_inner());
-        let table = table.get_or_insert_with(HashMap::new);
-        match table.get_mut(&key) {
-            Some((users, _)) => *users += 1,
-            None => {
-                // SAFETY: F_GETFL on a valid descriptor.
-                let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
-                if flags == -1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                set_flags(fd.as_fd(), flags | libc::O_NONBLOCK)?;
-                table.insert(key, (1, flags));
-            }
-        }
-        Ok(Self { fd, key })
-    }
-}
-
-impl Drop for NonBlocking {
-    fn drop(&mut self) {
-        let mut table = NONBLOCKING.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(table) = table.as_mut() else { return };
-        if let Some((users, flags)) = table.get_mut(&self.key) {
-            *users -= 1;
-            if *users == 0 {
-                let _ = set_flags(self.fd.as_fd(), *flags);
-                table.remove(&self.key);
-            }
-        }
-    }
-}
-
 /// A connected Python socket, duplicated for tokio.
+///
+/// The duplicate shares the caller's open file, and with it the file's O_NONBLOCK flag,
+/// so that flag is left as the caller set it: every read and write here asks the kernel
+/// not to wait (`MSG_DONTWAIT`) and waits for readiness through tokio's epoll instead.
+/// Nothing is kept per socket or per process (a table of borrowed flags would be state a
+/// `fork` must be protected from, and would change a socket the caller may use meanwhile).
 pub struct SocketStream {
     fd: OwnedFd,
-    unix: bool,
-    _nonblocking: NonBlocking,
     /// Bytes read before the socket's, for a socket handed over by an asyncio stream.
     buffered: Option<Arc<Buffered>>,
 }
@@ -205,54 +141,109 @@ pub struct SocketStream {
 impl SocketStream {
     /// A connected stream socket (`socket.socket`, checked by the Python session: not
     /// TLS, not closed, SOCK_STREAM), or a `Handover` of one, duplicated; the Python
-    /// socket stays open and usable.
+    /// socket stays open and usable, in the mode it had.
     pub fn from_socket(obj: &Bound<'_, PyAny>) -> PyResult<Self> {
         let (obj, buffered) = Handover::unwrap(obj);
         let raw: i32 = obj.call_method0("fileno")?.extract()?;
         if raw < 0 {
             return Err(std::io::Error::from_raw_os_error(libc::EBADF).into());
         }
-        let family: i32 = obj.getattr("family")?.extract()?;
         // SAFETY: `raw` is the open descriptor of `obj`, which outlives this call; we only
         // duplicate it.
         let borrowed = unsafe { BorrowedFd::borrow_raw(raw) };
         let fd = borrowed.try_clone_to_owned()?;
-        let nonblocking = NonBlocking::acquire(borrowed.try_clone_to_owned()?)?;
-        Ok(Self {
-            fd,
-            unix: family == libc::AF_UNIX,
-            _nonblocking: nonblocking,
-            buffered,
-        })
+        Ok(Self { fd, buffered })
     }
 
     /// The tokio stream; call on the runtime (inside the transfer's future).
     pub fn open(self) -> Result<SocketIo> {
-        let kind = if self.unix {
-            let std = std::os::unix::net::UnixStream::from(self.fd);
-            Kind::Unix(tokio::net::UnixStream::from_std(std)?)
-        } else {
-            let std = std::net::TcpStream::from(self.fd);
-            Kind::Tcp(tokio::net::TcpStream::from_std(std)?)
-        };
+        // SAFETY: `self.fd` is an open descriptor the `OwnedFd` owns: it stays open on the
+        // same open file until the `AsyncFd` drops it, and `as_raw_fd` always gives it.
+        let fd = unsafe { AsyncFd::register(self.fd) }.map_err(std::io::Error::from)?;
         Ok(SocketIo {
-            kind,
-            _nonblocking: self._nonblocking,
+            fd,
             buffered: self.buffered,
         })
     }
 }
 
-enum Kind {
-    Tcp(tokio::net::TcpStream),
-    Unix(tokio::net::UnixStream),
-}
-
 /// A duplicated socket under tokio; dropping it closes the duplicate only.
 pub struct SocketIo {
-    kind: Kind,
-    _nonblocking: NonBlocking,
+    fd: AsyncFd<OwnedFd>,
     buffered: Option<Arc<Buffered>>,
+}
+
+/// What one non-waiting system call gave: a count, or an error (`WouldBlock` included).
+fn counted(n: libc::ssize_t) -> std::io::Result<usize> {
+    usize::try_from(n).map_err(|_| std::io::Error::last_os_error())
+}
+
+/// Read what the socket holds into `buf` without waiting; `WouldBlock` when it holds none.
+fn recv_now(fd: &OwnedFd, buf: &mut ReadBuf<'_>) -> std::io::Result<()> {
+    // SAFETY: the kernel writes at most `unfilled.len()` bytes into the unfilled part,
+    // and only the `n` it reports are marked initialised and filled below.
+    let n = unsafe {
+        let unfilled = buf.unfilled_mut();
+        let flags = libc::MSG_DONTWAIT;
+        counted(libc::recv(
+            fd.as_raw_fd(),
+            unfilled.as_mut_ptr().cast(),
+            unfilled.len(),
+            flags,
+        ))?
+    };
+    // SAFETY: `recv` initialised the first `n` bytes of the unfilled part.
+    unsafe { buf.assume_init(n) };
+    buf.advance(n);
+    Ok(())
+}
+
+/// Write what the socket takes of `bufs` without waiting; `WouldBlock` when it takes none.
+/// `MSG_NOSIGNAL`: a closed peer is an `EPIPE` error, not a SIGPIPE to the process.
+fn send_now(fd: &OwnedFd, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+    // SAFETY: a zeroed msghdr is valid (no name, no control data); its iovec array is
+    // `bufs`, whose `IoSlice` has iovec's layout, alive and unchanged for the call.
+    let n = unsafe {
+        let mut message: libc::msghdr = std::mem::zeroed();
+        message.msg_iov = bufs.as_ptr().cast_mut().cast();
+        message.msg_iovlen = bufs.len().min(IOV_MAX) as _;
+        libc::sendmsg(
+            fd.as_raw_fd(),
+            &message,
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    counted(n)
+}
+
+/// The most slices one `sendmsg` takes (Linux's UIO_MAXIOV).
+const IOV_MAX: usize = 1024;
+
+impl SocketIo {
+    fn poll_recv(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        loop {
+            let mut ready = std::task::ready!(self.fd.poll_read_ready(cx))?;
+            match ready.try_io(|fd| recv_now(fd.get_ref(), buf)) {
+                Ok(done) => return Poll::Ready(done),
+                // Nothing there after all: readiness is cleared, wait for the next.
+                Err(_would_block) => continue,
+            }
+        }
+    }
+
+    fn poll_send(
+        &self,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        loop {
+            let mut ready = std::task::ready!(self.fd.poll_write_ready(cx))?;
+            match ready.try_io(|fd| send_now(fd.get_ref(), bufs)) {
+                Ok(done) => return Poll::Ready(done),
+                Err(_would_block) => continue,
+            }
+        }
+    }
 }
 
 impl AsyncRead for SocketIo {
@@ -262,10 +253,7 @@ impl AsyncRead for SocketIo {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
-        let mut read = |cx: &mut Context<'_>, buf: &mut ReadBuf<'_>| match &mut this.kind {
-            Kind::Tcp(s) => Pin::new(s).poll_read(cx, buf),
-            Kind::Unix(s) => Pin::new(s).poll_read(cx, buf),
-        };
+        let read = |cx: &mut Context<'_>, buf: &mut ReadBuf<'_>| this.poll_recv(cx, buf);
         match &this.buffered {
             Some(buffered) => buffered.poll_read(cx, buf, read),
             None => read(cx, buf),
@@ -279,10 +267,7 @@ impl AsyncWrite for SocketIo {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        match &mut self.get_mut().kind {
-            Kind::Tcp(s) => Pin::new(s).poll_write(cx, buf),
-            Kind::Unix(s) => Pin::new(s).poll_write(cx, buf),
-        }
+        self.poll_send(cx, &[std::io::IoSlice::new(buf)])
     }
 
     fn poll_write_vectored(
@@ -290,28 +275,26 @@ impl AsyncWrite for SocketIo {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        match &mut self.get_mut().kind {
-            Kind::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Kind::Unix(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-        }
+        self.poll_send(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
         true
     }
 
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match &mut self.get_mut().kind {
-            Kind::Tcp(s) => Pin::new(s).poll_flush(cx),
-            Kind::Unix(s) => Pin::new(s).poll_flush(cx),
-        }
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        // Nothing is buffered here: each write went to the kernel.
+        Poll::Ready(Ok(()))
     }
 
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match &mut self.get_mut().kind {
-            Kind::Tcp(s) => Pin::new(s).poll_shutdown(cx),
-            Kind::Unix(s) => Pin::new(s).poll_shutdown(cx),
-        }
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        // SAFETY: shutdown on a descriptor this stream owns.
+        let done = unsafe { libc::shutdown(self.fd.as_raw_fd(), libc::SHUT_WR) };
+        Poll::Ready(if done == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        })
     }
 }
 

@@ -21,10 +21,10 @@ from ._tls_settings import TLS
 from .errors import SettingError
 
 __all__ = [
-    "HANDSHAKE_TIMEOUT",
-    "LISTENER_DEADLINE",
     "AUTH_FAILURE_WINDOW",
+    "HANDSHAKE_TIMEOUT",
     "HELLO_TIMEOUT",
+    "LISTENER_DEADLINE",
     "MAX_AUTH_FAILURES",
     "MAX_CONNECTIONS",
     "MAX_PENDING_HANDSHAKES",

@@ -37,8 +37,8 @@ def refusals(caplog: pytest.LogCaptureFixture) -> list[str]:
     ]
 
 
-async def served(listener: Any, authkey: bytes) -> None:
-    """A client with ``authkey`` connects and delivers a gradient."""
+async def served(listener: Any, authkey: bytes | None) -> None:
+    """A client with ``authkey`` (or none) connects and delivers a gradient."""
 
     async def serve_one() -> np.ndarray:
         async with await listener.accept() as conn:
@@ -67,6 +67,7 @@ def test_a_source_that_fails_too_often_is_refused_even_with_the_right_key(
     # The defaults: 10 failures within 60 s. Eleven refusals within a second pass the
     # log's rate limit (10 a second): lifted here, to read every line.
     monkeypatch.setattr(_connection, "RefusalLog", functools.partial(RefusalLog, per_second=100))
+
     async def main() -> GradientStreamError:
         async with await gs.listen(LOCAL, authkey=KEY) as listener:
             await served(listener, KEY)
@@ -85,8 +86,8 @@ def test_a_source_that_fails_too_often_is_refused_even_with_the_right_key(
     locked = [m for m in refusals(caplog) if LOCKED in m]
     assert len(locked) == 1, refusals(caplog)
     assert locked[0].startswith("listener 127.0.0.1:")
-    assert "10 failed authentications from 127.0.0.1 within auth_failure_window (60 s)" in (
-        locked[0]
+    assert (
+        "10 failed authentications from 127.0.0.1 within auth_failure_window (60 s)" in (locked[0])
     )
     assert "its connections are refused for" in locked[0]
 
@@ -139,20 +140,9 @@ def test_without_an_authkey_nothing_is_counted() -> None:
             for _ in range(3):
                 with pytest.raises(AuthenticationError):
                     await gs.connect(listener.address, authkey=KEY)
-            await served_plain(listener)
+            await served(listener, None)
 
     run(main)
-
-
-async def served_plain(listener: Any) -> None:
-    async def serve_one() -> np.ndarray:
-        async with await listener.accept() as conn:
-            return await conn.recv()
-
-    serving = asyncio.create_task(serve_one())
-    async with await gs.connect(listener.address) as conn:
-        assert await conn.send(GRAD) == 1
-    assert np.array_equal(await serving, GRAD)
 
 
 def test_the_new_keywords_are_checked() -> None:

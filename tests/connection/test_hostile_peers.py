@@ -2,10 +2,10 @@
 plaintext listener, an ipfrs-transport peer's bare frames, a peer of another version,
 peers that stay silent, and more of them than the caps allow (the oldest silent one gives
 way, or the newcomer is closed at once; a flood of them: test_flood.py). None reaches
-``accept()``; each is logged (WARNING, with its address and why, rate-limited) and dropped, gets a clear
-answer where it can read one, and the listener goes on serving good clients. The native
-listener against peers by hand (their messages the test peer's); the native dialler at a
-seed listener, native or the test peer's (``acceptor``)."""
+``accept()``; each is logged (WARNING, with its address and why, rate-limited) and
+dropped, gets a clear answer where it can read one, and the listener goes on serving good
+clients. The native listener against peers by hand (their messages the test peer's); the
+native dialler at a seed listener, native or the test peer's (``acceptor``)."""
 
 from __future__ import annotations
 

@@ -519,3 +519,6 @@ fn discard_pending(stream: &TcpStream) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

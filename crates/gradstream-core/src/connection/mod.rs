@@ -25,8 +25,8 @@ pub fn digest_of_stream(transfer: &[u8; 16], pieces: &[&[u8]]) -> [u8; 32] {
     }
     tap.finish()
 }
-pub use link::{Link, Peer, ReadBudget, Received};
 pub use admission::{Admission, Shed, Source, FAILURE_TABLE};
+pub use link::{Link, Peer, ReadBudget, Received};
 pub use listener::{Event, ListenSettings, Listener, Refusal, Stopper};
 
 /// What a connection speaks: a local setting of each side, never negotiated.

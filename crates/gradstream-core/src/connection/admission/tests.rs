@@ -16,7 +16,10 @@ fn v4(last: u8) -> Source {
 }
 
 /// Admit a peer from `source` under `ticket`-named handles; its `Heard`.
-fn admit(table: &mut PendingTable<u64>, source: Source) -> Result<(u64, Arc<Heard>, Option<u64>), Shed> {
+fn admit(
+    table: &mut PendingTable<u64>,
+    source: Source,
+) -> Result<(u64, Arc<Heard>, Option<u64>), Shed> {
     let dropped = table.make_room(source)?;
     let heard = Arc::new(Heard::default());
     let ticket = table.ticket();
@@ -48,7 +51,10 @@ fn a_full_source_drops_its_own_oldest_silent_handshake_not_anothers() {
     assert_eq!(dropped, Some(first[1].0));
     assert_eq!(table.len(), 4);
     // All of 10.0.0.1's have spoken: its newcomer is refused; 10.0.0.9's stays.
-    assert_eq!(table.pending.values().filter(|p| p.source == v4(1)).count(), 3);
+    assert_eq!(
+        table.pending.values().filter(|p| p.source == v4(1)).count(),
+        3
+    );
     for p in table.pending.values().filter(|p| p.source == v4(1)) {
         p.heard.first_byte();
     }

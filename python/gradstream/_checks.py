@@ -1,6 +1,7 @@
 """The defaults of connections and the checks of their keywords (docs/guides/
 connections.md, docs/guides/limits.md): ``protocol=``, ``authkey=``, ``timeout=`` and
-``deadline=`` (a call's or a session's), ``handshake_timeout=``, the listener's caps,
+``deadline=`` (a call's or a session's), ``handshake_timeout=``, the listener's caps and
+bounds,
 ``recv_tensors``' ``max_values=``; the waits a connection's transfers get; and why
 ``stream_to`` / ``receive_from`` refuse an ``ssl.SSLSocket``. Each raises the
 ``SettingError`` or ``TypeError`` a user sees, in words given here once.
@@ -20,10 +21,14 @@ from ._tls_settings import TLS
 from .errors import SettingError
 
 __all__ = [
+    "AUTH_FAILURE_WINDOW",
     "HANDSHAKE_TIMEOUT",
+    "HELLO_TIMEOUT",
     "LISTENER_DEADLINE",
+    "MAX_AUTH_FAILURES",
     "MAX_CONNECTIONS",
     "MAX_PENDING_HANDSHAKES",
+    "MAX_PENDING_PER_SOURCE",
     "MIN_AUTHKEY_LEN",
     "SSL_SOCKET_REFUSED",
     "Protocol",
@@ -42,8 +47,12 @@ Protocol = Literal["gradstream", "seed"]
 
 # docs/guides/connections.md: the listener's defaults and the shortest authkey.
 HANDSHAKE_TIMEOUT = 10.0  # seconds for TLS, hello and authentication together
-MAX_PENDING_HANDSHAKES = 64
+MAX_PENDING_HANDSHAKES = 256  # handshakes under way, from all sources
+MAX_PENDING_PER_SOURCE = 64  # ... from one IPv4 address or IPv6 /64
+HELLO_TIMEOUT = 3.0  # seconds for a peer's first byte
 MAX_CONNECTIONS = 256
+MAX_AUTH_FAILURES = 10  # failed authentications from one source within ...
+AUTH_FAILURE_WINDOW = 60.0  # ... these seconds: the source is refused until they end
 LISTENER_DEADLINE = 300.0  # seconds for a gradient, once begun, on a listener's connections
 MIN_AUTHKEY_LEN = 16
 
@@ -128,22 +137,19 @@ def connection_waits(
     return wait, bound
 
 
-def check_handshake_timeout(value: Any) -> float:
+def check_handshake_timeout(value: Any, name: str = "handshake_timeout") -> float:
     """A positive, finite number of seconds (None is refused: a listener must not wait for
-    ever on a silent peer)."""
+    ever on a silent peer); also hello_timeout and auth_failure_window (``name``)."""
     kind = type(value)
     if (
         value is None
         or isinstance(value, bool)
         or not (hasattr(kind, "__float__") or hasattr(kind, "__index__"))
     ):
-        raise TypeError(f"handshake_timeout must be a number of seconds, not {kind.__name__}")
+        raise TypeError(f"{name} must be a number of seconds, not {kind.__name__}")
     seconds = float(value)
     if not (0.0 < seconds and math.isfinite(seconds)):
-        raise SettingError(
-            "handshake_timeout",
-            f"handshake_timeout must be a positive number of seconds, got {value!r}",
-        )
+        raise SettingError(name, f"{name} must be a positive number of seconds, got {value!r}")
     return seconds
 
 
@@ -154,7 +160,8 @@ def check_handler(handler: Any) -> None:
 
 
 def check_count(value: Any, name: str, least: int = 1) -> int:
-    """max_pending_handshakes, max_connections: an int of at least 1 (``least``)."""
+    """max_pending_handshakes, max_pending_per_source, max_connections, max_auth_failures:
+    an int of at least 1 (``least``)."""
     if isinstance(value, bool):
         raise TypeError(f"{name} must be an int, not bool")
     number = operator.index(value)

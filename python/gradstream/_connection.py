@@ -24,9 +24,13 @@ import numpy.typing as npt
 from . import _aio
 from ._address import Peer, parse_address, peer_text
 from ._checks import (
+    AUTH_FAILURE_WINDOW,
     HANDSHAKE_TIMEOUT,
+    HELLO_TIMEOUT,
+    MAX_AUTH_FAILURES,
     MAX_CONNECTIONS,
     MAX_PENDING_HANDSHAKES,
+    MAX_PENDING_PER_SOURCE,
     check_authkey,
     check_count,
     check_handler,
@@ -320,6 +324,8 @@ class Listener:
                 self._ready.put(connection)
             elif event[0] == "silent":
                 self._refusals.refused(tuple(event[1]), silent_text(event[2]))
+            elif event[0] == "dropped":  # closed by the listener itself: its words
+                self._refusals.refused(tuple(event[1]), event[2])
             else:
                 self._refusals.refused(tuple(event[1]), str(event[2]))
 
@@ -375,9 +381,14 @@ async def listen(
     timeout: Any = None,
     deadline: Any = None,
     protocol: Any = "gradstream",
+    max_pending_per_source: Any = MAX_PENDING_PER_SOURCE,
+    hello_timeout: Any = HELLO_TIMEOUT,
+    max_auth_failures: Any = MAX_AUTH_FAILURES,
+    auth_failure_window: Any = AUTH_FAILURE_WINDOW,
 ) -> Listener:
     """Listen on ``address`` (``"host:port"`` or ``(host, port)``; port 0 for any, see
-    ``Listener.address``)."""
+    ``Listener.address``). The caps, ``hello_timeout`` and the online-guessing limit:
+    docs/guides/limits.md, "A listener under a flood"."""
     host, port = parse_address(address)
     own = _session(session)
     args, speaks = _link_settings(
@@ -390,12 +401,16 @@ async def listen(
         deadline=deadline,
         handshake_timeout=handshake_timeout,
     )
-    caps = (
-        check_count(max_pending_handshakes, "max_pending_handshakes"),
-        check_count(max_connections, "max_connections"),
-    )
+    own_settings = {
+        "max_pending_handshakes": check_count(max_pending_handshakes, "max_pending_handshakes"),
+        "max_connections": check_count(max_connections, "max_connections"),
+        "max_pending_per_source": check_count(max_pending_per_source, "max_pending_per_source"),
+        "hello_timeout": check_handshake_timeout(hello_timeout, "hello_timeout"),
+        "max_auth_failures": check_count(max_auth_failures, "max_auth_failures"),
+        "auth_failure_window": check_handshake_timeout(auth_failure_window, "auth_failure_window"),
+    }
     hub = _aio.hub()
-    native = await hub.track(own._open_listener(hub.native, host, port, args, caps))
+    native = await hub.track(own._open_listener(hub.native, host, port, args, own_settings))
     listener = Listener(native, own, args["protocol"])
     log.info("listening on %s (%s)", peer_text(listener.address), speaks)
     return listener

@@ -281,6 +281,10 @@ class TransferProgress:
 # tls ((cert, key, ca) paths or None), authkey, handshake_timeout, timeout, deadline; and
 # _test_nonce (32 bytes: the hello's nonce), which only the tests' session replays set.
 _LinkArgs = dict[str, Any]
+# listen()'s own settings, checked by gradstream._connection: keys max_connections,
+# max_pending_handshakes, max_pending_per_source, hello_timeout, max_auth_failures,
+# auth_failure_window.
+_ListenerArgs = dict[str, Any]
 
 @final
 class Link:
@@ -323,8 +327,9 @@ class Link:
 @final
 class Listener:
     """A bound listener; next() returns a job whose result is ("connection", Link),
-    ("refused", (host, port), exception), ("silent", (host, port), handshake_timeout)
-    or None once closed; close() a job done once the listening socket is closed."""
+    ("refused", (host, port), exception), ("silent", (host, port), handshake_timeout),
+    ("dropped", (host, port), why: str) for a peer the listener closed itself, or None
+    once closed; close() a job done once the listening socket is closed."""
 
     @property
     def address(self) -> tuple[str, int]: ...
@@ -362,10 +367,9 @@ def open_listener(
     host: str,
     port: int,
     args: _LinkArgs,
-    caps: tuple[int, int],
+    listener: _ListenerArgs,
 ) -> int:
-    """Listen on host:port with the engine's settings; a job whose result is a Listener.
-    ``caps``: (max_pending_handshakes, max_connections)."""
+    """Listen on host:port with the engine's settings; a job whose result is a Listener."""
 
 @final
 class Handover:

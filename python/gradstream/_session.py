@@ -578,10 +578,10 @@ class GradientStreamSession:
         return open_link(self._engine, completions, host, port, args)
 
     def _open_listener(
-        self, completions: Completions, host: str, port: int, args: Any, caps: tuple[int, int]
+        self, completions: Completions, host: str, port: int, args: Any, listener: Any
     ) -> int:
         """A job of ``completions`` whose result is a native ``Listener`` on host:port."""
-        return open_listener(self._engine, completions, host, port, args, caps)
+        return open_listener(self._engine, completions, host, port, args, listener)
 
     def _encode_manifest(self, text: str) -> bytes:
         """The frames of a tensor set's manifest carrying ``text``."""

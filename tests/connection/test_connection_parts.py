@@ -159,7 +159,13 @@ def test_seed_carries_neither_tls_nor_authkey(pem: pathlib.Path) -> None:
 
 def test_the_defaults() -> None:
     assert _checks.HANDSHAKE_TIMEOUT == 10.0
-    assert _checks.MAX_PENDING_HANDSHAKES == 64
+    # The listener's, as docs/guides/limits.md gives them (and the core's
+    # Admission::default, whose test holds the same figures).
+    assert _checks.MAX_PENDING_HANDSHAKES == 256
+    assert _checks.MAX_PENDING_PER_SOURCE == 64
+    assert _checks.HELLO_TIMEOUT == 3.0
+    assert _checks.MAX_AUTH_FAILURES == 10
+    assert _checks.AUTH_FAILURE_WINDOW == 60.0
     assert _checks.MAX_CONNECTIONS == 256
     assert _checks.LISTENER_DEADLINE == 300.0
     assert _checks.MIN_AUTHKEY_LEN == 16

@@ -1,10 +1,11 @@
 """Bad peers at a listener (docs/spec/threat-model.md): an HTTP client, a TLS client at a
 plaintext listener, an ipfrs-transport peer's bare frames, a peer of another version,
-peers that stay silent, and more of them than the caps allow. None reaches ``accept()``;
-each is logged (WARNING, with its address and why, rate-limited) and dropped, gets a clear
-answer where it can read one, and the listener goes on serving good clients. The native
-listener against peers by hand (their messages the test peer's); the native dialler at a
-seed listener, native or the test peer's (``acceptor``)."""
+peers that stay silent, and more of them than the caps allow (the oldest silent one gives
+way, or the newcomer is closed at once; a flood of them: test_flood.py). None reaches
+``accept()``; each is logged (WARNING, with its address and why, rate-limited) and
+dropped, gets a clear answer where it can read one, and the listener goes on serving good
+clients. The native listener against peers by hand (their messages the test peer's); the
+native dialler at a seed listener, native or the test peer's (``acceptor``)."""
 
 from __future__ import annotations
 
@@ -159,9 +160,12 @@ def test_a_silent_peer_is_dropped_past_the_handshake_timeout(
     assert len(lines) == 1 and lines[0].endswith("silent past handshake_timeout (0.3 s)")
 
 
-def test_handshakes_wait_for_a_free_slot(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_full_listener_drops_its_oldest_silent_handshake_for_a_newcomer(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     # Two slots: two silent peers take them (each is sent the listener's hello, so the
-    # test knows its handshake began); a third peer gets no hello until one leaves.
+    # test knows its handshake began); a third peer is not left waiting in the kernel's
+    # backlog (the rule before issue 22): the oldest silent one gives way at once.
     async def main() -> None:
         async with await gs.listen(
             LOCAL, max_pending_handshakes=2, handshake_timeout=60
@@ -173,37 +177,37 @@ def test_handshakes_wait_for_a_free_slot(caplog: pytest.LogCaptureFixture) -> No
                 assert len(await loop.sock_recv(s, 80)) == 80
             third = socket.create_connection(listener.address)
             third.setblocking(False)
-            waiting = asyncio.ensure_future(loop.sock_recv(third, 80))
-            await asyncio.sleep(0.3)
-            assert not waiting.done()  # no slot: not even taken from the kernel
-            first[0].close()  # its handshake ends (the end of the connection)...
-            assert len(await waiting) == 80  # ...and the third one's begins
+            assert len(await loop.sock_recv(third, 80)) == 80  # its handshake began...
+            assert await loop.sock_recv(first[0], 80) == b""  # ...the oldest one's ended
+            await good_client_is_served(listener)  # and a newcomer that speaks is served
             for s in [*first, third]:
                 s.close()
 
     with caplog.at_level(logging.WARNING, logger="gradstream"):
         run(main)
     assert any(
-        "expected a gradstream hello, got the end of the connection" in m for m in refusals(caplog)
+        "silent, and the oldest silent handshake when a newer peer needed its place" in m
+        for m in refusals(caplog)
     )
 
 
-def test_at_most_max_connections_are_open() -> None:
+def test_at_most_max_connections_are_open(caplog: pytest.LogCaptureFixture) -> None:
     async def main() -> None:
         async with await gs.listen(LOCAL, max_connections=2) as listener:
             conns = [await gs.connect(listener.address) for _ in range(2)]
             accepted = [await listener.accept() for _ in range(2)]
-            # A third one's handshake cannot begin: connect waits for the hello.
-            third = asyncio.create_task(gs.connect(listener.address))
-            await asyncio.sleep(0.3)
-            assert not third.done()
-            await accepted[0].close()  # a slot frees...
-            late = await third  # ...and the third is let in
+            # A third one is closed at once, before its hello (not left in the backlog)...
+            with pytest.raises(ProtocolError, match="the listener dropped this side"):
+                await gs.connect(listener.address)
+            await accepted[0].close()  # ...and once a slot frees, let in
+            late = await gs.connect(listener.address)
             accepted.append(await listener.accept())
             for conn in [*conns, *accepted, late]:
                 await conn.close()
 
-    run(main)
+    with caplog.at_level(logging.WARNING, logger="gradstream"):
+        run(main)
+    assert any("max_connections (2) connections are open" in m for m in refusals(caplog))
 
 
 def test_refusal_logs_are_rate_limited(

@@ -22,7 +22,7 @@ use super::convert::{GradientArgs, HeldGradient, Input, OutArgs};
 use super::errors::{setting_error, to_py_err};
 use super::fastpath;
 use super::session::Engine;
-use super::settings::seconds_arg;
+use super::settings::{seconds_arg, ListenerArgs};
 use super::stream::{progress_counters, TransferProgress};
 use super::tensors::{HeldTensors, TensorArgs};
 use gradstream_core::connection::{
@@ -148,9 +148,9 @@ pub fn open_link(
     }))
 }
 
-/// `open_listener(engine, completions, host, port, args, caps)`: listen on `host:port`
-/// with the engine's settings; a job whose result is a `Listener`. `caps` are
-/// (max_pending_handshakes, max_connections).
+/// `open_listener(engine, completions, host, port, args, listener)`: listen on
+/// `host:port` with the engine's settings; a job whose result is a `Listener`.
+/// `listener` holds the listener's own keywords (`ListenerArgs`).
 #[pyfunction]
 pub fn open_listener(
     engine: &Bound<'_, Engine>,
@@ -158,7 +158,7 @@ pub fn open_listener(
     host: String,
     port: u16,
     args: LinkArgs,
-    caps: (usize, usize),
+    listener: ListenerArgs,
 ) -> PyResult<u64> {
     let py = engine.py();
     let protocol = args.protocol(py)?;
@@ -170,14 +170,14 @@ pub fn open_listener(
         )),
         None => None,
     };
-    let (max_pending_handshakes, max_connections) = caps;
+    let own = listener.parse();
     let settings = ListenSettings {
         protocol,
         tls,
         authkey: args.authkey,
         handshake_timeout: Duration::from_secs_f64(args.handshake_timeout),
-        max_pending_handshakes,
-        max_connections,
+        max_connections: own.max_connections,
+        admission: own.admission,
         limits: engine.get().config().limits,
         test_nonce,
     };
@@ -428,7 +428,8 @@ impl PyListener {
     }
 
     /// The next event; a job whose result is `("connection", Link)`,
-    /// `("refused", (host, port), exception)`, or None once closed.
+    /// `("refused", (host, port), exception)`, `("silent", ...)`, `("dropped", ...)` (see
+    /// `refused`), or None once closed.
     fn next(&self, py: Python<'_>, completions: &Bound<'_, Completions>) -> u64 {
         let listener = self.listener.clone();
         let engine = self.engine.clone_ref(py);
@@ -459,8 +460,9 @@ impl PyListener {
     }
 }
 
-/// `("refused", (host, port), exception)`, or `("silent", (host, port), seconds)` for a
-/// peer that did not finish its handshake within that long.
+/// `("refused", (host, port), exception)`, `("silent", (host, port), seconds)` for a
+/// peer that did not finish its handshake within that long, or `("dropped", (host, port),
+/// why)` for a peer the listener closed itself (a cap, a silence, a source locked out).
 fn refused(py: Python<'_>, address: SocketAddr, why: Refusal) -> PyResult<Py<PyAny>> {
     let address = address_tuple(address);
     let event = match why {
@@ -471,6 +473,10 @@ fn refused(py: Python<'_>, address: SocketAddr, why: Refusal) -> PyResult<Py<PyA
         Refusal::Silent(limit) => {
             let seconds = limit.as_secs_f64().into_pyobject(py)?.into_any();
             ("silent", address, seconds).into_pyobject(py)?
+        }
+        Refusal::Shed(why) => {
+            let why = why.to_string().into_pyobject(py)?.into_any();
+            ("dropped", address, why).into_pyobject(py)?
         }
     };
     Ok(event.into_any().unbind())

@@ -1,15 +1,16 @@
 //! The session constructor's keywords, checked and turned into settings: `SettingArgs`
 //! (what Python passed) parses into `Settings` (the core's `SessionConfig` and the
 //! bindings' own keep_shape, keep_dtype and wire_dtype), with every refusal worded as
-//! the reference words it.
+//! the reference words it; and a listener's own keywords (`ListenerArgs`).
 //!
-//! Uses `errors` and the core; used by `session`.
+//! Uses `errors` and the core; used by `session` and `connection`.
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 
 use super::errors::{setting_error, type_name};
 use gradstream_core::codec::{Compression, Layout};
+use gradstream_core::connection::Admission;
 use gradstream_core::dtype::Dtype;
 use gradstream_core::frame::Limits;
 use gradstream_core::session::SessionConfig;
@@ -254,4 +255,44 @@ pub fn seconds_arg(
             value.repr()?
         ),
     ))
+}
+
+/// A listener's own keywords, as `gradstream._connection.listen` checked them (the
+/// caps, the first byte's bound and the online-guessing limit: docs/guides/limits.md "A
+/// listener under a flood"), apart from what each connection is made with (`LinkArgs`).
+#[derive(FromPyObject)]
+pub struct ListenerArgs {
+    #[pyo3(item)]
+    max_connections: usize,
+    #[pyo3(item)]
+    max_pending_handshakes: usize,
+    #[pyo3(item)]
+    max_pending_per_source: usize,
+    #[pyo3(item)]
+    hello_timeout: f64,
+    #[pyo3(item)]
+    max_auth_failures: u64,
+    #[pyo3(item)]
+    auth_failure_window: f64,
+}
+
+/// A listener's settings, checked.
+pub struct ListenerSettings {
+    pub max_connections: usize,
+    pub admission: Admission,
+}
+
+impl ListenerArgs {
+    pub fn parse(self) -> ListenerSettings {
+        ListenerSettings {
+            max_connections: self.max_connections,
+            admission: Admission {
+                max_pending_handshakes: self.max_pending_handshakes,
+                max_pending_per_source: self.max_pending_per_source,
+                hello_timeout: std::time::Duration::from_secs_f64(self.hello_timeout),
+                max_auth_failures: u32::try_from(self.max_auth_failures).unwrap_or(u32::MAX),
+                auth_failure_window: std::time::Duration::from_secs_f64(self.auth_failure_window),
+            },
+        }
+    }
 }

@@ -1,25 +1,32 @@
 //! The server side: a TCP listener whose peers become `Link`s only after TLS, the hello
-//! and authentication, each under `handshake_timeout`, and at most
-//! `max_pending_handshakes` at a time; at most `max_connections` links live at once (the
-//! listener takes no more from the kernel's backlog until one goes). A peer that fails
-//! becomes a `Refused` event (the caller logs it) and never a link.
+//! and authentication, each under `handshake_timeout`; at most `max_connections` links
+//! live at once. The listener takes every connection from the kernel at once and sorts
+//! it (`admission`): refused at once, or a handshake within the caps on handshakes under
+//! way, in all and per source, whose first byte must come within `hello_timeout`
+//! (docs/guides/limits.md "A listener under a flood"). A peer that fails becomes a
+//! `Refused` event (the caller logs it) and never a link; a source that fails
+//! authentication too often is refused for a while.
 //!
-//! Uses `handshake`, `link`, `tls`; used by the bindings.
+//! Uses `admission`, `handshake`, `link`, `tls`; used by the bindings.
 
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{mpsc, Semaphore};
-use tokio::task::JoinHandle;
+use tokio::task::{AbortHandle, JoinHandle, JoinSet};
 
+use super::admission::{Admission, FailureTable, Heard, PendingTable, Shed, Source};
 use super::handshake::handshake;
 use super::link::{Link, Peer};
 use super::{buffered, Protocol};
 use crate::error::{GradientStreamError, Result};
 use crate::frame::Limits;
-use crate::protocol::Role;
+use crate::protocol::{Role, HELLO_LEN};
 use crate::tls::TlsAcceptor;
 
 /// How a listener admits peers: settings, shared by its handshakes.
@@ -30,8 +37,10 @@ pub struct ListenSettings {
     pub authkey: Option<Vec<u8>>,
     /// Bounds each peer's TLS handshake, hello and authentication together.
     pub handshake_timeout: Duration,
-    pub max_pending_handshakes: usize,
     pub max_connections: usize,
+    /// The caps on handshakes under way, the first byte's bound, and the online-guessing
+    /// limit.
+    pub admission: Admission,
     /// What this side accepts, told to each peer in its hello.
     pub limits: Limits,
     /// Tests only: this side's hello nonce (see `DialSettings::test_nonce`); `None`.
@@ -45,6 +54,8 @@ pub enum Refusal {
     Failed(GradientStreamError),
     /// It did not finish its handshake within `handshake_timeout` (this long).
     Silent(Duration),
+    /// The listener closed it itself: a cap, a silence, a source locked out.
+    Shed(Shed),
 }
 
 /// What happened at the listener.
@@ -83,9 +94,9 @@ impl Stopper {
 
 impl Listener {
     pub async fn bind(host: &str, port: u16, settings: ListenSettings) -> Result<Self> {
-        let tcp = TcpListener::bind((host, port)).await?;
+        let tcp = bind_tcp(host, port, backlog(&settings)).await?;
         let address = tcp.local_addr()?;
-        let (sender, events) = mpsc::channel(settings.max_pending_handshakes.max(1));
+        let (sender, events) = mpsc::channel(settings.admission.max_pending_handshakes.max(1));
         let accepting = tokio::spawn(accept_loop(tcp, settings, sender));
         Ok(Self {
             events,
@@ -128,55 +139,279 @@ impl Drop for Listener {
     }
 }
 
-async fn accept_loop(tcp: TcpListener, settings: ListenSettings, events: mpsc::Sender<Event>) {
-    let connections = Arc::new(Semaphore::new(settings.max_connections.max(1)));
-    let handshakes = Arc::new(Semaphore::new(settings.max_pending_handshakes.max(1)));
-    let settings = Arc::new(settings);
-    // The handshakes under way: dropped with this loop (an aborted one: a closed listener).
-    let mut handshaking = tokio::task::JoinSet::new();
-    loop {
-        // Reap the finished ones, so the set holds only those still running.
-        while handshaking.try_join_next().is_some() {}
-        // Both permits before the accept: past either cap, peers wait in the kernel's
-        // backlog and cost this process nothing.
-        let (Ok(slot), Ok(pending)) = (
-            connections.clone().acquire_owned().await,
-            handshakes.clone().acquire_owned().await,
-        ) else {
+/// What a finished handshake tells the accept loop.
+struct Done {
+    ticket: u64,
+    source: Source,
+    /// It counts as a failed authentication (`failed_authentication`).
+    failed_authentication: bool,
+}
+
+/// What the pending table holds of a handshake: what drops it, and its peer's address.
+type Handle = (AbortHandle, SocketAddr);
+
+/// The kernel's backlog for these settings: what the listener could take at once (the
+/// kernel caps it at net.core.somaxconn).
+fn backlog(settings: &ListenSettings) -> u32 {
+    let most = settings.admission.max_pending_handshakes + settings.max_connections;
+    u32::try_from(most).unwrap_or(u32::MAX).clamp(128, 65_535)
+}
+
+/// Bind `host:port` (the first of its addresses that binds, as `TcpListener::bind`
+/// does) with `backlog`.
+async fn bind_tcp(host: &str, port: u16, backlog: u32) -> Result<TcpListener> {
+    let mut last = None;
+    for address in tokio::net::lookup_host((host, port)).await? {
+        let socket = if address.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
+        // As std and mio do on Unix: a restarted listener rebinds its port at once.
+        #[cfg(unix)]
+        socket.set_reuseaddr(true)?;
+        match socket.bind(address).and_then(|()| socket.listen(backlog)) {
+            Ok(listener) => return Ok(listener),
+            Err(error) => last = Some(error),
+        }
+    }
+    Err(last
+        .unwrap_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{host} resolves to no address"),
+            )
+        })
+        .into())
+}
+
+/// The listener's own refusal of `address`, for the log: never waits (a full event
+/// queue drops it), so that a flood cannot slow the accepts.
+fn tell(events: &mpsc::Sender<Event>, address: SocketAddr, why: Shed) {
+    let _ = events.try_send(Event::Refused {
+        address,
+        why: Refusal::Shed(why),
+    });
+}
+
+/// Connections being closed gently at once (`Closing`); past this many, at once.
+const CLOSING: usize = 64;
+
+/// How long a gently closed connection's bytes are read and dropped.
+const CLOSING_FOR: Duration = Duration::from_secs(1);
+
+/// Closes the connections the listener refuses at their accept: gently, while fewer
+/// than `CLOSING` are being closed so (a FIN at once, then the peer's bytes read and
+/// dropped until it closes, for at most `CLOSING_FOR`, so that its hello on the way
+/// meets no reset and the peer reads the end of the connection, not an error), else at
+/// once; either way the listener takes no more of the peer.
+struct Closing(Arc<Semaphore>);
+
+impl Closing {
+    fn new() -> Self {
+        Self(Arc::new(Semaphore::new(CLOSING)))
+    }
+
+    fn shed(
+        &self,
+        stream: TcpStream,
+        address: SocketAddr,
+        why: Shed,
+        events: &mpsc::Sender<Event>,
+        tasks: &mut JoinSet<()>,
+    ) {
+        tell(events, address, why);
+        let Ok(permit) = self.0.clone().try_acquire_owned() else {
+            discard_pending(&stream);
             return;
         };
-        let (stream, address) = match tcp.accept().await {
-            Ok(accepted) => accepted,
-            Err(_) => {
-                // Out of descriptors, or a peer gone before its accept: wait, go on.
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let (events, settings) = (events.clone(), settings.clone());
-        handshaking.spawn(async move {
-            let limit = settings.handshake_timeout;
-            let admitted = tokio::time::timeout(limit, admit(stream, address, &settings)).await;
-            drop(pending);
-            let event = match admitted {
-                Ok(Ok(link)) => Event::Connected(link.holding(slot)),
-                Ok(Err(error)) => Event::Refused {
-                    address,
-                    why: Refusal::Failed(error),
-                },
-                Err(_) => Event::Refused {
-                    address,
-                    why: Refusal::Silent(limit),
-                },
-            };
-            // A closed listener drops what is still arriving.
-            let _ = events.send(event).await;
+        tasks.spawn(async move {
+            let mut stream = stream;
+            let _ = tokio::time::timeout(CLOSING_FOR, async {
+                stream.shutdown().await?;
+                let mut sink = [0u8; 4096];
+                while stream.read(&mut sink).await? > 0 {}
+                std::io::Result::Ok(())
+            })
+            .await;
+            drop(permit);
         });
     }
 }
 
-/// TLS, the hello and authentication for one accepted peer.
-async fn admit(tcp: TcpStream, address: SocketAddr, settings: &ListenSettings) -> Result<Link> {
+/// Accept every connection the kernel has, at once, and sort it: refused (its source is
+/// locked out for failed authentications, or `max_connections` are open), or a handshake
+/// of its own, for which the pending table makes room by dropping the oldest silent one,
+/// or refuses it when none is silent (docs/guides/limits.md "A listener under a flood").
+async fn accept_loop(tcp: TcpListener, settings: ListenSettings, events: mpsc::Sender<Event>) {
+    let connections = Arc::new(Semaphore::new(settings.max_connections.max(1)));
+    let mut pending = PendingTable::<Handle>::new(&settings.admission);
+    let mut failures = FailureTable::new(&settings.admission);
+    let closing = Closing::new();
+    let settings = Arc::new(settings);
+    let (finished, mut done) = mpsc::unbounded_channel::<Done>();
+    // The handshakes under way and the gentle closes: dropped with this loop (an aborted
+    // one: a closed listener).
+    let mut handshaking = JoinSet::new();
+    loop {
+        let (stream, address) = tokio::select! {
+            biased;
+            Some(over) = done.recv() => {
+                pending.finish(over.ticket);
+                if over.failed_authentication {
+                    failures.failed(over.source, Instant::now());
+                }
+                continue;
+            }
+            Some(_) = handshaking.join_next(), if !handshaking.is_empty() => continue,
+            accepted = tcp.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(_) => {
+                    // Out of descriptors, or a peer gone before its accept: wait, go on.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let source = Source::of(address.ip());
+        if let Some(why) = failures.refused(source, Instant::now()) {
+            closing.shed(stream, address, why, &events, &mut handshaking);
+            continue;
+        }
+        if connections.available_permits() == 0 {
+            let why = Shed::Full {
+                max_connections: settings.max_connections,
+            };
+            closing.shed(stream, address, why, &events, &mut handshaking);
+            continue;
+        }
+        let heard = Arc::new(Heard::default());
+        let dropped = match pending.make_room(source) {
+            Ok(dropped) => dropped,
+            Err(why) => {
+                closing.shed(stream, address, why, &events, &mut handshaking);
+                continue;
+            }
+        };
+        if let Some((handle, evicted)) = dropped {
+            handle.abort();
+            tell(&events, evicted, Shed::Evicted);
+        }
+        let ticket = pending.ticket();
+        let task = handshake_task(
+            Shaking {
+                stream,
+                address,
+                ticket,
+                source,
+                heard: heard.clone(),
+            },
+            settings.clone(),
+            connections.clone(),
+            finished.clone(),
+            events.clone(),
+        );
+        let handle = handshaking.spawn(task);
+        pending.insert(ticket, source, heard, (handle, address));
+    }
+}
+
+/// One accepted peer on its way through the handshake.
+struct Shaking {
+    stream: TcpStream,
+    address: SocketAddr,
+    ticket: u64,
+    source: Source,
+    heard: Arc<Heard>,
+}
+
+/// Run a peer's handshake under `hello_timeout` (for its first byte) and
+/// `handshake_timeout` (for all of it); tell the accept loop it is over, then the caller
+/// what became of it.
+async fn handshake_task(
+    peer: Shaking,
+    settings: Arc<ListenSettings>,
+    connections: Arc<Semaphore>,
+    finished: mpsc::UnboundedSender<Done>,
+    events: mpsc::Sender<Event>,
+) {
+    let Shaking {
+        stream,
+        address,
+        ticket,
+        source,
+        heard,
+    } = peer;
+    let limit = settings.handshake_timeout;
+    let hello_timeout = settings.admission.hello_timeout;
+    let admitted = tokio::time::timeout(limit, async {
+        tokio::select! {
+            admitted = admit(stream, address, &settings, &heard) => Some(admitted),
+            () = silent_for(&heard, hello_timeout) => None,
+        }
+    })
+    .await;
+    let why = match admitted {
+        Ok(Some(Ok(link))) => Ok(link),
+        Ok(Some(Err(error))) => Err(Refusal::Failed(error)),
+        Ok(None) => Err(Refusal::Shed(Shed::Silent { hello_timeout })),
+        Err(_) => Err(Refusal::Silent(limit)),
+    };
+    let failed_authentication = match &why {
+        Ok(_) => false,
+        Err(why) => failed_authentication(settings.authkey.is_some(), why, heard.bytes()),
+    };
+    let _ = finished.send(Done {
+        ticket,
+        source,
+        failed_authentication,
+    });
+    let event = match why.map(|link| (connections.try_acquire_owned(), link)) {
+        Ok((Ok(slot), link)) => Event::Connected(link.holding(slot)),
+        // Links opened while this one shook hands: it is dropped, as at the accept.
+        Ok((Err(_), _)) => Event::Refused {
+            address,
+            why: Refusal::Shed(Shed::Full {
+                max_connections: settings.max_connections,
+            }),
+        },
+        Err(why) => Event::Refused { address, why },
+    };
+    // A closed listener drops what is still arriving.
+    let _ = events.send(event).await;
+}
+
+/// Whether a failed handshake counts as a failed authentication (docs/guides/limits.md
+/// "Online guessing"): only at a listener with an authkey, when the handshake's error is
+/// an authentication error, or when it failed or went silent after the peer's whole hello
+/// arrived (`heard` bytes of the gradstream handshake), that is once the keyed exchange
+/// had begun: a peer that learns what the listener sends there and then closes, stalls
+/// or sends garbage is counted as one that sent a wrong key.
+fn failed_authentication(authkey: bool, why: &Refusal, heard: usize) -> bool {
+    authkey
+        && match why {
+            Refusal::Failed(GradientStreamError::Authentication { .. }) => true,
+            Refusal::Failed(_) | Refusal::Silent(_) => heard >= HELLO_LEN,
+            Refusal::Shed(_) => false,
+        }
+}
+
+/// Return once the peer has been silent (not a byte) for `limit`; never, once it spoke.
+async fn silent_for(heard: &Heard, limit: Duration) {
+    tokio::time::sleep(limit).await;
+    if !heard.silent() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// TLS, the hello and authentication for one accepted peer; what the peer sends is
+/// counted in `heard`.
+async fn admit(
+    tcp: TcpStream,
+    address: SocketAddr,
+    settings: &ListenSettings,
+    heard: &Heard,
+) -> Result<Link> {
     tcp.set_nodelay(true)?;
     let peer = Some(address);
     if let Protocol::Seed = settings.protocol {
@@ -188,7 +423,7 @@ async fn admit(tcp: TcpStream, address: SocketAddr, settings: &ListenSettings) -
         None => {
             let mut stream = tcp;
             let shaken = handshake(
-                &mut stream,
+                &mut Watched::new(&mut stream, heard),
                 Role::Server,
                 false,
                 authkey,
@@ -202,9 +437,12 @@ async fn admit(tcp: TcpStream, address: SocketAddr, settings: &ListenSettings) -
             Ok(Link::sealed(Box::new(stream), established, who))
         }
         Some(tls) => {
+            // The client speaks first (its ClientHello): its first byte, for `hello_timeout`.
+            tcp.peek(&mut [0u8; 1]).await?;
+            heard.first_byte();
             let (mut stream, tls_subject) = tls.accept(buffered(tcp), peer).await?;
             let established = handshake(
-                &mut stream,
+                &mut Watched::new(&mut stream, heard),
                 Role::Server,
                 true,
                 authkey,
@@ -223,6 +461,52 @@ async fn admit(tcp: TcpStream, address: SocketAddr, settings: &ListenSettings) -
     }
 }
 
+/// A stream whose reads are counted in a `Heard`, for the length of a handshake.
+struct Watched<'s, S> {
+    inner: &'s mut S,
+    heard: &'s Heard,
+}
+
+impl<'s, S> Watched<'s, S> {
+    fn new(inner: &'s mut S, heard: &'s Heard) -> Self {
+        Self { inner, heard }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<'_, S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut *this.inner).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = polled {
+            this.heard.handshake_bytes(buf.filled().len() - before);
+        }
+        polled
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<'_, S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut *self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut *self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut *self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
 /// Drop what a refused peer already sent (at most 64 KiB, without waiting for more), so
 /// that closing ends the connection with a FIN, not a reset that would destroy the hello
 /// still on its way to the peer.
@@ -235,3 +519,6 @@ fn discard_pending(stream: &TcpStream) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,10 +1,12 @@
 //! Connections between two gradstream peers (docs/guides/connections.md): a client dials
 //! (`dial`), a server listens (`listener`), both run the handshake (`handshake`: hellos,
 //! authentication) over TCP or TLS (`crate::tls`), and the result is a `Link` carrying
-//! sealed, acknowledged transfers (`link`, whose ack digests come from `tap`).
+//! sealed, acknowledged transfers (`link`, whose ack digests come from `tap`). A
+//! listener lets peers start their handshakes by `admission`'s caps and tables.
 //!
 //! Uses `protocol`, `seal`, `tls`, `stream` and `tensors`; used by the bindings.
 
+mod admission;
 pub mod dial;
 pub mod handshake;
 pub mod link;
@@ -23,6 +25,7 @@ pub fn digest_of_stream(transfer: &[u8; 16], pieces: &[&[u8]]) -> [u8; 32] {
     }
     tap.finish()
 }
+pub use admission::{Admission, Shed, Source, FAILURE_TABLE};
 pub use link::{Link, Peer, ReadBudget, Received};
 pub use listener::{Event, ListenSettings, Listener, Refusal, Stopper};
 

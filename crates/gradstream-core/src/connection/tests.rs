@@ -22,8 +22,11 @@ fn listen_settings(authkey: Option<&[u8]>, limits: Limits) -> ListenSettings {
         tls: None,
         authkey: authkey.map(<[u8]>::to_vec),
         handshake_timeout: Duration::from_secs(5),
-        max_pending_handshakes: 4,
         max_connections: 4,
+        admission: Admission {
+            max_pending_handshakes: 4,
+            ..Admission::default()
+        },
         limits,
         test_nonce: None,
     }

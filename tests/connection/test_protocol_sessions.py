@@ -2,10 +2,10 @@
 tests/connection/vectors/sessions.json) replayed against the native side, byte for byte:
 the native listener against a recorded dialler (the test writes the dialler's messages,
 and every byte the listener writes must be the recorded listener's: its hello and SPAKE2
-element, its tag, its acks), and the native dialler against a recorded listener. The native side's nonce is
-fixed for the replay by the bindings' test-only ``_test_nonce`` (see
-``gradstream._connection``'s ``_link_settings``); its SPAKE2 scalar, every tag, transfer
-id, seal and ack digest follow from it.
+element, its tag, its acks), and the native dialler against a recorded listener. The
+native side's nonce is fixed for the replay by the bindings' test-only ``_test_nonce``
+(see ``gradstream._connection``'s ``_link_settings``); its SPAKE2 scalar, every tag,
+transfer id, seal and ack digest follow from it.
 
 The vectors are what the test peer records (support.peer.sessions), and their hellos and
 tags are the message vectors of test_protocol_golden.py.

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from spake2 import SPAKE2_A, SPAKE2_B  # type: ignore[import-untyped]
-from spake2.ed25519_group import Ed25519Group  # type: ignore[import-untyped]
 from spake2.ed25519_basic import NotOnCurve  # type: ignore[import-untyped]
+from spake2.ed25519_group import Ed25519Group  # type: ignore[import-untyped]
 
 from gradstream.errors import Address, AuthenticationError, ProtocolError
 from gradstream.reference import HEADER, HEADER_LEN
@@ -308,11 +308,16 @@ def version1_tag(authkey: bytes, role: int, client_hello: bytes, server_hello: b
 _A_PAKE = "a key exchange message"
 
 
+def _check_keyed_head(head: bytes, magic: bytes, what: str, peer: Address | None) -> None:
+    """A key exchange or authentication message's first 16 bytes: its magic, 12 zeros."""
+    if len(head) < HEAD_LEN or head[:4] != magic:
+        raise _foreign(what, head, peer)
+    _check_zero(head, 4, 16, what, peer)
+
+
 def check_pake_head(head: bytes, peer: Address | None) -> int:
     """The first 16 bytes of the peer's key exchange message; the bytes still to read."""
-    if len(head) < HEAD_LEN or head[:4] != PAKE_MAGIC:
-        raise _foreign(_A_PAKE, head, peer)
-    _check_zero(head, 4, 16, _A_PAKE, peer)
+    _check_keyed_head(head, PAKE_MAGIC, _A_PAKE, peer)
     return PAKE_LEN - HEAD_LEN
 
 
@@ -341,9 +346,7 @@ _AN_AUTH = "an authentication message"
 
 def check_auth_head(head: bytes, peer: Address | None) -> int:
     """The first 16 bytes of the peer's authentication message; the bytes still to read."""
-    if len(head) < HEAD_LEN or head[:4] != AUTH_MAGIC:
-        raise _foreign(_AN_AUTH, head, peer)
-    _check_zero(head, 4, 16, _AN_AUTH, peer)
+    _check_keyed_head(head, AUTH_MAGIC, _AN_AUTH, peer)
     return AUTH_LEN - HEAD_LEN
 
 

@@ -151,7 +151,8 @@ class Machine:
                 return None
             element = m.parse_pake(self._take(m.PAKE_LEN), self.peer)
             self._key = self._exchange.finish(element, self.peer)
-            self._out += m.encode_auth(self._tag(self.role))
+            if self.role == m.ROLE_CLIENT:  # the client's tag first; the server answers
+                self._out += m.encode_auth(self._tag(self.role))
         if self.authkey is not None:
             if not self._arrived(m.AUTH_LEN):
                 return None
@@ -163,6 +164,8 @@ class Machine:
                     "on the way",
                     self.peer,
                 )
+            if self._exchange is not None and self.role == m.ROLE_SERVER:
+                self._out += m.encode_auth(self._tag(self.role))  # only to a verified tag
         assert self._theirs is not None
         client, server = self._hellos()
         self.shaken = Handshake(
@@ -178,7 +181,8 @@ class Machine:
 
     def _arrived(self, n: int) -> bool:
         """Whether the next ``n`` bytes of the authentication came; AuthenticationError
-        when the connection ended first (the peer refused this side)."""
+        when the connection ended first (the peer refused this side: its hello, its
+        element or its tag)."""
         if len(self._in) >= n:
             return True
         if self._ended:

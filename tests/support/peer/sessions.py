@@ -82,7 +82,8 @@ def record(authkey: bytes | None, to: Side) -> list[dict[str, str]]:
     for side in sides.values():
         side.handshake()
     if authkey is not None:
-        move("dialler", "authentication")
+        move("dialler", "authentication")  # the client's tag first
+        sides["listener"].handshake()  # the listener answers the tag it verified
         move("listener", "authentication")
     assert all(side.handshake() is not None for side in sides.values())
 

@@ -169,16 +169,24 @@ pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
             }
             let element = auth::parse_pake(&message, peer)?;
             let confirmation = exchange.finish(&element, role, client, server, peer)?;
-            stream
-                .write_all(&auth::auth_message(confirmation.tag(role)))
-                .await?;
-            stream.flush().await?;
+            let tag = auth::auth_message(confirmation.tag(role));
+            // The client's tag first: the server answers only a tag it verified, so a
+            // client learns whether its key is right only by sending its tag, which the
+            // listener counts as a failure when wrong (docs/spec/protocol.md, step 3).
+            if role == Role::Client {
+                stream.write_all(&tag).await?;
+                stream.flush().await?;
+            }
             let mut message = [0u8; auth::AUTH_LEN];
             if read_message(stream, &mut message).await?.is_err() {
                 return Err(auth::closed_instead(peer));
             }
             let peer_tag = auth::parse_auth(&message, peer)?;
             confirmation.verify(role.peer(), &peer_tag, peer)?;
+            if role == Role::Server {
+                stream.write_all(&tag).await?;
+                stream.flush().await?;
+            }
             true
         }
     };

@@ -5,7 +5,8 @@
 //! sends its tag `HMAC-SHA256(K, label || SHA-256(client hello || server hello))`, the
 //! label naming the side, so that a tag cannot be reflected back to its sender and a
 //! hello changed on the way changes both tags; the peer's tag is checked in constant
-//! time (`ring::hmac::verify`).
+//! time (`ring::hmac::verify`). The client sends its tag first; the server answers only
+//! a tag it verified.
 //!
 //! Nothing a side sends is a function of the authkey alone: the element hides it under
 //! a fresh scalar, and `K` needs that scalar or the peer's. So a recorded connection, or
@@ -288,8 +289,9 @@ pub fn check_modes(has_key: bool, peer_auth: bool, peer: Option<SocketAddr>) -> 
 }
 
 /// The error of a side whose peer closed the connection where its key exchange or auth
-/// message belongs (it refused this side's hello, or its authkey, and said so in its
-/// own log).
+/// message belongs (it refused this side's hello, its element, or its tag: its authkey,
+/// and said so in its own log). A client whose tag the listener refused learns it so: a
+/// listener answers only a tag it verified.
 pub fn closed_instead(peer: Option<SocketAddr>) -> GradientStreamError {
     authentication_error(
         "the peer closed the connection instead of authenticating: it refused this side's \

@@ -40,7 +40,7 @@ PROTOCOLS: tuple[Protocol, ...] = typing.get_args(Protocol)
 SESSION_ID = "gradstream-cli"
 # A key file is a few dozen bytes; past this it is some other file given by mistake.
 MAX_AUTHKEY_FILE = 64 * 1024
-KEY_HINT = "make one with: openssl rand -out FILE 32"
+KEY_HINT = "make one with: gradstream keygen --out FILE"
 
 
 @dataclass(frozen=True)

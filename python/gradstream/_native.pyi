@@ -41,9 +41,11 @@ __all__ = [
     "_protocol_digest_of_stream",
     "_protocol_hello",
     "_protocol_hello_rest",
+    "_protocol_pake",
     "_protocol_read_ack",
     "_protocol_read_auth",
     "_protocol_read_hello",
+    "_protocol_read_pake",
     "_protocol_transfer_id",
     "fast_path_counts",
     "manifest_json",
@@ -405,8 +407,15 @@ def _protocol_hello(
 ) -> bytes: ...
 def _protocol_hello_rest(head: bytes) -> int: ...
 def _protocol_read_hello(data: bytes, own_role: int) -> tuple[int, int, bytes, int, int]: ...
+def _protocol_pake(key: bytes, role_byte: int, seed: bytes) -> bytes: ...
+def _protocol_read_pake(data: bytes) -> bytes: ...
 def _protocol_auth(
-    key: bytes, role_byte: int, client_hello: bytes, server_hello: bytes
+    key: bytes,
+    role_byte: int,
+    seed: bytes,
+    peer_pake: bytes,
+    client_hello: bytes,
+    server_hello: bytes,
 ) -> bytes: ...
 def _protocol_read_auth(data: bytes) -> bytes: ...
 def _protocol_transfer_id(client: bytes, server: bytes, direction: int, counter: int) -> bytes: ...

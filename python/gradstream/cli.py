@@ -5,6 +5,7 @@
     gradstream send HOST:PORT FILE.npy [FILE.npy ...] [--chunk-size N] [--layout L]
                     [--compression C] [CONNECTION FLAGS] [--timeout S] [-v]
     gradstream demo [--mib N] [--repeats R]
+    gradstream keygen [--out FILE]
 
     CONNECTION FLAGS: [--protocol gradstream|seed] [--tls-cert FILE --tls-key FILE]
                       [--tls-ca FILE] [--authkey-file FILE]
@@ -42,6 +43,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from ._cli_base import WIDEST_VALUE, CliError, format_size, one_line, parse_address, parse_size
+from ._cli_keygen import add_keygen
 from ._cli_link import PROTOCOLS
 from ._cli_log import command_logging, level_for
 from ._cli_recv import output_paths, run_recv
@@ -133,7 +135,8 @@ def _add_common(p: argparse.ArgumentParser, *, listening: bool) -> None:
     link.add_argument(
         "--authkey-file",
         metavar="FILE",
-        help="a shared key: the file's bytes, at least 16 (e.g. openssl rand -out FILE 32); "
+        help="a shared key: the file's bytes, at least 16 (make one with gradstream keygen "
+        "--out FILE); "
         "only peers with the same key are admitted, both ways",
     )
 
@@ -152,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_recv(sub)
     _add_send(sub)
     _add_demo(sub)
+    add_keygen(sub, _Formatter)
     return parser
 
 

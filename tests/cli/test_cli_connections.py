@@ -429,7 +429,7 @@ def test_flags_that_do_not_go_together_are_usage_errors(
 @pytest.mark.parametrize(
     ("content", "needle"),
     [
-        (b"", "is empty: an authkey is 16 bytes or more (make one with: openssl rand"),
+        (b"", "is empty: an authkey is 16 bytes or more (make one with: gradstream keygen"),
         (b"x" * 15, "holds 15 bytes: an authkey is 16 bytes or more"),
         (b"x" * (64 * 1024 + 1), "holds 65,537 bytes: not a key file?"),
         (None, "cannot read --authkey-file "),  # then the path, then the OS's words

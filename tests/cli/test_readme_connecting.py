@@ -82,6 +82,9 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> Path:
     script = blocks("sh")[0]
     assert f"RECEIVER_IP={RECEIVER.split(':')[0]}\n" in script
     script = script.replace(f"RECEIVER_IP={RECEIVER.split(':')[0]}", "RECEIVER_IP=127.0.0.1")
+    # `gradstream` is this test's (the venv's), whatever PATH holds.
+    assert "gradstream keygen --out round.key\n" in script
+    script = script.replace("gradstream keygen", f"{shlex.join(CLI)} keygen")
     subprocess.run(["sh", "-e", "-c", script], cwd=folder, check=True, capture_output=True)
     wrong = """
         openssl rand -out other.key 32

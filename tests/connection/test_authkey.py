@@ -1,7 +1,9 @@
-"""authkey= (docs/guides/connections.md): an HMAC-SHA256 challenge and response over both
-hellos. A wrong or missing key fails on both sides before any gradient byte, a hello
-edited on the way (a man in the middle) fails the same way, a tag reflected back to its
-sender is refused, and the listener goes on serving the others. Native with native and
+"""authkey= (docs/guides/connections.md): a SPAKE2 exchange, then a confirmation tag each
+way over both hellos. A wrong or missing key fails on both sides before any gradient
+byte, a hello or key exchange message edited on the way (a man in the middle) fails the
+same way, an element or tag reflected back to its sender is refused, and the listener
+goes on serving the others. (What a recorded or faked connection gives an offline
+guesser: test_offline_guessing.py.) Native with native and
 with the test peer on either side (``pair``: listener, dialler), or the native side
 against a peer by hand; a native listener logs what it refused, the test peer keeps it in
 ``failures``."""
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from types import ModuleType
 from typing import Any
 
@@ -86,7 +89,8 @@ def listener_refusals(
         (
             KEY,
             OTHER_KEY,
-            "the peer's tag does not match: another authkey, or a hello changed on the way",
+            "the peer closed the connection instead of authenticating: it refused this "
+            "side's hello or authkey",
             "the peer's tag does not match",
         ),
         (
@@ -124,7 +128,11 @@ def test_a_key_mismatch_fails_on_both_sides(
 
 @pytest.mark.parametrize(
     ("offset", "what"),
-    [(52, "max_gradient_len"), (60, "max_payload_len"), (30, "nonce")],
+    [
+        (52, "max_gradient_len"),
+        (60, "max_payload_len"),
+        (30, "nonce"),
+    ],
 )
 def test_a_man_in_the_middle_editing_a_hello_field_fails_authentication(
     pair: Pair, offset: int, what: str, caplog: pytest.LogCaptureFixture
@@ -135,10 +143,31 @@ def test_a_man_in_the_middle_editing_a_hello_field_fails_authentication(
     with caplog.at_level(logging.WARNING, logger="gradstream"):
         exc, accepted, failures = run(lambda: refused_client(pair, KEY, KEY, proxy))
     assert isinstance(exc, AuthenticationError), what
-    assert "the peer's tag does not match" in exc.detail
+    # The listener refused the client's tag and closed without its own.
+    assert exc.detail.startswith("the peer closed the connection instead of authenticating")
     assert accepted == 1
     lines = listener_refusals(pair, caplog, failures)
     assert len(lines) == 1 and "the peer's tag does not match" in lines[0]
+
+
+def test_a_man_in_the_middle_editing_the_element_fails_authentication(
+    pair: Pair, caplog: pytest.LogCaptureFixture
+) -> None:
+    # One bit of the client's SPAKE2 element flipped: most such edits leave no point of
+    # the group (the listener refuses the message, a ProtocolError), the others a point
+    # that gives the listener another key (it refuses the client's tag). Either way the
+    # listener closes without its tag, and the client learns that it was refused.
+    proxy = Proxy(("127.0.0.1", 0), edit_at=80 + 16 + 5, edit_xor=0x01)
+    with caplog.at_level(logging.WARNING, logger="gradstream"):
+        exc, accepted, failures = run(lambda: refused_client(pair, KEY, KEY, proxy))
+    assert isinstance(exc, AuthenticationError) and accepted == 1
+    assert exc.detail.startswith("the peer closed the connection instead of authenticating")
+    lines = listener_refusals(pair, caplog, failures)
+    assert len(lines) == 1
+    assert (
+        "a point of Ed25519's prime-order group in a key exchange message" in lines[0]
+        or "the peer's tag does not match" in lines[0]
+    ), lines[0]
 
 
 def test_a_man_in_the_middle_editing_the_version_is_refused(
@@ -154,47 +183,86 @@ def test_a_man_in_the_middle_editing_the_version_is_refused(
     assert exc.detail.startswith("the peer closed the connection instead of authenticating")
     lines = listener_refusals(pair, caplog, failures)
     assert len(lines) == 1
-    assert "expected a hello of version 1, got a hello of version 2" in lines[0]
+    assert "expected a hello of version 2, got a hello of version 1" in lines[0]
+
+
+async def fake_listener(
+    answer: Callable[[asyncio.StreamReader], Awaitable[bytes]], reflect_tag: bool
+) -> AuthenticationError:
+    """A native client with KEY at a listener without it, which sends a hello, then
+    ``answer(reader)`` (having read the client's hello), then, with ``reflect_tag``, the
+    client's own tag back to it; the client's error."""
+
+    async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(p.encode_hello(p.Hello(2, 1, bytes(32), 1 << 30, 1 << 28)))
+        await reader.readexactly(80)
+        writer.write(await answer(reader))
+        if reflect_tag:
+            writer.write(await reader.readexactly(48))
+        await read_to_end(reader)
+        writer.close()
+
+    server = await asyncio.start_server(on_connection, "127.0.0.1", 0)
+    try:
+        with pytest.raises(AuthenticationError) as info:
+            await gs.connect(server.sockets[0].getsockname()[:2], authkey=KEY)
+        return info.value
+    finally:
+        server.close()
+
+
+def test_a_reflected_element_is_refused() -> None:
+    # The listener sends the client's own element back as its own.
+    async def reflect(reader: asyncio.StreamReader) -> bytes:
+        return await reader.readexactly(48)
+
+    detail = run(lambda: fake_listener(reflect, reflect_tag=False)).detail
+    assert detail == "the peer's key exchange message is this side's own, sent back"
 
 
 def test_a_reflected_tag_is_refused() -> None:
-    # A listener without the key that sends the client's own tag back as its answer.
-    async def main() -> AuthenticationError:
-        async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            hello = p.encode_hello(p.Hello(2, 1, bytes(32), 1 << 30, 1 << 28))
-            writer.write(hello)
-            await reader.readexactly(80)
-            writer.write(await reader.readexactly(48))  # the client's auth, back to it
-            await read_to_end(reader)
-            writer.close()
+    # The listener runs SPAKE2 with a guessed key and sends the client's own tag back.
+    async def guess(reader: asyncio.StreamReader) -> bytes:
+        await reader.readexactly(48)  # the client's element
+        return p.Exchange(OTHER_KEY, p.ROLE_SERVER).message()
 
-        server = await asyncio.start_server(on_connection, "127.0.0.1", 0)
-        try:
-            with pytest.raises(AuthenticationError) as info:
-                await gs.connect(server.sockets[0].getsockname()[:2], authkey=KEY)
-            return info.value
-        finally:
-            server.close()
-
-    assert "the peer's tag does not match" in run(main).detail
+    detail = run(lambda: fake_listener(guess, reflect_tag=True)).detail
+    assert detail.startswith("the peer's tag does not match")
 
 
-def test_a_client_guessing_a_tag_is_refused_before_any_gradient_byte(
+def test_a_client_guessing_a_tag_is_refused_before_any_gradient_byte_and_gets_no_tag(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    # A client with a guessed key: the listener reads its tag, refuses it, and closes
+    # without its own (a listener answers only a tag it verified), before any frame.
     async def main() -> bytes:
         async with await gs.listen(LOCAL, authkey=KEY) as listener:
             async with raw_peer(listener.address) as (reader, writer):
                 writer.write(p.encode_hello(p.Hello(1, 1, bytes(32), 1 << 30, 1 << 28)))
-                await reader.readexactly(80)
+                writer.write(p.Exchange(OTHER_KEY, p.ROLE_CLIENT).message())
+                await reader.readexactly(80 + 48)
                 writer.write(p.encode_auth(bytes(32)))
                 writer.write(ref.GradientStreamSession("s").encode_frames(np.ones(3, np.float32)))
                 return await read_to_end(reader)
 
     with caplog.at_level(logging.WARNING, logger="gradstream"):
         got = run(main)
-    assert got[:4] == b"GSAU" and len(got) == 48  # the listener's tag, then the end
+    assert got == b""  # no tag of the listener's, then the end
     assert "the peer's tag does not match" in refusals(caplog)[0]
+
+
+def test_a_client_that_sends_no_tag_gets_none() -> None:
+    # A client that stops after the exchange (to learn from the listener's tag whether
+    # its guess was right) waits in vain: the listener times the handshake out.
+    async def main() -> bytes:
+        async with await gs.listen(LOCAL, authkey=KEY, handshake_timeout=0.5) as listener:
+            async with raw_peer(listener.address) as (reader, writer):
+                writer.write(p.encode_hello(p.Hello(1, 1, bytes(32), 1 << 30, 1 << 28)))
+                writer.write(p.Exchange(OTHER_KEY, p.ROLE_CLIENT).message())
+                await reader.readexactly(80 + 48)
+                return await read_to_end(reader)
+
+    assert run(main) == b""
 
 
 def test_authenticated_peers_say_so(pair: Pair) -> None:

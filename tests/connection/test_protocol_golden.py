@@ -1,17 +1,22 @@
-"""The protocol's bytes, pinned to docs/spec/protocol.md and its test vectors: the hello,
-the authentication message and tags, the transfer ids, the ack and its digest, and the
-strict reading of each (what a peer may not send, refused from its first 16 bytes).
+"""The protocol's bytes, pinned to docs/spec/protocol.md and its test vectors
+(connection/vectors/messages.json, written by support/peer/vectors.py): the hello, the
+key exchange and authentication messages, the transfer ids, the ack and its digest, and
+the strict reading of each (what a peer may not send, refused from its first 16 bytes).
 
 Each test takes a ``codec``: the messages of one implementation behind the small
-interface of ``support.protocol``, the test peer's (``support.peer.messages``) and the
-core's; both must give the same bytes and the same refusals. Whole sessions of these
-messages, replayed against the native side, are test_protocol_sessions.py's.
+interface of ``support.protocol``, the test peer's (``support.peer.messages``, over
+PyPI's pure-Python ``spake2``) and the core's (over RustCrypto's ``spake2``); both must
+give the same bytes and the same refusals, so the two SPAKE2 implementations agree byte
+for byte: the same scalar gives the same element, the same key and the same tags, and
+each side of one finishes an exchange with the other. Whole sessions of these messages,
+replayed against the native side, are test_protocol_sessions.py's.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
+import os
 import struct
 
 import numpy as np
@@ -20,49 +25,33 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gradstream.reference as ref
-from gradstream.errors import ProtocolError
+from gradstream.errors import AuthenticationError, ProtocolError
 from support.connections import tls_client_hello
-from support.protocol import CODECS, Codec
+from support.peer import messages as p
+from support.peer import vectors
+from support.protocol import CODECS, NATIVE, PEER, Codec
 
-CLIENT_NONCE = bytes(range(32))
-SERVER_NONCE = bytes(range(32, 64))
-KEY = b"correct horse battery staple"
-MAX_GRADIENT_LEN = 1 << 30  # the session defaults
-MAX_PAYLOAD_LEN = 1 << 28
+VECTORS = vectors.load()
 
-CLIENT_HELLO = bytes.fromhex(
-    "4753484c 0000000000000000 0100 5000 01 01 0000"
-    + CLIENT_NONCE.hex()
-    + "0000004000000000 00000010 00000000000000000000000000000000"
-)
-SERVER_HELLO = bytes.fromhex(
-    "4753484c 0000000000000000 0100 5000 02 01 0000"
-    + SERVER_NONCE.hex()
-    + "0000004000000000 00000010 00000000000000000000000000000000"
-)
-CLIENT_AUTH = bytes.fromhex(
-    "47534155 000000000000000000000000"
-    "c58d31f898bb2c705e72805d419a03935dcc469545087860d5cd42ef9f90d7bb"
-)
-SERVER_AUTH = bytes.fromhex(
-    "47534155 000000000000000000000000"
-    "b2fba0c69216c74f27ee75d0b3c4bc103b48f767406d4be0ac49510b64316f5a"
-)
-IDS = {
-    (1, 0): "fb1ea9060e8375d9842202a20885dc6b",
-    (2, 0): "59f4109322c9ccbb856d64b3873a95a3",
-    (1, 1): "4ed82101c06a79841f8c40f653bf93e2",
-}
-HEADERS = [struct.pack("<4I", 0, 2, 10, 0x11111111), struct.pack("<4I", 1, 2, 10, 0x22222222)]
-ACK = bytes.fromhex(
-    "4753414b 0000000000000000 00 00 0000 0000000000000000"
-    "5da574165e2673baf8fb84f1debe477aec7b68a4428c3a29cf5d7a2679a1b86e"
-)
-REASON = "chunk 1 failed its CRC check"
-REFUSAL = (
-    bytes.fromhex("4753414b 0000000000000000 01 00 1c00 0000000000000000" + "00" * 32)
-    + REASON.encode()
-)
+
+def _hex(name: str) -> bytes:
+    return bytes.fromhex(VECTORS[name])
+
+
+CLIENT_NONCE = _hex("client_nonce")
+SERVER_NONCE = _hex("server_nonce")
+KEY = _hex("authkey")
+MAX_GRADIENT_LEN = VECTORS["max_gradient_len"]
+MAX_PAYLOAD_LEN = VECTORS["max_payload_len"]
+CLIENT_SEED, SERVER_SEED = _hex("client_seed"), _hex("server_seed")
+CLIENT_HELLO, SERVER_HELLO = _hex("client_hello"), _hex("server_hello")
+CLIENT_PAKE, SERVER_PAKE = _hex("client_pake"), _hex("server_pake")
+CLIENT_AUTH, SERVER_AUTH = _hex("client_auth"), _hex("server_auth")
+IDS = {tuple(map(int, k.split(","))): v for k, v in VECTORS["transfer_ids"].items()}
+HEADERS = [bytes.fromhex(h) for h in VECTORS["headers"]]
+ACK = _hex("ack")
+REASON = VECTORS["reason"]
+REFUSAL = _hex("refusal")
 
 pytestmark = pytest.mark.parametrize("codec", CODECS, ids=[c.name for c in CODECS])
 
@@ -79,13 +68,26 @@ def edited(data: bytes, offset: int, value: int) -> bytes:
     return data[:offset] + bytes([value]) + data[offset + 1 :]
 
 
+def auth(
+    codec: Codec, role: int, hellos: tuple[bytes, bytes] = (CLIENT_HELLO, SERVER_HELLO)
+) -> bytes:
+    """The vectors' auth message of ``role`` by ``codec``, over ``hellos``."""
+    seed, peer_pake = (CLIENT_SEED, SERVER_PAKE) if role == 1 else (SERVER_SEED, CLIENT_PAKE)
+    return codec.auth(KEY, role, seed, peer_pake, *hellos)
+
+
 # --------------------------------------------------------------------------- the vectors
+
+
+def test_the_vectors_are_what_the_script_writes(codec: Codec) -> None:
+    assert vectors.text(vectors.messages()) == vectors.MESSAGES.read_text()
 
 
 def test_the_hellos_are_the_vectors(codec: Codec) -> None:
     assert client_hello(codec) == CLIENT_HELLO
     assert codec.hello(2, 1, SERVER_NONCE, MAX_GRADIENT_LEN, MAX_PAYLOAD_LEN) == SERVER_HELLO
     assert len(CLIENT_HELLO) == 80
+    assert struct.unpack_from("<H", CLIENT_HELLO, 12) == (2,)  # the version
     # Bytes 4-11 zero: an ipfrs-transport receiver reads total_chunks 0, payload_len 0.
     assert struct.unpack_from("<II", CLIENT_HELLO, 4) == (0, 0)
 
@@ -107,9 +109,17 @@ def test_the_hellos_read_back(codec: Codec) -> None:
     )
 
 
+def test_the_key_exchange_messages_are_the_vectors(codec: Codec) -> None:
+    assert codec.pake(KEY, 1, CLIENT_SEED) == CLIENT_PAKE
+    assert codec.pake(KEY, 2, SERVER_SEED) == SERVER_PAKE
+    assert codec.read_pake(CLIENT_PAKE) == CLIENT_PAKE[16:]
+    # The seeds are SHA-512 of a label and the nonce (the replays' fixed scalars).
+    assert CLIENT_SEED == hashlib.sha512(b"gradstream/2 test scalar" + CLIENT_NONCE).digest()
+
+
 def test_the_auth_messages_are_the_vectors(codec: Codec) -> None:
-    assert codec.auth(KEY, 1, CLIENT_HELLO, SERVER_HELLO) == CLIENT_AUTH
-    assert codec.auth(KEY, 2, CLIENT_HELLO, SERVER_HELLO) == SERVER_AUTH
+    assert auth(codec, 1) == CLIENT_AUTH
+    assert auth(codec, 2) == SERVER_AUTH
     assert codec.read_auth(CLIENT_AUTH) == CLIENT_AUTH[16:]
 
 
@@ -127,34 +137,80 @@ def test_the_acks_are_the_vectors(codec: Codec) -> None:
     assert codec.read_ack(REFUSAL) == (0, bytes(32), REASON)
 
 
+# --------------------------------------------------------------------------- SPAKE2, both ways
+
+
+def test_each_implementation_finishes_an_exchange_with_the_other(codec: Codec) -> None:
+    # Fresh seeds: this codec's client against the other's server, and back; both sides
+    # get the same key, so each accepts the other's tag.
+    other = NATIVE if codec is PEER else PEER
+    for client, server in [(codec, other), (other, codec)]:
+        key = os.urandom(20)
+        seeds = os.urandom(64), os.urandom(64)
+        pakes = client.pake(key, 1, seeds[0]), server.pake(key, 2, seeds[1])
+        assert pakes[0] != CLIENT_PAKE and len(pakes[0]) == len(pakes[1]) == 48
+        hellos = CLIENT_HELLO, SERVER_HELLO
+        for role, side in [(1, client), (2, server)]:
+            mine = side.auth(key, role, seeds[role - 1], pakes[2 - role], *hellos)
+            theirs = (server if side is client else client).auth(
+                key, role, seeds[role - 1], pakes[2 - role], *hellos
+            )
+            assert mine == theirs, role
+
+
+def test_a_session_key_is_the_spake2_transcript_hash(codec: Codec) -> None:
+    # K = SHA-256(SHA-256(authkey) || SHA-256(idA) || SHA-256(idB) || X || Y || Z), the
+    # tags HMAC-SHA256(K, label || SHA-256(hellos)): the vectors' K gives both tags.
+    key = _hex("session_key")
+    for role, expected in [(1, CLIENT_AUTH), (2, SERVER_AUTH)]:
+        assert p.encode_auth(p.confirm_tag(key, role, CLIENT_HELLO, SERVER_HELLO)) == expected
+
+
 # --------------------------------------------------------------------------- what the tags bind
 
 
 def test_every_hello_byte_is_under_both_tags(codec: Codec) -> None:
     # A man in the middle who edits any byte of either hello (a limit, a nonce, the
     # version) changes both tags, so the side that holds the key notices.
-    tags = {codec.auth(KEY, role, CLIENT_HELLO, SERVER_HELLO) for role in (1, 2)}
+    tags = {auth(codec, role) for role in (1, 2)}
     assert len(tags) == 2  # the role labels differ: a tag cannot be reflected
     for which in range(2):
-        for offset in range(80):
+        for offset in range(0, 80, 3 if codec is NATIVE else 7):
             hellos = [CLIENT_HELLO, SERVER_HELLO]
             hellos[which] = edited(hellos[which], offset, hellos[which][offset] ^ 0x01)
             for role in (1, 2):
-                assert codec.auth(KEY, role, *hellos) not in tags, (which, offset, role)
+                assert auth(codec, role, (hellos[0], hellos[1])) not in tags, (which, offset)
 
 
 def test_another_key_gives_other_tags(codec: Codec) -> None:
-    assert codec.auth(KEY + b"!", 1, CLIENT_HELLO, SERVER_HELLO) != CLIENT_AUTH
+    assert codec.auth(KEY + b"!", 1, CLIENT_SEED, SERVER_PAKE, CLIENT_HELLO, SERVER_HELLO) != (
+        CLIENT_AUTH
+    )
+    assert codec.pake(KEY + b"!", 1, CLIENT_SEED) != CLIENT_PAKE
 
 
-def test_ids_differ_by_direction_counter_and_nonces(codec: Codec) -> None:
-    seen = {
-        codec.transfer_id(c, s, d, k)
-        for c, s in [(CLIENT_NONCE, SERVER_NONCE), (SERVER_NONCE, CLIENT_NONCE)]
-        for d in (1, 2)
-        for k in (0, 1, 2**64 - 1)
-    }
-    assert len(seen) == 12
+def test_a_reflected_element_is_refused(codec: Codec) -> None:
+    with pytest.raises(
+        AuthenticationError, match="the peer's key exchange message is this side's own"
+    ):
+        codec.auth(KEY, 1, CLIENT_SEED, CLIENT_PAKE, CLIENT_HELLO, SERVER_HELLO)
+
+
+NEUTRAL = bytes([1]) + bytes(31)  # y = 1
+ORDER_TWO = bytes([0xEC]) + bytes([0xFF]) * 30 + bytes([0x7F])  # y = -1
+NOT_A_POINT = bytes([2]) + bytes(31)  # y = 2: x^2 is no square
+# The prime-order generator plus a point of order 8: on the curve, outside the group.
+MIXED = bytes.fromhex("da99e28ba529cdde35a25fba9059e78ecaee239f99755b9b1aa4f65df00803e2")
+
+
+@pytest.mark.parametrize("element", [NEUTRAL, ORDER_TWO, NOT_A_POINT, MIXED])
+def test_an_element_outside_the_group_is_a_protocol_error(codec: Codec, element: bytes) -> None:
+    with pytest.raises(ProtocolError) as info:
+        codec.read_pake(b"GSPK" + bytes(12) + element)
+    assert info.value.expected == (
+        "a point of Ed25519's prime-order group in a key exchange message"
+    )
+    assert info.value.seen == f"bytes {element.hex()}"
 
 
 # --------------------------------------------------------------------------- strict hellos
@@ -163,8 +219,19 @@ def test_ids_differ_by_direction_counter_and_nonces(codec: Codec) -> None:
 @pytest.mark.parametrize(
     ("offset", "value", "expected", "seen"),
     [
-        (12, 2, "a hello of version 1", "a hello of version 2"),
-        (14, 81, "a version 1 hello of 80 bytes", "a length of 81"),
+        (
+            12,
+            1,
+            "a hello of version 2",
+            "a hello of version 1 (an older gradstream: upgrade the peer)",
+        ),
+        (
+            12,
+            3,
+            "a hello of version 2",
+            "a hello of version 3 (a newer gradstream: upgrade this side)",
+        ),
+        (14, 81, "a version 2 hello of 80 bytes", "a length of 81"),
         (16, 2, "the hello of a client", "the hello of a server"),
         (17, 2, "auth 0 (none) or 1 (authkey) in the hello", "auth 2"),
         (18, 1, "zero bytes at offsets 18..19 of the hello", "0100"),
@@ -192,7 +259,7 @@ def test_a_hello_is_judged_on_its_first_16_bytes(codec: Codec) -> None:
     # What the reader reads first; a bad head is refused before the other 64 are read.
     assert codec.hello_rest(CLIENT_HELLO[:16]) == 64
     for bad in (
-        edited(CLIENT_HELLO, 12, 2),
+        edited(CLIENT_HELLO, 12, 1),
         edited(CLIENT_HELLO, 14, 0xFF),
         b"GET / HTTP/1.1\r\nH",
     ):
@@ -236,8 +303,9 @@ def test_a_bare_seed_frame_header_is_named_with_its_fields(codec: Codec) -> None
 
 def test_messages_in_the_wrong_place_are_named(codec: Codec) -> None:
     assert codec.describe(CLIENT_AUTH[:16]).startswith("an authentication message")
+    assert codec.describe(CLIENT_PAKE[:16]).startswith("a key exchange message (4753504b")
     assert codec.describe(ACK[:16]).startswith("an ack")
-    assert codec.describe(CLIENT_HELLO[:16]) == "a hello of version 1 (80 bytes)"
+    assert codec.describe(CLIENT_HELLO[:16]) == "a hello of version 2 (80 bytes)"
 
 
 # --------------------------------------------------------------------------- strict auth and acks
@@ -248,6 +316,15 @@ def test_an_auth_message_with_a_nonzero_reserved_byte_is_refused(codec: Codec) -
         codec.read_auth(edited(CLIENT_AUTH, 9, 1))
     with pytest.raises(ProtocolError, match="expected an authentication message, got a hello"):
         codec.read_auth(CLIENT_HELLO[:48])
+
+
+def test_a_key_exchange_message_is_read_strictly(codec: Codec) -> None:
+    with pytest.raises(ProtocolError, match=r"zero bytes at offsets 4\.\.15 of a key exchange"):
+        codec.read_pake(edited(CLIENT_PAKE, 15, 1))
+    with pytest.raises(
+        ProtocolError, match="expected a key exchange message, got an authentication message"
+    ):
+        codec.read_pake(CLIENT_AUTH)
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,11 @@
 """Whole plaintext sessions (docs/spec/protocol.md, the session vectors in
 tests/connection/vectors/sessions.json) replayed against the native side, byte for byte:
 the native listener against a recorded dialler (the test writes the dialler's messages,
-and every byte the listener writes must be the recorded listener's: its hello, its tag,
-its acks), and the native dialler against a recorded listener. The native side's nonce is
-fixed for the replay by the bindings' test-only ``_test_nonce`` (see
-``gradstream._connection``'s ``_link_settings``); every tag, transfer id, seal and ack
-digest follows from it.
+and every byte the listener writes must be the recorded listener's: its hello and SPAKE2
+element, its tag, its acks), and the native dialler against a recorded listener. The
+native side's nonce is fixed for the replay by the bindings' test-only ``_test_nonce``
+(see ``gradstream._connection``'s ``_link_settings``); its SPAKE2 scalar, every tag,
+transfer id, seal and ack digest follow from it.
 
 The vectors are what the test peer records (support.peer.sessions), and their hellos and
 tags are the message vectors of test_protocol_golden.py.
@@ -148,10 +148,23 @@ def test_the_vectors_are_what_the_test_peer_records() -> None:
 
 
 def test_the_sessions_hellos_and_tags_are_the_message_vectors() -> None:
-    from test_protocol_golden import CLIENT_AUTH, CLIENT_HELLO, SERVER_AUTH, SERVER_HELLO
+    from test_protocol_golden import (
+        CLIENT_AUTH,
+        CLIENT_HELLO,
+        CLIENT_PAKE,
+        SERVER_AUTH,
+        SERVER_HELLO,
+        SERVER_PAKE,
+    )
 
     shaken = steps("authkey, to the listener")[:4]
-    assert [data for _, _, data in shaken] == [CLIENT_HELLO, SERVER_HELLO, CLIENT_AUTH, SERVER_AUTH]
+    # With an authkey, each side's SPAKE2 element goes with its hello.
+    assert [data for _, _, data in shaken] == [
+        CLIENT_HELLO + CLIENT_PAKE,
+        SERVER_HELLO + SERVER_PAKE,
+        CLIENT_AUTH,
+        SERVER_AUTH,
+    ]
     plain = steps("plain, to the listener")[:2]
     # Without an authkey, the hellos say so (byte 17) and nothing else changes.
     assert [data[:17] + data[18:] for _, _, data in plain] == [

@@ -25,7 +25,17 @@ class Codec(Protocol):
     ) -> bytes: ...
     def hello_rest(self, head: bytes) -> int: ...
     def read_hello(self, data: bytes, own_role: int) -> HelloFields: ...
-    def auth(self, key: bytes, role: int, client_hello: bytes, server_hello: bytes) -> bytes: ...
+    def pake(self, key: bytes, role: int, seed: bytes) -> bytes: ...
+    def read_pake(self, data: bytes) -> bytes: ...
+    def auth(
+        self,
+        key: bytes,
+        role: int,
+        seed: bytes,
+        peer_pake: bytes,
+        client_hello: bytes,
+        server_hello: bytes,
+    ) -> bytes: ...
     def read_auth(self, data: bytes) -> bytes: ...
     def transfer_id(self, client: bytes, server: bytes, direction: int, counter: int) -> bytes: ...
     def digest(self, transfer: bytes, headers: list[bytes]) -> bytes: ...
@@ -50,8 +60,23 @@ class PeerCodec:
     def read_hello(self, data: bytes, own_role: int) -> HelloFields:
         return tuple(p.parse_hello(data, own_role, None))  # type: ignore[return-value]
 
-    def auth(self, key: bytes, role: int, client_hello: bytes, server_hello: bytes) -> bytes:
-        return p.encode_auth(p.auth_tag(key, role, client_hello, server_hello))
+    def pake(self, key: bytes, role: int, seed: bytes) -> bytes:
+        return p.Exchange(key, role, seed).message()
+
+    def read_pake(self, data: bytes) -> bytes:
+        return p.parse_pake(data, None)
+
+    def auth(
+        self,
+        key: bytes,
+        role: int,
+        seed: bytes,
+        peer_pake: bytes,
+        client_hello: bytes,
+        server_hello: bytes,
+    ) -> bytes:
+        session_key = p.Exchange(key, role, seed).finish(p.parse_pake(peer_pake, None))
+        return p.encode_auth(p.confirm_tag(session_key, role, client_hello, server_hello))
 
     def read_auth(self, data: bytes) -> bytes:
         return p.parse_auth(data, None)
@@ -95,8 +120,22 @@ class NativeCodec:
     def read_hello(self, data: bytes, own_role: int) -> HelloFields:
         return _native._protocol_read_hello(data, own_role)
 
-    def auth(self, key: bytes, role: int, client_hello: bytes, server_hello: bytes) -> bytes:
-        return _native._protocol_auth(key, role, client_hello, server_hello)
+    def pake(self, key: bytes, role: int, seed: bytes) -> bytes:
+        return _native._protocol_pake(key, role, seed)
+
+    def read_pake(self, data: bytes) -> bytes:
+        return _native._protocol_read_pake(data)
+
+    def auth(
+        self,
+        key: bytes,
+        role: int,
+        seed: bytes,
+        peer_pake: bytes,
+        client_hello: bytes,
+        server_hello: bytes,
+    ) -> bytes:
+        return _native._protocol_auth(key, role, seed, peer_pake, client_hello, server_hello)
 
     def read_auth(self, data: bytes) -> bytes:
         return _native._protocol_read_auth(data)

@@ -115,7 +115,7 @@ pub enum GradientStreamError {
         peer: Option<SocketAddr>,
     },
 
-    /// The authkey check failed (a wrong or missing key, or a hello changed on the way).
+    /// The authkey check failed (a wrong or missing key, or a message changed on the way).
     #[error("authentication with {} failed: {detail}", peer_text(peer))]
     Authentication {
         detail: String,

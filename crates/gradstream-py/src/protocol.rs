@@ -13,8 +13,8 @@ use super::errors::IntoPyResult;
 use gradstream_core::connection::digest_of_stream;
 use gradstream_core::frame::HEADER_LEN;
 use gradstream_core::protocol::{
-    auth_message, describe, parse_auth, tag, transfer_id, Ack, Digest, Direction, Hello, Role,
-    AUTH_LEN, HELLO_LEN, START_LEN, TRANSFER_ID_LEN,
+    auth_message, describe, parse_auth, parse_pake, transfer_id, Ack, Digest, Direction, Exchange,
+    Hello, Role, ScalarSeed, AUTH_LEN, HELLO_LEN, PAKE_LEN, SEED_LEN, START_LEN, TRANSFER_ID_LEN,
 };
 
 fn fixed<const N: usize>(data: &[u8], what: &str) -> PyResult<[u8; N]> {
@@ -80,13 +80,39 @@ pub fn read_hello<'py>(
     ))
 }
 
-/// The auth message of the side of `role_byte`.
+/// The key exchange message of the side of `role_byte`, its scalar made of `seed`.
+#[pyfunction]
+#[pyo3(name = "_protocol_pake")]
+pub fn pake<'py>(
+    py: Python<'py>,
+    key: &[u8],
+    role_byte: u8,
+    seed: &[u8],
+) -> PyResult<Bound<'py, PyBytes>> {
+    let seed = ScalarSeed::from_bytes(&fixed::<SEED_LEN>(seed, "a seed")?);
+    let exchange = Exchange::start(key, role(role_byte)?, seed);
+    Ok(PyBytes::new(py, &exchange.message()))
+}
+
+/// The element of a key exchange message (ProtocolError when it is none).
+#[pyfunction]
+#[pyo3(name = "_protocol_read_pake")]
+pub fn read_pake<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
+    let element =
+        parse_pake(&fixed::<PAKE_LEN>(data, "a key exchange message")?, None).py_err(py)?;
+    Ok(PyBytes::new(py, &element))
+}
+
+/// The auth message of the side of `role_byte` (its scalar made of `seed`) once the
+/// peer's key exchange message `peer_pake` came, over both hellos.
 #[pyfunction]
 #[pyo3(name = "_protocol_auth")]
 pub fn auth<'py>(
     py: Python<'py>,
     key: &[u8],
     role_byte: u8,
+    seed: &[u8],
+    peer_pake: &[u8],
     client_hello: &[u8],
     server_hello: &[u8],
 ) -> PyResult<Bound<'py, PyBytes>> {
@@ -94,8 +120,17 @@ pub fn auth<'py>(
         fixed(client_hello, "a hello")?,
         fixed(server_hello, "a hello")?,
     );
-    let message = auth_message(tag(key, role(role_byte)?, &client, &server));
-    Ok(PyBytes::new(py, &message))
+    let side = role(role_byte)?;
+    let seed = ScalarSeed::from_bytes(&fixed::<SEED_LEN>(seed, "a seed")?);
+    let element = parse_pake(
+        &fixed::<PAKE_LEN>(peer_pake, "a key exchange message")?,
+        None,
+    )
+    .py_err(py)?;
+    let confirmation = Exchange::start(key, side, seed)
+        .finish(&element, side, &client, &server, None)
+        .py_err(py)?;
+    Ok(PyBytes::new(py, &auth_message(confirmation.tag(side))))
 }
 
 /// The tag of an auth message (ProtocolError when it is none).
@@ -215,6 +250,8 @@ pub fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(hello, m)?)?;
     m.add_function(wrap_pyfunction!(hello_rest, m)?)?;
     m.add_function(wrap_pyfunction!(read_hello, m)?)?;
+    m.add_function(wrap_pyfunction!(pake, m)?)?;
+    m.add_function(wrap_pyfunction!(read_pake, m)?)?;
     m.add_function(wrap_pyfunction!(auth, m)?)?;
     m.add_function(wrap_pyfunction!(read_auth, m)?)?;
     m.add_function(wrap_pyfunction!(id, m)?)?;

@@ -216,10 +216,12 @@ async def _established(
     tls: Any = None,
     protocol: Protocol = "gradstream",
     nonce: bytes | None = None,
+    version: int = m.VERSION,
 ) -> Connection:
     """A connection over streams that are up (TLS with ``tls``, anything with ``cert``,
     ``key`` and ``ca`` paths), once the handshake passed; ``nonce`` fixes this side's
-    hello nonce."""
+    hello nonce (and SPAKE2 scalar); ``version=messages.OLD_VERSION`` plays an older
+    peer."""
     name = writer.get_extra_info("peername")
     address: Address = (str(name[0]), int(name[1]))
     machine = Machine(
@@ -229,6 +231,7 @@ async def _established(
         nonce=nonce,
         protocol=protocol,
         peer=address,
+        version=version,
     )
     subject = None
     verified = tls is not None and (role == m.ROLE_CLIENT or tls.ca is not None)
@@ -249,7 +252,8 @@ async def _established(
 
 async def connect(address: Any, **settings: Any) -> Connection:
     """Dial a listener at ``address`` (``"host:port"`` or a pair) and shake hands;
-    ``settings`` are ``_established``'s: session, authkey, tls, protocol, nonce."""
+    ``settings`` are ``_established``'s: session, authkey, tls, protocol, nonce,
+    version."""
     host, port = _address(address)
     tls = settings.get("tls")
     context = None if tls is None else _context(False, tls)

@@ -3,7 +3,7 @@ bytes in (``feed``), bytes out (``take_outgoing``), no socket and no clock. The 
 moves the bytes; the machine says what they mean.
 
     m = Machine(ROLE_CLIENT, session)      # its hello is the first outgoing bytes
-    m.handshake()                          # None until the peer's hello (and tag) came
+    m.handshake()                          # None until the peer's hello (and SPAKE2) came
     m.send(gradient); m.ack()              # a sealed transfer, then the peer's verdict
     m.receive("gradient")                  # the peer's next transfer, answered by an ack
 
@@ -67,8 +67,10 @@ class Machine:
     """One side (``role``: messages.ROLE_CLIENT or ROLE_SERVER) of one connection.
 
     ``session`` (the reference's) encodes and decodes the frames and gives the limits this
-    side's hello announces; ``nonce`` fixes the hello's nonce (recorded sessions), else it
-    is random; ``peer`` is the address the errors name."""
+    side's hello announces; ``nonce`` fixes the hello's nonce and with it the SPAKE2
+    scalar (recorded sessions: ``messages.fixed_seed``), else both are random; ``peer`` is
+    the address the errors name. ``version=messages.OLD_VERSION`` plays an older peer:
+    a version 1 hello and, with an authkey, version 1's HMAC tag right after the hellos."""
 
     def __init__(
         self,
@@ -79,8 +81,10 @@ class Machine:
         nonce: bytes | None = None,
         protocol: Literal["gradstream", "seed"] = "gradstream",
         peer: Address | None = None,
+        version: int = m.VERSION,
     ) -> None:
         self.role = role
+        self.version = version
         self.session = session
         self.authkey = authkey
         self.peer = peer
@@ -102,10 +106,16 @@ class Machine:
             session.max_gradient_len,
             session.max_payload_len,
         )
-        self._hello = m.encode_hello(own)
+        self._hello = m.encode_hello(own, version)
         self._peer_hello: bytes | None = None  # as it came
         self._theirs: m.Hello | None = None  # as it reads
         self._out += self._hello
+        self._exchange: m.Exchange | None = None
+        self._key: bytes | None = None  # the SPAKE2 session key, once the peer's element came
+        if authkey is not None and version != m.OLD_VERSION:
+            seed = None if nonce is None else m.fixed_seed(nonce)
+            self._exchange = m.Exchange(authkey, role, seed)
+            self._out += self._exchange.message()  # it needs nothing of the peer's
 
     # ---- bytes
 
@@ -129,29 +139,33 @@ class Machine:
     # ---- the handshake
 
     def handshake(self) -> Handshake | None:
-        """Steps 2 and 3: the peer's hello, then (with an authkey) both tags; None until
-        the bytes they need came."""
+        """Steps 2 and 3: the peer's hello, then (with an authkey) its SPAKE2 element and
+        both tags; None until the bytes they need came."""
         if self.shaken is not None or self.seed:
             return self.shaken
         if self._peer_hello is None:
             if not self._hello_from_peer():
                 return None
+        if self._exchange is not None and self._key is None:
+            if not self._arrived(m.PAKE_LEN):
+                return None
+            element = m.parse_pake(self._take(m.PAKE_LEN), self.peer)
+            self._key = self._exchange.finish(element, self.peer)
+            if self.role == m.ROLE_CLIENT:  # the client's tag first; the server answers
+                self._out += m.encode_auth(self._tag(self.role))
         if self.authkey is not None:
-            if len(self._in) < m.AUTH_LEN:
-                if self._ended:
-                    raise AuthenticationError(
-                        "the peer closed the connection instead of authenticating: it "
-                        "refused this side's hello or authkey",
-                        self.peer,
-                    )
+            if not self._arrived(m.AUTH_LEN):
                 return None
             tag = m.parse_auth(self._take(m.AUTH_LEN), self.peer)
             other = m.ROLE_SERVER if self.role == m.ROLE_CLIENT else m.ROLE_CLIENT
             if not m.tags_match(self._tag(other), tag):
                 raise AuthenticationError(
-                    "the peer's tag does not match: another authkey, or a hello changed on the way",
+                    "the peer's tag does not match: another authkey, or a message changed "
+                    "on the way",
                     self.peer,
                 )
+            if self._exchange is not None and self.role == m.ROLE_SERVER:
+                self._out += m.encode_auth(self._tag(self.role))  # only to a verified tag
         assert self._theirs is not None
         client, server = self._hellos()
         self.shaken = Handshake(
@@ -165,19 +179,36 @@ class Machine:
             return self._hello, self._peer_hello
         return self._peer_hello, self._hello
 
+    def _arrived(self, n: int) -> bool:
+        """Whether the next ``n`` bytes of the authentication came; AuthenticationError
+        when the connection ended first (the peer refused this side: its hello, its
+        element or its tag)."""
+        if len(self._in) >= n:
+            return True
+        if self._ended:
+            raise AuthenticationError(
+                "the peer closed the connection instead of authenticating: it "
+                "refused this side's hello or authkey",
+                self.peer,
+            )
+        return False
+
     def _tag(self, role: int) -> bytes:
         assert self.authkey is not None
-        return m.auth_tag(self.authkey, role, *self._hellos())
+        if self.version == m.OLD_VERSION:
+            return m.version1_tag(self.authkey, role, *self._hellos())
+        assert self._key is not None
+        return m.confirm_tag(self._key, role, *self._hellos())
 
     def _hello_from_peer(self) -> bool:
-        """The peer's hello, checked from its first 16 bytes; then, with an authkey, this
-        side's tag queued. False while bytes are missing."""
+        """The peer's hello, checked from its first 16 bytes (then, as an older peer with
+        an authkey, this side's version 1 tag queued). False while bytes are missing."""
         expected = "a gradstream hello"
         if len(self._in) < m.HEAD_LEN:
             if self._ended:
                 raise ProtocolError(expected, m.describe(bytes(self._in)), self.peer)
             return False
-        m.check_hello_head(bytes(self._in[: m.HEAD_LEN]), self.peer)
+        m.check_hello_head(bytes(self._in[: m.HEAD_LEN]), self.peer, self.version)
         if len(self._in) < m.HELLO_LEN:
             if self._ended:
                 into = len(self._in) - m.HEAD_LEN
@@ -185,7 +216,7 @@ class Machine:
                 raise ProtocolError(expected, seen, self.peer)
             return False
         self._peer_hello = self._take(m.HELLO_LEN)
-        hello = self._theirs = m.parse_hello(self._peer_hello, self.role, self.peer)
+        hello = self._theirs = m.parse_hello(self._peer_hello, self.role, self.peer, self.version)
         if self.authkey is not None and hello.auth != m.AUTH_KEY:
             raise AuthenticationError(
                 "this side requires an authkey and the peer's hello offers none", self.peer
@@ -194,7 +225,7 @@ class Machine:
             raise AuthenticationError(
                 "the peer requires an authkey and this side has none (give authkey=)", self.peer
             )
-        if self.authkey is not None:
+        if self.authkey is not None and self.version == m.OLD_VERSION:
             self._out += m.encode_auth(self._tag(self.role))
         return True
 

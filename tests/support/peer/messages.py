@@ -1,7 +1,10 @@
 """The connection protocol's messages (docs/spec/protocol.md), sans-I/O: the hello, the
-authentication message and the ack, written and strictly read; what a peer's first 16
-bytes are when they are not a hello; the HMAC tags; the transfer ids; the ack digest,
-computed from a transfer's frames as they pass.
+key exchange message, the authentication message and the ack, written and strictly read;
+what a peer's first 16 bytes are when they are not a hello; the authkey's SPAKE2
+exchange (PyPI's pure-Python ``spake2``: its own Ed25519 arithmetic, none of the Rust
+crate's) and confirmation tags; the transfer ids; the ack digest, computed from a
+transfer's frames as they pass. ``version1_tag`` is the HMAC tag of protocol version 1,
+for the tests that play an older peer.
 
 Written from the specification, not from the Rust core (crates/gradstream-core/src/
 protocol/), so that the golden tests (connection/test_protocol_golden.py) hold the two to
@@ -14,20 +17,30 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import struct
 from collections.abc import Callable
 from typing import NamedTuple
 
-from gradstream.errors import Address, ProtocolError
+from spake2 import SPAKE2_A, SPAKE2_B  # type: ignore[import-untyped]
+from spake2.ed25519_basic import NotOnCurve  # type: ignore[import-untyped]
+from spake2.ed25519_group import Ed25519Group  # type: ignore[import-untyped]
+
+from gradstream.errors import Address, AuthenticationError, ProtocolError
 from gradstream.reference import HEADER, HEADER_LEN
 
 # --------------------------------------------------------------------------- constants
 
 HELLO_MAGIC = b"GSHL"
+PAKE_MAGIC = b"GSPK"
 AUTH_MAGIC = b"GSAU"
 ACK_MAGIC = b"GSAK"
-VERSION = 1
-HELLO_LEN = 80  # version 1's hello, all of it
+VERSION = 2
+OLD_VERSION = 1  # HMAC tags over the authkey itself: what an older peer speaks
+HELLO_LEN = 80  # version 2's hello, all of it (and version 1's)
+PAKE_LEN = 48
+ELEMENT_LEN = 32
+SEED_LEN = 64
 AUTH_LEN = 48
 ACK_LEN = 56  # without the reason
 MAX_REASON_LEN = 1024
@@ -43,7 +56,7 @@ FRAME_TOTAL_PLAUSIBLE = 1 << 24
 ROLE_CLIENT = 1  # the side that connected
 ROLE_SERVER = 2  # the side that accepted
 AUTH_NONE = 0
-AUTH_KEY = 1  # HMAC-SHA256 over an authkey
+AUTH_KEY = 1  # an authkey: SPAKE2, then confirmation tags
 TO_SERVER = 1  # a transfer's direction: from client to server
 TO_CLIENT = 2
 
@@ -51,8 +64,11 @@ ACCEPTED = 0
 REFUSED = 1
 
 _ROLES = {ROLE_CLIENT: "client", ROLE_SERVER: "server"}
-_CLIENT_LABEL = b"gradstream/1 client"
-_SERVER_LABEL = b"gradstream/1 server"
+_CLIENT_LABEL = b"gradstream/2 client"
+_SERVER_LABEL = b"gradstream/2 server"
+_ID_CLIENT = b"gradstream client"  # SPAKE2's identities
+_ID_SERVER = b"gradstream server"
+_TEST_SEED_LABEL = b"gradstream/2 test scalar"
 _TRANSFER_LABEL = b"gradstream/1 transfer"
 _DIGEST_LABEL = b"gradstream/1 digest"
 
@@ -73,7 +89,12 @@ def role_name(role: int) -> str:
 
 _HTTP_METHODS = (b"GET ", b"HEAD ", b"POST ", b"PUT ", b"DELETE ", b"OPTIONS ", b"PATCH ")
 _HTTP_OTHER = (b"CONNECT ", b"TRACE ", b"PRI * HTTP/2")
-_MESSAGES = {HELLO_MAGIC: "a hello", AUTH_MAGIC: "an authentication message", ACK_MAGIC: "an ack"}
+_MESSAGES = {
+    HELLO_MAGIC: "a hello",
+    PAKE_MAGIC: "a key exchange message",
+    AUTH_MAGIC: "an authentication message",
+    ACK_MAGIC: "an ack",
+}
 
 
 def _request_line(data: bytes) -> str:
@@ -155,11 +176,12 @@ class Hello(NamedTuple):
     max_payload_len: int
 
 
-def encode_hello(hello: Hello) -> bytes:
+def encode_hello(hello: Hello, version: int = VERSION) -> bytes:
+    """``version`` other than VERSION: an older (or newer) peer's hello, for the tests."""
     return _HELLO.pack(
         HELLO_MAGIC,
         _ZERO8,
-        VERSION,
+        version,
         HELLO_LEN,
         hello.role,
         hello.auth,
@@ -174,25 +196,32 @@ def encode_hello(hello: Hello) -> bytes:
 _A_HELLO = "a gradstream hello"
 
 
-def check_hello_head(head: bytes, peer: Address | None) -> int:
-    """The first 16 bytes of the peer's hello: ProtocolError unless they are a version 1
-    hello's; the number of bytes still to read."""
+def check_hello_head(head: bytes, peer: Address | None, own_version: int = VERSION) -> int:
+    """The first 16 bytes of the peer's hello: ProtocolError unless they are a version 2
+    hello's (naming the side to upgrade); the number of bytes still to read."""
     if len(head) < HEAD_LEN or head[:4] != HELLO_MAGIC or head[4:12] != _ZERO8:
         raise _foreign(_A_HELLO, head, peer)
     version, length = struct.unpack_from("<HH", head, 12)
-    if version != VERSION:
-        raise ProtocolError(f"a hello of version {VERSION}", f"a hello of version {version}", peer)
+    if version != own_version:
+        fix = (
+            "an older gradstream: upgrade the peer"
+            if version < own_version
+            else "a newer gradstream: upgrade this side"
+        )
+        raise ProtocolError(
+            f"a hello of version {own_version}", f"a hello of version {version} ({fix})", peer
+        )
     if length != HELLO_LEN:
         raise ProtocolError(
-            f"a version {VERSION} hello of {HELLO_LEN} bytes", f"a length of {length}", peer
+            f"a version {own_version} hello of {HELLO_LEN} bytes", f"a length of {length}", peer
         )
     return HELLO_LEN - HEAD_LEN
 
 
-def parse_hello(data: bytes, role: int, peer: Address | None) -> Hello:
+def parse_hello(data: bytes, role: int, peer: Address | None, own_version: int = VERSION) -> Hello:
     """The peer's whole hello (``check_hello_head`` passed on its first 16 bytes), which
     must come from the other ``role`` than this side's."""
-    check_hello_head(data[:HEAD_LEN], peer)
+    check_hello_head(data[:HEAD_LEN], peer, own_version)
     if len(data) != HELLO_LEN:
         raise ProtocolError(f"a hello of {HELLO_LEN} bytes", f"{len(data)} bytes", peer)
     fields = _HELLO.unpack(data)
@@ -220,14 +249,92 @@ def nonce_of(hello: bytes) -> bytes:
 # --------------------------------------------------------------------------- authentication
 
 
-def auth_tag(authkey: bytes, role: int, client_hello: bytes, server_hello: bytes) -> bytes:
-    """The tag the side of ``role`` sends: HMAC-SHA256 over its role's label, both nonces
-    and the hash of both hellos (as sent by the client and by the server)."""
+def fixed_seed(nonce: bytes) -> bytes:
+    """The 64 bytes a side's SPAKE2 scalar is made of when a test fixed its nonce:
+    SHA-512("gradstream/2 test scalar" || nonce)."""
+    return hashlib.sha512(_TEST_SEED_LABEL + nonce).digest()
+
+
+class Exchange:
+    """One side's SPAKE2 exchange (the client is side A): its element goes out with its
+    hello; ``finish`` takes the peer's and gives the session key. ``seed`` fixes the
+    scalar (64 bytes, read as a little-endian number modulo the group order, as the
+    Rust crate reads its RNG's bytes); else it is fresh from os.urandom."""
+
+    def __init__(self, authkey: bytes, role: int, seed: bytes | None = None) -> None:
+        def entropy(n: int) -> bytes:
+            if seed is None:
+                return os.urandom(n)
+            assert n == SEED_LEN == len(seed), n
+            return seed[::-1]  # spake2 reads its entropy big-endian
+
+        side = SPAKE2_A if role == ROLE_CLIENT else SPAKE2_B
+        self.role = role
+        self._spake = side(authkey, idA=_ID_CLIENT, idB=_ID_SERVER, entropy_f=entropy)
+        self.element: bytes = self._spake.start()[1:]  # after the side byte
+
+    def message(self) -> bytes:
+        return PAKE_MAGIC + bytes(12) + self.element
+
+    def finish(self, peer_element: bytes, peer: Address | None = None) -> bytes:
+        """The session key K, from the peer's element (as ``parse_pake`` read it)."""
+        if peer_element == self.element:
+            raise AuthenticationError(
+                "the peer's key exchange message is this side's own, sent back", peer
+            )
+        side = b"B" if self.role == ROLE_CLIENT else b"A"
+        key: bytes = self._spake.finish(side + peer_element)
+        return key
+
+
+def confirm_tag(key: bytes, role: int, client_hello: bytes, server_hello: bytes) -> bytes:
+    """The tag the side of ``role`` sends: HMAC-SHA256 under the session key K over its
+    role's label and the hash of both hellos (as sent by the client and by the server)."""
     label = _CLIENT_LABEL if role == ROLE_CLIENT else _SERVER_LABEL
-    client_nonce = nonce_of(client_hello)
-    server_nonce = nonce_of(server_hello)
     hellos = hashlib.sha256(client_hello + server_hello).digest()
-    return hmac.new(authkey, label + client_nonce + server_nonce + hellos, "sha256").digest()
+    return hmac.new(key, label + hellos, "sha256").digest()
+
+
+def version1_tag(authkey: bytes, role: int, client_hello: bytes, server_hello: bytes) -> bytes:
+    """Protocol version 1's tag, HMAC-SHA256 under the authkey itself over its role's
+    label, both nonces and the hash of both hellos: what an older peer sends, and what
+    one recorded tag let anyone test guessed keys against, offline."""
+    label = b"gradstream/1 client" if role == ROLE_CLIENT else b"gradstream/1 server"
+    nonces = nonce_of(client_hello) + nonce_of(server_hello)
+    hellos = hashlib.sha256(client_hello + server_hello).digest()
+    return hmac.new(authkey, label + nonces + hellos, "sha256").digest()
+
+
+_A_PAKE = "a key exchange message"
+
+
+def _check_keyed_head(head: bytes, magic: bytes, what: str, peer: Address | None) -> None:
+    """A key exchange or authentication message's first 16 bytes: its magic, 12 zeros."""
+    if len(head) < HEAD_LEN or head[:4] != magic:
+        raise _foreign(what, head, peer)
+    _check_zero(head, 4, 16, what, peer)
+
+
+def check_pake_head(head: bytes, peer: Address | None) -> int:
+    """The first 16 bytes of the peer's key exchange message; the bytes still to read."""
+    _check_keyed_head(head, PAKE_MAGIC, _A_PAKE, peer)
+    return PAKE_LEN - HEAD_LEN
+
+
+def parse_pake(data: bytes, peer: Address | None) -> bytes:
+    """The element of a whole key exchange message: a point of Ed25519's prime-order
+    group, not the neutral element (spake2's own strict reading)."""
+    check_pake_head(data[:HEAD_LEN], peer)
+    element = data[HEAD_LEN:PAKE_LEN]
+    try:
+        Ed25519Group.bytes_to_element(element)
+    except (ValueError, NotOnCurve) as exc:
+        raise ProtocolError(
+            "a point of Ed25519's prime-order group in a key exchange message",
+            f"bytes {element.hex()}",
+            peer,
+        ) from exc
+    return element
 
 
 def encode_auth(tag: bytes) -> bytes:
@@ -239,9 +346,7 @@ _AN_AUTH = "an authentication message"
 
 def check_auth_head(head: bytes, peer: Address | None) -> int:
     """The first 16 bytes of the peer's authentication message; the bytes still to read."""
-    if len(head) < HEAD_LEN or head[:4] != AUTH_MAGIC:
-        raise _foreign(_AN_AUTH, head, peer)
-    _check_zero(head, 4, 16, _AN_AUTH, peer)
+    _check_keyed_head(head, AUTH_MAGIC, _AN_AUTH, peer)
     return AUTH_LEN - HEAD_LEN
 
 

@@ -7,21 +7,22 @@ manifest and two tensors), each sealed as its transfer, each answered by the rec
 ack; then the dialler closes. "to the listener" sessions are replayed against the native
 listener (the test writes the dialler's messages and reads the listener's), "to the
 dialler" ones against the native dialler (the test writes the listener's): the native
-side's own bytes (its hello, its tag, its acks) must be the recorded ones, byte for byte.
+side's own bytes (its hello and SPAKE2 element, its tag, its acks) must be the recorded
+ones, byte for byte: the native side's scalar, like the peer's here, is fixed by its
+fixed nonce (``messages.fixed_seed``).
 The frames are the reference encoder's; what a receiver answers does not depend on how
 the sender encoded them.
 
 The vectors live in tests/connection/vectors/sessions.json; test_protocol_sessions.py
 checks that they are what ``record_all`` gives. To write them again (after a deliberate
-change of the protocol or the reference encoder), from tests/:
+change of the protocol or the reference encoder), from tests/, with the message vectors:
 
-    ../.venv/bin/python -m support.peer.sessions ../tests/connection/vectors/sessions.json
+    ../.venv/bin/python -m support.peer.vectors
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -75,12 +76,14 @@ def record(authkey: bytes | None, to: Side) -> list[dict[str, str]]:
         sides[other].feed(data)
         steps.append({"from": side, "what": what, "hex": data.hex()})
 
-    move("dialler", "hello")
-    move("listener", "hello")
+    first = "hello" if authkey is None else "hello and key exchange"
+    move("dialler", first)
+    move("listener", first)
     for side in sides.values():
         side.handshake()
     if authkey is not None:
-        move("dialler", "authentication")
+        move("dialler", "authentication")  # the client's tag first
+        sides["listener"].handshake()  # the listener answers the tag it verified
         move("listener", "authentication")
     assert all(side.handshake() is not None for side in sides.values())
 
@@ -103,7 +106,7 @@ def record_all() -> dict[str, Any]:
     """Every session, with what they are made of."""
     return {
         "about": (
-            "Whole plaintext sessions of the gradstream connection protocol, version 1 "
+            f"Whole plaintext sessions of the gradstream connection protocol, version {m.VERSION} "
             "(docs/spec/protocol.md), recorded by tests/support/peer/sessions.py. Each "
             "step is one message a side writes, in order; the frames are the pure-Python "
             "reference encoder's, seed layout."
@@ -138,7 +141,3 @@ def text(vectors: dict[str, Any]) -> str:
 def load() -> dict[str, Any]:
     loaded: dict[str, Any] = json.loads(VECTORS.read_text())
     return loaded
-
-
-if __name__ == "__main__":
-    Path(sys.argv[1] if len(sys.argv) > 1 else VECTORS).write_text(text(record_all()))

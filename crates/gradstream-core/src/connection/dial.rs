@@ -26,9 +26,11 @@ pub struct DialSettings {
     /// What this side accepts, told to the peer in its hello.
     pub limits: Limits,
     /// Tests only (the recorded sessions of docs/spec/protocol.md, replayed byte for
-    /// byte): this side's hello nonce, instead of a fresh random one. A fixed nonce gives
-    /// every connection the same transfer ids, so a seal no longer tells one connection's
-    /// transfers from another's: leave it `None`.
+    /// byte): this side's hello nonce, instead of a fresh random one, and with it the
+    /// scalar of its SPAKE2 element (`auth::ScalarSeed::for_test`). A fixed nonce gives
+    /// every connection the same transfer ids and elements, so a seal no longer tells one
+    /// connection's transfers from another's, and a recorded handshake lets the authkey
+    /// be guessed offline: leave it `None`.
     #[doc(hidden)]
     pub test_nonce: Option<[u8; 32]>,
 }

@@ -1,5 +1,6 @@
 //! The start of a `"gradstream"` connection (docs/spec/protocol.md, steps 2 and 3): both
-//! hellos, then, with an authkey, both tags. Runs over any byte stream (TCP, or TLS once
+//! hellos, each with, under an authkey, its side's SPAKE2 element right behind it; then
+//! both confirmation tags. Runs over any byte stream (TCP, or TLS once
 //! its own handshake is done); the caller bounds it in time (`handshake_timeout`).
 //!
 //! Uses `protocol` (the messages) and `frame::Limits`; used by `dial` and `listener`.
@@ -95,9 +96,10 @@ fn dropped(ended: &Ended, tls: bool, peer: Option<SocketAddr>) -> Option<Gradien
     })
 }
 
-/// Exchange hellos (and, with `authkey`, tags) as `role`, over TLS when `tls`. This
-/// side's nonce is fresh from the system's RNG, unless `test_nonce` fixes it (the tests'
-/// replays of recorded sessions only: see `DialSettings::test_nonce`).
+/// Exchange hellos (and, with `authkey`, SPAKE2 elements and tags) as `role`, over TLS
+/// when `tls`. This side's nonce and SPAKE2 scalar are fresh from the system's RNG,
+/// unless `test_nonce` fixes both (the tests' replays of recorded sessions only: see
+/// `DialSettings::test_nonce`; the scalar then follows from the nonce).
 pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     role: Role,
@@ -112,8 +114,23 @@ pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
         None => Hello::new(role, authkey.is_some(), limits)?,
     };
     let mine_bytes = mine.to_bytes();
-    // Both sides write first: 80 bytes fit any socket buffer, so neither waits on the other.
-    stream.write_all(&mine_bytes).await?;
+    let exchange = match authkey {
+        None => None,
+        Some(key) => {
+            let seed = match test_nonce {
+                Some(nonce) => auth::ScalarSeed::for_test(&nonce),
+                None => auth::ScalarSeed::fresh()?,
+            };
+            Some(auth::Exchange::start(key, role, seed))
+        }
+    };
+    // Both sides write first: 128 bytes fit any socket buffer, so neither waits on the
+    // other. The element needs nothing of the peer's, so it goes with the hello.
+    let mut first = mine_bytes.to_vec();
+    if let Some(exchange) = &exchange {
+        first.extend_from_slice(&exchange.message());
+    }
+    stream.write_all(&first).await?;
     stream.flush().await?;
     // The first 16 bytes decide: a foreign peer is named from them, before more is read.
     let mut theirs_bytes = [0u8; HELLO_LEN];
@@ -143,18 +160,33 @@ pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
         Role::Server => (&theirs_bytes, &mine_bytes),
     };
     auth::check_modes(authkey.is_some(), theirs.auth, peer)?;
-    let authenticated = match authkey {
+    let authenticated = match exchange {
         None => false,
-        Some(key) => {
-            let tag = auth::tag(key, role, client, server);
-            stream.write_all(&auth::auth_message(tag)).await?;
-            stream.flush().await?;
+        Some(exchange) => {
+            let mut message = [0u8; auth::PAKE_LEN];
+            if read_message(stream, &mut message).await?.is_err() {
+                return Err(auth::closed_instead(peer));
+            }
+            let element = auth::parse_pake(&message, peer)?;
+            let confirmation = exchange.finish(&element, role, client, server, peer)?;
+            let tag = auth::auth_message(confirmation.tag(role));
+            // The client's tag first: the server answers only a tag it verified, so a
+            // client learns whether its key is right only by sending its tag, which the
+            // listener counts as a failure when wrong (docs/spec/protocol.md, step 3).
+            if role == Role::Client {
+                stream.write_all(&tag).await?;
+                stream.flush().await?;
+            }
             let mut message = [0u8; auth::AUTH_LEN];
             if read_message(stream, &mut message).await?.is_err() {
                 return Err(auth::closed_instead(peer));
             }
             let peer_tag = auth::parse_auth(&message, peer)?;
-            auth::verify(key, role.peer(), client, server, &peer_tag, peer)?;
+            confirmation.verify(role.peer(), &peer_tag, peer)?;
+            if role == Role::Server {
+                stream.write_all(&tag).await?;
+                stream.flush().await?;
+            }
             true
         }
     };

@@ -1,4 +1,4 @@
-//! The first 16 bytes of a message: our three messages' magics and common start (magic,
+//! The first 16 bytes of a message: our four messages' magics and common start (magic,
 //! then 8 zero bytes), and, for anything else, what it is, in the words of a
 //! `ProtocolError`'s `seen` (docs/spec/protocol.md, the texts listed there, the same as the
 //! reference's `_protocol.describe`): the end of the connection, an HTTP request, a TLS
@@ -24,20 +24,24 @@ const ZEROS: Range<usize> = 4..12;
 /// 65,536 values: 2^40 values); more, and the bytes are named as hex.
 const FRAME_TOTAL_PLAUSIBLE: u32 = 1 << 24;
 
-/// The three messages of the protocol.
+/// The four messages of the protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     Hello,
+    /// The authkey's SPAKE2 element (docs/spec/protocol.md, step 3).
+    Pake,
+    /// The authkey's confirmation tag.
     Auth,
     Ack,
 }
 
 impl Kind {
-    const ALL: [Kind; 3] = [Kind::Hello, Kind::Auth, Kind::Ack];
+    const ALL: [Kind; 4] = [Kind::Hello, Kind::Pake, Kind::Auth, Kind::Ack];
 
     pub const fn magic(self) -> [u8; 4] {
         match self {
             Kind::Hello => *b"GSHL",
+            Kind::Pake => *b"GSPK",
             Kind::Auth => *b"GSAU",
             Kind::Ack => *b"GSAK",
         }
@@ -47,6 +51,7 @@ impl Kind {
     pub const fn expected(self) -> &'static str {
         match self {
             Kind::Hello => "a gradstream hello",
+            Kind::Pake => "a key exchange message",
             Kind::Auth => "an authentication message",
             Kind::Ack => "an ack",
         }
@@ -56,6 +61,7 @@ impl Kind {
     pub(crate) const fn name(self) -> &'static str {
         match self {
             Kind::Hello => "a hello",
+            Kind::Pake => "a key exchange message",
             Kind::Auth => "an authentication message",
             Kind::Ack => "an ack",
         }
@@ -65,7 +71,7 @@ impl Kind {
     const fn within(self) -> &'static str {
         match self {
             Kind::Hello => "the hello",
-            Kind::Auth | Kind::Ack => self.name(),
+            Kind::Pake | Kind::Auth | Kind::Ack => self.name(),
         }
     }
 
@@ -181,7 +187,8 @@ pub(crate) fn protocol_error(
 }
 
 /// Check a `kind` message's start: its magic and, for a hello or an ack, the 8 zero bytes
-/// after it (else what the bytes are instead); an auth message's 12 zero bytes.
+/// after it (else what the bytes are instead); a key exchange or auth message's 12 zero
+/// bytes.
 pub(crate) fn check_start(
     start: &[u8; START_LEN],
     kind: Kind,
@@ -191,7 +198,7 @@ pub(crate) fn check_start(
         return Err(protocol_error(kind.expected(), describe(start), peer));
     }
     match kind {
-        Kind::Auth => check_zeros(start, 4..START_LEN, kind, peer),
+        Kind::Pake | Kind::Auth => check_zeros(start, 4..START_LEN, kind, peer),
         Kind::Hello | Kind::Ack if start[ZEROS].iter().any(|&b| b != 0) => {
             Err(protocol_error(kind.expected(), describe(start), peer))
         }
@@ -311,9 +318,10 @@ mod tests {
         );
         assert!(describe(&start(b"GSAK")).starts_with("an ack (4753414b"));
         let mut hello = start(b"GSHL");
-        hello[12] = 1;
+        hello[12] = 2;
         hello[14] = 80;
-        assert_eq!(describe(&hello), "a hello of version 1 (80 bytes)");
+        assert_eq!(describe(&hello), "a hello of version 2 (80 bytes)");
+        assert!(describe(&start(b"GSPK")).starts_with("a key exchange message (4753504b"));
         hello[4] = 1;
         assert!(describe(&hello).starts_with("a hello (4753484c01"));
     }

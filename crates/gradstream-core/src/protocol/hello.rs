@@ -14,11 +14,13 @@ use super::describe::{check_start, check_zeros, protocol_error, Kind, START_LEN}
 use crate::error::{GradientStreamError, Result};
 use crate::frame::Limits;
 
-/// Bytes of a version 1 hello.
+/// Bytes of a version 2 hello.
 pub const HELLO_LEN: usize = 80;
 
-/// The protocol version this side speaks.
-pub const VERSION: u16 = 1;
+/// The protocol version this side speaks (docs/spec/protocol.md, versions): 2 since the
+/// authkey's exchange became SPAKE2; a peer of another version is refused at its hello,
+/// told which side to upgrade.
+pub const VERSION: u16 = 2;
 
 /// Where the nonce sits in a hello (the auth tags read it from the bytes).
 pub(crate) const NONCE_AT: usize = 20;
@@ -123,14 +125,20 @@ impl Hello {
     }
 
     /// Check a peer's first 16 bytes before reading more: a hello's magic (else a
-    /// `ProtocolError` naming what they are), its zeros, version 1 and length 80.
+    /// `ProtocolError` naming what they are), its zeros, version 2 (else which side to
+    /// upgrade) and length 80.
     pub fn check_start(first: &[u8; START_LEN], peer: Option<SocketAddr>) -> Result<()> {
         check_start(first, Kind::Hello, peer)?;
         let version = u16::from_le_bytes([first[12], first[13]]);
         if version != VERSION {
+            let fix = if version < VERSION {
+                "an older gradstream: upgrade the peer"
+            } else {
+                "a newer gradstream: upgrade this side"
+            };
             return Err(protocol_error(
                 format!("a hello of version {VERSION}"),
-                format!("a hello of version {version}"),
+                format!("a hello of version {version} ({fix})"),
                 peer,
             ));
         }
@@ -270,7 +278,7 @@ mod tests {
             concat!(
                 "4753484c",
                 "0000000000000000",
-                "0100",
+                "0200",
                 "5000",
                 "01",
                 "01",
@@ -286,7 +294,7 @@ mod tests {
             concat!(
                 "4753484c",
                 "0000000000000000",
-                "0100",
+                "0200",
                 "5000",
                 "02",
                 "01",
@@ -346,16 +354,27 @@ mod tests {
     #[test]
     fn other_versions_lengths_and_auth_bytes_are_refused() {
         let mut bytes = client_hello().to_bytes();
-        bytes[12] = 2;
+        bytes[12] = 1;
         assert_eq!(
             refusal(&bytes, Role::Client),
-            pair("a hello of version 1", "a hello of version 2")
+            pair(
+                "a hello of version 2",
+                "a hello of version 1 (an older gradstream: upgrade the peer)"
+            )
+        );
+        bytes[12] = 3;
+        assert_eq!(
+            refusal(&bytes, Role::Client),
+            pair(
+                "a hello of version 2",
+                "a hello of version 3 (a newer gradstream: upgrade this side)"
+            )
         );
         let mut bytes = client_hello().to_bytes();
         bytes[14..16].copy_from_slice(&96u16.to_le_bytes());
         assert_eq!(
             refusal(&bytes, Role::Client),
-            pair("a version 1 hello of 80 bytes", "a length of 96")
+            pair("a version 2 hello of 80 bytes", "a length of 96")
         );
         let mut bytes = client_hello().to_bytes();
         bytes[17] = 2;

@@ -157,5 +157,18 @@ def test_the_new_keywords_are_checked() -> None:
                 await gs.listen(LOCAL, **{keyword: bad})
         with pytest.raises(TypeError, match="hello_timeout must be a number of seconds"):
             await gs.listen(LOCAL, hello_timeout=None)
+        # Counts past the listener's tables are refused with the bound, not a panic, a
+        # hang or a dead listener (2**63 hung listen() before, for max_connections the
+        # listener closed its socket at its first accept).
+        for keyword in ["max_pending_handshakes", "max_pending_per_source", "max_connections"]:
+            with pytest.raises(gs.SettingError, match=f"{keyword} must be at most \\d+, got"):
+                await asyncio.wait_for(gs.listen(LOCAL, **{keyword: 2**63}), 10)
+        # Seconds past a Duration's range are as good as for ever (a PanicException before).
+        async with await gs.listen(
+            LOCAL, authkey=KEY, hello_timeout=1e300, auth_failure_window=1e300
+        ) as listener:
+            with pytest.raises(AuthenticationError):
+                await gs.connect(listener.address, authkey=WRONG)
+            await served(listener, KEY)
 
     run(main)

@@ -96,7 +96,10 @@ impl Listener {
     pub async fn bind(host: &str, port: u16, settings: ListenSettings) -> Result<Self> {
         let tcp = bind_tcp(host, port, backlog(&settings)).await?;
         let address = tcp.local_addr()?;
-        let (sender, events) = mpsc::channel(settings.admission.max_pending_handshakes.max(1));
+        // The event queue: as deep as the handshakes under way (kept within what tokio's
+        // channel takes: a setting past it must not panic the listener).
+        let depth = settings.admission.max_pending_handshakes.clamp(1, 1 << 16);
+        let (sender, events) = mpsc::channel(depth);
         let accepting = tokio::spawn(accept_loop(tcp, settings, sender));
         Ok(Self {
             events,
@@ -153,7 +156,7 @@ type Handle = (AbortHandle, SocketAddr);
 /// The kernel's backlog for these settings: what the listener could take at once (the
 /// kernel caps it at net.core.somaxconn).
 fn backlog(settings: &ListenSettings) -> u32 {
-    let most = settings.admission.max_pending_handshakes + settings.max_connections;
+    let most = (settings.admission.max_pending_handshakes).saturating_add(settings.max_connections);
     u32::try_from(most).unwrap_or(u32::MAX).clamp(128, 65_535)
 }
 
@@ -244,7 +247,9 @@ impl Closing {
 /// of its own, for which the pending table makes room by dropping the oldest silent one,
 /// or refuses it when none is silent (docs/guides/limits.md "A listener under a flood").
 async fn accept_loop(tcp: TcpListener, settings: ListenSettings, events: mpsc::Sender<Event>) {
-    let connections = Arc::new(Semaphore::new(settings.max_connections.max(1)));
+    let connections = Arc::new(Semaphore::new(
+        settings.max_connections.clamp(1, Semaphore::MAX_PERMITS),
+    ));
     let mut pending = PendingTable::<Handle>::new(&settings.admission);
     let mut failures = FailureTable::new(&settings.admission);
     let closing = Closing::new();

@@ -382,8 +382,19 @@ async fn handshake_task(
         },
         Err(why) => Event::Refused { address, why },
     };
-    // A closed listener drops what is still arriving.
-    let _ = events.send(event).await;
+    match event {
+        // A closed listener drops what is still arriving. A link waits for its turn:
+        // it holds a `max_connections` slot, so at most that many wait.
+        Event::Connected(_) => {
+            let _ = events.send(event).await;
+        }
+        // A refusal is only for the log: it never waits (a full queue drops it), else
+        // a caller slow to take events, under a flood of bad hellos, would keep one task
+        // per refused peer, without bound.
+        Event::Refused { .. } => {
+            let _ = events.try_send(event);
+        }
+    }
 }
 
 /// Whether a failed handshake counts as a failed authentication (docs/guides/limits.md

@@ -150,6 +150,20 @@ struct Done {
     failed_authentication: bool,
 }
 
+/// Sends its `Done` to the accept loop when dropped.
+struct Over {
+    finished: mpsc::UnboundedSender<Done>,
+    done: Option<Done>,
+}
+
+impl Drop for Over {
+    fn drop(&mut self) {
+        if let Some(done) = self.done.take() {
+            let _ = self.finished.send(done);
+        }
+    }
+}
+
 /// What the pending table holds of a handshake: what drops it, and its peer's address.
 type Handle = (AbortHandle, SocketAddr);
 
@@ -347,6 +361,16 @@ async fn handshake_task(
         source,
         heard,
     } = peer;
+    // Tells the accept loop the handshake is over however it ends, a panic included:
+    // else its ticket would hold a place in the pending table for the listener's life.
+    let mut over = Over {
+        finished,
+        done: Some(Done {
+            ticket,
+            source,
+            failed_authentication: false,
+        }),
+    };
     let limit = settings.handshake_timeout;
     let hello_timeout = settings.admission.hello_timeout;
     let admitted = tokio::time::timeout(limit, async {
@@ -366,11 +390,10 @@ async fn handshake_task(
         Ok(_) => false,
         Err(why) => failed_authentication(settings.authkey.is_some(), why, heard.bytes()),
     };
-    let _ = finished.send(Done {
-        ticket,
-        source,
-        failed_authentication,
-    });
+    if let Some(done) = over.done.as_mut() {
+        done.failed_authentication = failed_authentication;
+    }
+    drop(over);
     let event = match why.map(|link| (connections.try_acquire_owned(), link)) {
         Ok((Ok(slot), link)) => Event::Connected(link.holding(slot)),
         // Links opened while this one shook hands: it is dropped, as at the accept.

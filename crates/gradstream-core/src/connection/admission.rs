@@ -312,7 +312,7 @@ impl FailureTable {
         let retry_in = self
             .window
             .saturating_sub(now.saturating_duration_since(failures.since));
-        (failures.count >= self.most && !retry_in.is_zero()).then(|| Shed::Guessing {
+        (failures.count >= self.most && !retry_in.is_zero()).then_some(Shed::Guessing {
             source,
             failures: failures.count,
             window: self.window,

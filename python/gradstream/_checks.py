@@ -25,6 +25,7 @@ __all__ = [
     "HANDSHAKE_TIMEOUT",
     "HELLO_TIMEOUT",
     "LISTENER_DEADLINE",
+    "LISTENER_MOST",
     "MAX_AUTH_FAILURES",
     "MAX_CONNECTIONS",
     "MAX_PENDING_HANDSHAKES",
@@ -53,6 +54,14 @@ HELLO_TIMEOUT = 3.0  # seconds for a peer's first byte
 MAX_CONNECTIONS = 256
 MAX_AUTH_FAILURES = 10  # failed authentications from one source within ...
 AUTH_FAILURE_WINDOW = 60.0  # ... these seconds: the source is refused until they end
+# The most each of the listener's counts may be: far past any use, and small enough for
+# its tables and the kernel's backlog (a larger one made the listener fail, or hang).
+LISTENER_MOST = {
+    "max_pending_handshakes": 65_536,
+    "max_pending_per_source": 65_536,
+    "max_connections": 1 << 20,
+    "max_auth_failures": 1 << 20,
+}
 LISTENER_DEADLINE = 300.0  # seconds for a gradient, once begun, on a listener's connections
 MIN_AUTHKEY_LEN = 16
 
@@ -159,14 +168,16 @@ def check_handler(handler: Any) -> None:
         raise TypeError(f"handler must be callable, not {type(handler).__name__}")
 
 
-def check_count(value: Any, name: str, least: int = 1) -> int:
+def check_count(value: Any, name: str, least: int = 1, most: int | None = None) -> int:
     """max_pending_handshakes, max_pending_per_source, max_connections, max_auth_failures:
-    an int of at least 1 (``least``)."""
+    an int of at least 1 (``least``) and, where given, at most ``most`` (LISTENER_MOST)."""
     if isinstance(value, bool):
         raise TypeError(f"{name} must be an int, not bool")
     number = operator.index(value)
     if number < least:
         raise SettingError(name, f"{name} must be at least {least}, got {number}")
+    if most is not None and number > most:
+        raise SettingError(name, f"{name} must be at most {most}, got {number}")
     return number
 
 

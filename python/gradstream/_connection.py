@@ -27,6 +27,7 @@ from ._checks import (
     AUTH_FAILURE_WINDOW,
     HANDSHAKE_TIMEOUT,
     HELLO_TIMEOUT,
+    LISTENER_MOST,
     MAX_AUTH_FAILURES,
     MAX_CONNECTIONS,
     MAX_PENDING_HANDSHAKES,
@@ -401,14 +402,19 @@ async def listen(
         deadline=deadline,
         handshake_timeout=handshake_timeout,
     )
-    own_settings = {
-        "max_pending_handshakes": check_count(max_pending_handshakes, "max_pending_handshakes"),
-        "max_connections": check_count(max_connections, "max_connections"),
-        "max_pending_per_source": check_count(max_pending_per_source, "max_pending_per_source"),
-        "hello_timeout": check_handshake_timeout(hello_timeout, "hello_timeout"),
-        "max_auth_failures": check_count(max_auth_failures, "max_auth_failures"),
-        "auth_failure_window": check_handshake_timeout(auth_failure_window, "auth_failure_window"),
+    counts = {
+        "max_pending_handshakes": max_pending_handshakes,
+        "max_connections": max_connections,
+        "max_pending_per_source": max_pending_per_source,
+        "max_auth_failures": max_auth_failures,
     }
+    own_settings: dict[str, float] = {
+        name: check_count(value, name, most=LISTENER_MOST[name]) for name, value in counts.items()
+    }
+    own_settings["hello_timeout"] = check_handshake_timeout(hello_timeout, "hello_timeout")
+    own_settings["auth_failure_window"] = check_handshake_timeout(
+        auth_failure_window, "auth_failure_window"
+    )
     hub = _aio.hub()
     native = await hub.track(own._open_listener(hub.native, host, port, args, own_settings))
     listener = Listener(native, own, args["protocol"])

@@ -92,6 +92,23 @@ def test_a_source_that_fails_too_often_is_refused_even_with_the_right_key(
     assert "its connections are refused for" in locked[0]
 
 
+def test_guesses_at_once_are_bounded_by_the_handshakes_under_way() -> None:
+    # 30 wrong keys at once from one source: the ones tried are at most max_auth_failures
+    # plus the handshakes under way when it reached them, less one (the bound the docs
+    # state); the others are dropped before they try.
+    async def main() -> list[BaseException]:
+        async with await gs.listen(
+            LOCAL, authkey=KEY, max_auth_failures=2, max_pending_per_source=4
+        ) as listener:
+            tries = [gs.connect(listener.address, authkey=WRONG) for _ in range(30)]
+            return list(await asyncio.gather(*tries, return_exceptions=True))
+
+    outcomes = run(main)
+    assert all(isinstance(o, GradientStreamError) for o in outcomes), outcomes
+    tried = sum(isinstance(o, AuthenticationError) for o in outcomes)
+    assert 2 <= tried <= 2 + 4 - 1, outcomes
+
+
 def test_the_source_is_served_again_once_its_window_ends(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -157,5 +174,18 @@ def test_the_new_keywords_are_checked() -> None:
                 await gs.listen(LOCAL, **{keyword: bad})
         with pytest.raises(TypeError, match="hello_timeout must be a number of seconds"):
             await gs.listen(LOCAL, hello_timeout=None)
+        # Counts past the listener's tables are refused with the bound, not a panic, a
+        # hang or a dead listener (2**63 hung listen() before, for max_connections the
+        # listener closed its socket at its first accept).
+        for keyword in ["max_pending_handshakes", "max_pending_per_source", "max_connections"]:
+            with pytest.raises(gs.SettingError, match=f"{keyword} must be at most \\d+, got"):
+                await asyncio.wait_for(gs.listen(LOCAL, **{keyword: 2**63}), 10)
+        # Seconds past a Duration's range are as good as for ever (a PanicException before).
+        async with await gs.listen(
+            LOCAL, authkey=KEY, hello_timeout=1e300, auth_failure_window=1e300
+        ) as listener:
+            with pytest.raises(AuthenticationError):
+                await gs.connect(listener.address, authkey=WRONG)
+            await served(listener, KEY)
 
     run(main)

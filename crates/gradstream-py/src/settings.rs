@@ -289,10 +289,16 @@ impl ListenerArgs {
             admission: Admission {
                 max_pending_handshakes: self.max_pending_handshakes,
                 max_pending_per_source: self.max_pending_per_source,
-                hello_timeout: std::time::Duration::from_secs_f64(self.hello_timeout),
+                hello_timeout: saturating_seconds(self.hello_timeout),
                 max_auth_failures: u32::try_from(self.max_auth_failures).unwrap_or(u32::MAX),
-                auth_failure_window: std::time::Duration::from_secs_f64(self.auth_failure_window),
+                auth_failure_window: saturating_seconds(self.auth_failure_window),
             },
         }
     }
+}
+
+/// Positive, finite seconds (as `listen` checked them) as a `Duration`, the longest one
+/// past its range: `from_secs_f64` panics on 1e300.
+fn saturating_seconds(seconds: f64) -> std::time::Duration {
+    std::time::Duration::try_from_secs_f64(seconds).unwrap_or(std::time::Duration::MAX)
 }

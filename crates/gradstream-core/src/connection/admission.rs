@@ -309,12 +309,14 @@ impl FailureTable {
     /// Why `source`'s connection is refused now, if it is.
     pub fn refused(&self, source: Source, now: Instant) -> Option<Shed> {
         let failures = self.sources.get(&source)?;
-        let ends = failures.since + self.window;
-        (failures.count >= self.most && now < ends).then(|| Shed::Guessing {
+        let retry_in = self
+            .window
+            .saturating_sub(now.saturating_duration_since(failures.since));
+        (failures.count >= self.most && !retry_in.is_zero()).then_some(Shed::Guessing {
             source,
             failures: failures.count,
             window: self.window,
-            retry_in: ends - now,
+            retry_in,
         })
     }
 
@@ -342,17 +344,19 @@ impl FailureTable {
         self.sources.len()
     }
 
-    /// Forget the sources whose window has ended; if none has, the one whose window
-    /// began first.
+    /// Forget the sources whose window has ended; if none has, the source not locked out
+    /// with the fewest failures (the oldest of those), and only when all are locked out,
+    /// the one whose window began first: so that failures from fresh sources (a botnet,
+    /// IPv6 /64s by the thousand) do not free the sources already locked out.
     fn make_room(&mut self, now: Instant) {
-        let window = self.window;
+        let (window, most) = (self.window, self.most);
         self.sources
             .retain(|_, f| now.saturating_duration_since(f.since) < window);
         if self.sources.len() >= self.capacity {
             let oldest = self
                 .sources
                 .iter()
-                .min_by_key(|(_, f)| f.since)
+                .min_by_key(|(_, f)| (f.count >= most, f.count, f.since))
                 .map(|(source, _)| *source);
             if let Some(oldest) = oldest {
                 self.sources.remove(&oldest);

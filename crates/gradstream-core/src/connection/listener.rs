@@ -96,7 +96,10 @@ impl Listener {
     pub async fn bind(host: &str, port: u16, settings: ListenSettings) -> Result<Self> {
         let tcp = bind_tcp(host, port, backlog(&settings)).await?;
         let address = tcp.local_addr()?;
-        let (sender, events) = mpsc::channel(settings.admission.max_pending_handshakes.max(1));
+        // The event queue: as deep as the handshakes under way (kept within what tokio's
+        // channel takes: a setting past it must not panic the listener).
+        let depth = settings.admission.max_pending_handshakes.clamp(1, 1 << 16);
+        let (sender, events) = mpsc::channel(depth);
         let accepting = tokio::spawn(accept_loop(tcp, settings, sender));
         Ok(Self {
             events,
@@ -147,13 +150,27 @@ struct Done {
     failed_authentication: bool,
 }
 
+/// Sends its `Done` to the accept loop when dropped.
+struct Over {
+    finished: mpsc::UnboundedSender<Done>,
+    done: Option<Done>,
+}
+
+impl Drop for Over {
+    fn drop(&mut self) {
+        if let Some(done) = self.done.take() {
+            let _ = self.finished.send(done);
+        }
+    }
+}
+
 /// What the pending table holds of a handshake: what drops it, and its peer's address.
 type Handle = (AbortHandle, SocketAddr);
 
 /// The kernel's backlog for these settings: what the listener could take at once (the
 /// kernel caps it at net.core.somaxconn).
 fn backlog(settings: &ListenSettings) -> u32 {
-    let most = settings.admission.max_pending_handshakes + settings.max_connections;
+    let most = (settings.admission.max_pending_handshakes).saturating_add(settings.max_connections);
     u32::try_from(most).unwrap_or(u32::MAX).clamp(128, 65_535)
 }
 
@@ -244,7 +261,9 @@ impl Closing {
 /// of its own, for which the pending table makes room by dropping the oldest silent one,
 /// or refuses it when none is silent (docs/guides/limits.md "A listener under a flood").
 async fn accept_loop(tcp: TcpListener, settings: ListenSettings, events: mpsc::Sender<Event>) {
-    let connections = Arc::new(Semaphore::new(settings.max_connections.max(1)));
+    let connections = Arc::new(Semaphore::new(
+        settings.max_connections.clamp(1, Semaphore::MAX_PERMITS),
+    ));
     let mut pending = PendingTable::<Handle>::new(&settings.admission);
     let mut failures = FailureTable::new(&settings.admission);
     let closing = Closing::new();
@@ -342,6 +361,16 @@ async fn handshake_task(
         source,
         heard,
     } = peer;
+    // Tells the accept loop the handshake is over however it ends, a panic included:
+    // else its ticket would hold a place in the pending table for the listener's life.
+    let mut over = Over {
+        finished,
+        done: Some(Done {
+            ticket,
+            source,
+            failed_authentication: false,
+        }),
+    };
     let limit = settings.handshake_timeout;
     let hello_timeout = settings.admission.hello_timeout;
     let admitted = tokio::time::timeout(limit, async {
@@ -361,11 +390,10 @@ async fn handshake_task(
         Ok(_) => false,
         Err(why) => failed_authentication(settings.authkey.is_some(), why, heard.bytes()),
     };
-    let _ = finished.send(Done {
-        ticket,
-        source,
-        failed_authentication,
-    });
+    if let Some(done) = over.done.as_mut() {
+        done.failed_authentication = failed_authentication;
+    }
+    drop(over);
     let event = match why.map(|link| (connections.try_acquire_owned(), link)) {
         Ok((Ok(slot), link)) => Event::Connected(link.holding(slot)),
         // Links opened while this one shook hands: it is dropped, as at the accept.
@@ -377,8 +405,19 @@ async fn handshake_task(
         },
         Err(why) => Event::Refused { address, why },
     };
-    // A closed listener drops what is still arriving.
-    let _ = events.send(event).await;
+    match event {
+        // A closed listener drops what is still arriving. A link waits for its turn:
+        // it holds a `max_connections` slot, so at most that many wait.
+        Event::Connected(_) => {
+            let _ = events.send(event).await;
+        }
+        // A refusal is only for the log: it never waits (a full queue drops it), else
+        // a caller slow to take events, under a flood of bad hellos, would keep one task
+        // per refused peer, without bound.
+        Event::Refused { .. } => {
+            let _ = events.try_send(event);
+        }
+    }
 }
 
 /// Whether a failed handshake counts as a failed authentication (docs/guides/limits.md

@@ -160,13 +160,14 @@ fn the_failure_table_holds_at_most_its_capacity() {
     table.failed(v4(0), t0);
     table.failed(v4(0), t0);
     assert!(table.refused(v4(0), t0).is_some());
-    // Windows still running: the entry whose window began first gives way, one a time.
+    // Windows still running: one entry gives way at a time (not the locked-out one:
+    // see the next test).
     for i in 1..=20u8 {
         table.failed(v4(i), t0 + Duration::from_millis(u64::from(i)));
         assert!(table.len() <= 8);
     }
     assert_eq!(table.len(), 8);
-    assert!(table.refused(v4(0), t0).is_none());
+    assert!(table.refused(v4(0), t0).is_some());
     // Ended windows go first, all at once.
     let later = t0 + Duration::from_secs(61);
     table.failed(v4(100), later);
@@ -182,4 +183,43 @@ fn the_defaults_are_the_documented_ones() {
     assert_eq!(defaults.max_auth_failures, 10);
     assert_eq!(defaults.auth_failure_window, Duration::from_secs(60));
     assert_eq!(FAILURE_TABLE, 4096);
+}
+
+#[test]
+fn fresh_sources_filling_the_failure_table_do_not_free_a_locked_out_one() {
+    // A guesser with many sources (IPv6 /64s by the thousand) fails once from each fresh
+    // one: the sources below the limit give way, the locked-out one stays refused.
+    let mut table = FailureTable::with_capacity(&guessing(2, 60), 8);
+    let t0 = Instant::now();
+    table.failed(v4(0), t0);
+    table.failed(v4(0), t0);
+    for i in 1..=50u8 {
+        table.failed(v4(i), t0 + Duration::from_millis(u64::from(i)));
+        assert!(table.len() <= 8);
+        assert!(
+            table.refused(v4(0), t0 + Duration::from_secs(1)).is_some(),
+            "{i}"
+        );
+    }
+    // Only when every source is locked out does the one whose window began first go.
+    let mut table = FailureTable::with_capacity(&guessing(1, 60), 2);
+    table.failed(v4(1), t0);
+    table.failed(v4(2), t0 + Duration::from_secs(1));
+    table.failed(v4(3), t0 + Duration::from_secs(2));
+    assert!(table.refused(v4(1), t0 + Duration::from_secs(3)).is_none());
+    assert!(table.refused(v4(2), t0 + Duration::from_secs(3)).is_some());
+}
+
+#[test]
+fn a_window_past_the_clocks_range_refuses_without_panicking() {
+    let mut table = FailureTable::new(&Admission {
+        max_auth_failures: 1,
+        auth_failure_window: Duration::MAX,
+        ..Admission::default()
+    });
+    let t0 = Instant::now();
+    table.failed(v4(1), t0);
+    assert!(table
+        .refused(v4(1), t0 + Duration::from_secs(3600))
+        .is_some());
 }

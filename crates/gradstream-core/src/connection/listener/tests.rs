@@ -132,3 +132,37 @@ async fn a_peer_silent_past_hello_timeout_is_dropped_and_a_speaking_one_is_not()
     let why = next(&mut listener).await;
     assert!(why.contains("an HTTP request"), "{why}");
 }
+
+#[tokio::test]
+async fn refusals_do_not_wait_for_a_caller_slow_to_take_events() {
+    // The caller takes no event while 40 peers send an HTTP request each: the event queue
+    // (as deep as max_pending_handshakes, 4 here) keeps what fits and the rest of the
+    // refusals are dropped, rather than each refused peer's task waiting for its turn
+    // (one task per refused peer, without bound, before).
+    let mut settings = settings();
+    settings.authkey = None;
+    settings.admission.max_pending_handshakes = 4;
+    let mut listener = Listener::bind("127.0.0.1", 0, settings)
+        .await
+        .expect("binds");
+    let port = listener.address().port();
+    for _ in 0..40 {
+        let mut peer = TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connects");
+        peer.write_all(b"GET / HTTP/1.1\r\n\r\n")
+            .await
+            .expect("writes");
+        // Refused: the listener closes it (an error or the end, either way it is over).
+        let mut sink = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), peer.read_to_end(&mut sink)).await;
+    }
+    let mut queued = 0;
+    while let Ok(event) =
+        tokio::time::timeout(Duration::from_millis(300), next(&mut listener)).await
+    {
+        assert!(event.contains("an HTTP request"), "{event}");
+        queued += 1;
+    }
+    assert!((1..=4).contains(&queued), "{queued} refusals were kept");
+}

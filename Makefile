@@ -31,6 +31,10 @@ SMOKE_PYTHON ?= $(PYTHON)
 
 venv: $(STAMP)
 
+# requirements-dev.txt includes torch (tests/onray/test_receivers.py runs Ray with and
+# without it; the next issue's blocking API takes its tensors): PyPI's wheel and the
+# CUDA libraries it depends on, 5.3 GB, about 3 minutes of the first `make` on a fresh
+# machine (PyTorch's CPU-only wheels are not on PyPI); later runs reuse the venv.
 $(STAMP): requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -r requirements-dev.txt

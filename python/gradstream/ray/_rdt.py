@@ -11,7 +11,9 @@ actor's endpoint, and the metadata carries its address); when the object referen
 passed to another actor's task, or to ``ray.get``, Ray calls ``recv_multiple_tensors``
 in the receiving process (we fetch them from that address); when the reference goes out
 of scope, ``garbage_collect`` in the maker (we stop serving them). The transport is
-one-sided: Ray never asks the maker to send.
+one-sided: Ray never asks the maker to send. Before a task that takes such an object is
+submitted to an actor, Ray's ``RDTManager`` starts its transfer in the caller: there we
+refuse a receiving actor that cannot take it (``_refuse_receivers_without_transport``).
 
 Settings: Ray checks a transport's name where a decorated method is defined, in every
 process that imports the class, and registers the driver's transports on an actor only
@@ -25,10 +27,12 @@ a worker's own import can never pin other settings than the driver's.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import pickle
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import ray
@@ -39,6 +43,7 @@ from ray.experimental.rdt import (
     TensorTransportMetadata,
     register_tensor_transport,
 )
+from ray.experimental.rdt.rdt_manager import RDTManager
 from ray.experimental.rdt.util import transport_manager_info
 
 from ..errors import ProtocolError, SettingError, TensorSetError
@@ -160,9 +165,10 @@ class GradstreamTransport(TensorTransportManager):
 def _recorded(meta: TensorTransportMetadata) -> list[tuple[tuple[int, ...], np.dtype[Any]]]:
     """The shapes and (native-endian) dtypes of the arrays the maker's metadata names:
     it came through Ray, not from the peer."""
+    # Typed with torch's types where torch is installed: they hold numpy's here.
+    pairs: list[tuple[Any, Any]] = list(meta.tensor_meta)
     return [
-        (tuple(int(n) for n in shape), np.dtype(dtype).newbyteorder("="))
-        for shape, dtype in meta.tensor_meta
+        (tuple(int(n) for n in shape), np.dtype(dtype).newbyteorder("=")) for shape, dtype in pairs
     ]
 
 
@@ -256,6 +262,54 @@ def _published() -> RaySettings:
 
 def make_known() -> None:
     """Make ``"gradstream"`` a tensor transport name in this process (Ray checks the
-    name where a decorated method is defined, in every process that imports it)."""
+    name where a decorated method is defined, in every process that imports it), and
+    refuse, from here on, a call that passes this transport's objects to an actor that
+    cannot receive them (``_refuse_receivers_without_transport``)."""
     if TRANSPORT not in transport_manager_info:
         register_tensor_transport(TRANSPORT, ["cpu"], GradstreamTransport, np.ndarray)
+    submit = RDTManager.queue_or_trigger_out_of_band_tensor_transfer
+    if not getattr(submit, "_gradstream_checked", False):
+        RDTManager.queue_or_trigger_out_of_band_tensor_transfer = (  # type: ignore[method-assign]
+            _refuse_receivers_without_transport(submit)
+        )
+
+
+_Submit = TypeVar("_Submit", bound=Callable[..., Any])
+
+
+def _refuse_receivers_without_transport(submit: _Submit) -> _Submit:
+    """Ray's step that starts the transfers of a task's arguments (it runs in the caller,
+    before the task is submitted), preceded by a check that the receiving actor was
+    declared with ``enable_tensor_transport=True`` whenever an argument is this
+    transport's object (docs/guides/ray.md, "Receivers").
+
+    Why: Ray 2.60 runs each transfer into an actor as a task of that actor's
+    ``_ray_system`` concurrency group, which only ``enable_tensor_transport=True``
+    creates. Without it the transfer joins the actor's ordinary queue; a transfer whose
+    object did not exist yet when the task was submitted is queued behind that very
+    task, which waits in its argument's deserialization for the transfer: Ray's
+    ``TimeoutError`` after ``RAY_rdt_fetch_fail_timeout_milliseconds`` (60 s), and the
+    transfer runs after the task failed (ray-project/ray#66264). Whether an object
+    exists yet is a race (an actor's first call waits for the actor, and so usually
+    works): the call is refused always, in the caller, before anything is sent."""
+
+    @functools.wraps(submit)
+    def checked(self: RDTManager, dst_actor: Any, task_args: Any) -> Any:
+        if not getattr(dst_actor, "_ray_enable_tensor_transport", True):
+            for arg in task_args:
+                if not isinstance(arg, ray.ObjectRef):
+                    continue
+                meta = self.get_rdt_metadata(arg.hex())
+                if meta is not None and str(meta.tensor_transport_backend).upper() == TRANSPORT:
+                    raise SettingError(
+                        "enable_tensor_transport",
+                        f"{dst_actor} is passed object {arg.hex()} of the GRADSTREAM "
+                        "tensor transport, but its class was declared without "
+                        "enable_tensor_transport=True: Ray 2.60 would run the transfer "
+                        "behind the task that waits for it (a TimeoutError). Declare the "
+                        "receiving class with @ray.remote(enable_tensor_transport=True)",
+                    )
+        return submit(self, dst_actor, task_args)
+
+    checked._gradstream_checked = True  # type: ignore[attr-defined]
+    return cast(_Submit, checked)

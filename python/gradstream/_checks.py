@@ -21,7 +21,7 @@ from .errors import SettingError
 
 __all__ = [
     "HANDSHAKE_TIMEOUT",
-    "LISTENER_DEADLINE",
+    "CONNECTION_DEADLINE",
     "MAX_CONNECTIONS",
     "MAX_PENDING_HANDSHAKES",
     "MIN_AUTHKEY_LEN",
@@ -40,11 +40,14 @@ __all__ = [
 
 Protocol = Literal["gradstream", "seed"]
 
-# docs/guides/connections.md: the listener's defaults and the shortest authkey.
+# docs/guides/connections.md: the listener's defaults, the transfers' bound, and the
+# shortest authkey.
 HANDSHAKE_TIMEOUT = 10.0  # seconds for TLS, hello and authentication together
 MAX_PENDING_HANDSHAKES = 64
 MAX_CONNECTIONS = 256
-LISTENER_DEADLINE = 300.0  # seconds for a gradient, once begun, on a listener's connections
+# Seconds a transfer may take once begun, on every connection (either side): every wait
+# inside it, the sender's wait for its ack included ("Timeouts").
+CONNECTION_DEADLINE = 300.0
 MIN_AUTHKEY_LEN = 16
 
 # Why stream_to / receive_from refuse an ssl.SSLSocket: its descriptor carries TLS
@@ -115,16 +118,15 @@ def connection_waits(
     session_deadline: float | None,
     timeout: float | None,
     deadline: float | None,
-    *,
-    listening: bool,
 ) -> tuple[float | None, float | None]:
     """The timeout and deadline of a connection's transfers: a call's (``connect``,
-    ``listen``) replace the session's; a listener's connections give a gradient, once
-    begun, LISTENER_DEADLINE seconds when neither sets a deadline."""
+    ``listen``) replace the session's; when neither sets a deadline, a transfer on
+    either side gets CONNECTION_DEADLINE seconds once begun (waiting for a gradient to
+    begin stays unbounded unless a timeout is set)."""
     wait = session_timeout if timeout is None else timeout
     bound = session_deadline if deadline is None else deadline
-    if listening and bound is None:
-        bound = LISTENER_DEADLINE
+    if bound is None:
+        bound = CONNECTION_DEADLINE
     return wait, bound
 
 

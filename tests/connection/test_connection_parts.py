@@ -161,7 +161,7 @@ def test_the_defaults() -> None:
     assert _checks.HANDSHAKE_TIMEOUT == 10.0
     assert _checks.MAX_PENDING_HANDSHAKES == 64
     assert _checks.MAX_CONNECTIONS == 256
-    assert _checks.LISTENER_DEADLINE == 300.0
+    assert _checks.CONNECTION_DEADLINE == 300.0
     assert _checks.MIN_AUTHKEY_LEN == 16
 
 

@@ -20,8 +20,8 @@ from ._tls_settings import TLS
 from .errors import SettingError
 
 __all__ = [
-    "HANDSHAKE_TIMEOUT",
     "CONNECTION_DEADLINE",
+    "HANDSHAKE_TIMEOUT",
     "MAX_CONNECTIONS",
     "MAX_PENDING_HANDSHAKES",
     "MIN_AUTHKEY_LEN",

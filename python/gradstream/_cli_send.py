@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import TransferProgress
+from ._checks import CONNECTION_DEADLINE
 from ._cli_base import (
     MIB,
     CliError,
@@ -38,7 +39,6 @@ from ._cli_base import (
     resolve,
     say,
 )
-from ._checks import CONNECTION_DEADLINE
 from ._cli_link import LinkSettings, cli_session, link_settings
 from ._cli_progress import want_progress, with_progress
 from ._connection import connect

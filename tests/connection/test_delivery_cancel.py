@@ -47,7 +47,7 @@ class SenderThread:
                     except GradientStreamError as exc:
                         self.outcomes.append(exc)
                         break
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
+        except BaseException as exc:
             self.outcomes.append(exc)
         finally:
             self.done.set()
@@ -121,7 +121,7 @@ def test_acknowledged_gradients_reached_a_caller_under_random_cancellations() ->
             try:
                 g = await asyncio.wait_for(conn.recv(), rng.uniform(0.002, 0.012))
                 got.add(float(g[0]))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
         server = await gs.serve(LOCAL, handler)

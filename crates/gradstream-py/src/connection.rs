@@ -368,12 +368,16 @@ impl PyLink {
     /// or the close). Nothing when nothing is owed. Never fails: a failed write closes the
     /// connection, and the sender gets `DeliveryError` though this side has the transfer.
     fn settle(&self, py: Python<'_>) {
-        self.now(py, |link| {
-            if link.owes() {
+        let Ok(mut link) = self.link.try_lock() else {
+            return;
+        };
+        if link.owes() {
+            py.detach(|| {
+                let _context = runtime().enter();
                 link.settle(true);
                 link.send_settled_now();
-            }
-        });
+            });
+        }
     }
 
     /// After a transfer whose awaiting task was cancelled (its job stopped, its future

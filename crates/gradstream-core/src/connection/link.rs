@@ -277,13 +277,21 @@ pub struct Link {
     mode: Mode,
     peer: Peer,
     state: State,
+    /// The ack this side owes or has yet to write (boxed: a link travels in the
+    /// listener's events, which stay small).
+    settling: Box<Settling>,
+    /// A listener's connection slot (`max_connections`), freed when the link goes.
+    _slot: Option<OwnedSemaphorePermit>,
+}
+
+/// A receiver's acknowledgement between the transfer and the wire.
+#[derive(Default)]
+struct Settling {
     /// The digest of a transfer received and verified whose acknowledgement waits for
-    /// the caller to take it (`settle`): docs/guides/connections.md "Delivery".
+    /// the caller to take it (`Link::settle`): docs/guides/connections.md "Delivery".
     owed: Option<[u8; 32]>,
     /// An ack (or refusal) settled but not yet all written.
     unsent: Vec<u8>,
-    /// A listener's connection slot (`max_connections`), freed when the link goes.
-    _slot: Option<OwnedSemaphorePermit>,
 }
 
 /// The refusal a receiver sends for a transfer its caller never took.
@@ -324,8 +332,7 @@ impl Link {
             mode,
             peer,
             state: State::Open,
-            owed: None,
-            unsent: Vec::new(),
+            settling: Box::default(),
             _slot: None,
         }
     }
@@ -380,7 +387,7 @@ impl Link {
 
     /// Closed by this side: a transfer received but not taken is refused.
     fn closing(&mut self) {
-        if self.owed.is_some() {
+        if self.settling.owed.is_some() {
             self.settle(false);
         }
         if !matches!(self.state, State::Closed(_)) {
@@ -416,7 +423,7 @@ impl Link {
     /// step (a byte of it moved) closed, now; one abandoned before its first byte stays
     /// open. True when the link is closed. Within the tokio runtime's context.
     pub fn abandoned(&mut self) -> bool {
-        if self.owed.is_some() || self.is_closed() {
+        if self.settling.owed.is_some() || self.is_closed() {
             if let State::Running { .. } = self.state {
                 self.closed("a transfer was abandoned midway".into());
             }
@@ -431,14 +438,14 @@ impl Link {
 
     /// Whether a transfer received and verified waits for `settle`.
     pub fn owes(&self) -> bool {
-        self.owed.is_some()
+        self.settling.owed.is_some()
     }
 
     /// The caller took the transfer just received (`taken`): its ack is due; or it never
     /// will: its refusal is due, and the link closes. Either is written by
     /// `send_settled_now`, the next transfer, or `close`. Nothing when nothing is owed.
     pub fn settle(&mut self, taken: bool) {
-        let (Some(digest), Mode::Sealed(keys)) = (self.owed.take(), &mut self.mode) else {
+        let (Some(digest), Mode::Sealed(keys)) = (self.settling.owed.take(), &mut self.mode) else {
             return;
         };
         let ack = if taken {
@@ -447,7 +454,7 @@ impl Link {
             Ack::refused(keys.received, CANCELLED)
         };
         keys.received += 1;
-        self.unsent.extend_from_slice(&ack.to_bytes());
+        self.settling.unsent.extend_from_slice(&ack.to_bytes());
         if !taken {
             self.closed(CANCELLED.into());
         }
@@ -463,7 +470,7 @@ impl Link {
         let failed = matches!(write.as_mut().poll(&mut cx), Poll::Ready(Err(_)));
         drop(write);
         if failed {
-            self.unsent.clear();
+            self.settling.unsent.clear();
             self.closed("the acknowledgement could not be written".into());
             self.stream.release();
         }
@@ -481,15 +488,15 @@ impl Link {
 
     /// Write what `settle` queued; cancel-safe (what was written is gone from the queue).
     async fn write_unsent(&mut self) -> std::io::Result<()> {
-        if self.unsent.is_empty() {
+        if self.settling.unsent.is_empty() {
             return Ok(());
         }
-        while !self.unsent.is_empty() {
-            let n = self.stream.write(&self.unsent).await?;
+        while !self.settling.unsent.is_empty() {
+            let n = self.stream.write(&self.settling.unsent).await?;
             if n == 0 {
                 return Err(std::io::ErrorKind::WriteZero.into());
             }
-            self.unsent.drain(..n);
+            self.settling.unsent.drain(..n);
         }
         self.stream.flush().await
     }
@@ -497,17 +504,18 @@ impl Link {
     /// Start a transfer: refused on a closed link, and on one whose last transfer was
     /// abandoned after its first byte (which closes it).
     async fn begin(&mut self) -> Result<()> {
-        if self.owed.is_some() {
+        if self.settling.owed.is_some() {
             // The last transfer's caller never settled it: it did not take it.
             self.settle(false);
             self.shut().await;
-        } else if !self.unsent.is_empty() {
-            if let Err(e) = tokio::time::timeout(LINGER, self.write_unsent()).await {
-                let error = self.delivery(
-                    format!("the last acknowledgement was not written: {e}"),
-                    None,
-                );
-                return self.fail(error).await;
+        } else if !self.settling.unsent.is_empty() {
+            // The last transfer's ack, which the socket did not take at once: the peer
+            // waits for it, so it reads it (within LINGER) unless it is broken.
+            let written = tokio::time::timeout(LINGER, self.write_unsent())
+                .await
+                .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()));
+            if let Err(e) = written {
+                return self.fail(e.into()).await;
             }
         }
         if self.is_closed() {
@@ -793,7 +801,7 @@ impl Link {
         let digest = tap.finish();
         match got {
             Ok(Ended::Gradient(values)) => {
-                self.owed = Some(digest);
+                self.settling.owed = Some(digest);
                 Ok(Ended::Gradient(values))
             }
             Ok(Ended::BeforeFirstByte(receiver)) => {
@@ -854,7 +862,7 @@ impl Link {
                 Ok(Received::End)
             }
             Ok(set) => {
-                self.owed = Some(digest);
+                self.settling.owed = Some(digest);
                 Ok(Received::Transfer(set))
             }
             Err(e) => self.failed_receive(e, Some(first)).await,

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import select
-import warnings
 import weakref
 from typing import Any, TypeVar
 
@@ -217,7 +216,7 @@ async def receive_socket(receive: Any, sock: Any) -> Any:
             step, value = receive.poll()
     if step == _SLOW:
         found = hub()
-        return await found.track(receive.hand_over(found.native))
+        return await found.run(receive.hand_over(found.native))
     return value
 
 
@@ -227,6 +226,11 @@ class Hub:
     A finished transfer queues its result in Rust and writes to an eventfd; the loop
     watches that eventfd and resolves the awaiting futures on its own thread, so tokio
     threads never call into Python (see crates/gradstream-py/src/complete.rs for why).
+
+    A transfer whose awaiting task is cancelled is stopped; ``run`` lets the cancellation
+    go on only once the transfer's future is gone on tokio, waiting for that on the loop
+    (never blocking it), so that nothing writes into a caller's ``out=`` afterwards
+    (docs/guides/connections.md "Delivery").
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -236,6 +240,8 @@ class Hub:
         # callback already keeps this hub alive for as long as the loop lives.
         self.native = Completions()
         self.futures: dict[int, asyncio.Future[Any]] = {}
+        # Cancelled jobs still running on tokio, each resolved once its future is gone.
+        self.stopping: dict[int, asyncio.Future[None]] = {}
         loop.add_reader(self.native.fileno(), self._deliver)
         self.readiness = Readiness(loop)
 
@@ -245,18 +251,43 @@ class Hub:
         future.add_done_callback(lambda f: self._settled(job, f))
         return future
 
+    async def run(self, job: int) -> Any:
+        """The result of ``job``; when the awaiting task is cancelled, the cancellation
+        goes on once the job's future is gone (``stop``)."""
+        future = self.track(job)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            await self.stop(job)
+            raise
+
     def _settled(self, job: int, future: asyncio.Future[Any]) -> None:
         self.futures.pop(job, None)
-        if future.cancelled() and not self.native.abort(job):
-            warnings.warn(
-                f"gradstream: a cancelled transfer (job {job}) was still running 5 s later; "
-                "an out= array it was filling may still change",
-                RuntimeWarning,
-                stacklevel=1,
-            )
+        if future.cancelled():
+            self._abort(job)
+
+    def _abort(self, job: int) -> None:
+        if job not in self.stopping and not self.native.abort(job):
+            self.stopping[job] = asyncio.get_running_loop().create_future()
+
+    async def stop(self, job: int) -> None:
+        """Stop ``job`` (its awaiting task was cancelled) and wait, on the loop, until its
+        future is gone on tokio: at most the end of the step it is in. A second
+        cancellation meanwhile does not cut the wait short (the caller's out= must be left
+        alone first); the caller raises CancelledError after."""
+        self._abort(job)
+        ended = self.stopping.get(job)
+        while ended is not None and not ended.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(ended)
 
     def _deliver(self) -> None:
         for job, ok, value in self.native.drain():
+            ended = self.stopping.pop(job, None)
+            if ended is not None:  # a stopped job's end (or its result, just before)
+                if not ended.done():
+                    ended.set_result(None)
+                continue
             future = self.futures.pop(job, None)
             if future is None or future.done():
                 continue

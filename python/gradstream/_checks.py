@@ -22,9 +22,9 @@ from .errors import SettingError
 
 __all__ = [
     "AUTH_FAILURE_WINDOW",
+    "CONNECTION_DEADLINE",
     "HANDSHAKE_TIMEOUT",
     "HELLO_TIMEOUT",
-    "LISTENER_DEADLINE",
     "LISTENER_MOST",
     "MAX_AUTH_FAILURES",
     "MAX_CONNECTIONS",
@@ -46,7 +46,8 @@ __all__ = [
 
 Protocol = Literal["gradstream", "seed"]
 
-# docs/guides/connections.md: the listener's defaults and the shortest authkey.
+# docs/guides/connections.md: the listener's defaults, the transfers' bound, and the
+# shortest authkey.
 HANDSHAKE_TIMEOUT = 10.0  # seconds for TLS, hello and authentication together
 MAX_PENDING_HANDSHAKES = 256  # handshakes under way, from all sources
 MAX_PENDING_PER_SOURCE = 64  # ... from one IPv4 address or IPv6 /64
@@ -62,7 +63,9 @@ LISTENER_MOST = {
     "max_connections": 1 << 20,
     "max_auth_failures": 1 << 20,
 }
-LISTENER_DEADLINE = 300.0  # seconds for a gradient, once begun, on a listener's connections
+# Seconds a transfer may take once begun, on every connection (either side): every wait
+# inside it, the sender's wait for its ack included ("Timeouts").
+CONNECTION_DEADLINE = 300.0
 MIN_AUTHKEY_LEN = 16
 
 # Why stream_to / receive_from refuse an ssl.SSLSocket: its descriptor carries TLS
@@ -133,16 +136,15 @@ def connection_waits(
     session_deadline: float | None,
     timeout: float | None,
     deadline: float | None,
-    *,
-    listening: bool,
 ) -> tuple[float | None, float | None]:
     """The timeout and deadline of a connection's transfers: a call's (``connect``,
-    ``listen``) replace the session's; a listener's connections give a gradient, once
-    begun, LISTENER_DEADLINE seconds when neither sets a deadline."""
+    ``listen``) replace the session's; when neither sets a deadline, a transfer on
+    either side gets CONNECTION_DEADLINE seconds once begun (waiting for a gradient to
+    begin stays unbounded unless a timeout is set)."""
     wait = session_timeout if timeout is None else timeout
     bound = session_deadline if deadline is None else deadline
-    if listening and bound is None:
-        bound = LISTENER_DEADLINE
+    if bound is None:
+        bound = CONNECTION_DEADLINE
     return wait, bound
 
 

@@ -6,7 +6,7 @@ closed first (``recv --count 1`` given two files), fails the command: exit 1 and
 line naming the file and the ``DeliveryError``. With ``--protocol seed`` a file is done
 once its bytes are written, as ipfrs-transport does, and nothing tells a lost one.
 
-Over ``_cli_base``, ``_cli_link``, ``_cli_progress`` and ``connect``; ``cli`` calls
+Over ``_cli_base``, ``_checks``, ``_cli_link``, ``_cli_progress`` and ``connect``; ``cli`` calls
 ``run_send`` with the parsed arguments.
 """
 
@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import TransferProgress
+from ._checks import CONNECTION_DEADLINE
 from ._cli_base import (
     MIB,
     CliError,
@@ -69,6 +70,11 @@ def load_gradient(path: Path) -> npt.NDArray[np.float32]:
             f"n.load('{path}').astype(n.float32))\""
         )
     return cast(npt.NDArray[np.float32], array)
+
+
+# `send --timeout`'s default: every wait of a send is inside a transfer, so none is
+# unbounded by default, as on every connection (docs/guides/connections.md "Timeouts").
+SEND_TIMEOUT = CONNECTION_DEADLINE
 
 
 @dataclass(frozen=True)

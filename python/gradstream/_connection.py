@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -90,9 +91,7 @@ def _link_settings(
     wait = check_seconds(timeout)
     bound = check_seconds(deadline, "deadline")
     check_plain_seed(kind, checked_tls, key)
-    wait, bound = connection_waits(
-        session.timeout, session.deadline, wait, bound, listening=listening
-    )
+    wait, bound = connection_waits(session.timeout, session.deadline, wait, bound)
     args = {
         "protocol": kind,
         "tls": None if checked_tls is None else (checked_tls.cert, checked_tls.key, checked_tls.ca),
@@ -115,6 +114,23 @@ class Connection:
         address, subject, authenticated = link.peer()
         self.peer = Peer(address=tuple(address), tls_subject=subject, authenticated=authenticated)
         self._turns = Turns()
+        self._closing = False
+
+    def __del__(self) -> None:
+        # A connection dropped without close() closes as close() does, its socket at once
+        # (docs/guides/connections.md "Closing"); a transfer it received and never handed
+        # over is refused.
+        if getattr(self, "_closing", True):
+            return
+        self._closing = True
+        if self._link.close_now():
+            warnings.warn(
+                f"unclosed gradstream connection {self!r}: close it (await conn.close(), "
+                "or async with)",
+                ResourceWarning,
+                stacklevel=2,
+                source=self,
+            )
 
     def __repr__(self) -> str:
         return f"<Connection with {peer_text(self.peer.address)} {self._turns.phase.value}>"
@@ -155,7 +171,7 @@ class Connection:
             hub = _aio.hub()
             timed = _Timed(progress)
             now, value = self._link.send(hub.native, args, timed.progress, bound)
-            sent: int = value if now else await hub.track(value)
+            sent: int = value if now else await self._finished(hub, value)
         timed.log("sent", "gradient", self.peer)
         return sent
 
@@ -191,11 +207,28 @@ class Connection:
         timed = _Timed(progress)
         args = None if lent is None else lent.args
         now, value = self._link.recv(hub.native, timed.progress, args, bound, none_at_end)
-        values = value if now else await hub.track(value)
+        values = value if now else await self._finished(hub, value)
         if values is None:
             return None
+        got = lent.array if lent is not None else _hand_back(values)
         timed.log("received", "gradient", self.peer)
-        return lent.array if lent is not None else _hand_back(values)
+        # The gradient is the caller's from here (no await before the return): only now
+        # is its ack written (docs/guides/connections.md "Delivery"). The small fast path
+        # wrote it already, as the native call handed the gradient over.
+        if not now:
+            self._link.settle()
+        return got
+
+    async def _finished(self, hub: _aio.Hub, job: int) -> Any:
+        """The result of a transfer's job. Cancelled, the transfer stops first (nothing
+        writes into out= after this returns); a gradient it received and nobody took is
+        refused ("the receiver cancelled"), and a connection it left out of step closed."""
+        try:
+            return await hub.run(job)
+        except asyncio.CancelledError:
+            if self._link.abandoned():
+                self._turns.close()
+            raise
 
     async def send_tensors(
         self,
@@ -211,7 +244,7 @@ class Connection:
             hub = _aio.hub()
             timed = _Timed(progress)
             job = self._link.send_tensors(hub.native, taken, timed.progress, bound)
-            sent: int = await hub.track(job)
+            sent: int = await self._finished(hub, job)
         timed.log("sent", "tensor set", self.peer)
         return sent
 
@@ -233,11 +266,15 @@ class Connection:
             hub = _aio.hub()
             timed = _Timed(progress)
             link = self._link
-            got = await hub.track(link.recv_tensors(hub.native, timed.progress, bound, most))
+            got = await self._finished(
+                hub, link.recv_tensors(hub.native, timed.progress, bound, most)
+            )
         if got is None:
             return {}
+        tensors = _tensor_dict(got)
         timed.log("received", "tensor set", self.peer)
-        return _tensor_dict(got)
+        link.settle()  # the set is the caller's from here: its ack now, as recv's
+        return tensors
 
     def __aiter__(self) -> AsyncIterator[npt.NDArray[Any]]:
         return self._gradients()
@@ -251,11 +288,14 @@ class Connection:
             yield gradient
 
     async def close(self) -> None:
-        """Close the connection (after a running transfer, which the caller cancels
-        first if it must not finish); idempotent."""
-        if self._turns.close():
-            hub = _aio.hub()
-            await hub.track(self._link.close(hub.native))
+        """Close the connection, its socket at once (after a running transfer, which the
+        caller cancels first if it must not finish); idempotent."""
+        self._closing = True
+        self._turns.close()
+        hub = _aio.hub()
+        now, job = self._link.close(hub.native)
+        if not now:
+            await hub.run(job)
 
     async def __aenter__(self) -> Connection:
         return self
@@ -313,22 +353,27 @@ class Listener:
     async def _take_events(self) -> None:
         hub = _aio.hub()
         while True:
-            event = await hub.track(self._native.next(hub.native))
+            event = await hub.run(self._native.next(hub.native))
             if event is None:
                 break
             if event[0] == "connection":
-                connection = Connection(event[1], self._session)
-                if self._closed:  # passed as the listener closed: not to be accepted
-                    await connection.close()
-                    continue
-                log_accepted(self.address, connection.peer, self._protocol)
-                self._ready.put(connection)
+                await self._arrived(event[1])
             elif event[0] == "silent":
                 self._refusals.refused(tuple(event[1]), silent_text(event[2]))
             elif event[0] == "dropped":  # closed by the listener itself: its words
                 self._refusals.refused(tuple(event[1]), event[2])
             else:
                 self._refusals.refused(tuple(event[1]), str(event[2]))
+
+    async def _arrived(self, link: Any) -> None:
+        # A method of its own: the pump keeps no reference to a connection it handed
+        # out, which is its owner's to close or drop (docs/guides/connections.md "Closing").
+        connection = Connection(link, self._session)
+        if self._closed:  # passed as the listener closed: not to be accepted
+            await connection.close()
+            return
+        log_accepted(self.address, connection.peer, self._protocol)
+        self._ready.put(connection)
 
     async def accept(self) -> Connection:
         """The next peer through the handshake (``StreamIOError`` once closed)."""
@@ -349,7 +394,7 @@ class Listener:
         self._closed = True
         await self._ready.close()
         hub = _aio.hub()
-        await hub.track(self._native.close(hub.native))
+        await hub.run(self._native.close(hub.native))
         # The events still on their way (a handshake that passed as the listener closed)
         # end with the accept loop's tasks: the pump closes their connections, then ends.
         await asyncio.wait({self._pump}, timeout=_LAST_EVENTS)
@@ -416,7 +461,7 @@ async def listen(
         auth_failure_window, "auth_failure_window"
     )
     hub = _aio.hub()
-    native = await hub.track(own._open_listener(hub.native, host, port, args, own_settings))
+    native = await hub.run(own._open_listener(hub.native, host, port, args, own_settings))
     listener = Listener(native, own, args["protocol"])
     log.info("listening on %s (%s)", peer_text(listener.address), speaks)
     return listener
@@ -448,7 +493,7 @@ async def connect(
         handshake_timeout=handshake_timeout,
     )
     hub = _aio.hub()
-    link = await hub.track(own._open_link(hub.native, host, port, args))
+    link = await hub.run(own._open_link(hub.native, host, port, args))
     connection = Connection(link, own)
     log.info("connected to %s (%s)", peer_text(connection.peer.address), speaks)
     return connection

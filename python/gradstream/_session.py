@@ -398,7 +398,7 @@ class GradientStreamSession:
         now, value = self._engine.stream_to_socket(hub.native, args, sock, progress, deadline)
         if now:  # a small gradient, all sent from this thread
             return value
-        sent: int = await hub.track(value)
+        sent: int = await hub.run(value)
         return sent
 
     async def receive_from(
@@ -534,7 +534,7 @@ class GradientStreamSession:
         hub = _aio.hub()
         taken = self._tensors(tensors, "sending")
         job = self._engine.stream_tensors_socket(hub.native, taken, sock, progress, deadline)
-        sent: int = await hub.track(job)
+        sent: int = await hub.run(job)
         return sent
 
     async def receive_tensors(
@@ -568,7 +568,7 @@ class GradientStreamSession:
         """One tensor set from a socket (or an asyncio stream's, handed over) natively."""
         hub = _aio.hub()
         job = self._engine.receive_tensors_socket(hub.native, sock, progress, deadline)
-        got: list[tuple[str, _Values]] = await hub.track(job)
+        got: list[tuple[str, _Values]] = await hub.run(job)
         return got
 
     # ---- connections (gradstream._connection's, with this session's settings)

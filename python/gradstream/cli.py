@@ -47,7 +47,7 @@ from ._cli_keygen import add_keygen
 from ._cli_link import PROTOCOLS
 from ._cli_log import command_logging, level_for
 from ._cli_recv import output_paths, run_recv
-from ._cli_send import run_send
+from ._cli_send import SEND_TIMEOUT, run_send
 
 __all__ = ["CliError", "format_size", "main", "output_paths", "parse_address", "parse_size"]
 
@@ -98,7 +98,10 @@ def _add_common(p: argparse.ArgumentParser, *, listening: bool) -> None:
         "--timeout",
         type=_positive_float,
         metavar="S",
-        help="fail after S seconds without progress (default: wait for ever)",
+        default=None if listening else SEND_TIMEOUT,
+        help="fail after S seconds without progress (default: wait for ever)"
+        if listening
+        else f"fail after S seconds without progress (default: {SEND_TIMEOUT:g})",
     )
     p.add_argument(
         "-v",

@@ -1,5 +1,5 @@
-"""Deadlines on connections (docs/guides/limits.md): a listener's connections bound each
-gradient once begun (300 s unless the session or listen(deadline=) says otherwise), so a
+"""Deadlines on connections (docs/guides/limits.md): every connection bounds each
+gradient once begun (300 s unless the session, connect/listen(deadline=) say otherwise), so a
 peer dripping a gradient a few bytes at a time is cut off, refused and dropped; waiting
 for a gradient to begin is idle time; a sender's deadline and timeout bound its writes and
 its wait for the ack. The native side against peers by hand or itself."""
@@ -85,13 +85,12 @@ def test_idle_time_before_a_gradient_is_not_counted() -> None:
     assert len(got) == 2 and all(np.array_equal(a, b) for a, b in zip(got, grads, strict=True))
 
 
-def test_the_listeners_deadline_defaults() -> None:
-    # (session timeout, session deadline, call's timeout, call's deadline), listening.
-    assert connection_waits(None, None, None, None, listening=True) == (None, 300.0)
-    assert connection_waits(None, None, None, None, listening=False) == (None, None)
-    assert connection_waits(5.0, 7.0, None, None, listening=True) == (5.0, 7.0)
-    assert connection_waits(5.0, 7.0, 1.0, 2.0, listening=True) == (1.0, 2.0)
-    assert connection_waits(None, 7.0, None, None, listening=False) == (None, 7.0)
+def test_the_connections_deadline_defaults() -> None:
+    # (session timeout, session deadline, call's timeout, call's deadline): either side.
+    assert connection_waits(None, None, None, None) == (None, 300.0)
+    assert connection_waits(5.0, 7.0, None, None) == (5.0, 7.0)
+    assert connection_waits(5.0, 7.0, 1.0, 2.0) == (1.0, 2.0)
+    assert connection_waits(None, 7.0, None, None) == (None, 7.0)
 
 
 @pytest.mark.parametrize("listening", [True, False])
@@ -112,7 +111,7 @@ def test_connections_wait_as_the_shared_rule_says(listening: bool) -> None:
         return args["timeout"], args["deadline"]
 
     session = gs.GradientStreamSession("s", timeout=5, deadline=7)
-    assert native() == connection_waits(None, None, None, None, listening=listening)
+    assert native() == connection_waits(None, None, None, None)
     assert native(session=session) == (5.0, 7.0)
     assert native(session=session, timeout=1, deadline=2) == (1.0, 2.0)
 

@@ -167,7 +167,7 @@ def test_the_defaults() -> None:
     assert _checks.MAX_AUTH_FAILURES == 10
     assert _checks.AUTH_FAILURE_WINDOW == 60.0
     assert _checks.MAX_CONNECTIONS == 256
-    assert _checks.LISTENER_DEADLINE == 300.0
+    assert _checks.CONNECTION_DEADLINE == 300.0
     assert _checks.MIN_AUTHKEY_LEN == 16
 
 

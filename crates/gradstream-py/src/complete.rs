@@ -23,7 +23,7 @@ use std::task::{Context, Poll, Waker};
 
 use pyo3::prelude::*;
 use tokio::runtime::Runtime;
-use tokio::task::AbortHandle;
+use tokio::task::JoinHandle;
 
 use super::convert::values_tuple;
 use super::errors::to_py_err;
@@ -100,7 +100,7 @@ type Finished = (u64, Result<Outcome, GradientStreamError>);
 struct Shared {
     eventfd: OwnedFd,
     finished: Mutex<Vec<Finished>>,
-    running: Mutex<HashMap<u64, AbortHandle>>,
+    running: Mutex<HashMap<u64, JoinHandle<()>>>,
 }
 
 impl Shared {
@@ -197,7 +197,7 @@ impl Completions {
             let result = transfer.await;
             shared.finish(job, result);
         });
-        running.insert(job, handle.abort_handle());
+        running.insert(job, handle);
         job
     }
 }
@@ -246,22 +246,27 @@ impl Completions {
             .collect()
     }
 
-    /// Stop a job (its awaiting task was cancelled): the transfer's future is dropped.
-    /// Returns once it is (true), or after 5 s (false): a receive into an `out=` array must not write into it after
-    /// the caller saw the cancellation. A poll is one frame's work, so the wait is short.
-    fn abort(&self, py: Python<'_>, job: u64) -> bool {
+    /// Stop a job (its awaiting task was cancelled): true when it had already finished
+    /// (its future is gone: nothing of it runs any more), else false, and its future is
+    /// dropped at its next step on tokio, after which the job finishes with None (queued
+    /// as any result: the loop's hub resolves the wait of `_aio.Hub.stop` with it). Never
+    /// waits: the event loop is not blocked while a step that writes into a caller's
+    /// `out=` array ends (docs/guides/connections.md "Delivery").
+    fn abort(&self, job: u64) -> bool {
         let Some(handle) = Shared::lock(&self.shared.running).remove(&job) else {
             return true;
         };
+        if handle.is_finished() {
+            return true;
+        }
         handle.abort();
-        py.detach(|| {
-            let start = std::time::Instant::now();
-            while !handle.is_finished() && start.elapsed() < std::time::Duration::from_secs(5) {
-                std::thread::sleep(std::time::Duration::from_micros(50));
-            }
+        let shared = self.shared.clone();
+        // The handle resolves once the task's future is dropped (or has finished).
+        runtime().spawn(async move {
+            let _ = handle.await;
+            shared.finish(job, Ok(Outcome::End));
         });
-        // False: the transfer did not stop within 5 s (the caller warns).
-        handle.is_finished()
+        false
     }
 
     /// Jobs still running.

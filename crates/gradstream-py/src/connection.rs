@@ -17,7 +17,7 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use tokio::sync::Mutex as AsyncMutex;
 
-use super::complete::{Completions, Outcome};
+use super::complete::{runtime, Completions, Outcome};
 use super::convert::{GradientArgs, HeldGradient, Input, OutArgs};
 use super::errors::{setting_error, to_py_err};
 use super::fastpath;
@@ -230,6 +230,19 @@ impl PyLink {
         })
     }
 
+    /// Run `then` on the link now, on the caller's thread, within the runtime's context
+    /// (its socket polled once, never waited for); nothing when an operation holds it.
+    fn now<T>(&self, py: Python<'_>, then: impl FnOnce(&mut Link) -> T + Send) -> Option<T>
+    where
+        T: Send,
+    {
+        let mut link = self.link.try_lock().ok()?;
+        Some(py.detach(|| {
+            let _context = runtime().enter();
+            then(&mut link)
+        }))
+    }
+
     /// This call's waits: the connection's timeout, and the call's deadline or else the
     /// connection's.
     fn waits(&self, deadline: Option<&Bound<'_, PyAny>>) -> PyResult<Waits> {
@@ -305,8 +318,10 @@ impl PyLink {
 
     /// Receive one gradient: `(true, result)` when it was all there when called (then
     /// received and acknowledged from the caller's thread, at most `fastpath::PEEK_MAX`
-    /// bytes read there), else `(false, job)`, a job whose result is the values tuple or
-    /// `out`'s array when given; when the peer closed before a gradient began, None if
+    /// bytes read there: the caller holds it as this call returns), else `(false, job)`,
+    /// a job whose result is the values tuple or `out`'s array when given, its ack owed
+    /// until the caller holds the result and calls `settle` (docs/guides/connections.md
+    /// "Delivery"); when the peer closed before a gradient began, None if
     /// `none_at_end`, else as `receive_from` there.
     #[pyo3(signature = (completions, progress, out, deadline, none_at_end))]
     fn recv(
@@ -339,9 +354,44 @@ impl PyLink {
             let job = completions.get().spawn(transfer);
             return Ok((false, job.into_pyobject(py)?.into_any().unbind()));
         }
-        completions
+        let got = completions
             .get()
-            .run_or_spawn(py, transfer, || budget.lift())
+            .run_or_spawn(py, transfer, || budget.lift())?;
+        if got.0 {
+            self.settle(py);
+        }
+        Ok(got)
+    }
+
+    /// The caller holds the transfer the last receive gave: its ack is written now, from
+    /// this thread, as far as the socket takes it at once (the rest by the next transfer
+    /// or the close). Nothing when nothing is owed. Never fails: a failed write closes the
+    /// connection, and the sender gets `DeliveryError` though this side has the transfer.
+    fn settle(&self, py: Python<'_>) {
+        let Ok(mut link) = self.link.try_lock() else {
+            return;
+        };
+        if link.owes() {
+            py.detach(|| {
+                let _context = runtime().enter();
+                link.settle(true);
+                link.send_settled_now();
+            });
+        }
+    }
+
+    /// After a transfer whose awaiting task was cancelled (its job stopped, its future
+    /// gone): a transfer received but not taken is refused ("the receiver cancelled"),
+    /// and a connection it left out of step is closed, its socket at once. True when the
+    /// connection is closed.
+    fn abandoned(&self, py: Python<'_>) -> bool {
+        self.now(py, Link::abandoned).unwrap_or(false)
+    }
+
+    /// Close now, without waiting (a connection dropped without `close`): what is owed is
+    /// refused, the socket closed. False when an operation holds the link.
+    fn close_now(&self, py: Python<'_>) -> bool {
+        self.now(py, Link::close_now).is_some()
     }
 
     /// Send a tensor set; a job whose result is the frame count, once acknowledged.
@@ -397,14 +447,33 @@ impl PyLink {
         }))
     }
 
-    /// Close the connection; a job (its result None). Waits for a running transfer's
-    /// end (the Python side cancels it first).
-    fn close(&self, completions: &Bound<'_, Completions>) -> u64 {
-        let link = self.link.clone();
-        completions.get().spawn(async move {
-            link.lock().await.close().await;
-            Ok(Outcome::End)
-        })
+    /// Close the connection: `(true, None)` when done from the caller's thread (the
+    /// usual case: the socket is closed as the call returns), else `(false, job)`, a job
+    /// whose result is None. Waits for a running transfer's end (the Python side cancels
+    /// it first).
+    fn close(
+        &self,
+        py: Python<'_>,
+        completions: &Bound<'_, Completions>,
+    ) -> PyResult<(bool, Py<PyAny>)> {
+        match self.link.clone().try_lock_owned() {
+            Ok(mut link) => completions.get().run_or_spawn(
+                py,
+                async move {
+                    link.close().await;
+                    Ok(Outcome::End)
+                },
+                || (),
+            ),
+            Err(_) => {
+                let link = self.link.clone();
+                let job = completions.get().spawn(async move {
+                    link.lock().await.close().await;
+                    Ok(Outcome::End)
+                });
+                Ok((false, job.into_pyobject(py)?.into_any().unbind()))
+            }
+        }
     }
 }
 

@@ -14,6 +14,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -66,6 +67,42 @@ impl Peer {
 /// "Connections": at most 1 s); also how long a close waits for the stream's shutdown.
 const LINGER: Duration = Duration::from_secs(1);
 
+/// What a released link's stream becomes: its socket closed, every read and write an
+/// error.
+struct Gone;
+
+fn gone() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::NotConnected, "the connection is closed")
+}
+
+impl AsyncRead for Gone {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        _: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Err(gone()))
+    }
+}
+
+impl AsyncWrite for Gone {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        _: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Poll::Ready(Err(gone()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
 /// The link's stream, counting the bytes that moved each way: a transfer dropped midway
 /// (its task cancelled) is told from one dropped before its first byte by the counts.
 struct Counted {
@@ -73,6 +110,15 @@ struct Counted {
     moved: u64,
     /// Bytes reads may still take before they yield (`Link::read_budget`); none: no bound.
     budget: Option<ReadBudget>,
+}
+
+impl Counted {
+    /// Close the socket now (dropping the TCP or TLS stream): unread bytes make the
+    /// kernel reset the connection, so a peer still sending learns at once
+    /// (docs/guides/connections.md "Closing").
+    fn release(&mut self) {
+        self.inner = Box::new(Gone);
+    }
 }
 
 /// What a transfer may read before its reads yield (`Poll::Pending`, after waking the
@@ -231,9 +277,25 @@ pub struct Link {
     mode: Mode,
     peer: Peer,
     state: State,
+    /// The ack this side owes or has yet to write (boxed: a link travels in the
+    /// listener's events, which stay small).
+    settling: Box<Settling>,
     /// A listener's connection slot (`max_connections`), freed when the link goes.
     _slot: Option<OwnedSemaphorePermit>,
 }
+
+/// A receiver's acknowledgement between the transfer and the wire.
+#[derive(Default)]
+struct Settling {
+    /// The digest of a transfer received and verified whose acknowledgement waits for
+    /// the caller to take it (`Link::settle`): docs/guides/connections.md "Delivery".
+    owed: Option<[u8; 32]>,
+    /// An ack (or refusal) settled but not yet all written.
+    unsent: Vec<u8>,
+}
+
+/// The refusal a receiver sends for a transfer its caller never took.
+const CANCELLED: &str = "the receiver cancelled its receive before taking the transfer";
 
 /// What a receive gave: a transfer, or the peer's clean close before one began.
 pub enum Received<T> {
@@ -270,6 +332,7 @@ impl Link {
             mode,
             peer,
             state: State::Open,
+            settling: Box::default(),
             _slot: None,
         }
     }
@@ -310,25 +373,155 @@ impl Link {
     /// connection now, not when this link is dropped).
     async fn peer_closed(&mut self) {
         self.closed("the peer closed it".into());
-        let _ = tokio::time::timeout(LINGER, self.stream.shutdown()).await;
+        self.shut().await;
     }
 
-    /// Close the connection (a TLS close_notify first); idempotent.
-    pub async fn close(&mut self) {
+    /// This side's end of the stream: what is settled but unsent written, a TLS
+    /// close_notify and a FIN, each for at most LINGER (the peer may be gone already:
+    /// there is nothing left to tell it); then the socket closed (`Counted::release`).
+    async fn shut(&mut self) {
+        let _ = tokio::time::timeout(LINGER, self.write_unsent()).await;
+        let _ = tokio::time::timeout(LINGER, self.stream.shutdown()).await;
+        self.stream.release();
+    }
+
+    /// Closed by this side: a transfer received but not taken is refused.
+    fn closing(&mut self) {
+        if self.settling.owed.is_some() {
+            self.settle(false);
+        }
         if !matches!(self.state, State::Closed(_)) {
             self.closed("it was closed".into());
-            // The peer may be gone already; there is nothing left to tell it.
-            let _ = tokio::time::timeout(LINGER, self.stream.shutdown()).await;
         }
+    }
+
+    /// Close the connection: a transfer received but not taken is refused first, then
+    /// the stream is shut down and its socket closed at once (docs/guides/connections.md
+    /// "Closing"); idempotent.
+    pub async fn close(&mut self) {
+        self.closing();
+        self.shut().await;
+    }
+
+    /// `close` without waiting: what can be written at once is, then the socket is
+    /// closed (for a connection dropped without `close`, or one a cancelled transfer
+    /// left out of step). Call it within the tokio runtime's context.
+    pub fn close_now(&mut self) {
+        self.closing();
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut shut = Box::pin(async {
+            self.write_unsent().await?;
+            self.stream.shutdown().await
+        });
+        let _ = shut.as_mut().poll(&mut cx);
+        drop(shut);
+        self.stream.release();
+    }
+
+    /// After a transfer whose caller gave up on it (its future dropped, a cancelled
+    /// task): a transfer received but not taken is refused, and a link it left out of
+    /// step (a byte of it moved) closed, now; one abandoned before its first byte stays
+    /// open. True when the link is closed. Within the tokio runtime's context.
+    pub fn abandoned(&mut self) -> bool {
+        if self.settling.owed.is_some() || self.is_closed() {
+            if let State::Running { .. } = self.state {
+                self.closed("a transfer was abandoned midway".into());
+            }
+            self.close_now();
+            return true;
+        }
+        if let State::Running { .. } = self.state {
+            self.state = State::Open;
+        }
+        false
+    }
+
+    /// Whether a transfer received and verified waits for `settle`.
+    pub fn owes(&self) -> bool {
+        self.settling.owed.is_some()
+    }
+
+    /// The caller took the transfer just received (`taken`): its ack is due; or it never
+    /// will: its refusal is due, and the link closes. Either is written by
+    /// `send_settled_now`, the next transfer, or `close`. Nothing when nothing is owed.
+    pub fn settle(&mut self, taken: bool) {
+        let (Some(digest), Mode::Sealed(keys)) = (self.settling.owed.take(), &mut self.mode) else {
+            return;
+        };
+        let ack = if taken {
+            Ack::accepted(keys.received, digest)
+        } else {
+            Ack::refused(keys.received, CANCELLED)
+        };
+        keys.received += 1;
+        self.settling.unsent.extend_from_slice(&ack.to_bytes());
+        if !taken {
+            self.closed(CANCELLED.into());
+        }
+    }
+
+    /// Write what `settle` queued as far as the socket takes it now, without waiting
+    /// (an ack is a few dozen bytes to a peer that waits for it: all of it, but for a
+    /// peer that stopped reading). A failed write closes the link. Within the tokio
+    /// runtime's context.
+    pub fn send_settled_now(&mut self) {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut write = Box::pin(self.write_unsent());
+        let failed = matches!(write.as_mut().poll(&mut cx), Poll::Ready(Err(_)));
+        drop(write);
+        if failed {
+            self.settling.unsent.clear();
+            self.closed("the acknowledgement could not be written".into());
+            self.stream.release();
+        }
+    }
+
+    /// Take the transfer just received and write its ack (for callers that hold what
+    /// the receive returned once it returns).
+    pub async fn acknowledge(&mut self) -> Result<()> {
+        self.settle(true);
+        match self.write_unsent().await {
+            Ok(()) => Ok(()),
+            Err(e) => self.fail(e.into()).await,
+        }
+    }
+
+    /// Write what `settle` queued; cancel-safe (what was written is gone from the queue).
+    async fn write_unsent(&mut self) -> std::io::Result<()> {
+        if self.settling.unsent.is_empty() {
+            return Ok(());
+        }
+        while !self.settling.unsent.is_empty() {
+            let n = self.stream.write(&self.settling.unsent).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            self.settling.unsent.drain(..n);
+        }
+        self.stream.flush().await
     }
 
     /// Start a transfer: refused on a closed link, and on one whose last transfer was
     /// abandoned after its first byte (which closes it).
     async fn begin(&mut self) -> Result<()> {
+        if self.settling.owed.is_some() {
+            // The last transfer's caller never settled it: it did not take it.
+            self.settle(false);
+            self.shut().await;
+        } else if !self.settling.unsent.is_empty() {
+            // The last transfer's ack, which the socket did not take at once: the peer
+            // waits for it, so it reads it (within LINGER) unless it is broken.
+            let written = tokio::time::timeout(LINGER, self.write_unsent())
+                .await
+                .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()));
+            if let Err(e) = written {
+                return self.fail(e.into()).await;
+            }
+        }
         if self.is_closed() {
             if let State::Running { .. } = self.state {
                 self.closed("a transfer was abandoned midway".into());
-                let _ = tokio::time::timeout(LINGER, self.stream.shutdown()).await;
+                self.shut().await;
             }
             let why = match &self.state {
                 State::Closed(why) => why.clone(),
@@ -355,6 +548,8 @@ impl Link {
     }
 
     /// Close after a failed transfer: the stream is out of step with the peer.
+    /// The socket stays open until `close` (or the link's drop): what the peer sent
+    /// last (a refusal, a frame where an ack belongs) stays readable for it, not reset.
     async fn fail<T>(&mut self, error: GradientStreamError) -> Result<T> {
         self.closed(error.to_string());
         let _ = tokio::time::timeout(LINGER, self.stream.shutdown()).await;
@@ -568,7 +763,9 @@ impl Link {
     }
 
     /// Receive one gradient through `receiver` (`config.receiver()` or `receiver_into`);
-    /// `BeforeFirstByte` when the peer closed the connection before one began.
+    /// `BeforeFirstByte` when the peer closed the connection before one began. A
+    /// gradient's ack is owed until the caller holds it and `settle`s it (or
+    /// `acknowledge`s it): docs/guides/connections.md "Delivery".
     pub async fn recv_gradient(
         &mut self,
         receiver: FrameReceiver,
@@ -604,7 +801,7 @@ impl Link {
         let digest = tap.finish();
         match got {
             Ok(Ended::Gradient(values)) => {
-                self.accept(digest).await?;
+                self.settling.owed = Some(digest);
                 Ok(Ended::Gradient(values))
             }
             Ok(Ended::BeforeFirstByte(receiver)) => {
@@ -616,7 +813,8 @@ impl Link {
     }
 
     /// Receive one tensor set, of at most `max_values` values in all when given (refused
-    /// from its manifest, as a set above max_gradient_len is).
+    /// from its manifest, as a set above max_gradient_len is); its ack owed as a
+    /// gradient's (`recv_gradient`).
     pub async fn recv_tensors(
         &mut self,
         config: &SessionConfig,
@@ -664,27 +862,10 @@ impl Link {
                 Ok(Received::End)
             }
             Ok(set) => {
-                self.accept(digest).await?;
+                self.settling.owed = Some(digest);
                 Ok(Received::Transfer(set))
             }
             Err(e) => self.failed_receive(e, Some(first)).await,
-        }
-    }
-
-    /// Acknowledge the transfer just received.
-    async fn accept(&mut self, digest: [u8; 32]) -> Result<()> {
-        let Mode::Sealed(keys) = &mut self.mode else {
-            return Ok(());
-        };
-        let ack = Ack::accepted(keys.received, digest);
-        keys.received += 1;
-        let sent = async {
-            self.stream.write_all(&ack.to_bytes()).await?;
-            self.stream.flush().await
-        };
-        match sent.await {
-            Ok(()) => Ok(()),
-            Err(e) => self.fail(e.into()).await,
         }
     }
 

@@ -93,6 +93,7 @@ async fn a_sealed_round_trip_each_way_is_acknowledged() {
         let back = link
             .recv_gradient(config.receiver(), Waits::default(), &p)
             .await;
+        link.acknowledge().await.expect("acknowledges");
         link.close().await;
         values(back.expect("receives"))
     };
@@ -105,6 +106,7 @@ async fn a_sealed_round_trip_each_way_is_acknowledged() {
                 .recv_gradient(config.receiver(), Waits::default(), &p)
                 .await;
             got.push(values(ended.expect("receives")));
+            link.acknowledge().await.expect("acknowledges");
         }
         let sent = link.send_gradient(&config, (&got[0]).into(), Waits::default(), &p);
         assert_eq!(sent.await.expect("acknowledged"), 3);

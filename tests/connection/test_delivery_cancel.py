@@ -30,9 +30,12 @@ class SenderThread:
     """A sender on a thread (and event loop) of its own: ``send`` there, what it gave or
     raised in ``outcome``, ``done`` set once it has one."""
 
-    def __init__(self, address: tuple[str, int], gradients: list[np.ndarray]) -> None:
+    def __init__(
+        self, address: tuple[str, int], gradients: list[np.ndarray], *, tensors: bool = False
+    ) -> None:
         self.address = address
         self.gradients = gradients
+        self.tensors = tensors
         self.outcomes: list[Any] = []
         self.done = threading.Event()
         self.thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
@@ -43,7 +46,12 @@ class SenderThread:
             async with await gs.connect(self.address, timeout=30) as conn:
                 for gradient in self.gradients:
                     try:
-                        self.outcomes.append(await conn.send(gradient))
+                        sent = (
+                            conn.send_tensors({"g": gradient})
+                            if self.tensors
+                            else conn.send(gradient)
+                        )
+                        self.outcomes.append(await sent)
                     except GradientStreamError as exc:
                         self.outcomes.append(exc)
                         break
@@ -53,17 +61,33 @@ class SenderThread:
             self.done.set()
 
 
-def test_a_recv_cancelled_while_its_loop_was_busy_refuses_the_gradient() -> None:
+async def first_of(conn: Any) -> Any:
+    async for gradient in conn:
+        return gradient
+    return None
+
+
+RECEIVES = {
+    "recv": lambda conn: conn.recv(),
+    "recv_tensors": lambda conn: conn.recv_tensors(),
+    "async for": first_of,
+}
+
+
+@pytest.mark.parametrize("how", list(RECEIVES))
+def test_a_recv_cancelled_while_its_loop_was_busy_refuses_the_gradient(how: str) -> None:
     """The receive runs on tokio while the receiver's loop is blocked; the caller then
     cancels it. The sender must not have been told the gradient arrived: it gets a
-    DeliveryError naming the cancellation, and the connection is closed."""
+    DeliveryError naming the cancellation, and the connection is closed. The same for
+    recv_tensors and async for."""
 
     async def main() -> tuple[Any, bool, bool]:
         listener = await gs.listen(LOCAL)
         async with listener:
-            sender = SenderThread(listener.address, [np.ones(BIG, np.float32)])
+            gradients = [np.ones(BIG, np.float32)]
+            sender = SenderThread(listener.address, gradients, tensors=how == "recv_tensors")
             conn = await listener.accept()
-            task = asyncio.create_task(conn.recv())
+            task = asyncio.create_task(RECEIVES[how](conn))
             await asyncio.sleep(0)  # the receive starts (and goes on in tokio)
             # The loop is blocked: nothing can hand the gradient to the caller. Before
             # the fix the engine acknowledged it meanwhile and the sender returned.

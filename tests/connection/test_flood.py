@@ -142,3 +142,57 @@ def test_honest_clients_are_served_under_a_flood_of_silent_sockets(
         f"refused {FLOOD_SOURCE}:" in r.getMessage() and "silent" in r.getMessage()
         for r in caplog.records
     )
+
+
+BURST = 250  # past max_pending_per_source (64), under max_connections (256): see below
+
+
+def test_a_burst_of_honest_clients_from_one_host_is_all_served(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The other side of the flood rules: BURST clients of one host (a parameter server's
+    # workers joining together) connect at once to a listener with the default settings.
+    # Accepted together, each looks silent until the listener first reads it; before the
+    # fix the newer ones evicted the older ones, or were closed at once past the caps
+    # (the 300 workers of tests/onray's parameter server: 236 reset). Now the ones past
+    # max_pending_per_source wait for a place, and silence counts only after
+    # EVICTION_GRACE. BURST stays under max_connections so that only the handshake caps
+    # are at play (more clients would meet that documented limit instead).
+    async def main() -> tuple[list[Any], int, float]:
+        received = 0
+
+        async def handle(conn: Any) -> None:
+            nonlocal received
+            async with conn:
+                assert np.array_equal(await conn.recv(), GRAD)
+                received += 1
+
+        async def serve(listener: Any) -> None:
+            handlers = set()
+            async for conn in listener:
+                task = asyncio.create_task(handle(conn))
+                handlers.add(task)
+                task.add_done_callback(handlers.discard)
+
+        async def client(address: tuple[str, int]) -> Any:
+            try:
+                async with await gs.connect(address, handshake_timeout=BOUND) as conn:
+                    return await asyncio.wait_for(conn.send(GRAD), BOUND)
+            except gs.GradientStreamError as exc:
+                return exc
+
+        async with await gs.listen(LOCAL) as listener:
+            serving = asyncio.create_task(serve(listener))
+            started = time.perf_counter()
+            outcomes = await asyncio.gather(*(client(listener.address) for _ in range(BURST)))
+            took = time.perf_counter() - started
+            serving.cancel()
+            return outcomes, received, took
+
+    with caplog.at_level(logging.WARNING, logger="gradstream"):
+        outcomes, received, took = run(main)
+    print(f"\na burst of {BURST} honest clients from one host: all served in {took:.3f} s")
+    failed = [o for o in outcomes if o != 1]
+    assert not failed, f"{len(failed)} of {BURST} failed: {failed[:3]}"
+    assert received == BURST
+    assert not [r.getMessage() for r in caplog.records if " refused " in r.getMessage()]

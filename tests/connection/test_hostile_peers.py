@@ -166,7 +166,8 @@ def test_a_full_listener_drops_its_oldest_silent_handshake_for_a_newcomer(
 ) -> None:
     # Two slots: two silent peers take them (each is sent the listener's hello, so the
     # test knows its handshake began); a third peer is not left waiting in the kernel's
-    # backlog (the rule before issue 22): the oldest silent one gives way at once.
+    # backlog (the rule before issue 22): the oldest silent one gives way, once silent
+    # for the eviction grace (0.25 s: docs/guides/limits.md).
     async def main() -> None:
         async with await gs.listen(
             LOCAL, max_pending_handshakes=2, handshake_timeout=60

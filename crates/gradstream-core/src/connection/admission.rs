@@ -1,13 +1,14 @@
 //! Who a listener lets start a handshake (docs/guides/limits.md "A listener under a
 //! flood", docs/spec/threat-model.md): the table of handshakes under way, capped in all
-//! and per source, which makes room by dropping the oldest silent one; and the table of
+//! and per source, which makes room by dropping the oldest silent one past a short grace,
+//! with a bounded queue of the connections waiting for a place; and the table of
 //! failed authentications per source, which refuses a source that failed too often
 //! (online guessing of the authkey). Both are bounded whatever the peers do, and both are
 //! plain data: the listener's accept loop owns them and gives them the time.
 //!
 //! Uses nothing of the crate; used by `listener`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -116,11 +117,12 @@ impl Heard {
 pub enum Shed {
     /// `max_connections` links are open.
     Full { max_connections: usize },
-    /// `max_pending_per_source` handshakes from its source are under way, none silent.
-    SourceBusy { source: Source, cap: usize },
-    /// `max_pending_handshakes` handshakes are under way, none silent.
-    Busy { cap: usize },
-    /// It was the oldest silent handshake when a newer peer needed its place.
+    /// It waited for a place among the handshakes while `waiting` others did (as many as
+    /// `max_pending_handshakes`), and a newer connection needed its place in the queue:
+    /// it was the oldest waiting of the newcomer's source (`own_source`), else of all.
+    Displaced { waiting: usize, own_source: bool },
+    /// It was the oldest silent handshake, under way for `EVICTION_GRACE` at least, when
+    /// a newer peer needed its place.
     Evicted,
     /// It sent nothing within `hello_timeout`.
     Silent { hello_timeout: Duration },
@@ -142,15 +144,19 @@ impl fmt::Display for Shed {
                 "max_connections ({max_connections}) connections are open: closed at once \
                  (raise max_connections, or close idle connections)"
             ),
-            Self::SourceBusy { source, cap } => write!(
+            Self::Displaced {
+                waiting,
+                own_source,
+            } => write!(
                 f,
-                "{cap} handshakes from {source} are under way (max_pending_per_source), none \
-                 silent: closed at once"
-            ),
-            Self::Busy { cap } => write!(
-                f,
-                "{cap} handshakes are under way (max_pending_handshakes), none silent: closed \
-                 at once"
+                "waited for a place among the handshakes under way while {waiting} \
+                 connections waited (max_pending_handshakes), and was the oldest waiting {} \
+                 when a newer one arrived: closed",
+                if *own_source {
+                    "of the newcomer's source"
+                } else {
+                    "of all"
+                }
             ),
             Self::Evicted => write!(
                 f,
@@ -178,24 +184,48 @@ impl fmt::Display for Shed {
     }
 }
 
+/// How long a handshake under way is safe from eviction however silent it is: a
+/// conforming client sends its hello (or TLS ClientHello) as soon as it is connected, but
+/// the listener reads it only once the handshake's task first runs, which for a burst of
+/// hundreds of peers accepted at once can be milliseconds later on a loaded machine; until
+/// then an honest peer looks silent. 250 ms is two orders of magnitude above that delay,
+/// and short next to `hello_timeout` (3 s), so that a silent socket still gives way soon
+/// (docs/guides/limits.md "A listener under a flood").
+pub const EVICTION_GRACE: Duration = Duration::from_millis(250);
+
 /// One handshake under way.
 struct Pending<H> {
     source: Source,
     heard: Arc<Heard>,
+    /// When its handshake began (it was placed), for `EVICTION_GRACE`.
+    since: Instant,
     /// What drops it (the task's abort handle).
     handle: H,
 }
 
-/// The handshakes under way, oldest first, counted in all and per source.
-pub struct PendingTable<H> {
+/// What gave way while the table placed connections.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Gone<W, H> {
+    /// A handshake under way, evicted (the oldest silent one past `EVICTION_GRACE`):
+    /// its handle, to be dropped.
+    Evicted(H),
+    /// A connection that waited for a place, pushed out of the full queue, and why.
+    Displaced(W, Shed),
+}
+
+/// The handshakes under way, oldest first, counted in all and per source; and the
+/// connections waiting for a place among them, oldest first, at most as many as
+/// `max_pending_handshakes`. `W` is a waiting connection, `H` what drops a handshake.
+pub struct PendingTable<W, H> {
     cap: usize,
     per_source: usize,
     next: u64,
     pending: BTreeMap<u64, Pending<H>>,
     by_source: HashMap<Source, usize>,
+    waiting: VecDeque<(Source, W)>,
 }
 
-impl<H> PendingTable<H> {
+impl<W, H> PendingTable<W, H> {
     pub fn new(settings: &Admission) -> Self {
         Self {
             cap: settings.max_pending_handshakes.max(1),
@@ -203,6 +233,7 @@ impl<H> PendingTable<H> {
             next: 0,
             pending: BTreeMap::new(),
             by_source: HashMap::new(),
+            waiting: VecDeque::new(),
         }
     }
 
@@ -211,43 +242,145 @@ impl<H> PendingTable<H> {
         self.pending.len()
     }
 
-    /// Make room for a peer from `source`: at its source's cap, or at the cap in all,
-    /// the oldest silent handshake of that scope gives way (its handle is returned, to be
-    /// dropped); with none silent, the newcomer is refused.
-    pub fn make_room(&mut self, source: Source) -> Result<Option<H>, Shed> {
-        if self.from(source) >= self.per_source {
-            let Some(oldest) = self.oldest_silent(Some(source)) else {
-                return Err(Shed::SourceBusy {
+    /// Connections waiting for a place.
+    #[cfg(test)]
+    fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// A connection from `source` arrived at `now`: its handshake begins at once when
+    /// there is room (`start` begins it, given its ticket and its `Heard`, and returns
+    /// its handle), else it waits for a place. When the queue is full, the oldest waiting
+    /// connection of its source gives way, else the oldest waiting of all.
+    pub fn arrive(
+        &mut self,
+        source: Source,
+        connection: W,
+        now: Instant,
+        start: impl FnMut(u64, Source, W, Arc<Heard>) -> H,
+    ) -> Vec<Gone<W, H>> {
+        self.waiting.push_back((source, connection));
+        let mut gone = self.place(now, start);
+        if self.waiting.len() > self.cap {
+            // Not the newcomer (the last): it is the newest.
+            let last = self.waiting.len() - 1;
+            let own = self.waiting.iter().position(|(s, _)| *s == source);
+            let (index, why) = match own {
+                Some(index) if index < last => (
+                    index,
+                    Shed::Displaced {
+                        waiting: self.cap,
+                        own_source: true,
+                    },
+                ),
+                _ => (
+                    0,
+                    Shed::Displaced {
+                        waiting: self.cap,
+                        own_source: false,
+                    },
+                ),
+            };
+            if let Some((_, displaced)) = self.waiting.remove(index) {
+                gone.push(Gone::Displaced(displaced, why));
+            }
+        }
+        gone
+    }
+
+    /// Begin the handshakes of the waiting connections there is room for now, oldest
+    /// first (after a handshake ended, or at `next_wake`). A connection finds room when
+    /// its source is under `max_pending_per_source` and the table under
+    /// `max_pending_handshakes`, or when a handshake of that scope (its source's, or
+    /// any) is evictable: silent, and under way for `EVICTION_GRACE` at least; the
+    /// oldest such gives way.
+    pub fn place(
+        &mut self,
+        now: Instant,
+        mut start: impl FnMut(u64, Source, W, Arc<Heard>) -> H,
+    ) -> Vec<Gone<W, H>> {
+        let mut gone = Vec::new();
+        if self.waiting.is_empty() {
+            return gone;
+        }
+        // Sources found without room in this pass: each is looked at once, so that a
+        // queue full of one source costs one look, not one per connection.
+        let mut blocked = HashSet::new();
+        let mut full = false;
+        let mut kept = VecDeque::with_capacity(self.waiting.len());
+        for (source, connection) in std::mem::take(&mut self.waiting) {
+            if full || blocked.contains(&source) {
+                kept.push_back((source, connection));
+                continue;
+            }
+            let scope = if self.from(source) >= self.per_source {
+                Some(Some(source))
+            } else if self.pending.len() >= self.cap {
+                Some(None)
+            } else {
+                None
+            };
+            if let Some(scope) = scope {
+                match self.oldest_evictable(scope, now) {
+                    Some(oldest) => gone.extend(self.finish(oldest).map(Gone::Evicted)),
+                    None => {
+                        match scope {
+                            Some(source) => {
+                                blocked.insert(source);
+                            }
+                            None => full = true,
+                        }
+                        kept.push_back((source, connection));
+                        continue;
+                    }
+                }
+            }
+            self.next += 1;
+            let ticket = self.next;
+            let heard = Arc::new(Heard::default());
+            let handle = start(ticket, source, connection, heard.clone());
+            self.pending.insert(
+                ticket,
+                Pending {
                     source,
-                    cap: self.per_source,
-                });
-            };
-            return Ok(self.finish(oldest));
+                    heard,
+                    since: now,
+                    handle,
+                },
+            );
+            *self.by_source.entry(source).or_default() += 1;
         }
-        if self.pending.len() >= self.cap {
-            let Some(oldest) = self.oldest_silent(None) else {
-                return Err(Shed::Busy { cap: self.cap });
-            };
-            return Ok(self.finish(oldest));
-        }
-        Ok(None)
+        self.waiting = kept;
+        gone
     }
 
-    /// The next handshake's ticket (to `insert` and `finish` it by).
-    pub fn ticket(&mut self) -> u64 {
-        self.next += 1;
-        self.next
+    /// When a waiting connection may next find room without a handshake ending: the
+    /// moment the oldest silent handshake still within `EVICTION_GRACE` leaves it. None
+    /// when nothing waits, or no handshake is silent within its grace.
+    pub fn next_wake(&self, now: Instant) -> Option<Instant> {
+        if self.waiting.is_empty() {
+            return None;
+        }
+        self.pending
+            .values()
+            .filter(|p| p.heard.silent())
+            .map(|p| p.since.checked_add(EVICTION_GRACE).unwrap_or(p.since))
+            .find(|&at| at > now)
     }
 
-    /// A handshake from `source` began (after `make_room`).
-    pub fn insert(&mut self, ticket: u64, source: Source, heard: Arc<Heard>, handle: H) {
-        let entry = Pending {
-            source,
-            heard,
-            handle,
-        };
-        self.pending.insert(ticket, entry);
-        *self.by_source.entry(source).or_default() += 1;
+    /// Take every waiting connection of `source` (locked out: they are closed).
+    pub fn remove_waiting(&mut self, source: Source) -> Vec<W> {
+        let mut removed = Vec::new();
+        let mut kept = VecDeque::with_capacity(self.waiting.len());
+        for (s, connection) in std::mem::take(&mut self.waiting) {
+            if s == source {
+                removed.push(connection);
+            } else {
+                kept.push_back((s, connection));
+            }
+        }
+        self.waiting = kept;
+        removed
     }
 
     /// The handshake of `ticket` is over (or dropped): its handle, if it was still here.
@@ -266,10 +399,14 @@ impl<H> PendingTable<H> {
         self.by_source.get(&source).copied().unwrap_or(0)
     }
 
-    fn oldest_silent(&self, source: Option<Source>) -> Option<u64> {
+    /// The oldest handshake of `scope` (a source, or all) silent and under way for
+    /// `EVICTION_GRACE` at least. The table is in order of placement: the look stops at
+    /// the first handshake still within its grace.
+    fn oldest_evictable(&self, scope: Option<Source>, now: Instant) -> Option<u64> {
         self.pending
             .iter()
-            .filter(|(_, p)| source.is_none_or(|s| p.source == s))
+            .take_while(|(_, p)| now.saturating_duration_since(p.since) >= EVICTION_GRACE)
+            .filter(|(_, p)| scope.is_none_or(|s| p.source == s))
             .find(|(_, p)| p.heard.silent())
             .map(|(ticket, _)| *ticket)
     }

@@ -20,7 +20,7 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::{AbortHandle, JoinHandle, JoinSet};
 
-use super::admission::{Admission, FailureTable, Heard, PendingTable, Shed, Source};
+use super::admission::{Admission, FailureTable, Gone, Heard, PendingTable, Shed, Source};
 use super::handshake::handshake;
 use super::link::{Link, Peer};
 use super::{buffered, Protocol};
@@ -231,19 +231,18 @@ impl Closing {
 
     fn shed(
         &self,
-        stream: TcpStream,
-        address: SocketAddr,
+        arrived: Arrived,
         why: Shed,
         events: &mpsc::Sender<Event>,
         tasks: &mut JoinSet<()>,
     ) {
-        tell(events, address, why);
+        tell(events, arrived.address, why);
         let Ok(permit) = self.0.clone().try_acquire_owned() else {
-            discard_pending(&stream);
+            discard_pending(&arrived.stream);
             return;
         };
         tasks.spawn(async move {
-            let mut stream = stream;
+            let mut stream = arrived.stream;
             let _ = tokio::time::timeout(CLOSING_FOR, async {
                 stream.shutdown().await?;
                 let mut sink = [0u8; 4096];
@@ -256,15 +255,61 @@ impl Closing {
     }
 }
 
+/// A connection taken from the kernel, waiting for its handshake to begin.
+struct Arrived {
+    stream: TcpStream,
+    address: SocketAddr,
+    /// Its accept: `hello_timeout` runs from here, waiting included.
+    accepted: Instant,
+}
+
+/// What the accept loop lends to begin a handshake.
+struct Starter<'a> {
+    settings: &'a Arc<ListenSettings>,
+    connections: &'a Arc<Semaphore>,
+    finished: &'a mpsc::UnboundedSender<Done>,
+    events: &'a mpsc::Sender<Event>,
+    tasks: &'a mut JoinSet<()>,
+}
+
+impl Starter<'_> {
+    fn start(
+        &mut self,
+        ticket: u64,
+        source: Source,
+        arrived: Arrived,
+        heard: Arc<Heard>,
+    ) -> Handle {
+        let address = arrived.address;
+        let task = handshake_task(
+            Shaking {
+                stream: arrived.stream,
+                address,
+                accepted: arrived.accepted,
+                ticket,
+                source,
+                heard,
+            },
+            self.settings.clone(),
+            self.connections.clone(),
+            self.finished.clone(),
+            self.events.clone(),
+        );
+        (self.tasks.spawn(task), address)
+    }
+}
+
 /// Accept every connection the kernel has, at once, and sort it: refused (its source is
-/// locked out for failed authentications, or `max_connections` are open), or a handshake
-/// of its own, for which the pending table makes room by dropping the oldest silent one,
-/// or refuses it when none is silent (docs/guides/limits.md "A listener under a flood").
+/// locked out for failed authentications, or `max_connections` are open), or given to
+/// the pending table, which begins its handshake when there is room (dropping the oldest
+/// handshake silent past `EVICTION_GRACE` if need be) or keeps it waiting, in a bounded
+/// queue, until a handshake ends or a silent one's grace does (docs/guides/limits.md "A
+/// listener under a flood").
 async fn accept_loop(tcp: TcpListener, settings: ListenSettings, events: mpsc::Sender<Event>) {
     let connections = Arc::new(Semaphore::new(
         settings.max_connections.clamp(1, Semaphore::MAX_PERMITS),
     ));
-    let mut pending = PendingTable::<Handle>::new(&settings.admission);
+    let mut pending = PendingTable::<Arrived, Handle>::new(&settings.admission);
     let mut failures = FailureTable::new(&settings.admission);
     let closing = Closing::new();
     let settings = Arc::new(settings);
@@ -273,18 +318,28 @@ async fn accept_loop(tcp: TcpListener, settings: ListenSettings, events: mpsc::S
     // one: a closed listener).
     let mut handshaking = JoinSet::new();
     loop {
-        let (stream, address) = tokio::select! {
+        let wake = pending.next_wake(Instant::now());
+        let arrived = tokio::select! {
             biased;
             Some(over) = done.recv() => {
                 pending.finish(over.ticket);
                 if over.failed_authentication {
-                    failures.failed(over.source, Instant::now());
+                    let now = Instant::now();
+                    failures.failed(over.source, now);
+                    // Locked out now: what of its source still waits is closed, as a
+                    // newcomer would be.
+                    if let Some(why) = failures.refused(over.source, now) {
+                        for shed in pending.remove_waiting(over.source) {
+                            closing.shed(shed, why.clone(), &events, &mut handshaking);
+                        }
+                    }
                 }
-                continue;
+                None
             }
             Some(_) = handshaking.join_next(), if !handshaking.is_empty() => continue,
+            () = sleep_until(wake), if wake.is_some() => None,
             accepted = tcp.accept() => match accepted {
-                Ok(accepted) => accepted,
+                Ok((stream, address)) => Some(Arrived { stream, address, accepted: Instant::now() }),
                 Err(_) => {
                     // Out of descriptors, or a peer gone before its accept: wait, go on.
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -292,46 +347,51 @@ async fn accept_loop(tcp: TcpListener, settings: ListenSettings, events: mpsc::S
                 }
             },
         };
-        let source = Source::of(address.ip());
-        if let Some(why) = failures.refused(source, Instant::now()) {
-            closing.shed(stream, address, why, &events, &mut handshaking);
-            continue;
-        }
-        if connections.available_permits() == 0 {
-            let why = Shed::Full {
-                max_connections: settings.max_connections,
-            };
-            closing.shed(stream, address, why, &events, &mut handshaking);
-            continue;
-        }
-        let heard = Arc::new(Heard::default());
-        let dropped = match pending.make_room(source) {
-            Ok(dropped) => dropped,
-            Err(why) => {
-                closing.shed(stream, address, why, &events, &mut handshaking);
-                continue;
+        let now = Instant::now();
+        let mut starter = Starter {
+            settings: &settings,
+            connections: &connections,
+            finished: &finished,
+            events: &events,
+            tasks: &mut handshaking,
+        };
+        let start = |ticket, source, arrived, heard| starter.start(ticket, source, arrived, heard);
+        let gone = match arrived {
+            // A handshake ended, or a silent one's grace did: room for what waits.
+            None => pending.place(now, start),
+            Some(arrived) => {
+                let source = Source::of(arrived.address.ip());
+                let refused = failures.refused(source, now).or_else(|| {
+                    (connections.available_permits() == 0).then_some(Shed::Full {
+                        max_connections: settings.max_connections,
+                    })
+                });
+                if let Some(why) = refused {
+                    closing.shed(arrived, why, &events, &mut handshaking);
+                    continue;
+                }
+                pending.arrive(source, arrived, now, start)
             }
         };
-        if let Some((handle, evicted)) = dropped {
-            handle.abort();
-            tell(&events, evicted, Shed::Evicted);
+        for gone in gone {
+            match gone {
+                Gone::Evicted((handle, address)) => {
+                    handle.abort();
+                    tell(&events, address, Shed::Evicted);
+                }
+                Gone::Displaced(arrived, why) => {
+                    closing.shed(arrived, why, &events, &mut handshaking);
+                }
+            }
         }
-        let ticket = pending.ticket();
-        let task = handshake_task(
-            Shaking {
-                stream,
-                address,
-                ticket,
-                source,
-                heard: heard.clone(),
-            },
-            settings.clone(),
-            connections.clone(),
-            finished.clone(),
-            events.clone(),
-        );
-        let handle = handshaking.spawn(task);
-        pending.insert(ticket, source, heard, (handle, address));
+    }
+}
+
+/// Sleep until `at`; never, without one (a `select!` branch disabled by its condition).
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -339,6 +399,7 @@ async fn accept_loop(tcp: TcpListener, settings: ListenSettings, events: mpsc::S
 struct Shaking {
     stream: TcpStream,
     address: SocketAddr,
+    accepted: Instant,
     ticket: u64,
     source: Source,
     heard: Arc<Heard>,
@@ -357,6 +418,7 @@ async fn handshake_task(
     let Shaking {
         stream,
         address,
+        accepted,
         ticket,
         source,
         heard,
@@ -375,8 +437,11 @@ async fn handshake_task(
     let hello_timeout = settings.admission.hello_timeout;
     let admitted = tokio::time::timeout(limit, async {
         tokio::select! {
+            // The handshake first: a peer that waited past its `hello_timeout` for a place
+            // and whose hello is already here is read before its silence is judged.
+            biased;
             admitted = admit(stream, address, &settings, &heard) => Some(admitted),
-            () = silent_for(&heard, hello_timeout) => None,
+            () = silent_since(&heard, accepted, hello_timeout) => None,
         }
     })
     .await;
@@ -435,9 +500,14 @@ fn failed_authentication(authkey: bool, why: &Refusal, heard: usize) -> bool {
         }
 }
 
-/// Return once the peer has been silent (not a byte) for `limit`; never, once it spoke.
-async fn silent_for(heard: &Heard, limit: Duration) {
-    tokio::time::sleep(limit).await;
+/// Return once the peer has been silent (not a byte) for `limit` since `accepted`;
+/// never, once it spoke.
+async fn silent_since(heard: &Heard, accepted: Instant, limit: Duration) {
+    match accepted.checked_add(limit) {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        // Past the clock's range: never.
+        None => std::future::pending::<()>().await,
+    }
     if !heard.silent() {
         std::future::pending::<()>().await;
     }

@@ -1,5 +1,6 @@
-//! The admission tables alone, with the time given: the pending table's caps and whom
-//! it drops, the failure table's lockout, its window and its bound.
+//! The admission tables alone, with the time given: the pending table's caps, whom it
+//! evicts and when, its queue of waiting connections; the failure table's lockout, its
+//! window and its bound.
 
 use super::*;
 
@@ -15,18 +16,6 @@ fn v4(last: u8) -> Source {
     Source::of(IpAddr::from([10, 0, 0, last]))
 }
 
-/// Admit a peer from `source` under `ticket`-named handles; its `Heard`.
-fn admit(
-    table: &mut PendingTable<u64>,
-    source: Source,
-) -> Result<(u64, Arc<Heard>, Option<u64>), Shed> {
-    let dropped = table.make_room(source)?;
-    let heard = Arc::new(Heard::default());
-    let ticket = table.ticket();
-    table.insert(ticket, source, heard.clone(), ticket);
-    Ok((ticket, heard, dropped))
-}
-
 #[test]
 fn sources_are_ipv4_addresses_and_ipv6_slash_64s() {
     let mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
@@ -40,64 +29,233 @@ fn sources_are_ipv4_addresses_and_ipv6_slash_64s() {
     assert_eq!(v4(7).to_string(), "10.0.0.7");
 }
 
-#[test]
-fn a_full_source_drops_its_own_oldest_silent_handshake_not_anothers() {
-    let mut table = PendingTable::new(&settings(100, 3));
-    let (other, _, _) = admit(&mut table, v4(9)).unwrap();
-    let first: Vec<_> = (0..3).map(|_| admit(&mut table, v4(1)).unwrap()).collect();
-    // The oldest of 10.0.0.1 has spoken: the next silent one gives way.
-    first[0].1.handshake_bytes(5);
-    let (_, _, dropped) = admit(&mut table, v4(1)).unwrap();
-    assert_eq!(dropped, Some(first[1].0));
-    assert_eq!(table.len(), 4);
-    // All of 10.0.0.1's have spoken: its newcomer is refused; 10.0.0.9's stays.
-    assert_eq!(
-        table.pending.values().filter(|p| p.source == v4(1)).count(),
-        3
-    );
-    for p in table.pending.values().filter(|p| p.source == v4(1)) {
-        p.heard.first_byte();
-    }
-    assert_eq!(
-        admit(&mut table, v4(1)).unwrap_err(),
-        Shed::SourceBusy {
-            source: v4(1),
-            cap: 3
+/// A pending table of connections named by numbers, whose handles are their tickets,
+/// with the time given in milliseconds from its start; and the handshakes it began.
+struct Bench {
+    table: PendingTable<u32, u64>,
+    began: Vec<(u64, u32, Arc<Heard>)>,
+    t0: Instant,
+}
+
+type Gones = Vec<Gone<u32, u64>>;
+
+impl Bench {
+    fn new(cap: usize, per_source: usize) -> Self {
+        Self {
+            table: PendingTable::new(&settings(cap, per_source)),
+            began: Vec::new(),
+            t0: Instant::now(),
         }
-    );
-    assert!(table.pending.contains_key(&other));
+    }
+
+    fn at(&self, ms: u64) -> Instant {
+        self.t0 + Duration::from_millis(ms)
+    }
+
+    fn arrive(&mut self, source: Source, id: u32, ms: u64) -> Gones {
+        let now = self.at(ms);
+        let began = &mut self.began;
+        self.table.arrive(source, id, now, |ticket, _, id, heard| {
+            began.push((ticket, id, heard));
+            ticket
+        })
+    }
+
+    fn place(&mut self, ms: u64) -> Gones {
+        let now = self.at(ms);
+        let began = &mut self.began;
+        self.table.place(now, |ticket, _, id, heard| {
+            began.push((ticket, id, heard));
+            ticket
+        })
+    }
+
+    fn began(&self, id: u32) -> Option<&(u64, u32, Arc<Heard>)> {
+        self.began.iter().find(|(_, i, _)| *i == id)
+    }
+
+    fn ticket(&self, id: u32) -> u64 {
+        self.began(id).expect("began").0
+    }
+
+    fn speaks(&self, id: u32) {
+        self.began(id).expect("began").2.handshake_bytes(80);
+    }
+
+    /// `id`'s handshake ends at `ms`: what waits takes its place.
+    fn ends(&mut self, id: u32, ms: u64) -> Gones {
+        let ticket = self.ticket(id);
+        assert_eq!(self.table.finish(ticket), Some(ticket));
+        self.place(ms)
+    }
+}
+
+const GRACE_MS: u64 = 250;
+
+#[test]
+fn the_grace_is_the_documented_one() {
+    assert_eq!(EVICTION_GRACE, Duration::from_millis(GRACE_MS));
 }
 
 #[test]
-fn a_full_table_drops_the_oldest_silent_handshake_of_any_source() {
-    let mut table = PendingTable::new(&settings(4, 4));
-    let tickets: Vec<_> = (0..4).map(|i| admit(&mut table, v4(i)).unwrap()).collect();
-    tickets[0].1.first_byte();
-    let (_, _, dropped) = admit(&mut table, v4(200)).unwrap();
-    assert_eq!(dropped, Some(tickets[1].0));
-    assert_eq!(table.len(), 4);
-    for p in table.pending.values() {
-        p.heard.first_byte();
+fn a_burst_from_one_source_larger_than_both_caps_is_all_served() {
+    // 4 per source, 8 in all, so 8 may wait: 12 peers of one host connect at once.
+    // Accepted together, none has been read yet, so all look silent: before, the 5th
+    // evicted the 1st, and so on (the 300 workers of a parameter server were reset);
+    // now the ones past the cap wait, and begin as handshakes end.
+    let mut bench = Bench::new(8, 4);
+    for id in 0..12 {
+        assert_eq!(bench.arrive(v4(1), id, 0), vec![], "{id}");
     }
+    assert_eq!((bench.table.len(), bench.table.waiting()), (4, 8));
+    let mut ms = 1;
+    let mut ended = 0;
+    while ended < 12 {
+        let id = bench.began[ended].1;
+        bench.speaks(id);
+        assert_eq!(bench.ends(id, ms), vec![], "{id}");
+        ended += 1;
+        ms += 1;
+    }
+    let mut ids: Vec<_> = bench.began.iter().map(|(_, id, _)| *id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..12).collect::<Vec<_>>());
+    assert_eq!((bench.table.len(), bench.table.waiting()), (0, 0));
+}
+
+#[test]
+fn a_silent_handshake_gives_way_only_once_under_way_for_the_grace() {
+    let mut bench = Bench::new(100, 2);
+    bench.arrive(v4(1), 0, 0);
+    bench.arrive(v4(1), 1, 10);
+    // Both silent, within their grace: the third waits, and the table says when to
+    // look again (the oldest silent one's grace ends).
+    assert_eq!(bench.arrive(v4(1), 2, 100), vec![]);
+    assert!(bench.began(2).is_none());
     assert_eq!(
-        admit(&mut table, v4(201)).unwrap_err(),
-        Shed::Busy { cap: 4 }
+        bench.table.next_wake(bench.at(100)),
+        Some(bench.at(GRACE_MS))
     );
-    // A finished handshake frees its place in all and in its source.
-    assert_eq!(table.finish(tickets[0].0), Some(tickets[0].0));
-    assert_eq!(table.finish(tickets[0].0), None);
-    assert!(admit(&mut table, v4(0)).unwrap().2.is_none());
-    assert!(table.by_source.values().all(|&n| n == 1));
+    assert_eq!(bench.place(GRACE_MS - 1), vec![]);
+    assert!(bench.began(2).is_none());
+    // Its grace over, the oldest silent one gives way.
+    let first = bench.ticket(0);
+    assert_eq!(bench.place(GRACE_MS), vec![Gone::Evicted(first)]);
+    assert!(bench.began(2).is_some());
+    // One that spoke is never evicted, however old; a silent one past its grace is.
+    bench.speaks(1);
+    let third = bench.ticket(2);
+    assert_eq!(bench.arrive(v4(1), 3, 1000), vec![Gone::Evicted(third)]);
+    // None silent: the next waits, however long, with no wake (only a handshake's end
+    // makes room), and begins when one ends.
+    bench.speaks(3);
+    assert_eq!(bench.arrive(v4(1), 4, 5000), vec![]);
+    assert!(bench.began(4).is_none());
+    assert_eq!(bench.table.next_wake(bench.at(5000)), None);
+    assert_eq!(bench.ends(1, 5001), vec![]);
+    assert!(bench.began(4).is_some());
+}
+
+#[test]
+fn a_full_source_evicts_its_own_oldest_silent_handshake_not_anothers() {
+    let mut bench = Bench::new(100, 3);
+    bench.arrive(v4(9), 9, 0);
+    for id in 0..3 {
+        bench.arrive(v4(1), id, 0);
+    }
+    // The oldest of 10.0.0.1 has spoken: the next silent one gives way (10.0.0.9's,
+    // older and silent, stays).
+    bench.speaks(0);
+    let second = bench.ticket(1);
+    assert_eq!(
+        bench.arrive(v4(1), 3, GRACE_MS),
+        vec![Gone::Evicted(second)]
+    );
+    assert_eq!(bench.table.len(), 4);
+    assert!(bench.table.pending.contains_key(&bench.ticket(9)));
+}
+
+#[test]
+fn a_full_table_evicts_the_oldest_silent_handshake_of_any_source() {
+    let mut bench = Bench::new(4, 4);
+    for id in 0..4u8 {
+        bench.arrive(v4(id), u32::from(id), 0);
+    }
+    bench.speaks(0);
+    let second = bench.ticket(1);
+    assert_eq!(
+        bench.arrive(v4(200), 200, GRACE_MS),
+        vec![Gone::Evicted(second)]
+    );
+    assert_eq!(bench.table.len(), 4);
+    for id in [0, 2, 3, 200] {
+        bench.speaks(id);
+    }
+    // None silent: the newcomer waits (before: it was closed at once)...
+    assert_eq!(bench.arrive(v4(201), 201, 2 * GRACE_MS), vec![]);
+    assert!(bench.began(201).is_none());
+    // ...until a handshake ends, which frees its place in all and in its source.
+    assert_eq!(bench.ends(0, 2 * GRACE_MS + 1), vec![]);
+    assert!(bench.began(201).is_some());
+    assert!(bench.table.by_source.values().all(|&n| n == 1));
 }
 
 #[test]
 fn a_flood_from_one_source_leaves_room_for_the_others() {
-    let mut table = PendingTable::new(&Admission::default());
-    for _ in 0..10_000 {
-        admit(&mut table, v4(2)).unwrap();
+    let defaults = Admission::default();
+    let mut bench = Bench::new(
+        defaults.max_pending_handshakes,
+        defaults.max_pending_per_source,
+    );
+    for id in 0..10_000 {
+        // A millisecond apart: silent ones past their grace give way to newer silent ones.
+        bench.arrive(v4(2), id, u64::from(id));
+        assert!(bench.table.len() <= defaults.max_pending_per_source);
+        assert!(bench.table.waiting() <= defaults.max_pending_handshakes);
     }
-    assert_eq!(table.len(), Admission::default().max_pending_per_source);
-    assert!(admit(&mut table, v4(1)).unwrap().2.is_none());
+    assert_eq!(bench.table.len(), defaults.max_pending_per_source);
+    assert_eq!(bench.table.waiting(), defaults.max_pending_handshakes);
+    // Another source begins at once, and its arrival pushes out none of the waiting.
+    assert_eq!(bench.arrive(v4(1), 99_999, 9_999), vec![]);
+    assert!(bench.began(99_999).is_some());
+}
+
+#[test]
+fn a_full_queue_pushes_out_the_oldest_waiting_of_the_newcomers_source_else_of_all() {
+    let mut bench = Bench::new(2, 2);
+    for id in 0..2 {
+        bench.arrive(v4(1), id, 0);
+        bench.speaks(id);
+    }
+    assert_eq!(bench.arrive(v4(1), 2, 0), vec![]);
+    assert_eq!(bench.arrive(v4(2), 10, 0), vec![]);
+    assert_eq!(bench.table.waiting(), 2);
+    let displaced = |own_source| Shed::Displaced {
+        waiting: 2,
+        own_source,
+    };
+    let (own, any) = (displaced(true), displaced(false));
+    assert_eq!(
+        bench.arrive(v4(1), 3, 1),
+        vec![Gone::Displaced(2, own.clone())]
+    );
+    // 10.0.0.3 waits nowhere yet: the oldest waiting of all (10.0.0.2's) goes.
+    assert_eq!(
+        bench.arrive(v4(3), 20, 2),
+        vec![Gone::Displaced(10, any.clone())]
+    );
+    assert_eq!(bench.table.waiting(), 2);
+    assert_eq!(
+        own.to_string(),
+        "waited for a place among the handshakes under way while 2 connections waited \
+         (max_pending_handshakes), and was the oldest waiting of the newcomer's source when \
+         a newer one arrived: closed"
+    );
+    assert!(any.to_string().contains("the oldest waiting of all when"));
+    // A locked-out source's waiting connections are taken out.
+    assert_eq!(bench.table.remove_waiting(v4(1)), vec![3]);
+    assert_eq!(bench.table.waiting(), 1);
+    assert_eq!(bench.table.next_wake(bench.at(3)), None);
 }
 
 fn guessing(most: u32, window_s: u64) -> Admission {

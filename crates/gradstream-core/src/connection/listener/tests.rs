@@ -166,3 +166,35 @@ async fn refusals_do_not_wait_for_a_caller_slow_to_take_events() {
     }
     assert!((1..=4).contains(&queued), "{queued} refusals were kept");
 }
+
+#[tokio::test]
+async fn a_burst_from_one_source_past_both_caps_is_all_served() {
+    // 12 clients of one host connect at once, past 4 handshakes per source and 8 in all
+    // (so 8 may wait). Accepted together, each looked silent until its task first read
+    // it: before, newer ones evicted older ones, or were closed at once; now the ones
+    // past the caps wait for a place, and every one is served.
+    let mut settings = settings();
+    settings.authkey = None;
+    settings.max_connections = 64;
+    settings.admission.max_pending_per_source = 4;
+    settings.admission.max_pending_handshakes = 8;
+    let mut listener = Listener::bind("127.0.0.1", 0, settings)
+        .await
+        .expect("binds");
+    let port = listener.address().port();
+    let mut plain = dial(KEY);
+    plain.authkey = None;
+    let mut clients = JoinSet::new();
+    for _ in 0..12 {
+        let plain = plain.clone();
+        clients.spawn(async move { connect("127.0.0.1", port, &plain).await.map(|_| ()) });
+    }
+    let mut events = Vec::new();
+    for _ in 0..12 {
+        events.push(next(&mut listener).await);
+    }
+    assert!(events.iter().all(|e| e == "connected"), "{events:?}");
+    while let Some(client) = clients.join_next().await {
+        client.expect("runs").expect("served");
+    }
+}

@@ -138,6 +138,14 @@ def test_a_peer_that_takes_the_listeners_answer_and_closes_counts_as_a_failure(
         ) as listener:
             for _ in range(3):
                 assert len(await harvest(listener.address)) > 80
+            # A harvester's failure is counted when the listener sees its close, which may
+            # come after the harvester's next connection: wait until the three are logged
+            # (and the accept loop, which counts them, has had its turn).
+            for _ in range(1000):
+                if len(refusals(caplog)) >= 3:
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)
             with pytest.raises(GradientStreamError):
                 await gs.connect(listener.address, authkey=KEY)
             # Refused at once: not even the listener's hello.

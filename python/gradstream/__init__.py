@@ -47,7 +47,7 @@ from .errors import (
 if TYPE_CHECKING:
     from ._arrow import BFloat16Type
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",

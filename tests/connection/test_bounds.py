@@ -11,6 +11,7 @@ applies, not its value (``test_connection_parts`` checks that)."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -120,3 +121,31 @@ def test_cli_send_timeout_has_the_connections_default() -> None:
     assert send.timeout == _checks.CONNECTION_DEADLINE
     assert parser.parse_args(["send", "127.0.0.1:9", "g.npy", "--timeout", "3"]).timeout == 3
     assert parser.parse_args(["recv", "0", "--out", "o.npy"]).timeout is None
+
+
+def test_bounds_past_a_durations_range_mean_for_ever_not_a_panic() -> None:
+    """Seconds too large for a Duration (1e300: 'never') are accepted as the longest wait,
+    on connections and sessions alike; before, each raised PanicException from Rust."""
+
+    async def main() -> None:
+        async def handler(conn: gs.Connection) -> None:
+            await conn.send(await conn.recv())
+
+        server = await gs.serve(LOCAL, handler, handshake_timeout=1e300, deadline=1e300)
+        try:
+            async with await gs.connect(
+                server.address, handshake_timeout=1e300, deadline=1e300, timeout=1e300
+            ) as conn:
+                await conn.send(np.ones(1000, np.float32), deadline=1e300)
+                got = await conn.recv(deadline=1e300)
+                assert np.array_equal(got, np.ones(1000, np.float32))
+        finally:
+            await server.close()
+        session = gs.GradientStreamSession(timeout=1e300, deadline=1e300)
+        a, b = socket.socketpair()
+        with a, b:
+            grad = np.arange(1 << 20, dtype=np.float32)
+            _, back = await asyncio.gather(session.stream_to(grad, a), session.receive_from(b))
+        assert np.array_equal(back, grad)
+
+    run(main)

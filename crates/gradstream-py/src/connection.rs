@@ -12,7 +12,6 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use pyo3::prelude::*;
 use tokio::sync::Mutex as AsyncMutex;
@@ -22,7 +21,7 @@ use super::convert::{GradientArgs, HeldGradient, Input, OutArgs};
 use super::errors::{setting_error, to_py_err};
 use super::fastpath;
 use super::session::Engine;
-use super::settings::{seconds_arg, ListenerArgs};
+use super::settings::{saturating_seconds, seconds_arg, ListenerArgs};
 use super::stream::{progress_counters, TransferProgress};
 use super::tensors::{HeldTensors, TensorArgs};
 use gradstream_core::connection::{
@@ -91,7 +90,7 @@ impl LinkArgs {
     }
 
     fn waits(&self) -> Waits {
-        let seconds = |s: Option<f64>| s.map(Duration::from_secs_f64);
+        let seconds = |s: Option<f64>| s.map(saturating_seconds);
         Waits {
             timeout: seconds(self.timeout),
             deadline: seconds(self.deadline),
@@ -137,7 +136,7 @@ pub fn open_link(
         protocol,
         tls,
         authkey: args.authkey,
-        handshake_timeout: Duration::from_secs_f64(args.handshake_timeout),
+        handshake_timeout: saturating_seconds(args.handshake_timeout),
         limits: engine.get().config().limits,
         test_nonce,
     };
@@ -175,7 +174,7 @@ pub fn open_listener(
         protocol,
         tls,
         authkey: args.authkey,
-        handshake_timeout: Duration::from_secs_f64(args.handshake_timeout),
+        handshake_timeout: saturating_seconds(args.handshake_timeout),
         max_connections: own.max_connections,
         admission: own.admission,
         limits: engine.get().config().limits,

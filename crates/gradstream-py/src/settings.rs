@@ -245,7 +245,7 @@ pub fn seconds_arg(
         }
     };
     if seconds.is_finite() && seconds > 0.0 {
-        return Ok(Some(std::time::Duration::from_secs_f64(seconds)));
+        return Ok(Some(saturating_seconds(seconds)));
     }
     Err(setting_error(
         value.py(),
@@ -299,6 +299,6 @@ impl ListenerArgs {
 
 /// Positive, finite seconds (as `listen` checked them) as a `Duration`, the longest one
 /// past its range: `from_secs_f64` panics on 1e300.
-fn saturating_seconds(seconds: f64) -> std::time::Duration {
+pub(crate) fn saturating_seconds(seconds: f64) -> std::time::Duration {
     std::time::Duration::try_from_secs_f64(seconds).unwrap_or(std::time::Duration::MAX)
 }

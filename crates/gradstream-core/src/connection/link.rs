@@ -15,10 +15,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use std::future::Future;
-use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::handshake::{read_full, Established};
@@ -34,6 +33,11 @@ use crate::seal::{Position, Seal, SealCheck, TransferId};
 use crate::session::SessionConfig;
 use crate::stream::{receive_gradient, send_gradient_on, within, Clock, Progress, Waits};
 use crate::tensors::{self, Entry, TensorSet, TensorSetReceiver};
+
+mod counted;
+
+use counted::Counted;
+pub use counted::ReadBudget;
 
 /// A byte stream a link can own: a TCP stream, or a TLS stream over one.
 pub trait Duplex: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -66,162 +70,6 @@ impl Peer {
 /// (docs/spec/protocol.md
 /// "Connections": at most 1 s); also how long a close waits for the stream's shutdown.
 const LINGER: Duration = Duration::from_secs(1);
-
-/// What a released link's stream becomes: its socket closed, every read and write an
-/// error.
-struct Gone;
-
-fn gone() -> std::io::Error {
-    std::io::Error::new(std::io::ErrorKind::NotConnected, "the connection is closed")
-}
-
-impl AsyncRead for Gone {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-        _: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Err(gone()))
-    }
-}
-
-impl AsyncWrite for Gone {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-        _: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Poll::Ready(Err(gone()))
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-}
-
-/// The link's stream, counting the bytes that moved each way: a transfer dropped midway
-/// (its task cancelled) is told from one dropped before its first byte by the counts.
-struct Counted {
-    inner: Box<dyn Duplex>,
-    moved: u64,
-    /// Bytes reads may still take before they yield (`Link::read_budget`); none: no bound.
-    budget: Option<ReadBudget>,
-}
-
-impl Counted {
-    /// Close the socket now (dropping the TCP or TLS stream): unread bytes make the
-    /// kernel reset the connection, so a peer still sending learns at once
-    /// (docs/guides/connections.md "Closing").
-    fn release(&mut self) {
-        self.inner = Box::new(Gone);
-    }
-}
-
-/// What a transfer may read before its reads yield (`Poll::Pending`, after waking the
-/// task): lets a caller run a receive's first steps on its own thread (the bindings'
-/// small-transfer path) for a bounded time, then hand it to tokio, having lifted the bound
-/// (`lift`).
-#[derive(Clone, Debug)]
-pub struct ReadBudget(std::sync::Arc<std::sync::atomic::AtomicU64>);
-
-impl ReadBudget {
-    pub fn new(bytes: u64) -> Self {
-        Self(std::sync::Arc::new(std::sync::atomic::AtomicU64::new(
-            bytes,
-        )))
-    }
-
-    /// No bound from now on.
-    pub fn lift(&self) {
-        self.0.store(u64::MAX, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    fn left(&self) -> u64 {
-        self.0.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    fn spend(&self, bytes: u64) {
-        let _ = self.0.fetch_update(
-            std::sync::atomic::Ordering::Relaxed,
-            std::sync::atomic::Ordering::Relaxed,
-            |left| {
-                Some(if left == u64::MAX {
-                    left
-                } else {
-                    left.saturating_sub(bytes)
-                })
-            },
-        );
-    }
-}
-
-impl AsyncRead for Counted {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        if let Some(budget) = &this.budget {
-            if budget.left() == 0 {
-                cx.waker().wake_by_ref();
-                return Poll::Pending;
-            }
-        }
-        let before = buf.filled().len();
-        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
-        let read = (buf.filled().len() - before) as u64;
-        this.moved += read;
-        if let Some(budget) = &this.budget {
-            budget.spend(read);
-        }
-        polled
-    }
-}
-
-impl AsyncWrite for Counted {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.inner).poll_write(cx, buf);
-        if let Poll::Ready(Ok(n)) = polled {
-            this.moved += n as u64;
-        }
-        polled
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
-        if let Poll::Ready(Ok(n)) = polled {
-            this.moved += n as u64;
-        }
-        polled
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
-}
 
 /// The protocol state of the connection.
 enum Mode {

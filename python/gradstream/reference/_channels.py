@@ -14,11 +14,16 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._checks import SSL_SOCKET_REFUSED
 from .._io import Clock, Stalled
 from ..errors import StreamIOError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ._receiver import _FrameReceiver
 
 # --------------------------------------------------------------------------- progress
 
@@ -304,3 +309,37 @@ async def _recv_all(channel: _Channel, view: memoryview, progress: TransferProgr
         got += n
         _count(progress, nbytes=n)
     return got
+
+
+async def _receive_frames(
+    channel: _Channel, progress: TransferProgress | None, receiver: _FrameReceiver
+) -> np.ndarray | None:
+    """One gradient's frames read from ``channel`` into ``receiver`` (a session's, or a
+    tensor set's whose limit is the tensor's manifest entry) until it is done; None when
+    the stream ended before its first byte."""
+    # The socket is non-blocking only while a gradient is being received, so between
+    # two gradients of receive_iter it is in the caller's mode.
+    with channel:
+        while not receiver.done:
+            # A header, or a payload of at most max_payload_len bytes (checked from the
+            # header before this allocation); exactly what the frame needs, so nothing
+            # past the gradient's last frame is ever read.
+            unit = memoryview(bytearray(receiver.want))
+            try:
+                got = await _recv_all(channel, unit, progress)
+            except Stalled as stalled:
+                raise stalled.error(receiver.received, receiver.total) from None
+            if got < len(unit):
+                receiver.end_of_stream(got)  # raises, but before any byte
+                return None
+            had_total = receiver.total is not None
+            received = receiver.received
+            # sock_recv_into returns at once while data is buffered: give the loop a
+            # turn per unit, so other tasks and cancellation are not starved.
+            await asyncio.sleep(0)
+            receiver.feed(unit)
+            if receiver.received > received:
+                _count(progress, chunks=1)
+                if not had_total:
+                    _count(progress, total_chunks=receiver.total or 0)
+    return receiver.result()

@@ -36,8 +36,8 @@ from ._channels import (
     _Channel,
     _check_progress,
     _count,
+    _receive_frames,
     _receiving_channel,
-    _recv_all,
     _send_all,
     _sending_channel,
 )
@@ -679,39 +679,7 @@ class GradientStreamSession:
         receiver = _FrameReceiver(
             self._max_payload_len, self._max_gradient_len, copy_values=True, out=out, seal=seal
         )
-        return await self._receive_with(channel, progress, receiver)
-
-    async def _receive_with(
-        self, channel: _Channel, progress: TransferProgress | None, receiver: _FrameReceiver
-    ) -> np.ndarray | None:
-        """``_receive`` with a receiver of the caller's (a tensor set's, whose limit is the
-        tensor's manifest entry): fed from ``channel`` until done."""
-        # The socket is non-blocking only while a gradient is being received, so between
-        # two gradients of receive_iter it is in the caller's mode.
-        with channel:
-            while not receiver.done:
-                # A header, or a payload of at most max_payload_len bytes (checked from the
-                # header before this allocation); exactly what the frame needs, so nothing
-                # past the gradient's last frame is ever read.
-                unit = memoryview(bytearray(receiver.want))
-                try:
-                    got = await _recv_all(channel, unit, progress)
-                except Stalled as stalled:
-                    raise stalled.error(receiver.received, receiver.total) from None
-                if got < len(unit):
-                    receiver.end_of_stream(got)  # raises, but before any byte
-                    return None
-                had_total = receiver.total is not None
-                received = receiver.received
-                # sock_recv_into returns at once while data is buffered: give the loop a
-                # turn per unit, so other tasks and cancellation are not starved.
-                await asyncio.sleep(0)
-                receiver.feed(unit)
-                if receiver.received > received:
-                    _count(progress, chunks=1)
-                    if not had_total:
-                        _count(progress, total_chunks=receiver.total or 0)
-        return receiver.result()
+        return await _receive_frames(channel, progress, receiver)
 
     # ---- tensor sets (docs/guides/tensor-sets.md; the logic is this package's _tensors)
 

@@ -36,6 +36,7 @@ from ._channels import (
     TransferProgress,
     _Channel,
     _check_progress,
+    _receive_frames,
     _receiving_channel,
     _recv_all,
     _send_all,
@@ -79,9 +80,6 @@ class _Session(Protocol):
     async def _send(
         self, channel: _Channel, grad: _Gradient, progress: TransferProgress | None
     ) -> int: ...
-    async def _receive_with(
-        self, channel: _Channel, progress: TransferProgress | None, receiver: _FrameReceiver
-    ) -> np.ndarray | None: ...
 
 
 _PAIRS = "a mapping of name to tensor or an iterable of (name, tensor) pairs"
@@ -461,7 +459,7 @@ async def receive_tensors(
             with _about("receiving", entry.name, k, n):
                 seal = _tensor_seal(expect, manifest, k - 1)
                 receiver = _tensor_receiver(session, entry, True, seal)
-                values = await session._receive_with(channel, progress, receiver)
+                values = await _receive_frames(channel, progress, receiver)
                 if values is None:
                     raise _cut_short(k - 1, n)
                 result[entry.name] = _as_declared(entry, values)

@@ -189,9 +189,10 @@ def layout_support(impl: str) -> str | None:
 
 # The native drivers a row can turn off, to measure one against the path that serves its
 # case without it (section 7): "caller_thread" (small transfers tried on the caller's
-# thread), "direct_read" (values read from the socket straight into out=), "handover" (an
-# asyncio stream's plain socket driven natively).
-DRIVERS = ("caller_thread", "direct_read", "handover")
+# thread), "handover" (an asyncio stream's plain socket driven natively). The direct read
+# (values read from the socket straight into out=) was one until 0.3.0's run: 0.81-1.01 x
+# the whole-payload read in every row, so it went (docs/performance.md).
+DRIVERS = ("caller_thread", "handover")
 
 
 def drivers_off(session: Any, off: tuple[str, ...]) -> Any:
@@ -205,10 +206,8 @@ def drivers_off(session: Any, off: tuple[str, ...]) -> Any:
 
         _handover.lend_reader = lambda reader: None
         _handover.socket_to_write = lambda writer: None
-    if {"caller_thread", "direct_read"} & set(off):
-        session._engine = session._engine.with_drivers(
-            "caller_thread" not in off, "direct_read" not in off
-        )
+    if "caller_thread" in off:
+        session._engine = session._engine.with_drivers(False)
     return session
 
 

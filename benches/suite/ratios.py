@@ -371,26 +371,6 @@ DRIVER_RATIOS = (
         )
         for layout in LAYOUTS
     ),
-    *(
-        (
-            f"driver direct_read, {layout}: GB/s / without it (whole payloads)",
-            f"e2e_native_socket_{layout}",
-            f"e2e_native_socket_{layout}_whole",
-            "gbps",
-        )
-        for layout in LAYOUTS
-    ),
-    # The default call, into a new array: the direct read writes the values straight into
-    # the vector the result becomes, where whole payloads are copied there from a buffer.
-    *(
-        (
-            f"driver direct_read, {layout}, new array: GB/s / without it (whole payloads)",
-            f"e2e_native_socket_{layout}_new",
-            f"e2e_native_socket_{layout}_new_whole",
-            "gbps",
-        )
-        for layout in LAYOUTS
-    ),
 )
 DRIVER_ROWS = frozenset(key for _, a, b, _ in DRIVER_RATIOS for key in (a, b))
 

@@ -388,11 +388,6 @@ GS_ROWS = (
     *(GsRow("native", layout, Route("streams", "uvloop")) for layout in LAYOUTS),
     *(GsRow("reference", layout, route) for route in (Route(), STREAMS) for layout in LAYOUTS),
     # Section 7's rows: a driver turned off, beside the row that has it.
-    *(GsRow("native", layout, Route(), "_whole", ("direct_read",)) for layout in LAYOUTS),
-    *(
-        GsRow("native", layout, Route(into_out=False), "_new_whole", ("direct_read",))
-        for layout in LAYOUTS
-    ),
     *(GsRow("native", layout, STREAMS, "_generic", ("handover",)) for layout in LAYOUTS),
 )
 # What each kind of row has that the others do not (the "keep every peer honest" notes).

@@ -90,7 +90,6 @@ TIMED_ROWS = {
     "e2e_gloo",
     *(f"conn_{kind}" for kind in ("bare", "plain", "authkey", "tls")),
     # section 7: a driver turned off, beside the row that has it
-    *(f"e2e_native_socket_{layout}_whole" for layout in LAYOUTS),
     *(f"e2e_native_streams_{layout}_generic" for layout in LAYOUTS),
 }
 PING_PONG_ROWS = {
@@ -267,14 +266,6 @@ RATIO_ROWS: dict[str, tuple[str, str, float | None]] = {
         f"driver handover, {layout}: GB/s / without it (generic asyncio)": (
             f"e2e_native_streams_{layout}",
             f"e2e_native_streams_{layout}_generic",
-            1.1,
-        )
-        for layout in LAYOUTS
-    },
-    **{
-        f"driver direct_read, {layout}: GB/s / without it (whole payloads)": (
-            f"e2e_native_socket_{layout}",
-            f"e2e_native_socket_{layout}_whole",
             1.1,
         )
         for layout in LAYOUTS

@@ -1,7 +1,7 @@
 //! The clock and the counters of one transfer: `Progress` (what moved so far, readable
 //! from any thread), `Waits` (the timeout and deadline asked for), `Clock` (those waits
 //! running) and `within` (one I/O wait under the clock). Shared by the stream's sender and
-//! receiver (`stream`), the direct read (`direct`), the caller-thread steps (`at_hand`),
+//! receiver (`stream`), the caller-thread steps (`at_hand`),
 //! tensor sets and connections; uses only `error`.
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -43,8 +43,6 @@ pub mod codec;
 mod compat;
 #[cfg(feature = "tls")]
 pub mod connection;
-#[cfg(feature = "tokio")]
-mod direct;
 pub mod dtype;
 pub mod encoder;
 pub mod error;

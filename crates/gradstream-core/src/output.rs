@@ -8,8 +8,7 @@
 //!
 //! Uses `dtype`, `error` and `codec::Stores` (the copy into large destinations), and libc
 //! (madvise); `codec`'s reader writes through its `ValueSink`, and `rules`,
-//! `reassembler` and `receiver` fill its `Output` (and `direct` reads values straight
-//! into a lent one's memory).
+//! `reassembler` and `receiver` fill its `Output`.
 
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
@@ -264,76 +263,6 @@ impl ValueSink for OutSlice {
     }
 }
 
-impl OutSlice {
-    /// The memory of the next `n` values, when they are float32 and fit: where a receiver
-    /// may read a payload's values straight from the stream (`crate::direct`). What is
-    /// written there counts only once `put_placed(n)` says so.
-    // Only the tokio receiver (`direct`) places values.
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-    fn slot_f32(&mut self, n: usize) -> Option<&mut [u8]> {
-        let end = self.offered.checked_add(n)?;
-        // A sum adds values; read straight from the stream they would replace.
-        if self.dtype != Dtype::F32 || end > self.capacity || self.lending == Lending::Sum {
-            return None;
-        }
-        // SAFETY: offered + n <= capacity keeps the range inside the buffer, which is ours
-        // alone (see `new`); float32 values are plain bytes, any of which are valid.
-        Some(unsafe {
-            std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(self.offered * 4), n * 4)
-        })
-    }
-}
-
-/// Room for `n` more values in `v` (`len + n` in all), its new room allocated zeroed,
-/// keeping its values: the `zeroed` count of `Output` after it (see there). Zeroed by the
-/// allocator: a large allocation is a fresh mapping, which the kernel zeroes as each page
-/// is first touched (glibc's calloc writes nothing for it), so a receiver that reads
-/// values into the room (`spare_f32`) writes each page once, as a raw `recv_into` into a
-/// new array does, instead of zeroing it first. A refusal (a peer's header promising
-/// gigabytes) leaves `v` as it is, as `try_reserve`'s does.
-fn grow_zeroed(v: &mut Vec<f32>, n: usize, zeroed: usize) -> usize {
-    let Some(want) = v.len().checked_add(n).filter(|&want| want > v.capacity()) else {
-        return zeroed;
-    };
-    let Ok(layout) = std::alloc::Layout::array::<f32>(want) else {
-        return zeroed;
-    };
-    // SAFETY: `layout` has a non-zero size (want > capacity >= 0).
-    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<f32>();
-    if ptr.is_null() {
-        return zeroed;
-    }
-    // Advised before any page is touched, the values copied below included.
-    advise_huge_pages(ptr.cast::<u8>(), want * 4);
-    // SAFETY: `ptr` is an allocation of the global allocator with the layout of `want`
-    // float32 values, which is how a vector of that capacity is freed; length 0.
-    let mut room = unsafe { Vec::from_raw_parts(ptr, 0, want) };
-    room.extend_from_slice(v);
-    *v = room;
-    want
-}
-
-/// The room for `n` more values in `v`'s capacity (a receiver reserves the gradient's room
-/// at its first chunk), as bytes to read values into: a new array's values then arrive as
-/// an `out=` array's do, written once, by the read (`crate::direct`), instead of read into
-/// a buffer and copied. Bytes handed out must be initialised: those past `zeroed` (see
-/// `Output`) are zeroed here first, and `zeroed` counts them.
-// Only the tokio receiver (`direct`) places values.
-#[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-fn spare_f32<'v>(v: &'v mut Vec<f32>, n: usize, zeroed: &mut usize) -> Option<&'v mut [u8]> {
-    let len = v.len();
-    let room = v.spare_capacity_mut().get_mut(..n)?;
-    let known = zeroed.saturating_sub(len).min(n);
-    for value in &mut room[known..] {
-        value.write(0.0);
-    }
-    *zeroed = (*zeroed).max(len + n);
-    // SAFETY: `room` is `n` float32 values of `v`'s allocation, borrowed mutably from `v`
-    // for the slice's lifetime, all initialised: up to `zeroed` as `Output` keeps it,
-    // the rest just now; float32 values are plain bytes.
-    Some(unsafe { std::slice::from_raw_parts_mut(room.as_mut_ptr().cast::<u8>(), n * 4) })
-}
-
 /// `dst[i] += src[i]` in float32, `dst` float32 bytes, `src` values of `from`: float32
 /// added as they are, other dtypes converted to float32 first, a block at a time on the
 /// stack.
@@ -424,13 +353,6 @@ enum Values {
 pub struct Output {
     values: Values,
     dtype: Dtype,
-    /// Values of our own past the vector's length that `slot_f32` handed a receiver to
-    /// read into, and `put_placed` may count (see `spare_f32`).
-    placeable: usize,
-    /// How many values of our float32 vector's allocation, from its start, are known to be
-    /// initialised (its length at least): `reserve` allocates the gradient's room zeroed
-    /// (see `grow_zeroed`), so `slot_f32` need not write it first.
-    zeroed: usize,
     /// Set by the reassembly when the payloads carried `gradient_shape`.
     pub shape: Option<Vec<usize>>,
     /// Set by the reassembly when the payloads carried `gradstream_tensors`.
@@ -449,8 +371,6 @@ impl Output {
         Self {
             values: Values::Owned(Store::new(dtype)),
             dtype,
-            placeable: 0,
-            zeroed: 0,
             shape: None,
             manifest: None,
         }
@@ -461,8 +381,6 @@ impl Output {
         Self {
             dtype: out.dtype,
             values: Values::Lent(out),
-            placeable: 0,
-            zeroed: 0,
             shape: None,
             manifest: None,
         }
@@ -483,7 +401,6 @@ impl Output {
                 // Keep the room reserved for the gradient, in bytes.
                 let room = store.capacity() * self.dtype.width() / dtype.width();
                 *store = Store::with_capacity(dtype, 0);
-                self.zeroed = 0;
                 self.dtype = dtype;
                 self.reserve(room);
                 Ok(())
@@ -525,7 +442,6 @@ impl Output {
 
     /// Forget the values put after the first `len` (a frame that failed).
     pub fn truncate(&mut self, len: usize) {
-        self.placeable = 0;
         match &mut self.values {
             Values::Owned(Store::U16(v)) => v.truncate(len),
             Values::Owned(Store::F32(v)) => v.truncate(len),
@@ -537,7 +453,6 @@ impl Output {
     /// Make room for `n` more values, if the allocator gives it: a guess, so a refusal
     /// (a peer's header promising gigabytes) is ignored rather than aborting.
     pub fn reserve(&mut self, n: usize) {
-        self.placeable = 0;
         fn grow<T>(v: &mut Vec<T>, n: usize) {
             let capacity = v.capacity();
             if v.try_reserve(n).is_ok() {
@@ -546,61 +461,9 @@ impl Output {
         }
         match &mut self.values {
             Values::Owned(Store::U16(v)) => grow(v, n),
-            Values::Owned(Store::F32(v)) => self.zeroed = grow_zeroed(v, n, self.zeroed),
+            Values::Owned(Store::F32(v)) => grow(v, n),
             Values::Owned(Store::F64(v)) => grow(v, n),
             Values::Lent(_) => {}
-        }
-    }
-
-    /// Whether float32 values can have a `slot_f32`: the caller's float32 buffer to fill,
-    /// or float32 values of our own.
-    // Only the tokio receiver (`direct`) places values.
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-    pub(crate) fn places_f32(&self) -> bool {
-        self.dtype == Dtype::F32
-            && match &self.values {
-                Values::Lent(out) => out.lending == Lending::Fill,
-                Values::Owned(store) => matches!(store, Store::F32(_)),
-            }
-    }
-
-    /// The memory of the next `n` float32 values, where a receiver may read a payload's
-    /// values straight from the stream (`crate::direct`): the caller's (see
-    /// `OutSlice::slot_f32`), or the room our vector has reserved for the gradient (see
-    /// `spare_f32`). None when the values are not float32 or there is no room for them.
-    /// What is written there counts only once `put_placed(n)` says so.
-    // Only the tokio receiver (`direct`) places values.
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-    pub(crate) fn slot_f32(&mut self, n: usize) -> Option<&mut [u8]> {
-        self.placeable = 0;
-        if self.dtype != Dtype::F32 {
-            return None;
-        }
-        match &mut self.values {
-            Values::Lent(out) => out.slot_f32(n),
-            Values::Owned(Store::F32(v)) => {
-                let slot = spare_f32(v, n, &mut self.zeroed)?;
-                self.placeable = n;
-                Some(slot)
-            }
-            Values::Owned(_) => None,
-        }
-    }
-
-    /// Count the `n` values a receiver wrote into `slot_f32(n)`'s memory as put.
-    pub(crate) fn put_placed(&mut self, n: usize) {
-        let placeable = std::mem::take(&mut self.placeable);
-        match &mut self.values {
-            Values::Lent(out) => out.offered += n,
-            Values::Owned(Store::F32(v)) => {
-                // Only values `slot_f32` initialised (and nothing moved since) may count.
-                assert!(n <= placeable, "{n} values placed in a slot of {placeable}");
-                // SAFETY: `slot_f32` initialised `placeable` >= n values past the length,
-                // within the capacity, and nothing has touched the vector since (every
-                // other change resets `placeable`).
-                unsafe { v.set_len(v.len() + n) };
-            }
-            Values::Owned(_) => assert_eq!(n, 0, "values placed in no slot"),
         }
     }
 
@@ -638,20 +501,10 @@ impl Output {
 
 impl ValueSink for Output {
     fn put_raw(&mut self, raw: &[u8], from: Dtype) {
-        self.placeable = 0;
         let to = self.dtype;
         match &mut self.values {
             Values::Owned(Store::U16(v)) => append(v, raw, from, to),
-            Values::Owned(Store::F32(v)) => {
-                let capacity = v.capacity();
-                append(v, raw, from, to);
-                // A vector that moved has only its values initialised for sure.
-                self.zeroed = if v.capacity() == capacity {
-                    self.zeroed.max(v.len())
-                } else {
-                    v.len()
-                };
-            }
+            Values::Owned(Store::F32(v)) => append(v, raw, from, to),
             Values::Owned(Store::F64(v)) => append(v, raw, from, to),
             Values::Lent(o) => o.put_raw(raw, from),
         }
@@ -700,8 +553,6 @@ mod tests {
             out.put_raw(&raw, Dtype::BF16);
             out.put(&[7.0]); // runs over: dropped, counted
             assert_eq!((out.len(), out.limit()), (5, Some(4)));
-            // A sum never lends its memory to be overwritten.
-            assert!(out.slot_f32(1).is_none());
         }
         let expected = [
             start[0] + 0.5,
@@ -710,34 +561,6 @@ mod tests {
             start[3] + half::bf16::from_f32(1e30).to_f32(),
         ];
         assert_eq!(acc.map(f32::to_bits), expected.map(f32::to_bits));
-    }
-
-    #[test]
-    fn a_vector_of_ours_gives_its_reserved_room_as_a_slot_counted_once_placed() {
-        let mut out = Output::default();
-        assert!(out.places_f32());
-        out.put(&[1.0, 2.0]);
-        // No room reserved past the values: no slot.
-        out.truncate(2);
-        assert!(out.slot_f32(1_000).is_none());
-        out.reserve(8);
-        let slot = out.slot_f32(3).expect("room for 3 values");
-        assert_eq!(slot, &[0u8; 12][..], "zeroed before it is handed out");
-        slot.copy_from_slice(crate::dtype::f32_bytes(&[3.0, 4.0, 5.0]));
-        out.put_placed(3);
-        assert_eq!(out.into_vec(), [1.0, 2.0, 3.0, 4.0, 5.0]);
-        // Other dtypes of ours are not placed.
-        assert!(!Output::of(Dtype::F64).places_f32());
-    }
-
-    #[test]
-    #[should_panic(expected = "values placed in a slot of 0")]
-    fn values_cannot_be_placed_where_no_slot_was_given_since() {
-        let mut out = Output::default();
-        out.reserve(8);
-        out.slot_f32(2).expect("room");
-        out.put(&[1.0]); // the vector moved on: the slot is gone
-        out.put_placed(2);
     }
 
     #[test]

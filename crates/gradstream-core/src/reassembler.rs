@@ -10,21 +10,10 @@ use std::collections::BTreeMap;
 use crate::error::{GradientStreamError, Result};
 use crate::frame::{FrameHeader, Limits};
 use crate::output::{OutSlice, Output, ValueSink};
-use crate::rules::{
-    check_range, check_total, duplicate, take_chunk, take_placed, DtypeCheck, Placed, Receiving,
-};
+use crate::rules::{check_range, check_total, duplicate, take_chunk, DtypeCheck, Receiving};
 use crate::seal::{Position, SealCheck, SealRule, TransferId};
 use crate::session::{ChunkRef, Templates};
 use crate::shape::ShapeCheck;
-
-/// A frame's payload as it reached the reassembly: its bytes, or (read straight into
-/// the output) what was checked of it.
-// Only the tokio receiver (`direct`) places values.
-#[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-enum Arrived<'p> {
-    Payload(&'p [u8]),
-    Placed(Placed),
-}
 
 /// Puts a gradient together from frames as they arrive, checking each on arrival.
 ///
@@ -83,13 +72,6 @@ impl Reassembler {
         self
     }
 
-    /// The templates payloads are matched against.
-    // Only the tokio receiver (`direct`) predicts payloads.
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-    pub(crate) fn known_templates(&self) -> &Templates {
-        &self.templates
-    }
-
     /// Hand bfloat16 gradients back as float32 (`SessionConfig::bf16_as_f32`).
     pub fn bf16_as_f32(mut self, widen: bool) -> Self {
         self.bf16_as_f32 = widen;
@@ -125,53 +107,6 @@ impl Reassembler {
     /// Check and take one frame; `Ok(true)` once every chunk is in. A frame that fails
     /// leaves the assembly as it was.
     pub fn accept(&mut self, header: &FrameHeader, payload: &[u8], offset: u64) -> Result<bool> {
-        self.accept_arrived(header, Arrived::Payload(payload), offset)
-    }
-
-    /// `accept` of a payload whose values a receiver read into `slot(header)`.
-    // Only the tokio receiver (`direct`) places values.
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-    pub(crate) fn accept_placed(
-        &mut self,
-        header: &FrameHeader,
-        placed: Placed,
-        offset: u64,
-    ) -> Result<bool> {
-        self.accept_arrived(header, Arrived::Placed(placed), offset)
-    }
-
-    /// Where the values of the frame whose `header` just came go, for a receiver to read them
-    /// straight from the stream (`crate::direct`): the caller's float32 buffer, when the
-    /// frame is the next in order after the first taken and passes rules 5 to 7, and its
-    /// `values` stay within max_gradient_len and the buffer. Else None: the payload is
-    /// read whole and `accept`ed.
-    // Only the tokio receiver (`direct`) places values.
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-    pub(crate) fn slot(&mut self, header: &FrameHeader, values: usize) -> Option<&mut [u8]> {
-        let (first_index, total) = self.first?;
-        let ours = header.chunk_index == self.next
-            && self.check_frame(first_index, total, header).is_ok()
-            && self
-                .count
-                .checked_add(values)
-                .is_some_and(|count| count <= self.max_gradient_len);
-        ours.then(|| self.values.slot_f32(values)).flatten()
-    }
-
-    /// Whether the values are float32 that `slot` can find room for: in the caller's
-    /// buffer, or in a vector of ours.
-    // Only the tokio receiver (`direct`) places values.
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-    pub(crate) fn places_f32(&self) -> bool {
-        self.values.places_f32()
-    }
-
-    fn accept_arrived(
-        &mut self,
-        header: &FrameHeader,
-        arrived: Arrived<'_>,
-        offset: u64,
-    ) -> Result<bool> {
         let index = header.chunk_index;
         let (first_index, total) = self.first.unwrap_or((index, header.total_chunks));
         self.check_frame(first_index, total, header)
@@ -179,7 +114,7 @@ impl Reassembler {
         let first_in_order = index == self.next && self.received == 0;
         let before = self.values.len();
         let mut fresh = Output::default();
-        self.count = match self.take(header, arrived, offset, &mut fresh) {
+        self.count = match self.take(header, payload, offset, &mut fresh) {
             Ok(count) => count,
             Err(e) => {
                 self.forget(index, before);
@@ -207,7 +142,7 @@ impl Reassembler {
     fn take(
         &mut self,
         header: &FrameHeader,
-        arrived: Arrived<'_>,
+        payload: &[u8],
         offset: u64,
         fresh: &mut Output,
     ) -> Result<usize> {
@@ -231,21 +166,13 @@ impl Reassembler {
             store_room: Some(room),
             templates: &self.templates,
         };
-        let taken = match arrived {
-            Arrived::Payload(payload) => {
-                let chunk = ChunkRef {
-                    chunk_index: index,
-                    total_chunks: header.total_chunks,
-                    checksum: header.checksum,
-                    payload,
-                };
-                take_chunk(chunk, into)
-            }
-            Arrived::Placed(placed) => {
-                take_placed((index, header.total_chunks, header.checksum), placed, into)
-            }
+        let chunk = ChunkRef {
+            chunk_index: index,
+            total_chunks: header.total_chunks,
+            checksum: header.checksum,
+            payload,
         };
-        let (head, n) = taken.map_err(|e| e.at_offset(offset))?;
+        let (head, n) = take_chunk(chunk, into).map_err(|e| e.at_offset(offset))?;
         self.shape
             .check(index, head.shape)
             .map_err(|e| e.at_offset(offset))?;

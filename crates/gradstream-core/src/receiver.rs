@@ -4,16 +4,15 @@
 //! limits and hands each frame to the `Reassembler`. `decode_frames` (here), the tokio
 //! receiver (`stream`) and the bindings' asyncio receiver all drive it.
 //!
-//! Uses `reassembler`, `rules` (`Placed`), `session`, `seal`, `frame` and `output`; used by
-//! `stream`, `direct`, `compat` and `tensors`.
+//! Uses `reassembler`, `session`, `seal`, `frame` and `output`; used by
+//! `stream`, `compat` and `tensors`.
 
 use crate::error::{GradientStreamError, Result};
 use crate::frame::{FrameHeader, Limits, HEADER_LEN};
 use crate::output::{OutSlice, Output};
 use crate::reassembler::Reassembler;
-use crate::rules::Placed;
 use crate::seal::{Position, SealCheck, TransferId};
-use crate::session::{SessionConfig, Templates};
+use crate::session::SessionConfig;
 
 impl SessionConfig {
     /// Parse a byte stream of frames as the receiver does (docs/spec/decoding-rules.md,
@@ -177,50 +176,6 @@ impl FrameReceiver {
                 Ok(done)
             }
         }
-    }
-
-    /// Where the awaited payload's `values` float32 values go, for a reader that takes
-    /// them straight from the stream (`crate::direct`; see `Reassembler::slot`).
-    // Only the tokio receiver (`direct`) places values.
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-    pub(crate) fn slot(&mut self, values: usize) -> Option<&mut [u8]> {
-        let header = self.pending?;
-        self.assembly.slot(&header, values)
-    }
-
-    /// Whether a payload is awaited (else a header).
-    // Only the tokio receiver (`direct`) places values.
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-    pub(crate) fn awaits_payload(&self) -> bool {
-        self.pending.is_some()
-    }
-
-    /// The templates its payloads are matched against (the session's).
-    // Only the tokio receiver (`direct`) predicts payloads.
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-    pub(crate) fn templates(&self) -> &Templates {
-        self.assembly.known_templates()
-    }
-
-    /// Whether values can have a `slot`: the gradient is float32, into the caller's
-    /// buffer or a new one of ours.
-    // Only the tokio receiver (`direct`) places values.
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-    pub(crate) fn places_values(&self) -> bool {
-        self.assembly.places_f32()
-    }
-
-    /// Take the awaited payload, read into `slot` and checked there; as `feed` (which
-    /// refuses it, as bytes of no header, when a header is awaited).
-    // Only the tokio receiver (`direct`) places values.
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-    pub(crate) fn feed_placed(&mut self, placed: Placed) -> Result<bool> {
-        let Some(header) = self.pending.take() else {
-            return self.feed(&[]);
-        };
-        let done = self.assembly.accept_placed(&header, placed, self.offset)?;
-        self.offset += HEADER_LEN as u64 + u64::from(header.payload_len);
-        Ok(done)
     }
 
     /// The stream ended after `got` bytes of what `want()` asked for. It may have ended

@@ -309,50 +309,6 @@ pub(crate) fn take_chunk(chunk: ChunkRef<'_>, into: Receiving<'_>) -> Result<(He
     Ok((head, sink.offered))
 }
 
-/// A payload that matched a template and whose values a receiver read straight into
-/// their place in the output (`crate::direct`): its CRC-32, value count and seal text.
-#[derive(Debug)]
-pub(crate) struct Placed {
-    pub(crate) checksum: u32,
-    pub(crate) values: usize,
-    pub(crate) seal: Option<String>,
-}
-
-/// `take_chunk` for a payload already `Placed`: the template path of `verify_and_decode`
-/// (the CRC, then the head under the rules), with the values counted where they lie.
-pub(crate) fn take_placed(
-    (index, total, expected): (u32, u32, u32),
-    placed: Placed,
-    into: Receiving<'_>,
-) -> Result<(Head, usize)> {
-    if placed.checksum != expected {
-        return Err(GradientStreamError::ChecksumMismatch {
-            chunk_index: index,
-            expected,
-            actual: placed.checksum,
-        });
-    }
-    let mut sink = Taking {
-        out: into.out,
-        seal: into.seal,
-        dtypes: into.dtypes,
-        index,
-        total,
-        lent: into.lent,
-        bf16_as_f32: into.bf16_as_f32,
-        offered: 0,
-        room: into.store_room,
-    };
-    let head = Head {
-        seal: placed.seal,
-        ..Head::default()
-    };
-    sink.begin(&head)?;
-    sink.offered = placed.values;
-    sink.out.put_placed(placed.values);
-    Ok((head, placed.values))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

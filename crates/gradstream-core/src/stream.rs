@@ -5,12 +5,10 @@
 //! dropping the future (a cancelled Python task) stops the transfer there.
 //!
 //! Uses `clock` (Progress, Waits, Clock: re-exported here), `session`, `encoder`,
-//! `receiver`, `direct` (the receiver's reads into `out=`),
-//! `template`, `frame` and `error`; used by `compat` and the bindings.
+//! `receiver`, `template`, `frame` and `error`; used by `compat` and the bindings.
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::direct::{Direct, Read};
 use crate::encoder::{as_f32, kind, Gradient};
 use crate::error::Result;
 use crate::frame::{FrameHeader, HEADER_LEN};
@@ -150,57 +148,24 @@ async fn send_each<W: AsyncWrite + Unpin>(
     Ok(total as usize)
 }
 
-/// Receive one gradient through `receiver` (`SessionConfig::receiver` or `receiver_into`).
+/// Receive one gradient through `receiver` (`SessionConfig::receiver` or `receiver_into`):
+/// each header, then each payload, read whole into one reused buffer and fed.
 pub async fn receive_gradient<R: AsyncRead + Unpin>(
-    receiver: FrameReceiver,
-    reader: &mut R,
-    waits: impl Into<Waits>,
-    progress: &Progress,
-) -> Result<Ended> {
-    receive_gradient_with(receiver, reader, waits, progress, true).await
-}
-
-/// `receive_gradient`, reading every payload whole when `direct_read` is false (the
-/// benchmark's row against the direct read).
-pub async fn receive_gradient_with<R: AsyncRead + Unpin>(
     mut receiver: FrameReceiver,
     reader: &mut R,
     waits: impl Into<Waits>,
     progress: &Progress,
-    direct_read: bool,
 ) -> Result<Ended> {
     let mut clock = Clock::idle(waits);
     // Holds a header or a payload (at most max_payload_len, checked from the header).
     let mut unit = Vec::with_capacity(HEADER_LEN);
-    // The template the next payload is predicted to fit, to read its values in place.
-    let mut direct = Direct::default();
     loop {
         let (before, known) = (receiver.received(), receiver.total().is_some());
-        let payload = receiver.awaits_payload();
-        let mut read = Read::Whole;
-        if payload {
-            let reading =
-                direct.read_payload(&mut receiver, reader, &mut unit, &mut clock, progress);
-            read = reading.await?;
+        let (want, at) = (receiver.want(), (receiver.received(), receiver.total()));
+        if !read_unit(reader, &mut unit, want, &mut clock, at, Some(progress)).await? {
+            return receiver.end_of_stream(unit.len());
         }
-        let done = match read {
-            Read::Placed(done) => done,
-            Read::Ended(got) => return receiver.end_of_stream(got),
-            Read::Whole | Read::Assembled => {
-                let (want, at) = (receiver.want(), (receiver.received(), receiver.total()));
-                let whole = matches!(read, Read::Whole);
-                if whole
-                    && !read_unit(reader, &mut unit, want, &mut clock, at, Some(progress)).await?
-                {
-                    return receiver.end_of_stream(unit.len());
-                }
-                let done = receiver.feed(&unit)?;
-                if payload && !done && direct_read {
-                    direct.learn(&receiver, &unit);
-                }
-                done
-            }
-        };
+        let done = receiver.feed(&unit)?;
         if let (false, Some(total)) = (known, receiver.total()) {
             progress.add_total(total);
         }

@@ -29,7 +29,7 @@
 //! The templates are kept per session, bounded (`cache`, `Templates`).
 //!
 //! Uses `codec` (to build and check templates), `seal` and `dtype`; used by `encoder`,
-//! `rules`, `stream` and `direct`, through the `Templates` of their session.
+//! `rules` and `stream`, through the `Templates` of their session.
 
 mod cache;
 
@@ -378,87 +378,6 @@ impl Template {
             raw,
             seal,
         })
-    }
-}
-
-/// The cut of a payload around its values, for a receiver that reads the values straight
-/// into their destination (`crate::direct`): `head` bytes before them, `values` float32
-/// values, `tail` bytes after.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-// Read by the tokio receiver alone (feature `tokio`), as the functions below are.
-#[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-pub struct Cut {
-    pub head: usize,
-    pub values: usize,
-    pub tail: usize,
-}
-
-// The direct read's (`crate::direct`, feature `tokio`).
-#[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-impl Template {
-    /// Where this template's payloads hold their values.
-    pub fn cut(&self) -> Cut {
-        let end = self.values_end();
-        Cut {
-            head: self.values_at,
-            values: self.kind.values,
-            tail: self.bytes.len() - end,
-        }
-    }
-
-    /// When a payload cut as `cut()` says, whose bytes before the values are `head` and
-    /// after them `tail`, is this template's but for its values (and, sealed, its seal,
-    /// the same UTF-8 text in both copies): its seal (None when unsealed). The
-    /// `matches` test, on a payload whose values lie elsewhere; the CRC is `crc_of_head`'s.
-    pub fn fits_around<'p>(&self, head: &'p [u8], tail: &'p [u8]) -> Option<Option<&'p str>> {
-        let (cut, end) = (self.cut(), self.values_end());
-        if head.len() != cut.head || tail.len() != cut.tail {
-            return None;
-        }
-        // Every constant range lies wholly before the values or wholly after them.
-        let piece = |from: usize, to: usize| {
-            if to <= self.values_at {
-                head.get(from..to)
-            } else {
-                tail.get(from.checked_sub(end)?..to.checked_sub(end)?)
-            }
-        };
-        let seal = match self.seal_at {
-            None => None,
-            Some(at) => {
-                let message = piece(at.message, at.message + SEAL_LEN)?;
-                if piece(at.footer, at.footer + SEAL_LEN)? != message {
-                    return None;
-                }
-                Some(std::str::from_utf8(message).ok()?)
-            }
-        };
-        let constant = self
-            .constant
-            .iter()
-            .all(|&(from, to)| piece(from, to) == Some(&self.bytes[from..to]));
-        constant.then_some(seal)
-    }
-
-    /// The CRC-32 of a payload's bytes before its values, from their `head` (cut as
-    /// `cut()` says) alone: the template's prefix CRC with, sealed, the head's copy of the
-    /// seal. Ready to take the values as they arrive, then the tail; it is the payload's
-    /// CRC when the payload `fits_around` the template.
-    pub fn crc_of_head(&self, head: &[u8]) -> Option<crc32fast::Hasher> {
-        let seal = match self.seal_at {
-            Some(at) => Some(head.get(at.message..at.message + SEAL_LEN)?),
-            None => None,
-        };
-        Some(self.crc_of_prefix(seal))
-    }
-
-    /// Whether `payload` (whole) is this template's but for its values and seal.
-    pub fn fits(&self, payload: &[u8]) -> bool {
-        let (cut, end) = (self.cut(), self.values_end());
-        payload.len() == self.bytes.len()
-            && self
-                .fits_around(&payload[..cut.head], &payload[end..])
-                .is_some()
     }
 }
 

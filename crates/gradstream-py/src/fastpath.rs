@@ -39,7 +39,7 @@ use gradstream_core::error::GradientStreamError;
 use gradstream_core::frame::HEADER_LEN;
 use gradstream_core::receiver::Ended;
 use gradstream_core::session::SessionConfig;
-use gradstream_core::stream::{receive_gradient_with, Progress, Waits};
+use gradstream_core::stream::{receive_gradient, Progress, Waits};
 
 /// Gradients of at most this many bytes of values are sent from the caller's thread.
 /// Their frames are copied once into one buffer (a large gradient's are written from the
@@ -198,8 +198,6 @@ const SLOW: u8 = 2;
 #[pyclass(module = "gradstream._native", name = "SocketReceive")]
 pub struct SocketReceive {
     config: SessionConfig,
-    /// Whether the tokio receive reads values straight into `out=`.
-    direct_read: bool,
     socket: Py<PyAny>,
     progress: Arc<Progress>,
     waits: Waits,
@@ -229,7 +227,6 @@ impl SocketReceive {
     ) -> Self {
         Self {
             config,
-            direct_read: drivers.direct_read,
             socket: socket.clone().unbind(),
             progress,
             waits,
@@ -273,14 +270,13 @@ impl SocketReceive {
         let socket = SocketStream::from_socket(self.socket.bind(py))?;
         let (config, waits) = (self.config.clone(), self.waits);
         let (progress, none_at_end) = (self.progress.clone(), self.none_at_end);
-        let direct_read = self.direct_read;
         Ok(completions.get().spawn(async move {
             let (receiver, owner) = match lent {
                 Some(lent) => (config.receiver_into(lent.slice), Some(lent.owner)),
                 None => (config.receiver(), None),
             };
             let mut io = socket.open()?;
-            let received = receive_gradient_with(receiver, &mut io, waits, &progress, direct_read);
+            let received = receive_gradient(receiver, &mut io, waits, &progress);
             let values = match received.await? {
                 Ended::Gradient(values) => values,
                 Ended::BeforeFirstByte(_) if none_at_end => return Ok(Outcome::End),

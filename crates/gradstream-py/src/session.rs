@@ -220,11 +220,8 @@ impl Engine {
 
     /// The same settings, with only the drivers said (the benchmark's seam: every
     /// driver is on otherwise).
-    fn with_drivers(&self, caller_thread: bool, direct_read: bool) -> Self {
-        let drivers = Drivers {
-            caller_thread,
-            direct_read,
-        };
+    fn with_drivers(&self, caller_thread: bool) -> Self {
+        let drivers = Drivers { caller_thread };
         self.with(self.config.clone(), drivers)
     }
 

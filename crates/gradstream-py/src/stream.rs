@@ -37,15 +37,12 @@ pub struct Drivers {
     /// Small transfers tried on the caller's thread before tokio (`fastpath` for
     /// sockets, `Completions::run_or_spawn` for connections).
     pub caller_thread: bool,
-    /// A payload's values read from the socket straight into `out=` (core `direct`).
-    pub direct_read: bool,
 }
 
 impl Default for Drivers {
     fn default() -> Self {
         Self {
             caller_thread: true,
-            direct_read: true,
         }
     }
 }

@@ -18,7 +18,7 @@
 //! a template up or to put one in, never while one is built.
 //!
 //! Uses the module above (`Template::build`, `Kind`); used through `Templates` by
-//! `encoder`, `rules`, `stream` and `direct`.
+//! `encoder`, `rules` and `stream`.
 
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};

@@ -13,9 +13,11 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
+import pytest
 
 import gradstream as gs
 import gradstream.sync as gsync
@@ -105,3 +107,24 @@ def test_ctrl_c_mid_gradient_closes_the_connection() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_an_interrupt_before_the_wait_still_stops_the_job() -> None:
+    """Ctrl-C handled just after the native call returned a job, before its wait: the
+    thread's jobs are stopped and gone all the same, and the connection, whose gradient
+    had not begun, stays in step."""
+    from gradstream.sync._wait import stopping, waiter
+
+    with gsync.listen("127.0.0.1:0") as listener:
+        with gsync.connect(listener.address) as conn, listener.accept() as other:
+            own = waiter()
+            with pytest.raises(KeyboardInterrupt), stopping(own, conn._abandoned):
+                now, _ = conn._link.recv(own, None, None, None, False)
+                assert not now  # nothing there yet: a job on tokio
+                raise KeyboardInterrupt
+            assert len(own) == 0
+            assert not conn.closed
+            sender = threading.Thread(target=other.send, args=(np.full(3, 5, np.float32),))
+            sender.start()
+            np.testing.assert_array_equal(conn.recv(), np.full(3, 5, np.float32))
+            sender.join(10)

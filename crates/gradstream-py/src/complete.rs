@@ -209,23 +209,6 @@ impl Completions {
 /// How long a blocking wait holds without running the signal handlers (Ctrl-C).
 const WAIT_SLICE: Duration = Duration::from_millis(50);
 
-impl Completions {
-    /// Stop `job` and block (GIL released) until its future is gone on tokio; its result,
-    /// if it finished meanwhile, is dropped (the caller's `abandoned` rule refuses a
-    /// transfer received and not taken).
-    fn stop_and_wait(&self, py: Python<'_>, job: u64) {
-        let handle = Shared::lock(&self.shared.running).remove(&job);
-        if let Some(handle) = handle {
-            handle.abort();
-            py.detach(|| {
-                // The handle resolves once the task's future is dropped (or finished).
-                let _ = runtime().block_on(handle);
-            });
-        }
-        Shared::lock(&self.shared.finished).retain(|(done, _)| *done != job);
-    }
-}
-
 #[pymethods]
 impl Completions {
     #[new]
@@ -296,11 +279,10 @@ impl Completions {
 
     /// Block until `job` ends (the blocking face, `gradstream.sync`: one `Completions` per
     /// thread, one job at a time), the GIL released, in slices of `WAIT_SLICE` with the
-    /// signal handlers run between them: `(true, result)` or `(false, exception)`. When a
-    /// handler raises (Ctrl-C's KeyboardInterrupt), the job is stopped and this waits,
-    /// the GIL released, until its future is gone on tokio (nothing writes into a
-    /// caller's `out=` afterwards: docs/guides/connections.md "Delivery"), then raises
-    /// the handler's exception; the caller applies the connection's post-cancel rule.
+    /// signal handlers run between them: `(true, result)` or `(false, exception)`. A
+    /// handler's exception (Ctrl-C's KeyboardInterrupt) is raised with the job still
+    /// running: the caller stops it with `stop_all`, then applies the connection's
+    /// post-cancel rule.
     fn wait(&self, py: Python<'_>, job: u64) -> PyResult<(bool, Py<PyAny>)> {
         loop {
             let found = py.detach(|| {
@@ -320,11 +302,27 @@ impl Completions {
             if let Some(result) = found {
                 return to_python(py, result);
             }
-            if let Err(interrupted) = py.check_signals() {
-                self.stop_and_wait(py, job);
-                return Err(interrupted);
-            }
+            py.check_signals()?;
         }
+    }
+
+    /// Stop every job of this `Completions` and block (GIL released) until each one's
+    /// future is gone on tokio: nothing of them writes into a caller's `out=` afterwards
+    /// (docs/guides/connections.md "Delivery"). Their results, if they finished
+    /// meanwhile, are dropped (the caller's `abandoned` rule refuses a transfer received
+    /// and not taken). For the blocking face, whose call was interrupted (Ctrl-C) with
+    /// its job still running, perhaps before it was handed the job's number.
+    fn stop_all(&self, py: Python<'_>) {
+        let handles: Vec<(u64, JoinHandle<()>)> =
+            Shared::lock(&self.shared.running).drain().collect();
+        py.detach(|| {
+            for (_, handle) in handles {
+                handle.abort();
+                // The handle resolves once the task's future is dropped (or finished).
+                let _ = runtime().block_on(handle);
+            }
+        });
+        Shared::lock(&self.shared.finished).clear();
     }
 
     /// Jobs still running.

@@ -17,7 +17,7 @@ from .._checks import HANDSHAKE_TIMEOUT, check_seconds
 from .._connection import ConnectionCore, Timed, connect_args
 from .._session import _hand_back, _Out, _tensor_dict, lend_either
 from .._turns import Phase
-from ._wait import wait, waiter
+from ._wait import stopping, wait, waiter
 
 if TYPE_CHECKING:
     from .. import TransferProgress
@@ -51,8 +51,9 @@ class Connection(ConnectionCore):
             bound = check_seconds(deadline, "deadline")
             own = waiter()
             timed = Timed(progress)
-            now, value = self._link.send(own, args, timed.progress, bound)
-            sent: int = value if now else wait(own, value, self._abandoned)
+            with stopping(own, self._abandoned):
+                now, value = self._link.send(own, args, timed.progress, bound)
+                sent: int = value if now else wait(own, value)
         timed.log("sent", "gradient", self.peer)
         return sent
 
@@ -86,16 +87,17 @@ class Connection(ConnectionCore):
         own = waiter()
         timed = Timed(progress)
         args = None if lent is None else lent.args
-        now, value = self._link.recv(own, timed.progress, args, bound, none_at_end)
-        values = value if now else wait(own, value, self._abandoned)
-        if values is None:
-            return None
-        got = lent.array if lent is not None else _hand_back(values)
+        with stopping(own, self._abandoned):
+            now, value = self._link.recv(own, timed.progress, args, bound, none_at_end)
+            values = value if now else wait(own, value)
+            if values is None:
+                return None
+            got = lent.array if lent is not None else _hand_back(values)
+            # The gradient is the caller's from here: only now is its ack written
+            # (docs/guides/connections.md "Delivery"); the fast path wrote it already.
+            if not now:
+                self._link.settle()
         timed.log("received", "gradient", self.peer)
-        # The gradient is the caller's from here: only now is its ack written
-        # (docs/guides/connections.md "Delivery"); the fast path wrote it already.
-        if not now:
-            self._link.settle()
         return got
 
     def send_tensors(
@@ -111,8 +113,8 @@ class Connection(ConnectionCore):
             bound = check_seconds(deadline, "deadline")
             own = waiter()
             timed = Timed(progress)
-            job = self._link.send_tensors(own, taken, timed.progress, bound)
-            sent: int = wait(own, job, self._abandoned)
+            with stopping(own, self._abandoned):
+                sent: int = wait(own, self._link.send_tensors(own, taken, timed.progress, bound))
         timed.log("sent", "tensor set", self.peer)
         return sent
 
@@ -132,13 +134,13 @@ class Connection(ConnectionCore):
             own = waiter()
             timed = Timed(progress)
             link = self._link
-            job = link.recv_tensors(own, timed.progress, bound, most)
-            got = wait(own, job, self._abandoned)
-        if got is None:
-            return {}
-        tensors = _tensor_dict(got)
+            with stopping(own, self._abandoned):
+                got = wait(own, link.recv_tensors(own, timed.progress, bound, most))
+                if got is None:
+                    return {}
+                tensors = _tensor_dict(got)
+                link.settle()  # the set is the caller's from here: its ack now, as recv's
         timed.log("received", "tensor set", self.peer)
-        link.settle()  # the set is the caller's from here: its ack now, as recv's
         return tensors
 
     def __iter__(self) -> Iterator[npt.NDArray[Any]]:
@@ -155,9 +157,10 @@ class Connection(ConnectionCore):
         runs on it, which ends first); idempotent."""
         self._start_close()
         own = waiter()
-        now, job = self._link.close(own)
-        if not now:
-            wait(own, job)
+        with stopping(own):
+            now, job = self._link.close(own)
+            if not now:
+                wait(own, job)
 
     def __enter__(self) -> Connection:
         return self
@@ -196,7 +199,8 @@ def connect(
         handshake_timeout=handshake_timeout,
     )
     own = waiter()
-    link = wait(own, opened.session._open_link(own, opened.host, opened.port, opened.args))
+    with stopping(own):
+        link = wait(own, opened.session._open_link(own, opened.host, opened.port, opened.args))
     connection = Connection(link, opened.session)
     log.info("connected to %s (%s)", peer_text(connection.peer.address), opened.speaks)
     return connection

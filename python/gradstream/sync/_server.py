@@ -21,7 +21,7 @@ from .._logs import RefusalLog, log_accepted, silent_text
 from .._session import GradientStreamSession
 from ..errors import StreamIOError
 from ._connection import Connection
-from ._wait import wait, waiter
+from ._wait import stopping, wait, waiter
 
 log = logging.getLogger("gradstream")
 
@@ -123,7 +123,8 @@ class Listener:
                 waiting.close()
         self._ready.put(None)
         own = waiter()
-        wait(own, self._native.close(own))
+        with stopping(own):
+            wait(own, self._native.close(own))
         # The events still on their way end with the accept loop's tasks: the pump closes
         # their connections, then ends.
         self._pump.join(_LAST_EVENTS)
@@ -146,10 +147,13 @@ def listen(address: Any, **keywords: Any) -> Listener:
     ``gradstream.listen`` (``session``, ``tls``, ``authkey``, the caps and waits)."""
     opened = listen_args(address, **keywords)
     own = waiter()
-    native = wait(
-        own,
-        opened.session._open_listener(own, opened.host, opened.port, opened.args, opened.listener),
-    )
+    with stopping(own):
+        native = wait(
+            own,
+            opened.session._open_listener(
+                own, opened.host, opened.port, opened.args, opened.listener
+            ),
+        )
     listener = Listener(native, opened.session, opened.args["protocol"])
     log.info("listening on %s (%s)", peer_text(listener.address), opened.speaks)
     return listener

@@ -1,11 +1,12 @@
 """The blocking face's waits: one native ``Completions`` per thread, waited on in Rust
 (GIL released, signal handlers run between 50 ms slices; crates/gradstream-py/src/
-complete.rs, ``Completions.wait``)."""
+complete.rs, ``Completions.wait``), and what an interrupted call (Ctrl-C) does first."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._native import Completions
@@ -21,16 +22,29 @@ def waiter() -> Completions:
     return found
 
 
-def wait(completions: Completions, job: int, interrupted: Callable[[], Any] | None = None) -> Any:
-    """The result of ``job``, or its exception raised. When a signal handler raises
-    (Ctrl-C), the job is stopped and gone first (in Rust), then ``interrupted`` runs
-    (the connection's post-cancel rule), then the handler's exception goes on."""
-    try:
-        ok, value = completions.wait(job)
-    except BaseException:
-        if interrupted is not None:
-            interrupted()
-        raise
+def wait(completions: Completions, job: int) -> Any:
+    """The result of ``job``, or its exception raised."""
+    ok, value = completions.wait(job)
     if not ok:
         raise value
     return value
+
+
+@contextlib.contextmanager
+def stopping(
+    completions: Completions, abandoned: Callable[[], Any] | None = None
+) -> Iterator[None]:
+    """Around a native call and its wait: when a signal handler's exception (Ctrl-C's
+    KeyboardInterrupt, anything not an ``Exception``) comes out, wherever it was raised
+    (in the wait, or just after the native call returned a job not yet waited for), the
+    thread's jobs are stopped and gone first, then ``abandoned`` runs (the connection's
+    post-cancel rule), then the exception goes on."""
+    try:
+        yield
+    except Exception:
+        raise
+    except BaseException:
+        completions.stop_all()
+        if abandoned is not None:
+            abandoned()
+        raise

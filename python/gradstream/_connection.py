@@ -452,9 +452,21 @@ class Opening(Generic[T]):
         self._name = name
         self._make = make
         self._got: T | None = None
+        self._awaited = False
 
     def __await__(self) -> Generator[Any, None, T]:
+        self._awaited = True
         return self._make().__await__()
+
+    def __del__(self) -> None:
+        # As Python warns of a coroutine never awaited: nothing was opened.
+        if not getattr(self, "_awaited", True):
+            warnings.warn(
+                f"{self._name}() was never awaited, so nothing was opened: await it (or "
+                f"use gradstream.sync.{self._name} for a blocking one)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     async def __aenter__(self) -> T:
         self._got = await self
@@ -471,12 +483,14 @@ class Opening(Generic[T]):
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
+        self._awaited = True  # the TypeError says it: no second word at collection
         raise TypeError(
             f"{name} on what {self._name}() returned, not yet awaited: await {self._name}() "
             f"first (or use gradstream.sync.{self._name} for a blocking one)"
         )
 
     def __enter__(self) -> NoReturn:
+        self._awaited = True
         raise TypeError(
             f"with {self._name}(...): use async with (or gradstream.sync.{self._name} "
             "for a blocking one)"

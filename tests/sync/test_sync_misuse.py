@@ -33,6 +33,12 @@ def test_asyncio_connect_without_await_names_the_fix() -> None:
     assert "not awaited" in repr(pending)
 
 
+def test_an_opening_never_awaited_warns() -> None:
+    with pytest.warns(RuntimeWarning, match=r"connect\(\) was never awaited, so nothing"):
+        gs.connect("127.0.0.1:9")
+        gc.collect()
+
+
 def test_asyncio_opening_awaited_and_entered() -> None:
     async def main() -> np.ndarray:
         async with gs.listen(LOCAL) as listener:

@@ -98,3 +98,28 @@ def test_shutdown_marks_running_handlers_connections_closed() -> None:
 def test_handler_must_be_callable() -> None:
     with pytest.raises(TypeError, match="handler must be callable"):
         gsync.serve(LOCAL, 3)  # type: ignore[arg-type]
+
+
+def test_shutdown_stops_a_handler_blocked_in_recv() -> None:
+    """A handler waiting for a gradient that never comes: shutdown stops its recv at once
+    (StreamIOError, "the server shut down"), as closing an asyncio server cancels its
+    handlers, instead of waiting for the connection's timeout."""
+    inside = threading.Event()
+    seen: list[BaseException] = []
+
+    def handler(conn: gsync.Connection) -> None:
+        inside.set()
+        try:
+            conn.recv()
+        except OSError as exc:
+            seen.append(exc)
+
+    server = gsync.serve(LOCAL, handler)
+    with gsync.connect(server.address) as conn:
+        assert inside.wait(10)
+        time.sleep(0.2)  # into the native wait
+        started = time.monotonic()
+        server.shutdown()
+        assert time.monotonic() - started < 2
+        assert seen and "the server shut down" in str(seen[0]), seen
+        assert conn.recv().size == 0  # closed by the server

@@ -325,6 +325,18 @@ impl Completions {
         Shared::lock(&self.shared.finished).clear();
     }
 
+    /// Stop every job of this `Completions` without waiting, as `abort` does each: a
+    /// thread blocked in `wait` for one gets `(true, None)` once its future is gone on
+    /// tokio. For `gradstream.sync.Server.shutdown`, from another thread than the
+    /// handler's that waits (the handler's connection says why it ended).
+    fn abort_all(&self) {
+        let jobs: Vec<u64> = Shared::lock(&self.shared.running).keys().copied().collect();
+        for job in jobs {
+            // True when it had finished already: its result is queued, the waiter's.
+            let _ = self.abort(job);
+        }
+    }
+
     /// Jobs still running.
     fn __len__(&self) -> usize {
         Shared::lock(&self.shared.running).len()

@@ -4,6 +4,7 @@ transfer's job waited for on the caller's thread."""
 
 from __future__ import annotations
 
+import errno
 import logging
 from collections.abc import Iterator
 from types import TracebackType
@@ -17,6 +18,7 @@ from .._checks import HANDSHAKE_TIMEOUT, check_seconds
 from .._connection import ConnectionCore, Timed, connect_args
 from .._session import _hand_back, _Out, _tensor_dict, lend_either
 from .._turns import Phase
+from ..errors import StreamIOError
 from ._wait import stopping, wait, waiter
 
 if TYPE_CHECKING:
@@ -36,6 +38,28 @@ class Connection(ConnectionCore):
     raises ``KeyboardInterrupt``."""
 
     _close_advice = "conn.close(), or with"
+    # Set by Server.shutdown: the transfer a handler is in was stopped (why it ended).
+    _shut_down = False
+
+    def _wait(self, own: Any, job: int) -> Any:
+        """``job``'s result; a StreamIOError when the server's shutdown stopped it."""
+        value = wait(own, job)
+        if self._shut_down:
+            self._abandoned()
+            self._turns.close()
+            raise StreamIOError(
+                errno.ECONNABORTED,
+                "the transfer was stopped: the server shut down (Server.shutdown)",
+            )
+        return value
+
+    def _stop(self, own: Any) -> None:
+        """For ``Server.shutdown``, from another thread: mark the connection closed and
+        stop the transfer its handler (waiting on ``own``) is in."""
+        self._shut_down = True
+        self._turns.close()
+        if own is not None:
+            own.abort_all()
 
     def send(
         self,
@@ -53,7 +77,7 @@ class Connection(ConnectionCore):
             timed = Timed(progress)
             with stopping(own, self._abandoned):
                 now, value = self._link.send(own, args, timed.progress, bound)
-                sent: int = value if now else wait(own, value)
+                sent: int = value if now else self._wait(own, value)
         timed.log("sent", "gradient", self.peer)
         return sent
 
@@ -89,7 +113,7 @@ class Connection(ConnectionCore):
         args = None if lent is None else lent.args
         with stopping(own, self._abandoned):
             now, value = self._link.recv(own, timed.progress, args, bound, none_at_end)
-            values = value if now else wait(own, value)
+            values = value if now else self._wait(own, value)
             if values is None:
                 return None
             got = lent.array if lent is not None else _hand_back(values)
@@ -114,7 +138,9 @@ class Connection(ConnectionCore):
             own = waiter()
             timed = Timed(progress)
             with stopping(own, self._abandoned):
-                sent: int = wait(own, self._link.send_tensors(own, taken, timed.progress, bound))
+                sent: int = self._wait(
+                    own, self._link.send_tensors(own, taken, timed.progress, bound)
+                )
         timed.log("sent", "tensor set", self.peer)
         return sent
 
@@ -135,7 +161,7 @@ class Connection(ConnectionCore):
             timed = Timed(progress)
             link = self._link
             with stopping(own, self._abandoned):
-                got = wait(own, link.recv_tensors(own, timed.progress, bound, most))
+                got = self._wait(own, link.recv_tensors(own, timed.progress, bound, most))
                 if got is None:
                     return {}
                 tensors = _tensor_dict(got)

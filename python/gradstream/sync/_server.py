@@ -168,7 +168,9 @@ class Server:
         self._listener = listener
         self._handler = handler
         self._lock = threading.Lock()
-        self._handlers: dict[threading.Thread, Connection] = {}
+        # Each running handler's thread: its connection and that thread's Completions
+        # (None until the thread runs).
+        self._handlers: dict[threading.Thread, tuple[Connection, Any]] = {}
         self._dispatcher = threading.Thread(
             target=self._dispatch, name="gradstream-server", daemon=True
         )
@@ -190,12 +192,15 @@ class Server:
                 daemon=True,
             )
             with self._lock:
-                self._handlers[thread] = conn
+                self._handlers[thread] = (conn, None)  # its Completions once it runs
             thread.start()
 
     def _serve(self, conn: Connection) -> None:
+        with self._lock:
+            self._handlers[threading.current_thread()] = (conn, waiter())
         try:
-            self._handler(conn)
+            if not conn._shut_down:  # else shut down before it ran
+                self._handler(conn)
         except Exception as exc:
             log.warning(
                 "handler of the connection with %s failed: %r",
@@ -214,19 +219,27 @@ class Server:
             self._dispatcher.join(0.1)  # short joins: Ctrl-C is seen between them
 
     def shutdown(self, timeout: float | None = 10.0) -> None:
-        """Stop listening, then wait up to ``timeout`` seconds in all for the running
-        handlers. A handler's connection is marked closed, so its next call raises
-        (``for g in conn`` ends); a transfer it is in runs to its end (or its
-        ``timeout``/``deadline``) first: a thread cannot be cancelled."""
+        """Stop listening, stop the running handlers' transfers and wait up to
+        ``timeout`` seconds in all for the handlers to return. A handler's connection is
+        closed under it: the transfer it is in raises ``StreamIOError`` ("the server
+        shut down"), as a cancelled asyncio handler's (a gradient received and not
+        handed over is refused), and its next call says the connection is closed."""
         self._listener.close()
         self._dispatcher.join()
-        with self._lock:
-            running = dict(self._handlers)
-        for conn in running.values():
-            conn._turns.close()
         end = None if timeout is None else time.monotonic() + timeout
-        for thread in running:
-            thread.join(None if end is None else max(0.0, end - time.monotonic()))
+        while True:
+            with self._lock:
+                running = dict(self._handlers)
+            if not running:
+                return
+            # Again each round: a handler may have been about to start a transfer.
+            for conn, own in running.values():
+                conn._stop(own)
+            left = None if end is None else end - time.monotonic()
+            if left is not None and left <= 0:
+                return
+            for thread in running:
+                thread.join(0.05 if left is None else min(0.05, left))
 
     def __enter__(self) -> Server:
         return self

@@ -300,16 +300,36 @@ def _small_ratios(res: Results) -> list[Ratio]:
             3.0,
             "reference",
         ),
-        # Rows of small.py's Connection ping-pong (a raw ping-pong that also sends an ack
-        # of the same size is its baseline); "not measured" until that section has them.
+        # Each connection face against a ping-pong of its own kind that also sends an
+        # ack of the same size (issue 23): blocking against raw blocking sockets,
+        # asyncio against pure asyncio; "not measured" until section 4 has the rows.
         _at_least(
             res,
-            "small-gradient round trips, Connection / raw ping-pong with an ack",
-            "pingpong_connection",
+            "small-gradient round trips, blocking gradstream.sync Connection / raw "
+            "blocking ping-pong with an ack",
+            "pingpong_sync_connection",
             "pingpong_raw_ack",
             attr,
             0.5,
             "raw + ack",
+        ),
+        _at_least(
+            res,
+            "small-gradient round trips, asyncio Connection / pure-asyncio ping-pong with an ack",
+            "pingpong_connection",
+            "pingpong_asyncio_ack",
+            attr,
+            1.0,
+            "asyncio + ack",
+        ),
+        # The asyncio Connection against the blocking baseline: shown, no target (it
+        # measures asyncio's own cost as much as gradstream's).
+        _reported(
+            res,
+            "small-gradient round trips, asyncio Connection / raw blocking ping-pong with an ack",
+            "pingpong_connection",
+            "pingpong_raw_ack",
+            attr,
         ),
     ]
 

@@ -1,6 +1,9 @@
 """Section 4: round trips per second of a small gradient, against a raw-socket ping-pong;
-and through a ``gradstream.connect`` connection (hello, seal, ack), against a raw
-ping-pong that also sends an ack of the same size after each message."""
+and through connections (hello, seal, ack), each against a ping-pong of its own kind
+that also sends an ack of the same size after each message: a blocking
+``gradstream.sync`` connection against a raw blocking one, a ``gradstream.connect``
+(asyncio) connection against a pure-asyncio one (asyncio cannot reach a blocking
+socket's rate, so a blocking baseline would measure asyncio, not gradstream)."""
 
 from __future__ import annotations
 
@@ -126,7 +129,13 @@ def _pp_echo(
 
 
 # The rows whose messages are a connection's sealed frames.
-SEALED_ROWS = ("pingpong_connection", "pingpong_connection_tokio", "pingpong_raw_ack")
+SEALED_ROWS = (
+    "pingpong_connection",
+    "pingpong_connection_tokio",
+    "pingpong_raw_ack",
+    "pingpong_sync_connection",
+    "pingpong_asyncio_ack",
+)
 # An accepted ack's bytes on the wire (docs/spec/protocol.md: 56 bytes, no reason).
 ACK_LEN = 56
 
@@ -160,6 +169,94 @@ def _ack_echo(out: Any, _: Any, sock: socket.socket, wire_len: int) -> None:
         sock.sendall(ack)
         sock.sendall(view)
         recv_exactly(sock, ack_view)
+
+
+def _aio_ack_initiator(
+    out: Any, ctl: Any, sock: socket.socket, wire_len: int, seconds: float
+) -> None:
+    """Side A of the pure-asyncio ack ping-pong (asyncio streams on the socket): a
+    message, the peer's ack, the echo, our ack, as ``_ack_initiator``."""
+    msg = (bytes(range(256)) * (wire_len // 256 + 1))[:wire_len]
+    ack = bytes(ACK_LEN)
+
+    async def run() -> None:
+        reader, writer = await asyncio.open_connection(sock=sock)
+        last = [b""]
+
+        async def step() -> None:
+            writer.write(msg)
+            await writer.drain()
+            await reader.readexactly(ACK_LEN)
+            last[0] = await reader.readexactly(wire_len)
+            writer.write(ack)
+            await writer.drain()
+
+        for rep in turns(ctl):
+            if rep == 0:
+                await _window_async(step, seconds / 4)
+            rate = await _window_async(step, seconds)
+            out.put(("rate", rep, rate, last[0] == msg))
+        writer.write_eof()
+        writer.close()
+
+    asyncio.run(run())
+
+
+def _aio_ack_echo(out: Any, _: Any, sock: socket.socket, wire_len: int) -> None:
+    async def run() -> None:
+        reader, writer = await asyncio.open_connection(sock=sock)
+        ack = bytes(ACK_LEN)
+        while True:
+            try:
+                got = await reader.readexactly(wire_len)
+            except asyncio.IncompleteReadError:  # side A closed
+                break
+            writer.write(ack)
+            writer.write(got)
+            await writer.drain()
+            await reader.readexactly(ACK_LEN)
+        writer.close()
+
+    asyncio.run(run())
+
+
+def _sync_dial(port: int, session: Any) -> Any:
+    """A blocking connection to the echo side's listener, retried while it starts."""
+    import gradstream.sync
+
+    for _ in range(200):
+        try:
+            return gradstream.sync.connect(("127.0.0.1", port), session=session)
+        except OSError:
+            time.sleep(0.05)
+    return gradstream.sync.connect(("127.0.0.1", port), session=session)
+
+
+def _sync_initiator(out: Any, ctl: Any, port: int, g: F32, seconds: float) -> None:
+    """Side A through a blocking connection: send (returns once acknowledged), then
+    receive the echo (acknowledging it)."""
+    conn = _sync_dial(port, _conn_session(()))
+    last: list[Any] = [g]
+
+    def step() -> None:
+        conn.send(g)
+        last[0] = conn.recv()
+
+    for rep in turns(ctl):
+        if rep == 0:
+            _window(step, seconds / 4)
+        rate = _window(step, seconds)
+        out.put(("rate", rep, rate, same_bits(last[0], g)))
+    conn.close()
+
+
+def _sync_echo(out: Any, _: Any, port: int) -> None:
+    import gradstream.sync
+
+    with gradstream.sync.listen(("127.0.0.1", port), session=_conn_session(())) as listener:
+        with listener.accept() as conn:
+            for got in conn:  # until side A closes
+                conn.send(got)
 
 
 async def _dial(port: int, session: Any) -> Any:
@@ -310,6 +407,34 @@ def bench_small(cfg: Config, res: Results, only: frozenset[str] | None = None) -
                 "pingpong_raw_ack",
                 ("ping", _ack_initiator, (sealed_len, seconds)),
                 ("echo", _ack_echo, (sealed_len,)),
+                per_turn=1,
+            ),
+        ),
+    ]
+    sync_port = free_port()
+    plans += [
+        Planned(
+            "pingpong_sync_connection",
+            "small",
+            f"blocking gradstream.sync connection (hello, seal, ack), {g.size:,} values "
+            f"({sealed_len:,} wire bytes)",
+            Contestant(
+                "pingpong_sync_connection",
+                ("ping", _sync_initiator, (sync_port, g, seconds)),
+                ("echo", _sync_echo, (sync_port,)),
+                per_turn=1,
+                connect=False,
+            ),
+        ),
+        Planned(
+            "pingpong_asyncio_ack",
+            "small",
+            f"pure-asyncio ping-pong of {sealed_len:,} bytes, each answered by a "
+            f"{ACK_LEN}-byte ack (asyncio streams)",
+            Contestant(
+                "pingpong_asyncio_ack",
+                ("ping", _aio_ack_initiator, (sealed_len, seconds)),
+                ("echo", _aio_ack_echo, (sealed_len,)),
                 per_turn=1,
             ),
         ),

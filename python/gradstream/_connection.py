@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Iterator
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -54,6 +55,8 @@ if TYPE_CHECKING:
     from . import TransferProgress
 
 log = logging.getLogger("gradstream")
+
+T = TypeVar("T")
 
 # Seconds a closing listener waits for the events its stopped accept loop still sends.
 _LAST_EVENTS = 5.0
@@ -103,10 +106,13 @@ def _link_settings(
     return args, describe_side(kind, checked_tls is not None, key is not None)
 
 
-class Connection:
-    """A connection to one peer: gradients and tensor sets each way, one transfer at a
-    time, each sealed to the connection and acknowledged by the receiver (with
-    ``protocol="gradstream"``). Made by ``connect``, ``Listener.accept`` or ``serve``."""
+class ConnectionCore:
+    """What both faces of a connection share (the asyncio ``Connection`` here, the
+    blocking one in ``gradstream.sync``): the native link, the session, the peer, the
+    one-transfer-at-a-time state and the close of a connection dropped unclosed. The
+    faces differ only in how they wait for a transfer's job."""
+
+    _close_advice = "await conn.close(), or async with"
 
     def __init__(self, link: Any, session: GradientStreamSession) -> None:
         self._link = link
@@ -125,8 +131,7 @@ class Connection:
         self._closing = True
         if self._link.close_now():
             warnings.warn(
-                f"unclosed gradstream connection {self!r}: close it (await conn.close(), "
-                "or async with)",
+                f"unclosed gradstream connection {self!r}: close it ({self._close_advice})",
                 ResourceWarning,
                 stacklevel=2,
                 source=self,
@@ -156,6 +161,32 @@ class Connection:
             finally:
                 self._notice_close()
 
+    def _abandoned(self) -> None:
+        """After a transfer whose wait was cancelled or interrupted (its job stopped and
+        gone): a transfer received and not taken is refused ("the receiver cancelled"),
+        a connection left out of step closed."""
+        if self._link.abandoned():
+            self._turns.close()
+
+    def _most(self, max_values: int | None) -> int | None:
+        """``recv_tensors``'s checked ``max_values``; None when the session's limit,
+        checked first, is the tighter one."""
+        most = check_max_values(max_values)
+        if most is not None and most >= self._session.max_gradient_len:
+            return None
+        return most
+
+    def _start_close(self) -> None:
+        self._closing = True
+        self._turns.close()
+
+
+class Connection(ConnectionCore):
+    """A connection to one peer: gradients and tensor sets each way, one transfer at a
+    time, each sealed to the connection and acknowledged by the receiver (with
+    ``protocol="gradstream"``). Made by ``connect``, ``Listener.accept`` or ``serve``;
+    ``gradstream.sync.Connection`` is its blocking twin."""
+
     async def send(
         self,
         gradient: Any,
@@ -169,7 +200,7 @@ class Connection:
             args = self._session._take(gradient)
             bound = check_seconds(deadline, "deadline")
             hub = _aio.hub()
-            timed = _Timed(progress)
+            timed = Timed(progress)
             now, value = self._link.send(hub.native, args, timed.progress, bound)
             sent: int = value if now else await self._finished(hub, value)
         timed.log("sent", "gradient", self.peer)
@@ -204,7 +235,7 @@ class Connection:
     ) -> npt.NDArray[Any] | None:
         bound = check_seconds(deadline, "deadline")
         hub = _aio.hub()
-        timed = _Timed(progress)
+        timed = Timed(progress)
         args = None if lent is None else lent.args
         now, value = self._link.recv(hub.native, timed.progress, args, bound, none_at_end)
         values = value if now else await self._finished(hub, value)
@@ -226,8 +257,7 @@ class Connection:
         try:
             return await hub.run(job)
         except asyncio.CancelledError:
-            if self._link.abandoned():
-                self._turns.close()
+            self._abandoned()
             raise
 
     async def send_tensors(
@@ -242,7 +272,7 @@ class Connection:
             taken = self._session._tensors(tensors, "sending")
             bound = check_seconds(deadline, "deadline")
             hub = _aio.hub()
-            timed = _Timed(progress)
+            timed = Timed(progress)
             job = self._link.send_tensors(hub.native, taken, timed.progress, bound)
             sent: int = await self._finished(hub, job)
         timed.log("sent", "tensor set", self.peer)
@@ -260,11 +290,9 @@ class Connection:
         more than ``max_values`` values in all is refused from its manifest."""
         with self._turn(Phase.RECEIVING, "recv_tensors"):
             bound = check_seconds(deadline, "deadline")
-            most = check_max_values(max_values)
-            if most is not None and most >= self._session.max_gradient_len:
-                most = None  # the session's limit, checked first, is the tighter one
+            most = self._most(max_values)
             hub = _aio.hub()
-            timed = _Timed(progress)
+            timed = Timed(progress)
             link = self._link
             got = await self._finished(
                 hub, link.recv_tensors(hub.native, timed.progress, bound, most)
@@ -290,8 +318,7 @@ class Connection:
     async def close(self) -> None:
         """Close the connection, its socket at once (after a running transfer, which the
         caller cancels first if it must not finish); idempotent."""
-        self._closing = True
-        self._turns.close()
+        self._start_close()
         hub = _aio.hub()
         now, job = self._link.close(hub.native)
         if not now:
@@ -309,7 +336,7 @@ class Connection:
         await self.close()
 
 
-class _Timed:
+class Timed:
     """One transfer's DEBUG line (``_logs.log_transfer``): its wire bytes, counted by the
     caller's progress or, when DEBUG is on and there is none, by one of its own, and its
     time from the call."""
@@ -415,7 +442,79 @@ class Listener:
         await self.close()
 
 
-async def listen(
+class Opening(Generic[T]):
+    """What ``connect``, ``listen`` and ``serve`` return: awaited (``await connect(...)``)
+    or entered (``async with connect(...) as conn``), the connection, listener or server.
+    Anything else (``connect(...).send(g)``, a forgotten ``await``) is a TypeError that
+    names the fix, not Python's words about a coroutine."""
+
+    def __init__(self, name: str, make: Callable[[], Coroutine[Any, Any, T]]) -> None:
+        self._name = name
+        self._make = make
+        self._got: T | None = None
+        self._awaited = False
+
+    def __await__(self) -> Generator[Any, None, T]:
+        self._awaited = True
+        return self._make().__await__()
+
+    def __del__(self) -> None:
+        # As Python warns of a coroutine never awaited: nothing was opened.
+        if not getattr(self, "_awaited", True):
+            warnings.warn(
+                f"{self._name}() was never awaited, so nothing was opened: await it (or "
+                f"use gradstream.sync.{self._name} for a blocking one)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+    async def __aenter__(self) -> T:
+        self._got = await self
+        return self._got
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        got, self._got = self._got, None
+        if got is not None:
+            await got.close()  # type: ignore[attr-defined]
+
+    def __repr__(self) -> str:
+        return f"<gradstream {self._name}() not awaited yet>"
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        self._awaited = True  # the TypeError says it: no second word at collection
+        raise TypeError(
+            f"{name} on what {self._name}() returned, not yet awaited: await {self._name}() "
+            f"first (or use gradstream.sync.{self._name} for a blocking one)"
+        )
+
+    def __enter__(self) -> NoReturn:
+        self._awaited = True
+        raise TypeError(
+            f"with {self._name}(...): use async with (or gradstream.sync.{self._name} "
+            "for a blocking one)"
+        )
+
+    def __exit__(self, *exc_info: object) -> None:  # pragma: no cover: __enter__ raised
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Opened:
+    """The checked arguments of ``connect`` or ``listen``, as both faces give them to
+    the engine: where, the session, the link's settings, the listener's own, and what
+    the side speaks (for the logs)."""
+
+    host: str
+    port: int
+    session: GradientStreamSession
+    args: dict[str, Any]
+    speaks: str
+    listener: dict[str, float]
+
+
+def listen_args(
     address: Any,
     *,
     session: Any = None,
@@ -431,10 +530,8 @@ async def listen(
     hello_timeout: Any = HELLO_TIMEOUT,
     max_auth_failures: Any = MAX_AUTH_FAILURES,
     auth_failure_window: Any = AUTH_FAILURE_WINDOW,
-) -> Listener:
-    """Listen on ``address`` (``"host:port"`` or ``(host, port)``; port 0 for any, see
-    ``Listener.address``). The caps, ``hello_timeout`` and the online-guessing limit:
-    docs/guides/limits.md, "A listener under a flood"."""
+) -> Opened:
+    """``listen``'s arguments, checked (both faces)."""
     host, port = parse_address(address)
     own = _session(session)
     args, speaks = _link_settings(
@@ -460,14 +557,10 @@ async def listen(
     own_settings["auth_failure_window"] = check_handshake_timeout(
         auth_failure_window, "auth_failure_window"
     )
-    hub = _aio.hub()
-    native = await hub.run(own._open_listener(hub.native, host, port, args, own_settings))
-    listener = Listener(native, own, args["protocol"])
-    log.info("listening on %s (%s)", peer_text(listener.address), speaks)
-    return listener
+    return Opened(host, port, own, args, speaks, own_settings)
 
 
-async def connect(
+def connect_args(
     address: Any,
     *,
     session: Any = None,
@@ -477,9 +570,8 @@ async def connect(
     deadline: Any = None,
     protocol: Any = "gradstream",
     handshake_timeout: Any = HANDSHAKE_TIMEOUT,
-) -> Connection:
-    """Connect to a listener at ``address`` and shake hands; ``handshake_timeout``
-    bounds the TCP connect, TLS and the hello together."""
+) -> Opened:
+    """``connect``'s arguments, checked (both faces)."""
     host, port = parse_address(address)
     own = _session(session)
     args, speaks = _link_settings(
@@ -492,19 +584,108 @@ async def connect(
         deadline=deadline,
         handshake_timeout=handshake_timeout,
     )
+    return Opened(host, port, own, args, speaks, {})
+
+
+def listen(
+    address: Any,
+    *,
+    session: Any = None,
+    tls: Any = None,
+    authkey: Any = None,
+    handshake_timeout: Any = HANDSHAKE_TIMEOUT,
+    max_pending_handshakes: Any = MAX_PENDING_HANDSHAKES,
+    max_connections: Any = MAX_CONNECTIONS,
+    timeout: Any = None,
+    deadline: Any = None,
+    protocol: Any = "gradstream",
+    max_pending_per_source: Any = MAX_PENDING_PER_SOURCE,
+    hello_timeout: Any = HELLO_TIMEOUT,
+    max_auth_failures: Any = MAX_AUTH_FAILURES,
+    auth_failure_window: Any = AUTH_FAILURE_WINDOW,
+) -> Opening[Listener]:
+    """Listen on ``address`` (``"host:port"`` or ``(host, port)``; port 0 for any, see
+    ``Listener.address``); to be awaited (or ``async with``). The caps,
+    ``hello_timeout`` and the online-guessing limit: docs/guides/limits.md, "A listener
+    under a flood"."""
+    keywords = {
+        "session": session,
+        "tls": tls,
+        "authkey": authkey,
+        "handshake_timeout": handshake_timeout,
+        "max_pending_handshakes": max_pending_handshakes,
+        "max_connections": max_connections,
+        "timeout": timeout,
+        "deadline": deadline,
+        "protocol": protocol,
+        "max_pending_per_source": max_pending_per_source,
+        "hello_timeout": hello_timeout,
+        "max_auth_failures": max_auth_failures,
+        "auth_failure_window": auth_failure_window,
+    }
+    return Opening("listen", lambda: _listen(address, keywords))
+
+
+async def _listen(address: Any, keywords: dict[str, Any]) -> Listener:
+    opened = listen_args(address, **keywords)
     hub = _aio.hub()
-    link = await hub.run(own._open_link(hub.native, host, port, args))
-    connection = Connection(link, own)
-    log.info("connected to %s (%s)", peer_text(connection.peer.address), speaks)
+    native = await hub.run(
+        opened.session._open_listener(
+            hub.native, opened.host, opened.port, opened.args, opened.listener
+        )
+    )
+    listener = Listener(native, opened.session, opened.args["protocol"])
+    log.info("listening on %s (%s)", peer_text(listener.address), opened.speaks)
+    return listener
+
+
+def connect(
+    address: Any,
+    *,
+    session: Any = None,
+    tls: Any = None,
+    authkey: Any = None,
+    timeout: Any = None,
+    deadline: Any = None,
+    protocol: Any = "gradstream",
+    handshake_timeout: Any = HANDSHAKE_TIMEOUT,
+) -> Opening[Connection]:
+    """Connect to a listener at ``address`` and shake hands; to be awaited (or ``async
+    with``). ``handshake_timeout`` bounds the TCP connect, TLS and the hello together."""
+    keywords = {
+        "session": session,
+        "tls": tls,
+        "authkey": authkey,
+        "timeout": timeout,
+        "deadline": deadline,
+        "protocol": protocol,
+        "handshake_timeout": handshake_timeout,
+    }
+    return Opening("connect", lambda: _connect(address, keywords))
+
+
+async def _connect(address: Any, keywords: dict[str, Any]) -> Connection:
+    opened = connect_args(address, **keywords)
+    hub = _aio.hub()
+    link = await hub.run(
+        opened.session._open_link(hub.native, opened.host, opened.port, opened.args)
+    )
+    connection = Connection(link, opened.session)
+    log.info("connected to %s (%s)", peer_text(connection.peer.address), opened.speaks)
     return connection
 
 
-async def serve(
+def serve(
     address: Any,
     handler: Callable[[Connection], Awaitable[Any] | Any],
     **keywords: Any,
-) -> Server[Connection]:
+) -> Opening[Server[Connection]]:
     """``listen(address, **keywords)``, each connection handed to ``handler(conn)`` in a
-    task of its own; the connection is closed when the handler returns."""
+    task of its own; the connection is closed when the handler returns. To be awaited
+    (or ``async with``)."""
     check_handler(handler)
-    return Server(await listen(address, **keywords), handler)
+
+    async def started() -> Server[Connection]:
+        return Server(await listen(address, **keywords), handler)
+
+    return Opening("serve", started)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import errno
+import threading
 from collections.abc import Iterator
 
 from .errors import SettingError, StreamIOError
@@ -29,10 +30,12 @@ class Phase(enum.Enum):
 class Turns:
     """The state of a connection: one transfer at a time, in either direction; a call
     while one runs is a SettingError, a call on a closed connection a StreamIOError
-    (ENOTCONN)."""
+    (ENOTCONN). The check and the change are one step under a lock, so that two threads
+    on one blocking connection (``gradstream.sync``) cannot both start a transfer."""
 
     def __init__(self) -> None:
         self.phase = Phase.IDLE
+        self._lock = threading.Lock()
 
     @property
     def closed(self) -> bool:
@@ -42,15 +45,21 @@ class Turns:
     def turn(self, phase: Phase, call: str) -> Iterator[None]:
         """For the time of one transfer (``call`` names it in the errors): ``phase``,
         then idle again unless the transfer closed the connection."""
-        if self.phase is Phase.CLOSED:
-            raise StreamIOError(errno.ENOTCONN, f"{call} on a closed connection")
-        if self.phase is not Phase.IDLE:
-            raise SettingError(
-                "connection",
-                f"{call} while this connection is {self.phase.value}: one transfer at a "
-                "time per connection (open a second connection for the other direction)",
-            )
-        self.phase = phase
+        with self._lock:
+            if self.phase is Phase.CLOSED:
+                raise StreamIOError(
+                    errno.ENOTCONN,
+                    f"{call} on a closed connection (closed by close(), by the peer, or "
+                    "after a failed transfer): open a new one",
+                )
+            if self.phase is not Phase.IDLE:
+                raise SettingError(
+                    "connection",
+                    f"{call} while this connection is {self.phase.value}: one transfer at "
+                    "a time per connection (open a second connection for the other "
+                    "direction, or one per thread)",
+                )
+            self.phase = phase
         try:
             yield
         finally:

@@ -44,10 +44,11 @@ def _native_users() -> dict[str, set[str]]:
 def test_only_the_session_layer_uses_the_engine() -> None:
     users = _native_users()
     # __init__ re-exports the constants and the two plain classes; _aio makes the loop's
-    # Completions; _handover wraps an asyncio stream's socket; _session alone holds an
-    # Engine (_connection asks the session for links and listeners made with its engine).
-    assert set(users) == {"__init__.py", "_session.py", "_aio.py", "_handover.py"}, users
-    assert users["_aio.py"] == {"Completions"}
+    # Completions, and sync/_wait.py each thread's; _handover wraps an asyncio stream's
+    # socket; _session alone holds an Engine (_connection asks the session for links and
+    # listeners made with its engine).
+    assert set(users) == {"__init__.py", "_session.py", "_aio.py", "_handover.py", "_wait.py"}
+    assert users["_aio.py"] == users["_wait.py"] == {"Completions"}
     assert users["_handover.py"] == {"Handover"}
     assert "Engine" not in users["__init__.py"]
     assert all(not name.startswith("_") for names in users.values() for name in names)

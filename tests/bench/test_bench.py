@@ -96,9 +96,12 @@ PING_PONG_ROWS = {
     "pingpong_native",
     "pingpong_reference",
     "pingpong_raw",
-    # a Connection's round trips, and their baseline: a raw ping-pong with an ack
+    # a Connection's round trips, and their baselines: a ping-pong with an ack, raw
+    # blocking for the blocking face, pure asyncio for the asyncio one
     "pingpong_connection",
     "pingpong_raw_ack",
+    "pingpong_sync_connection",
+    "pingpong_asyncio_ack",
     # section 7: without the caller-thread driver, and asyncio streams with and without
     # the handover
     "pingpong_native_tokio",
@@ -234,10 +237,17 @@ RATIO_ROWS: dict[str, tuple[str, str, float | None]] = {
         "pingpong_reference",
         3.0,
     ),
-    "small-gradient round trips, Connection / raw ping-pong with an ack": (
+    "small-gradient round trips, blocking gradstream.sync Connection / raw blocking "
+    "ping-pong with an ack": ("pingpong_sync_connection", "pingpong_raw_ack", 0.5),
+    "small-gradient round trips, asyncio Connection / pure-asyncio ping-pong with an ack": (
+        "pingpong_connection",
+        "pingpong_asyncio_ack",
+        1.0,
+    ),
+    "small-gradient round trips, asyncio Connection / raw blocking ping-pong with an ack": (
         "pingpong_connection",
         "pingpong_raw_ack",
-        0.5,
+        REPORTED,
     ),
     "gs.Connection (hello, seal, ack) / bare stream_to + receive_from": (
         "conn_plain",

@@ -18,8 +18,9 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use pyo3::prelude::*;
 use tokio::runtime::Runtime;
@@ -101,6 +102,8 @@ struct Shared {
     eventfd: OwnedFd,
     finished: Mutex<Vec<Finished>>,
     running: Mutex<HashMap<u64, JoinHandle<()>>>,
+    /// Wakes a thread blocked in `Completions.wait` (the blocking face, `gradstream.sync`).
+    arrived: Condvar,
 }
 
 impl Shared {
@@ -111,6 +114,7 @@ impl Shared {
     fn finish(&self, job: u64, result: Result<Outcome, GradientStreamError>) {
         Self::lock(&self.running).remove(&job);
         Self::lock(&self.finished).push((job, result));
+        self.arrived.notify_all();
         let one = 1u64;
         // SAFETY: writing 8 bytes to our eventfd. It cannot fail short; a full counter
         // (EAGAIN, after 2^64 writes) would still leave the fd readable.
@@ -202,6 +206,9 @@ impl Completions {
     }
 }
 
+/// How long a blocking wait holds without running the signal handlers (Ctrl-C).
+const WAIT_SLICE: Duration = Duration::from_millis(50);
+
 #[pymethods]
 impl Completions {
     #[new]
@@ -217,6 +224,7 @@ impl Completions {
                 eventfd: unsafe { OwnedFd::from_raw_fd(fd) },
                 finished: Mutex::default(),
                 running: Mutex::default(),
+                arrived: Condvar::new(),
             }),
         })
     }
@@ -267,6 +275,66 @@ impl Completions {
             shared.finish(job, Ok(Outcome::End));
         });
         false
+    }
+
+    /// Block until `job` ends (the blocking face, `gradstream.sync`: one `Completions` per
+    /// thread, one job at a time), the GIL released, in slices of `WAIT_SLICE` with the
+    /// signal handlers run between them: `(true, result)` or `(false, exception)`. A
+    /// handler's exception (Ctrl-C's KeyboardInterrupt) is raised with the job still
+    /// running: the caller stops it with `stop_all`, then applies the connection's
+    /// post-cancel rule.
+    fn wait(&self, py: Python<'_>, job: u64) -> PyResult<(bool, Py<PyAny>)> {
+        loop {
+            let found = py.detach(|| {
+                let mut finished = Shared::lock(&self.shared.finished);
+                let at = finished.iter().position(|(done, _)| *done == job);
+                if at.is_none() {
+                    finished = self
+                        .shared
+                        .arrived
+                        .wait_timeout(finished, WAIT_SLICE)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+                let at = finished.iter().position(|(done, _)| *done == job)?;
+                Some(finished.swap_remove(at).1)
+            });
+            if let Some(result) = found {
+                return to_python(py, result);
+            }
+            py.check_signals()?;
+        }
+    }
+
+    /// Stop every job of this `Completions` and block (GIL released) until each one's
+    /// future is gone on tokio: nothing of them writes into a caller's `out=` afterwards
+    /// (docs/guides/connections.md "Delivery"). Their results, if they finished
+    /// meanwhile, are dropped (the caller's `abandoned` rule refuses a transfer received
+    /// and not taken). For the blocking face, whose call was interrupted (Ctrl-C) with
+    /// its job still running, perhaps before it was handed the job's number.
+    fn stop_all(&self, py: Python<'_>) {
+        let handles: Vec<(u64, JoinHandle<()>)> =
+            Shared::lock(&self.shared.running).drain().collect();
+        py.detach(|| {
+            for (_, handle) in handles {
+                handle.abort();
+                // The handle resolves once the task's future is dropped (or finished).
+                let _ = runtime().block_on(handle);
+            }
+        });
+        Shared::lock(&self.shared.finished).clear();
+    }
+
+    /// Stop every job of this `Completions` without waiting, as `abort` does each: a
+    /// thread blocked in `wait` for one gets `(true, None)` once its future is gone on
+    /// tokio. For `gradstream.sync.Server.shutdown`, from another thread than the
+    /// handler's that waits (the handler's connection says why it ended).
+    fn abort_all(&self) {
+        let jobs: Vec<u64> = Shared::lock(&self.shared.running).keys().copied().collect();
+        for job in jobs {
+            // True when it had finished already: its result is queued, the waiter's.
+            let _ = self.abort(job);
+        }
     }
 
     /// Jobs still running.

@@ -1,0 +1,232 @@
+"""The blocking ``Connection`` and ``connect`` (docs/guides/blocking.md): the asyncio
+face's twin over the same core (``gradstream._connection.ConnectionCore``), each
+transfer's job waited for on the caller's thread."""
+
+from __future__ import annotations
+
+import errno
+import logging
+from collections.abc import Iterator
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .._address import peer_text
+from .._checks import HANDSHAKE_TIMEOUT, check_seconds
+from .._connection import ConnectionCore, Timed, connect_args
+from .._session import _hand_back, _Out, _tensor_dict, lend_either
+from .._turns import Phase
+from ..errors import StreamIOError
+from ._wait import stopping, wait, waiter
+
+if TYPE_CHECKING:
+    from .. import TransferProgress
+
+log = logging.getLogger("gradstream")
+
+__all__ = ["Connection", "connect"]
+
+
+class Connection(ConnectionCore):
+    """A blocking connection to one peer, as ``gradstream.Connection`` (the same
+    transfers, errors and guarantees) without ``await``. Made by ``connect``,
+    ``Listener.accept`` or ``serve``. One transfer at a time: a second thread's call
+    while one runs is a ``SettingError``. Ctrl-C during a call stops its transfer (what
+    was received and not handed over is refused, as a cancelled asyncio call's), then
+    raises ``KeyboardInterrupt``."""
+
+    _close_advice = "conn.close(), or with"
+    # Set by Server.shutdown: the transfer a handler is in was stopped (why it ended).
+    _shut_down = False
+
+    def _wait(self, own: Any, job: int) -> Any:
+        """``job``'s result; a StreamIOError when the server's shutdown stopped it."""
+        value = wait(own, job)
+        if self._shut_down:
+            self._abandoned()
+            self._turns.close()
+            raise StreamIOError(
+                errno.ECONNABORTED,
+                "the transfer was stopped: the server shut down (Server.shutdown)",
+            )
+        return value
+
+    def _stop(self, own: Any) -> None:
+        """For ``Server.shutdown``, from another thread: mark the connection closed and
+        stop the transfer its handler (waiting on ``own``) is in."""
+        self._shut_down = True
+        self._turns.close()
+        if own is not None:
+            own.abort_all()
+
+    def send(
+        self,
+        gradient: Any,
+        *,
+        progress: TransferProgress | None = None,
+        deadline: float | None = None,
+    ) -> int:
+        """Send one gradient; the number of chunks, once the peer has verified it (its
+        ack). ``DeliveryError`` when it did not; ``deadline`` replaces the connection's."""
+        with self._turn(Phase.SENDING, "send"):
+            args = self._session._take(gradient)
+            bound = check_seconds(deadline, "deadline")
+            own = waiter()
+            timed = Timed(progress)
+            with stopping(own, self._abandoned):
+                now, value = self._link.send(own, args, timed.progress, bound)
+                sent: int = value if now else self._wait(own, value)
+        timed.log("sent", "gradient", self.peer)
+        return sent
+
+    def recv(
+        self,
+        out: npt.NDArray[Any] | None = None,
+        *,
+        progress: TransferProgress | None = None,
+        deadline: float | None = None,
+        reduce_into: npt.NDArray[np.float32] | None = None,
+        op: str = "sum",
+    ) -> npt.NDArray[Any]:
+        """Receive one gradient (into ``out`` when given: then ``out`` itself; added into
+        ``reduce_into`` when given: then that array); an empty array when the peer
+        closed the connection before another began (``closed`` is then True)."""
+        lent = lend_either(out, reduce_into, op)
+        with self._turn(Phase.RECEIVING, "recv"):
+            got = self._recv(lent, progress, deadline, none_at_end=False)
+        assert got is not None  # none_at_end=False gives the empty gradient instead
+        return got
+
+    def _recv(
+        self,
+        lent: _Out | None,
+        progress: TransferProgress | None,
+        deadline: float | None,
+        *,
+        none_at_end: bool,
+    ) -> npt.NDArray[Any] | None:
+        bound = check_seconds(deadline, "deadline")
+        own = waiter()
+        timed = Timed(progress)
+        args = None if lent is None else lent.args
+        with stopping(own, self._abandoned):
+            now, value = self._link.recv(own, timed.progress, args, bound, none_at_end)
+            values = value if now else self._wait(own, value)
+            if values is None:
+                return None
+            got = lent.array if lent is not None else _hand_back(values)
+            # The gradient is the caller's from here: only now is its ack written
+            # (docs/guides/connections.md "Delivery"); the fast path wrote it already.
+            if not now:
+                self._link.settle()
+        timed.log("received", "gradient", self.peer)
+        return got
+
+    def send_tensors(
+        self,
+        tensors: Any,
+        *,
+        progress: TransferProgress | None = None,
+        deadline: float | None = None,
+    ) -> int:
+        """Send a named set of tensors; the number of frames, once acknowledged."""
+        with self._turn(Phase.SENDING, "send_tensors"):
+            taken = self._session._tensors(tensors, "sending")
+            bound = check_seconds(deadline, "deadline")
+            own = waiter()
+            timed = Timed(progress)
+            with stopping(own, self._abandoned):
+                sent: int = self._wait(
+                    own, self._link.send_tensors(own, taken, timed.progress, bound)
+                )
+        timed.log("sent", "tensor set", self.peer)
+        return sent
+
+    def recv_tensors(
+        self,
+        *,
+        progress: TransferProgress | None = None,
+        deadline: float | None = None,
+        max_values: int | None = None,
+    ) -> dict[str, npt.NDArray[Any]]:
+        """Receive a named set of tensors, in the sender's order; ``{}`` when the peer
+        closed the connection before another began (``closed`` is then True). A set of
+        more than ``max_values`` values in all is refused from its manifest."""
+        with self._turn(Phase.RECEIVING, "recv_tensors"):
+            bound = check_seconds(deadline, "deadline")
+            most = self._most(max_values)
+            own = waiter()
+            timed = Timed(progress)
+            link = self._link
+            with stopping(own, self._abandoned):
+                got = self._wait(own, link.recv_tensors(own, timed.progress, bound, most))
+                if got is None:
+                    return {}
+                tensors = _tensor_dict(got)
+                link.settle()  # the set is the caller's from here: its ack now, as recv's
+        timed.log("received", "tensor set", self.peer)
+        return tensors
+
+    def __iter__(self) -> Iterator[npt.NDArray[Any]]:
+        """The gradients received, until the peer closes the connection."""
+        while not self.closed:
+            with self._turn(Phase.RECEIVING, "for"):
+                gradient = self._recv(None, None, None, none_at_end=True)
+            if gradient is None:
+                return
+            yield gradient
+
+    def close(self) -> None:
+        """Close the connection, its socket at once (after a transfer another thread
+        runs on it, which ends first); idempotent."""
+        self._start_close()
+        own = waiter()
+        with stopping(own):
+            now, job = self._link.close(own)
+            if not now:
+                wait(own, job)
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def connect(
+    address: Any,
+    *,
+    session: Any = None,
+    tls: Any = None,
+    authkey: Any = None,
+    timeout: Any = None,
+    deadline: Any = None,
+    protocol: Any = "gradstream",
+    handshake_timeout: Any = HANDSHAKE_TIMEOUT,
+) -> Connection:
+    """Connect to a listener at ``address`` and shake hands (as ``gradstream.connect``,
+    blocking); ``handshake_timeout`` bounds the TCP connect, TLS and the hello
+    together."""
+    opened = connect_args(
+        address,
+        session=session,
+        tls=tls,
+        authkey=authkey,
+        timeout=timeout,
+        deadline=deadline,
+        protocol=protocol,
+        handshake_timeout=handshake_timeout,
+    )
+    own = waiter()
+    with stopping(own):
+        link = wait(own, opened.session._open_link(own, opened.host, opened.port, opened.args))
+    connection = Connection(link, opened.session)
+    log.info("connected to %s (%s)", peer_text(connection.peer.address), opened.speaks)
+    return connection

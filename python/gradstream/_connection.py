@@ -61,15 +61,8 @@ _LAST_EVENTS = 5.0
 __all__ = ["Connection", "Listener", "Server", "connect", "listen", "serve"]
 
 
-def _session(session: Any) -> GradientStreamSession:
-    if session is None:
-        return GradientStreamSession("gradstream")
-    if not isinstance(session, GradientStreamSession):
-        raise TypeError(
-            "session must be a gradstream.GradientStreamSession or None, not "
-            f"{type(session).__name__}"
-        )
-    return session
+def _session(session: Any, protocol: Any) -> GradientStreamSession:
+    return GradientStreamSession._for_connection(session, protocol)
 
 
 def _link_settings(
@@ -436,7 +429,7 @@ async def listen(
     ``Listener.address``). The caps, ``hello_timeout`` and the online-guessing limit:
     docs/guides/limits.md, "A listener under a flood"."""
     host, port = parse_address(address)
-    own = _session(session)
+    own = _session(session, protocol)
     args, speaks = _link_settings(
         own,
         listening=True,
@@ -481,7 +474,7 @@ async def connect(
     """Connect to a listener at ``address`` and shake hands; ``handshake_timeout``
     bounds the TCP connect, TLS and the hello together."""
     host, port = parse_address(address)
-    own = _session(session)
+    own = _session(session, protocol)
     args, speaks = _link_settings(
         own,
         listening=False,

@@ -20,7 +20,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -48,10 +48,34 @@ from .errors import GradientStreamError, StreamTimeoutError
 __all__ = ["load_gradient", "run_send"]
 
 
-def load_gradient(path: Path) -> npt.NDArray[np.float32]:
-    """A float32 array from a .npy file, memory-mapped when possible (no copy)."""
+# What a .npy file may hold: float32 alone for --protocol seed (the original's wire),
+# and the dtypes a gradstream connection keeps (docs/guides/connections.md "Defaults").
+_GRADSTREAM_DTYPES = ("float16", "float32", "float64")
+
+
+def load_gradient(path: Path, protocol: str = "gradstream") -> npt.NDArray[Any]:
+    """The array of a .npy file, memory-mapped when possible (no copy): float16, float32
+    or float64 over a gradstream connection (sent in its dtype and shape), float32 alone
+    for ``--protocol seed``."""
+    if path.is_dir():
+        raise CliError(f"cannot read {path}: it is a directory; give a .npy file")
     if not path.is_file():
         raise CliError(f"cannot read {path}: no such file")
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(6)
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    if magic[:4] == b"PK\x03\x04":
+        raise CliError(
+            f"cannot read {path}: a .npz archive, not a .npy file; save each array as a "
+            ".npy file (numpy.save) and send those"
+        )
+    if magic != b"\x93NUMPY":
+        raise CliError(
+            f"cannot read {path}: not a .npy file (it does not start with numpy's "
+            "\\x93NUMPY header; make one with numpy.save)"
+        )
     try:
         try:
             array = np.load(path, mmap_mode="r", allow_pickle=False)
@@ -61,15 +85,25 @@ def load_gradient(path: Path) -> npt.NDArray[np.float32]:
     except (OSError, ValueError, EOFError) as exc:
         raise CliError(f"cannot read {path} as a .npy file: {one_line(str(exc))}") from exc
     if not isinstance(array, np.ndarray):
-        raise CliError(f"{path} is not a .npy file holding one array (a .npz archive?)")
-    if array.dtype.kind != "f" or array.dtype.itemsize != 4:
-        stem = path.with_name(path.stem + "-f32.npy")
-        raise CliError(
-            f"{path} holds {array.dtype} values; gradstream sends float32 only. Convert it: "
-            f"python -c \"import numpy as n; n.save('{stem}', "
-            f"n.load('{path}').astype(n.float32))\""
-        )
-    return cast(npt.NDArray[np.float32], array)
+        raise CliError(f"{path} is not a .npy file holding one array")
+    kept = (
+        protocol == "gradstream"
+        and array.dtype.kind == "f"
+        and (array.dtype.newbyteorder("=").name in _GRADSTREAM_DTYPES)
+    )
+    if kept or (array.dtype.kind == "f" and array.dtype.itemsize == 4):
+        return array
+    stem = path.with_name(path.stem + "-f32.npy")
+    sends = (
+        "--protocol seed sends float32 only (the original's wire)"
+        if protocol == "seed"
+        else "gradstream sends float16, float32 or float64"
+    )
+    raise CliError(
+        f"{path} holds {array.dtype} values; {sends}. Convert it: "
+        f"python -c \"import numpy as n; n.save('{stem}', "
+        f"n.load('{path}').astype(n.float32))\""
+    )
 
 
 # `send --timeout`'s default: every wait of a send is inside a transfer, so none is
@@ -82,7 +116,7 @@ class SendPlan:
     """What the command line asks of one ``send`` run."""
 
     address: tuple[str, int]
-    gradients: list[tuple[Path, npt.NDArray[np.float32]]]
+    gradients: list[tuple[Path, npt.NDArray[Any]]]
     session: GradientStreamSession
     link: LinkSettings
     timeout: float | None
@@ -107,12 +141,18 @@ def _connect_failure(
     return CliError(f"cannot connect to {where}: {describe_transfer_error(exc)}")
 
 
-def _sent_values(session: GradientStreamSession, grad: npt.NDArray[np.float32]) -> str:
-    """What the peer receives of `grad`: its values, flat unless the session keeps shapes
-    (dtype.name is float32 for a big-endian file too: the values are sent swapped)."""
-    shape = grad.shape if session.keep_shape else (grad.size,)
+def _sent_values(keep_shape: bool, grad: npt.NDArray[Any]) -> str:
+    """What the peer receives of `grad`: its values, flat unless the connection keeps
+    shapes (dtype.name is float32 for a big-endian file too: the values are sent
+    swapped)."""
+    shape = grad.shape if keep_shape else (grad.size,)
     what = describe_values(grad.dtype, shape)
     return what if shape == grad.shape else f"{what} (flattened from shape {grad.shape})"
+
+
+def _bytes(n: int) -> str:
+    """`12,000 bytes`, or from 1 MiB up `200.0 MiB`."""
+    return f"{n:,} bytes" if n < MIB else f"{n / MIB:,.1f} MiB"
 
 
 async def _send_all(plan: SendPlan) -> None:
@@ -122,6 +162,9 @@ async def _send_all(plan: SendPlan) -> None:
     except (GradientStreamError, OSError) as exc:
         raise _connect_failure(where, exc, plan.timeout, plan.link) from exc
     acknowledged = ", acknowledged" if plan.link.protocol == "gradstream" else ""
+    # As the connection uses the session: its unset settings take the connection's
+    # defaults (shapes kept on a gradstream connection).
+    keep_shape = GradientStreamSession._for_connection(plan.session, plan.link.protocol).keep_shape
     count = len(plan.gradients)
     try:
         for i, (path, grad) in enumerate(plan.gradients):
@@ -137,8 +180,9 @@ async def _send_all(plan: SendPlan) -> None:
                 raise CliError(f"sending {which} failed: {describe_transfer_error(exc)}") from exc
             seconds = time.perf_counter() - start
             say(
-                f"sent {path}: {_sent_values(plan.session, grad)} "
-                f"({grad.nbytes / MIB:,.1f} MiB), {chunks:,} chunks in {seconds:.3f} s, "
+                f"sent {path}: {_sent_values(keep_shape, grad)} "
+                f"({_bytes(grad.nbytes)} of values, {_bytes(progress.bytes)} on the wire), "
+                f"{chunks:,} chunks in {seconds:.3f} s, "
                 f"{rate(grad.nbytes, seconds)}{acknowledged}"
             )
     finally:
@@ -154,7 +198,7 @@ def run_send(args: argparse.Namespace) -> int:
     if args.chunk_size is not None and args.chunk_size < 0:
         raise CliError(f"--chunk-size must be >= 0, got {args.chunk_size}", 2)
     link = link_settings(args, listening=False)
-    gradients = [(Path(f), load_gradient(Path(f))) for f in args.files]
+    gradients = [(Path(f), load_gradient(Path(f), link.protocol)) for f in args.files]
     resolve(host, port, passive=False)
     compression = None if args.compression == "none" else args.compression
     plan = SendPlan(

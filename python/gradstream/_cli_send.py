@@ -30,6 +30,7 @@ from ._checks import CONNECTION_DEADLINE
 from ._cli_base import (
     MIB,
     CliError,
+    count_of,
     describe_transfer_error,
     describe_values,
     format_address,
@@ -182,7 +183,7 @@ async def _send_all(plan: SendPlan) -> None:
             say(
                 f"sent {path}: {_sent_values(keep_shape, grad)} "
                 f"({_bytes(grad.nbytes)} of values, {_bytes(progress.bytes)} on the wire), "
-                f"{chunks:,} chunks in {seconds:.3f} s, "
+                f"{count_of(chunks, 'chunk')} in {seconds:.3f} s, "
                 f"{rate(grad.nbytes, seconds)}{acknowledged}"
             )
     finally:

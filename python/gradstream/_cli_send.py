@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import errno
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,6 +125,23 @@ class SendPlan:
     bar: bool
 
 
+class _Doing:
+    """What a ``send`` run is doing, for the line Ctrl-C prints: connecting, or sending a
+    file with its progress."""
+
+    def __init__(self, where: str) -> None:
+        self.what = f"connecting to {where}"
+        self.progress: TransferProgress | None = None
+
+    def interrupted(self) -> str:
+        if self.progress is None:
+            return f"interrupted while {self.what}"
+        return (
+            f"interrupted while {self.what} ({self.progress.bytes:,} bytes of it written): "
+            "the receiver drops what it got of it"
+        )
+
+
 def _connect_failure(
     where: str, exc: BaseException, timeout: float | None, link: LinkSettings
 ) -> CliError:
@@ -156,7 +174,7 @@ def _bytes(n: int) -> str:
     return f"{n:,} bytes" if n < MIB else f"{n / MIB:,.1f} MiB"
 
 
-async def _send_all(plan: SendPlan) -> None:
+async def _send_all(plan: SendPlan, doing: _Doing) -> None:
     where = format_address(*plan.address)
     try:
         conn = await connect(plan.address, session=plan.session, **plan.link.keywords())
@@ -172,6 +190,7 @@ async def _send_all(plan: SendPlan) -> None:
             progress = TransferProgress()
             label = "send" if count == 1 else f"send {i + 1}/{count}"
             which = str(path) if count == 1 else f"{path} ({i + 1} of {count})"
+            doing.what, doing.progress = f"sending {which}", progress
             start = time.perf_counter()
             try:
                 chunks = await with_progress(
@@ -186,6 +205,7 @@ async def _send_all(plan: SendPlan) -> None:
                 f"{count_of(chunks, 'chunk')} in {seconds:.3f} s, "
                 f"{rate(grad.nbytes, seconds)}{acknowledged}"
             )
+            doing.what, doing.progress = f"closing the connection to {where}", None
     finally:
         # A connection a failed transfer broke has nothing more to say; its error is the
         # one to report.
@@ -210,5 +230,12 @@ def run_send(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         bar=want_progress(args),
     )
-    asyncio.run(_send_all(plan))
+    doing = _Doing(format_address(host, port))
+    try:
+        asyncio.run(_send_all(plan, doing))
+    except KeyboardInterrupt:
+        # Exit 130 (cli.main), saying what was dropped: the files before were
+        # acknowledged (their lines are printed), this one was not.
+        print(f"gradstream: {doing.interrupted()}", file=sys.stderr, flush=True)
+        raise
     return 0

@@ -7,12 +7,23 @@ text file, a .npz archive, a port without its host."""
 from __future__ import annotations
 
 import re
+import signal
+import socket
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from support.cli import Child, assert_one_line_error, free_port, run, start_receiver
+from support.cli import (
+    Child,
+    assert_one_line_error,
+    free_port,
+    python_frames,
+    run,
+    start,
+    start_receiver,
+)
 
 
 def bits(a: np.ndarray) -> np.ndarray:
@@ -107,3 +118,61 @@ def test_send_to_a_port_without_its_host(tmp_path: Path) -> None:
     result = run("send", "7000", str(tmp_path / "g.npy"))
     assert result.returncode == 2
     assert_one_line_error(result.stderr, "bad address '7000': no host", "127.0.0.1:7000")
+
+
+# --------------------------------------------------------------------------- Ctrl-C
+
+
+def _silent_listener() -> tuple[socket.socket, int]:
+    """A TCP listener that accepts and never reads (nor answers)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    return listener, listener.getsockname()[1]
+
+
+def test_ctrl_c_on_send_names_the_file_it_dropped(tmp_path: Path, spawn: list[Child]) -> None:
+    np.save(tmp_path / "big.npy", np.ones(16 << 20, np.float32))  # 64 MiB: fills the buffers
+    listener, port = _silent_listener()
+    with listener:
+        sender = start(
+            spawn, "send", f"127.0.0.1:{port}", str(tmp_path / "big.npy"), "--protocol", "seed"
+        )
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)  # the send is under way; nothing more is read
+            time.sleep(0.5)
+            sender.proc.send_signal(signal.SIGINT)
+            status, _, stderr = sender.finish()
+    assert status == 130
+    assert_one_line_error(stderr, "gradstream: interrupted while sending", "big.npy", "bytes")
+    assert re.search(r"\(([\d,]+) bytes of it written\)", stderr)
+
+
+def test_ctrl_c_on_send_while_connecting(tmp_path: Path, spawn: list[Child]) -> None:
+    np.save(tmp_path / "g.npy", np.ones(10, np.float32))
+    listener, port = _silent_listener()
+    with listener:
+        sender = start(spawn, "send", f"127.0.0.1:{port}", str(tmp_path / "g.npy"))
+        conn, _ = listener.accept()
+        with conn:
+            time.sleep(0.5)
+            sender.proc.send_signal(signal.SIGINT)
+            status, _, stderr = sender.finish()
+    assert status == 130
+    assert_one_line_error(stderr, f"gradstream: interrupted while connecting to 127.0.0.1:{port}")
+
+
+def test_ctrl_c_on_recv_names_the_transfer_it_dropped(tmp_path: Path, spawn: list[Child]) -> None:
+    grad = np.ones(100_000, np.float32)
+    wire = python_frames(grad, chunk_size=10_000)
+    receiver, port = start_receiver(spawn, "--out", str(tmp_path / "o.npy"), "--protocol", "seed")
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(wire[: len(wire) // 2])  # half the gradient, then nothing
+        time.sleep(1.0)
+        receiver.proc.send_signal(signal.SIGINT)
+        status, stdout, _ = receiver.finish()
+    assert status == 130
+    last = stdout.splitlines()[-1]
+    assert last.startswith("stopped by SIGINT after 0 gradients; dropped the gradient under way ")
+    assert re.search(
+        r"from 127\.0\.0\.1:\d+ \([\d,]+ bytes of it received, not acknowledged\)$", last
+    )

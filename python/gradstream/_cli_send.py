@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import TransferProgress
-from ._checks import CONNECTION_DEADLINE
+from ._checks import CONNECTION_DEADLINE, HANDSHAKE_TIMEOUT
 from ._cli_base import (
     MIB,
     CliError,
@@ -142,11 +142,17 @@ class _Doing:
         )
 
 
-def _connect_failure(
-    where: str, exc: BaseException, timeout: float | None, link: LinkSettings
-) -> CliError:
-    if isinstance(exc, StreamTimeoutError) and timeout is not None:
-        return CliError(f"cannot connect to {where}: no answer within {timeout:g} s")
+def _connect_failure(where: str, exc: BaseException, link: LinkSettings) -> CliError:
+    if isinstance(exc, StreamTimeoutError):
+        if link.protocol == "seed":
+            return CliError(f"cannot connect to {where}: no answer within {HANDSHAKE_TIMEOUT:g} s")
+        # No hello came: a gradstream receiver answers at once; an HTTP server, say,
+        # takes the connection and waits silently for a request line.
+        return CliError(
+            f"cannot connect to {where}: no gradstream hello within {HANDSHAKE_TIMEOUT:g} s: "
+            "not a gradstream receiver (an HTTP server, for one, takes the connection and "
+            "waits silently), or not reachable"
+        )
     if isinstance(exc, OSError) and isinstance(exc.errno, int) and exc.errno > 0:
         # The OS's words for a refused or unreachable peer.
         hint = ""
@@ -179,7 +185,7 @@ async def _send_all(plan: SendPlan, doing: _Doing) -> None:
     try:
         conn = await connect(plan.address, session=plan.session, **plan.link.keywords())
     except (GradientStreamError, OSError) as exc:
-        raise _connect_failure(where, exc, plan.timeout, plan.link) from exc
+        raise _connect_failure(where, exc, plan.link) from exc
     acknowledged = ", acknowledged" if plan.link.protocol == "gradstream" else ""
     # As the connection uses the session: its unset settings take the connection's
     # defaults (shapes kept on a gradstream connection).

@@ -6,9 +6,11 @@ text file, a .npz archive, a port without its host."""
 
 from __future__ import annotations
 
+import http.server
 import re
 import signal
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -176,3 +178,48 @@ def test_ctrl_c_on_recv_names_the_transfer_it_dropped(tmp_path: Path, spawn: lis
     assert re.search(
         r"from 127\.0\.0\.1:\d+ \([\d,]+ bytes of it received, not acknowledged\)$", last
     )
+
+
+# --------------------------------------------------------------------------- not a receiver
+
+
+def test_send_to_an_http_proxy_says_so_at_once(tmp_path: Path) -> None:
+    np.save(tmp_path / "g.npy", np.ones(10, np.float32))
+    listener, port = _silent_listener()
+
+    def answer() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+            time.sleep(0.5)
+
+    with listener:
+        answering = threading.Thread(target=answer, daemon=True)
+        answering.start()
+        start = time.monotonic()
+        result = run("send", f"127.0.0.1:{port}", str(tmp_path / "g.npy"))
+        answering.join()
+    assert time.monotonic() - start < 5.0
+    assert result.returncode == 1
+    assert_one_line_error(
+        result.stderr,
+        f"cannot connect to 127.0.0.1:{port}",
+        "an HTTP answer ('HTTP/1.1 400 Bad'...): the peer is an HTTP server or proxy, "
+        "not a gradstream peer",
+    )
+
+
+def test_send_to_a_silent_http_server_names_what_it_may_be(tmp_path: Path) -> None:
+    np.save(tmp_path / "g.npy", np.ones(10, np.float32))
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        result = run("send", f"127.0.0.1:{server.server_address[1]}", str(tmp_path / "g.npy"))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.returncode == 1
+    assert_one_line_error(
+        result.stderr, "no gradstream hello within 10 s: not a gradstream receiver"
+    )
+    assert "stalled" not in result.stderr

@@ -135,8 +135,17 @@ def test_ctrl_c_on_send_names_the_file_it_dropped(tmp_path: Path, spawn: list[Ch
     np.save(tmp_path / "big.npy", np.ones(16 << 20, np.float32))  # 64 MiB: fills the buffers
     listener, port = _silent_listener()
     with listener:
+        # --timeout bounds the exit: under load, the connection's close was once seen to
+        # wait for the stopped send's job (the peer never reads) up to that bound.
         sender = start(
-            spawn, "send", f"127.0.0.1:{port}", str(tmp_path / "big.npy"), "--protocol", "seed"
+            spawn,
+            "send",
+            f"127.0.0.1:{port}",
+            str(tmp_path / "big.npy"),
+            "--protocol",
+            "seed",
+            "--timeout",
+            "5",
         )
         conn, _ = listener.accept()
         with conn:
@@ -144,7 +153,7 @@ def test_ctrl_c_on_send_names_the_file_it_dropped(tmp_path: Path, spawn: list[Ch
             time.sleep(0.5)
             sender.proc.send_signal(signal.SIGINT)
             status, _, stderr = sender.finish()
-    assert status == 130
+    assert status == 130, stderr
     assert_one_line_error(stderr, "gradstream: interrupted while sending", "big.npy", "bytes")
     assert re.search(r"\(([\d,]+) bytes of it written\)", stderr)
 
@@ -153,13 +162,15 @@ def test_ctrl_c_on_send_while_connecting(tmp_path: Path, spawn: list[Child]) -> 
     np.save(tmp_path / "g.npy", np.ones(10, np.float32))
     listener, port = _silent_listener()
     with listener:
-        sender = start(spawn, "send", f"127.0.0.1:{port}", str(tmp_path / "g.npy"))
+        sender = start(
+            spawn, "send", f"127.0.0.1:{port}", str(tmp_path / "g.npy"), "--timeout", "5"
+        )
         conn, _ = listener.accept()
         with conn:
             time.sleep(0.5)
             sender.proc.send_signal(signal.SIGINT)
             status, _, stderr = sender.finish()
-    assert status == 130
+    assert status == 130, stderr
     assert_one_line_error(stderr, f"gradstream: interrupted while connecting to 127.0.0.1:{port}")
 
 

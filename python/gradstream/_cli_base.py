@@ -81,6 +81,9 @@ def parse_address(
             bad("put an IPv6 address in brackets, as in [::1]:PORT")
     elif default_host is not None:
         host, port_text = default_host, text
+    elif text.isascii() and text.isdigit():
+        # `send 7000`: a port without its host.
+        bad(f"no host; the receiver's host goes before the port, as in 127.0.0.1:{text}")
     else:
         bad("no port")
     if not host:

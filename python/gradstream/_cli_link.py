@@ -81,12 +81,13 @@ class LinkSettings:
 def cli_session(
     chunk_size: int | None = None,
     timeout: float | None = None,
-    layout: str = "seed",
+    layout: str | None = None,
     compression: str | None = None,
     max_gradient_len: int | None = None,
 ) -> GradientStreamSession:
     """The session of a ``recv`` or ``send`` run; settings it refuses are a command-line
-    mistake (exit 2)."""
+    mistake (exit 2). ``layout`` None: the connection's default (compact on gradstream
+    connections, seed with ``--protocol seed``)."""
     args: list[Any] = [SESSION_ID]
     if chunk_size is not None:
         args.append(chunk_size)

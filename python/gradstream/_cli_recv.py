@@ -200,6 +200,8 @@ class Run:
         self._idle: asyncio.TimerHandle | None = None
         self._saves: set[asyncio.Task[None]] = set()
         self._numbering = asyncio.Lock()
+        # The gradients under way when the run stopped, dropped: (peer, bytes received).
+        self.dropped: list[tuple[str, int]] = []
 
     # ---- state
 
@@ -330,11 +332,10 @@ class Received:
     chunks: int
 
 
-async def _next_gradient(conn: Connection) -> Received | None:
+async def _next_gradient(conn: Connection, progress: TransferProgress) -> Received | None:
     """The connection's next gradient, or None when the peer closed it before one began
     (``recv`` then gives an empty array and the connection says it is closed; an empty
     gradient leaves it open)."""
-    progress = TransferProgress()
     values = await conn.recv(progress=progress)
     if values.size == 0 and conn.closed:
         return None
@@ -349,13 +350,17 @@ async def _take_gradients(run: Run, conn: Connection) -> None:
     try:
         while await run.claim():
             start = time.perf_counter()
+            progress = TransferProgress()
             try:
-                received = await _next_gradient(conn)
+                received = await _next_gradient(conn, progress)
             except (GradientStreamError, OSError) as exc:
                 run.release()
                 log.warning("%s", _refusal(run.plan, who, exc))
                 return
             except BaseException:
+                # Cancelled as the run stops: a gradient begun is dropped (unacknowledged).
+                if progress.bytes:
+                    run.dropped.append((who, progress.bytes))
                 run.release()
                 raise
             if received is None:
@@ -415,7 +420,12 @@ def _outcome(run: Run) -> int:
     assert run.stopped_by is not None
     received = count_of(run.saved, "gradient")
     passed = f"; {run.checks_passed()}" if run.saved else ""
-    say(f"stopped by {run.stopped_by.name} after {received}{passed}")
+    dropped = "".join(
+        f"; dropped the gradient under way from {who} ({n:,} bytes of it received, not "
+        "acknowledged)"
+        for who, n in run.dropped
+    )
+    say(f"stopped by {run.stopped_by.name} after {received}{passed}{dropped}")
     if run.plan.count is None:
         return 0  # a signal is how --forever ends
     return 128 + run.stopped_by.value

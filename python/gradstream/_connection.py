@@ -64,15 +64,8 @@ _LAST_EVENTS = 5.0
 __all__ = ["Connection", "Listener", "Server", "connect", "listen", "serve"]
 
 
-def _session(session: Any) -> GradientStreamSession:
-    if session is None:
-        return GradientStreamSession("gradstream")
-    if not isinstance(session, GradientStreamSession):
-        raise TypeError(
-            "session must be a gradstream.GradientStreamSession or None, not "
-            f"{type(session).__name__}"
-        )
-    return session
+def _session(session: Any, protocol: Any) -> GradientStreamSession:
+    return GradientStreamSession._for_connection(session, protocol)
 
 
 def _link_settings(
@@ -533,7 +526,7 @@ def listen_args(
 ) -> Opened:
     """``listen``'s arguments, checked (both faces)."""
     host, port = parse_address(address)
-    own = _session(session)
+    own = _session(session, protocol)
     args, speaks = _link_settings(
         own,
         listening=True,
@@ -573,7 +566,7 @@ def connect_args(
 ) -> Opened:
     """``connect``'s arguments, checked (both faces)."""
     host, port = parse_address(address)
-    own = _session(session)
+    own = _session(session, protocol)
     args, speaks = _link_settings(
         own,
         listening=False,

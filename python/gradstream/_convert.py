@@ -28,15 +28,21 @@ __all__ = [
 ]
 
 _HOW = (
-    "a default session sends float32 values only, as the ipfrs-transport wire format does; "
-    "send float16, bfloat16 or float64 as they are with GradientStreamSession(..., "
-    "keep_dtype=True), cast them with wire_dtype=..., or convert explicitly if the rounding "
-    "is acceptable, e.g. numpy.asarray(g, dtype=numpy.float32) or tensor.float()"
+    "a session without keep_dtype (bare frames' and protocol='seed' default) sends float32 "
+    "values only, as the ipfrs-transport wire format does; send float16, bfloat16 or "
+    "float64 as they are with GradientStreamSession(..., keep_dtype=True) (a gradstream "
+    "connection's default), cast them with wire_dtype=..., or convert explicitly if the "
+    "rounding is acceptable, e.g. numpy.asarray(g, dtype=numpy.float32) or tensor.float()"
+)
+# The advice when keep_dtype or wire_dtype is set already: what the session does take.
+_ANY_FLOAT = (
+    "this session takes float16, bfloat16, float32 and float64 values: a numpy array, a "
+    "CPU tensor, a pyarrow array, or a buffer of format 'e', 'f' or 'd'"
 )
 
 
-def _reject(what: str) -> TypeError:
-    return TypeError(f"gradient has {what}; {_HOW}")
+def _reject(what: str, any_float: bool = False) -> TypeError:
+    return TypeError(f"gradient has {what}; {_ANY_FLOAT if any_float else _HOW}")
 
 
 def _from_arrow(obj: Any) -> np.ndarray:
@@ -78,7 +84,7 @@ def to_ndarray(obj: Any, *, any_float: bool = False) -> np.ndarray:
         except (TypeError, ValueError) as exc:
             raise TypeError(f"gradient list must hold numbers only: {exc}") from None
     if isinstance(obj, (bytes, bytearray, str)):
-        raise _reject(f"type {type(obj).__name__} (raw bytes are not a gradient)")
+        raise _reject(f"type {type(obj).__name__} (raw bytes are not a gradient)", any_float)
     try:
         view = memoryview(obj)
     except TypeError:
@@ -86,16 +92,18 @@ def to_ndarray(obj: Any, *, any_float: bool = False) -> np.ndarray:
     if view is not None:
         formats = {"e": 2, "f": 4, "d": 8} if any_float else {"f": 4}
         if formats.get(view.format.lstrip("@=<")) != view.itemsize:
-            raise _reject(f"buffer format {view.format!r} (float32 is 'f')")
+            kinds = "float16 is 'e', float32 'f', float64 'd'" if any_float else "float32 is 'f'"
+            raise _reject(f"buffer format {view.format!r} ({kinds})", any_float)
         return np.asarray(view)
     if hasattr(obj, "__dlpack__"):
         try:
             return np.from_dlpack(obj)
         except (TypeError, BufferError, RuntimeError, ValueError) as exc:
-            dtype = getattr(obj, "dtype", "an unsupported dtype")
+            dtype = getattr(obj, "dtype", None)
+            of_dtype = "" if dtype is None else f" of dtype {dtype}"
             raise TypeError(
-                f"gradient {type(obj).__name__} of dtype {dtype} "
-                f"could not be read as float32 ({exc}); {_HOW}"
+                f"gradient {type(obj).__name__}{of_dtype} could not be read through "
+                f"__dlpack__ ({exc}); {_ANY_FLOAT if any_float else _HOW}"
             ) from None
     if hasattr(obj, "__array__"):
         return np.asarray(obj)

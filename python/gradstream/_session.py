@@ -29,7 +29,7 @@ import numpy.typing as npt
 from typing_extensions import Buffer
 
 from . import _aio, _dtypes, _handover
-from ._checks import SSL_SOCKET_REFUSED
+from ._checks import SSL_SOCKET_REFUSED, check_protocol
 from ._convert import check_bool, frame_buffer, reduction, value_buffer
 from ._native import (
     DEFAULT_CHUNK_SIZE,
@@ -154,16 +154,32 @@ def _stream_socket(stream: Any) -> socket.socket | None:
     return stream
 
 
+# The settings whose default depends on where the frames go (docs/guides/connections.md,
+# "Defaults"): left unset (None), a setting takes the transport's default, and a setting
+# given explicitly always wins. Bare frames (encode_frames, stream_to, ...) and
+# protocol="seed" connections keep the original's: the seed layout, flat float32 alone,
+# byte-identical frames. A gradstream connection's hello makes its wire gradstream's own:
+# compact, shapes and dtypes kept, so that conn.send(a); conn.recv() hands back a.
+_FRAME_DEFAULTS: dict[str, Any] = {"layout": "seed", "keep_shape": False, "keep_dtype": False}
+_CONNECTION_DEFAULTS: dict[str, Any] = {"layout": "compact", "keep_shape": True, "keep_dtype": True}
+
+
 class GradientStreamSession:
     """Chunks gradients into CRC-checked Arrow IPC frames and reassembles them.
 
     The settings are fixed at construction (docs/reference/api.md); every method is one
     call into the native engine. ``GradientStreamSession()`` takes the defaults and a fresh
-    session id (a local label, never sent).
+    session id (a local label, never sent). ``layout``, ``keep_shape`` and ``keep_dtype``
+    left unset (None) take the transport's default: the original's for bare frames and
+    ``protocol="seed"``, compact with shapes and dtypes kept on gradstream connections.
     """
 
-    __slots__ = ("_engine",)
+    __slots__ = ("_connection_twin", "_engine", "_unset")
     _engine: Engine
+    # The names of the transport-dependent settings left unset, and this session as a
+    # gradstream connection uses it (made on first use).
+    _unset: tuple[str, ...]
+    _connection_twin: GradientStreamSession | None
 
     def __init__(
         self,
@@ -174,10 +190,10 @@ class GradientStreamSession:
         max_gradient_len: int = DEFAULT_MAX_GRADIENT_LEN,
         timeout: float | None = None,
         deadline: float | None = None,
-        layout: Literal["seed", "compact"] = "seed",
+        layout: Literal["seed", "compact"] | None = None,
         compression: bool | Literal["lz4", "zstd"] | None = None,
-        keep_shape: bool = False,
-        keep_dtype: bool = False,
+        keep_shape: bool | None = None,
+        keep_dtype: bool | None = None,
         wire_dtype: _DtypeName | None = None,
         seal: bool = False,
     ) -> None:
@@ -186,6 +202,9 @@ class GradientStreamSession:
         # GradientStreamSession::new(session_id, chunk_size).
         if session_id is None:
             session_id = f"gradstream-{os.urandom(8).hex()}"
+        given = {"layout": layout, "keep_shape": keep_shape, "keep_dtype": keep_dtype}
+        self._unset = tuple(name for name, value in given.items() if value is None)
+        self._connection_twin = None
         self._engine = Engine(
             session_id,
             chunk_size,
@@ -193,20 +212,68 @@ class GradientStreamSession:
             max_gradient_len=max_gradient_len,
             timeout=timeout,
             deadline=deadline,
-            layout=layout,
+            layout=_FRAME_DEFAULTS["layout"] if layout is None else layout,
             compression=compression,
-            keep_shape=keep_shape,
-            keep_dtype=keep_dtype,
+            keep_shape=_FRAME_DEFAULTS["keep_shape"] if keep_shape is None else keep_shape,
+            keep_dtype=_FRAME_DEFAULTS["keep_dtype"] if keep_dtype is None else keep_dtype,
             wire_dtype=wire_dtype,
             seal=seal,
             bf16_as_f32=not _dtypes.ML_DTYPES,
         )
 
     @classmethod
-    def _of(cls, engine: Engine) -> GradientStreamSession:
+    def _of(cls, engine: Engine, unset: tuple[str, ...] = ()) -> GradientStreamSession:
         session = cls.__new__(cls)
         session._engine = engine
+        session._unset = unset
+        session._connection_twin = None
         return session
+
+    @classmethod
+    def _for_connection(cls, session: Any, protocol: Any) -> GradientStreamSession:
+        """The session a connection of ``protocol`` uses, from ``connect``'s or
+        ``listen``'s ``session=`` (None: the defaults): on a gradstream connection, its
+        unset settings take the connection's defaults; otherwise the session itself."""
+        if session is None:
+            own = cls("gradstream")
+        elif isinstance(session, GradientStreamSession):
+            own = session
+        else:
+            raise TypeError(
+                "session must be a gradstream.GradientStreamSession or None, not "
+                f"{type(session).__name__}"
+            )
+        if check_protocol(protocol) != "gradstream" or not own._unset:
+            return own
+        if own._connection_twin is None:
+            own._connection_twin = own._with(
+                {name: _CONNECTION_DEFAULTS[name] for name in own._unset}
+            )
+        return own._connection_twin
+
+    def _with(self, settings: dict[str, Any]) -> GradientStreamSession:
+        """A session with these settings but for ``settings`` (given explicitly)."""
+        e = self._engine
+        mine: dict[str, Any] = {
+            "layout": e.layout,
+            "keep_shape": e.keep_shape,
+            "keep_dtype": e.keep_dtype,
+        }
+        mine.update(settings)
+        engine = Engine(
+            e.session_id,
+            e.chunk_size,
+            max_payload_len=e.max_payload_len,
+            max_gradient_len=e.max_gradient_len,
+            timeout=e.timeout,
+            deadline=e.deadline,
+            compression=e.compression,
+            wire_dtype=e.wire_dtype,
+            seal=e.seal,
+            bf16_as_f32=not _dtypes.ML_DTYPES,
+            **mine,
+        )
+        return self._of(engine, tuple(name for name in self._unset if name not in settings))
 
     @classmethod
     def with_defaults(cls, session_id: str | None = None) -> GradientStreamSession:
@@ -215,7 +282,7 @@ class GradientStreamSession:
 
     def with_compression(self, enabled: bool) -> GradientStreamSession:
         """A new session, the same but for compression: "lz4" when enabled, else none."""
-        return self._of(self._engine.with_compression(enabled))
+        return self._of(self._engine.with_compression(enabled), self._unset)
 
     def is_compression_enabled(self) -> bool:
         return self._engine.compression is not None
@@ -302,10 +369,10 @@ class GradientStreamSession:
             and gradient.dtype == _FLOAT32
             and gradient.flags.c_contiguous
             and gradient.flags.aligned
-            and not e.keep_dtype
             and e.wire_dtype is None
         ):
-            # What prepare gives for the commonest input, without its checks (small
+            # What prepare gives for the commonest input, with keep_dtype or without (a
+            # float32 gradient is float32 either way), without its checks (small
             # gradients at a high rate feel every microsecond here).
             values, wire, result, source = gradient, "float32", "float32", "float32"
         else:

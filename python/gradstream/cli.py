@@ -177,9 +177,9 @@ def _add_recv(sub: Any) -> None:
         "saved (from 0, across connections, as they arrive) goes to STEM-i.SUFFIX (out.npy "
         "-> out-0.npy, out-1.npy, ...), --forever included.\n"
         "A gradient is saved in the dtype and shape it arrives in: 'gradstream send' sends "
-        "float32 values without a shape (1-D); a Python peer may send float16, bfloat16 or "
-        "float64, or a shape (keep_dtype=True, keep_shape=True). The line printed for each "
-        "says which. Every chunk's CRC-32 is checked.\n"
+        "a file's dtype and shape (with --protocol seed, float32 values without a shape, "
+        "1-D); a Python peer may also send bfloat16. The line printed for each says which. "
+        "Every chunk's CRC-32 is checked.\n"
         "--max-bytes B bounds the bytes of values the run accepts: with --count N each "
         "gradient gets B/N, so that the N together stay within B (with --forever, each "
         f"gets B). A gradient's room is counted at {WIDEST_VALUE} bytes a value (float64, "
@@ -227,17 +227,22 @@ def _add_send(sub: Any) -> None:
     send = sub.add_parser(
         "send",
         help="send .npy gradients to a receiver",
-        description="Connect to HOST:PORT and send each FILE.npy (float32, any shape, sent "
-        "flattened in C order) over that one connection, in order. With --protocol "
-        "gradstream (the default) a file is sent once the receiver acknowledged it; one it "
-        "did not acknowledge (refused, or closed before) fails the command.",
+        description="Connect to HOST:PORT and send each FILE.npy over that one connection, "
+        "in order. With --protocol gradstream (the default) a file goes as it is, float16, "
+        "float32 or float64 in its shape (recv saves it alike), and is sent once the "
+        "receiver acknowledged it; one it did not acknowledge (refused, or closed before) "
+        "fails the command. With --protocol seed, float32 alone, flattened in C order, as "
+        "ipfrs-transport sends it. The line printed for each file gives its value bytes "
+        "and the bytes it took on the wire.",
         epilog="example:\n  gradstream send 127.0.0.1:9000 grad.npy\n"
         "  gradstream send 127.0.0.1:9000 a.npy b.npy   # to a recv --count 2\n"
         "  gradstream send 10.0.0.5:9000 g.npy --tls-ca ca.pem --authkey-file round.key",
         formatter_class=_Formatter,
     )
     send.add_argument("address", metavar="HOST:PORT", help="the receiver")
-    send.add_argument("files", nargs="+", metavar="FILE.npy", help="float32 .npy file(s)")
+    send.add_argument(
+        "files", nargs="+", metavar="FILE.npy", help=".npy file(s): float16, float32 or float64"
+    )
     send.add_argument(
         "--chunk-size",
         type=int,
@@ -248,10 +253,11 @@ def _add_send(sub: Any) -> None:
     send.add_argument(
         "--layout",
         choices=["seed", "compact"],
-        default="seed",
-        help="payload columns: seed (index + value, as ipfrs-transport sends; default) or "
-        "compact (values only, half the wire bytes; any gradstream or ipfrs-transport "
-        "receiver reads it)",
+        default=None,
+        help="payload columns: compact (values only; the default with --protocol "
+        "gradstream) or seed (index + value, twice the wire bytes, as ipfrs-transport "
+        "sends; the default with --protocol seed). Any gradstream or ipfrs-transport "
+        "receiver reads both",
     )
     send.add_argument(
         "--compression",

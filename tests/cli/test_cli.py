@@ -83,16 +83,17 @@ def test_send_recv_bit_equal(tmp_path: Path, spawn: list[Child]) -> None:
     sent = run("send", f"127.0.0.1:{port}", str(src), "--chunk-size", "256")
     assert sent.returncode == 0, sent.stderr
     assert "12 chunks" in sent.stdout
-    assert "3,000 float32 values, 1-D (flattened from shape (3, 1000)) (" in sent.stdout
+    # A gradstream connection keeps the shape (docs/guides/connections.md "Defaults").
+    assert "3,000 float32 values, shape (3, 1000) (12,000 bytes of values, " in sent.stdout
     assert sent.stdout.rstrip().endswith(", acknowledged")
     status, stdout, stderr = receiver.finish()
     assert status == 0, stderr
     assert stderr == ""
-    assert "received gradient: 3,000 float32 values, 1-D (" in stdout
+    assert "received gradient: 3,000 float32 values, shape (3, 1000) (" in stdout
     assert " from 127.0.0.1:" in stdout
     assert checks_passed(12) in stdout
     back = np.load(out)
-    assert back.shape == (3000,)
+    assert back.shape == (3, 1000)
     assert bit_equal(back, grad)
 
 
@@ -283,15 +284,27 @@ def test_not_a_npy_file(tmp_path: Path) -> None:
     (tmp_path / "text.npy").write_text("hello\n")
     result = run("send", f"127.0.0.1:{free_port()}", str(tmp_path / "text.npy"))
     assert result.returncode == 1
-    assert_one_line_error(result.stderr, "cannot read", "as a .npy file")
+    # Named as what it is, not by numpy's words about pickles.
+    assert_one_line_error(result.stderr, "cannot read", "not a .npy file", "numpy.save")
+    assert "pickle" not in result.stderr
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float16", "int32"])
+def test_wrong_dtype_for_the_seed_protocol(tmp_path: Path, dtype: str) -> None:
+    np.save(tmp_path / "g.npy", np.arange(10).astype(dtype))
+    result = run("send", f"127.0.0.1:{free_port()}", str(tmp_path / "g.npy"), "--protocol", "seed")
+    assert result.returncode == 1
+    assert_one_line_error(result.stderr, f"holds {dtype} values", "float32 only", "astype")
+
+
+@pytest.mark.parametrize("dtype", ["int32", "complex64"])
 def test_wrong_dtype(tmp_path: Path, dtype: str) -> None:
     np.save(tmp_path / "g.npy", np.arange(10).astype(dtype))
     result = run("send", f"127.0.0.1:{free_port()}", str(tmp_path / "g.npy"))
     assert result.returncode == 1
-    assert_one_line_error(result.stderr, f"holds {dtype} values", "float32 only", "astype")
+    assert_one_line_error(
+        result.stderr, f"holds {dtype} values", "float16, float32 or float64", "astype"
+    )
 
 
 def test_big_endian_float32_is_accepted(tmp_path: Path, spawn: list[Child]) -> None:

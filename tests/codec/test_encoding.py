@@ -362,12 +362,13 @@ def test_decode_frames_rejects_str(impl):
 def test_layout_defaults_to_seed_and_is_kept_by_builders(impl):
     s = impl.GradientStreamSession("run")
     assert s.layout == "seed"
+    assert impl.GradientStreamSession("run", layout=None).layout == "seed"  # unset: bare frames'
     c = impl.GradientStreamSession("run", 7, layout="compact")
     assert c.layout == "compact"
     assert c.with_compression(True).layout == "compact"
 
 
-@pytest.mark.parametrize("bad", ["Seed", "", "dense", None, 1])
+@pytest.mark.parametrize("bad", ["Seed", "", "dense", 1])
 def test_unknown_layout_is_refused(impl, bad):
     with pytest.raises((ValueError, TypeError), match=r"layout|str"):
         impl.GradientStreamSession("run", layout=bad)

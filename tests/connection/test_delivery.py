@@ -427,9 +427,12 @@ def test_the_sender_refuses_a_payload_over_the_peers_limit_before_a_byte(
                 return info.value.detail
 
     detail = run(main)
-    # The first chunk's (the largest) as the sender encodes it, sealed as every chunk of
-    # a connection is.
-    sealed = client.GradientStreamSession("s", 1024, seal=True).encode_frames(GRAD)
+    # The first chunk's (the largest) as the sender measures it before a byte: sealed as
+    # every chunk of a connection is, in the connection's default layout (compact), its
+    # values' payload (the core's check counts no gradient_shape metadata).
+    sealed = client.GradientStreamSession("s", 1024, seal=True, layout="compact").encode_frames(
+        GRAD
+    )
     payload = struct.unpack_from("<I", sealed, 8)[0]
     assert detail == (
         f"chunk 0's payload of {payload} bytes is above the peer's max_payload_len 2000; use "

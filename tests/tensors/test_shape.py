@@ -80,11 +80,14 @@ def test_keep_shape_follows_compression_as_a_keyword_only_parameter(impl):
     assert last.name == "keep_shape"
     assert params[-5].name == "compression"
     assert last.kind is inspect.Parameter.KEYWORD_ONLY
-    assert last.default is False
+    # Unset (None): the transport's default, False on bare frames (True on gradstream
+    # connections: tests/api/test_connection_defaults.py).
+    assert last.default is None
+    assert impl.GradientStreamSession("s", keep_shape=None).keep_shape is False
 
 
 @pytest.mark.parametrize(
-    ("value", "name"), [(1, "int"), (0, "int"), (None, "NoneType"), ("yes", "str"), (1.0, "float")]
+    ("value", "name"), [(1, "int"), (0, "int"), ("yes", "str"), (1.0, "float")]
 )
 def test_keep_shape_must_be_a_bool(impl, value, name):
     with pytest.raises(TypeError) as info:

@@ -109,6 +109,21 @@ impl Position {
         }
     }
 
+    /// What a receiver waiting for `expected` is told when the sender sent `read`
+    /// instead: the call that receives it (a lone gradient where a set's manifest was
+    /// expected, or the other way round), else nothing.
+    fn mismatch_hint(read: Self, expected: Self) -> &'static str {
+        match (read, expected) {
+            (Self::Manifest, Self::Lone) => {
+                ": the peer sent a tensor set (send_tensors); receive it with recv_tensors()"
+            }
+            (Self::Lone, Self::Manifest) => {
+                ": the peer sent a lone gradient (send); receive it with recv()"
+            }
+            _ => "",
+        }
+    }
+
     /// How the error texts name it.
     fn described(self) -> String {
         match self {
@@ -296,9 +311,10 @@ impl SealRule {
         let expected = self.position;
         if read.position != expected {
             return Err(refused(format!(
-                "chunk {index} is sealed for {}, expected {}",
+                "chunk {index} is sealed for {}, expected {}{}",
                 read.position.described(),
-                expected.described()
+                expected.described(),
+                Position::mismatch_hint(read.position, expected)
             )));
         }
         if (read.index, read.total) != (index, total) {

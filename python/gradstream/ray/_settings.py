@@ -17,9 +17,10 @@ from .._session import GradientStreamSession
 from .._tls_settings import TLS
 from ..errors import SettingError
 
-# The wire layout between gradstream peers on Ray: nothing but gradstream reads these
-# frames, so the faster compact layout is the default (docs/guides/ray.md).
-DEFAULT_LAYOUT: Literal["compact"] = "compact"
+# The wire layout between gradstream peers on Ray: left unset (None), a gradstream
+# connection's default, the compact layout with shapes and dtypes kept (nothing but
+# gradstream reads these frames: docs/guides/ray.md, docs/guides/connections.md).
+DEFAULT_LAYOUT: Literal["seed", "compact"] | None = None
 # Seconds without progress before a transfer fails, and for connecting (TCP, TLS, hello).
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_CONNECT_TIMEOUT = 10.0
@@ -47,7 +48,7 @@ class RaySettings:
     timeout: float = DEFAULT_TIMEOUT
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     deadline: float = DEFAULT_DEADLINE
-    layout: Literal["seed", "compact"] = DEFAULT_LAYOUT
+    layout: Literal["seed", "compact"] | None = DEFAULT_LAYOUT
     compression: Literal["lz4", "zstd"] | None = None
     chunk_size: int = 65536
 
@@ -90,8 +91,13 @@ class RaySettings:
             chunk_size=chunk_size,
         )
         session = settings.session()  # the session's checks: layout, compression, chunk_size
-        # As the session reads them: compression True is "lz4".
-        return dataclasses.replace(settings, layout=session.layout, compression=session.compression)
+        # As the session reads them: compression True is "lz4" (a layout left unset stays
+        # unset: the connections' default).
+        return dataclasses.replace(
+            settings,
+            layout=None if layout is None else session.layout,
+            compression=session.compression,
+        )
 
     def with_key(self) -> RaySettings:
         """These settings, with a random authkey where none was given: a job's processes
@@ -112,9 +118,9 @@ class RaySettings:
             max_gradient_len=DEFAULT_MAX_GRADIENT_LEN if max_values is None else max(1, max_values),
             layout=self.layout,
             compression=self.compression,
-            # A worker's float16, bfloat16 or float64 gradient travels as it is (and is
-            # added in float32); tensor sets keep their dtypes in any session.
-            keep_dtype=True,
+            # keep_shape and keep_dtype unset: a connection's defaults, so a worker's
+            # float16, bfloat16 or float64 gradient travels as it is (and is added in
+            # float32), in its shape; tensor sets keep their dtypes in any session.
         )
 
     def link_keywords(self, max_values: int | None = None) -> dict[str, Any]:

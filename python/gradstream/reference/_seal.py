@@ -76,6 +76,16 @@ def _described(position: int) -> str:
     return f"tensor position {position} of a tensor set"
 
 
+def _mismatch_hint(read: int, expected: int) -> str:
+    """The call that receives what the sender sent, when a receiver expected the other
+    kind of transfer (as the core's ``Position::mismatch_hint``)."""
+    if (read, expected) == (MANIFEST, LONE):
+        return ": the peer sent a tensor set (send_tensors); receive it with recv_tensors()"
+    if (read, expected) == (LONE, MANIFEST):
+        return ": the peer sent a lone gradient (send); receive it with recv()"
+    return ""
+
+
 class _SealTracker:
     """One gradient's seal rule: what is expected, the position the gradient must hold,
     and the first accepted chunk with its transfer id (None: unsealed). ``check`` for a
@@ -143,7 +153,7 @@ class _SealTracker:
         if position != self._position:
             raise refused(
                 f"chunk {chunk_index} is sealed for {_described(position)}, expected "
-                f"{_described(self._position)}"
+                f"{_described(self._position)}{_mismatch_hint(position, self._position)}"
             )
         if (index, total) != (chunk_index, total_chunks):
             raise refused(

@@ -101,10 +101,10 @@ class GradientStreamSession:
         max_gradient_len: int = DEFAULT_MAX_GRADIENT_LEN,
         timeout: float | None = None,
         deadline: float | None = None,
-        layout: str = "seed",
+        layout: str | None = None,
         compression: bool | str | None = None,
-        keep_shape: bool = False,
-        keep_dtype: bool = False,
+        keep_shape: bool | None = None,
+        keep_dtype: bool | None = None,
         wire_dtype: str | None = None,
         seal: bool = False,
     ) -> None:
@@ -114,15 +114,18 @@ class GradientStreamSession:
             session_id = f"gradstream-{os.urandom(8).hex()}"
         # In this order: with several bad arguments, the first one raises.
         self._session_id = _check_str(session_id, "session_id")
-        self._layout = _check_layout(layout)
+        # layout, keep_shape and keep_dtype left unset (None) take the bare frames'
+        # defaults, the original's: the reference has no connections, whose defaults
+        # differ (docs/guides/connections.md, "Defaults").
+        self._layout = _check_layout("seed" if layout is None else layout)
         self._chunk_size = _check_chunk_size(chunk_size)
         self._max_payload_len = _check_max_payload_len(max_payload_len)
         self._max_gradient_len = _check_max_gradient_len(max_gradient_len)
         self._timeout = _check_timeout(timeout)
         self._deadline = _check_timeout(deadline, "deadline")
         self._compression = _check_compression_setting(compression)
-        self._keep_shape = _check_flag(keep_shape, "keep_shape")
-        self._keep_dtype = _check_flag(keep_dtype, "keep_dtype")
+        self._keep_shape = _check_flag(False if keep_shape is None else keep_shape, "keep_shape")
+        self._keep_dtype = _check_flag(False if keep_dtype is None else keep_dtype, "keep_dtype")
         self._wire_dtype = _check_wire_dtype(wire_dtype)
         self._seal = _check_flag(seal, "seal")
 

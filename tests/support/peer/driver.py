@@ -206,6 +206,12 @@ class Connection:
         await self.close()
 
 
+def _default_session(protocol: Protocol) -> GradientStreamSession:
+    if protocol == "gradstream":
+        return GradientStreamSession("peer", layout="compact", keep_shape=True, keep_dtype=True)
+    return GradientStreamSession("peer")
+
+
 async def _established(
     reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
@@ -226,7 +232,9 @@ async def _established(
     address: Address = (str(name[0]), int(name[1]))
     machine = Machine(
         role,
-        GradientStreamSession("peer") if session is None else session,
+        # Without a session, a gradstream connection's defaults (compact, shapes and
+        # dtypes kept), as the native side's; a reference session is used as it is.
+        _default_session(protocol) if session is None else session,
         authkey=authkey,
         nonce=nonce,
         protocol=protocol,

@@ -120,6 +120,11 @@ def describe(head: bytes) -> str:
         return f"the end of the connection after {n} bytes ({head.hex()})"
     if head.startswith(_HTTP_METHODS + _HTTP_OTHER):
         return f"an HTTP request ({_request_line(head)}...)"
+    if head.startswith(b"HTTP/"):
+        return (
+            f"an HTTP answer ({_request_line(head)}...): the peer is an HTTP server or proxy, "
+            "not a gradstream peer"
+        )
     if head[0] == 0x16 and head[1] == 0x03 and head[5] == 0x01:
         return "a TLS ClientHello (a TLS client at a plaintext listener: give both sides tls=)"
     if head[0] == 0x15 and head[1] == 0x03:

@@ -95,6 +95,9 @@ const HTTP_STARTS: [&str; 10] = [
     "PRI * HTTP/2",
 ];
 
+/// What an HTTP server or proxy answers with (`HTTP/1.1 400 Bad Request`).
+const HTTP_ANSWER: &[u8] = b"HTTP/";
+
 pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -114,6 +117,13 @@ pub fn describe(bytes: &[u8]) -> String {
     }
     if HTTP_STARTS.iter().any(|s| bytes.starts_with(s.as_bytes())) {
         return format!("an HTTP request ({}...)", request_line(bytes));
+    }
+    if bytes.starts_with(HTTP_ANSWER) {
+        return format!(
+            "an HTTP answer ({}...): the peer is an HTTP server or proxy, not a gradstream \
+             peer",
+            request_line(bytes)
+        );
     }
     if bytes[0] == 0x16 && bytes[1] == 0x03 && bytes[5] == 0x01 {
         return "a TLS ClientHello (a TLS client at a plaintext listener: give both sides tls=)"

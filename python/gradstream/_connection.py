@@ -17,7 +17,7 @@ import time
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -46,6 +46,7 @@ from ._checks import (
 from ._logs import RefusalLog, describe_side, log_accepted, log_transfer, silent_text
 from ._server import Ready, Server
 from ._session import GradientStreamSession, _hand_back, _Out, _tensor_dict, lend_either
+from ._torch import check_like
 from ._tls_settings import client_tls, listener_tls
 from ._turns import Phase, Turns
 
@@ -183,14 +184,18 @@ class Connection:
         deadline: float | None = None,
         reduce_into: npt.NDArray[np.float32] | None = None,
         op: str = "sum",
-    ) -> npt.NDArray[Any]:
+        like: Literal["numpy", "torch"] | None = None,
+    ) -> Any:
         """Receive one gradient, as ``receive_from`` (into ``out`` when given: then
         ``out`` itself; added into ``reduce_into`` when given: then that array); what
         ``receive_from`` gives at the end (an empty array) when the peer closed the
-        connection before another began (``closed`` is then True)."""
+        connection before another began (``closed`` is then True). ``out`` and
+        ``reduce_into`` may be CPU torch tensors; ``like="torch"`` hands back a torch
+        tensor (docs/guides/torch.md)."""
         lent = lend_either(out, reduce_into, op)
+        kind = check_like(like)
         with self._turn(Phase.RECEIVING, "recv"):
-            got = await self._recv(lent, progress, deadline, none_at_end=False)
+            got = await self._recv(lent, progress, deadline, none_at_end=False, like=kind)
         assert got is not None  # none_at_end=False gives the empty gradient instead
         return got
 
@@ -201,7 +206,8 @@ class Connection:
         deadline: float | None,
         *,
         none_at_end: bool,
-    ) -> npt.NDArray[Any] | None:
+        like: str = "numpy",
+    ) -> Any:
         bound = check_seconds(deadline, "deadline")
         hub = _aio.hub()
         timed = _Timed(progress)
@@ -210,7 +216,7 @@ class Connection:
         values = value if now else await self._finished(hub, value)
         if values is None:
             return None
-        got = lent.array if lent is not None else _hand_back(values)
+        got = lent.array if lent is not None else _hand_back(values, like)
         timed.log("received", "gradient", self.peer)
         # The gradient is the caller's from here (no await before the return): only now
         # is its ack written (docs/guides/connections.md "Delivery"). The small fast path
@@ -254,10 +260,18 @@ class Connection:
         progress: TransferProgress | None = None,
         deadline: float | None = None,
         max_values: int | None = None,
-    ) -> dict[str, npt.NDArray[Any]]:
+        out: Any = None,
+        like: Literal["numpy", "torch"] | None = None,
+    ) -> Any:
         """Receive a named set of tensors, in the sender's order; ``{}`` when the peer
         closed the connection before another began (``closed`` is then True). A set of
-        more than ``max_values`` values in all is refused from its manifest."""
+        more than ``max_values`` values in all is refused from its manifest. ``like="torch"``
+        gives torch tensors; ``out=`` (a torch module or a mapping of name to tensor) is
+        filled in place and returned, refused before any write when the set's names,
+        shapes or dtypes differ (docs/guides/torch.md)."""
+        kind = check_like(like)
+        if out is not None and like is not None:
+            raise ValueError("out= and like= exclude each other: out= is what comes back")
         with self._turn(Phase.RECEIVING, "recv_tensors"):
             bound = check_seconds(deadline, "deadline")
             most = check_max_values(max_values)
@@ -271,7 +285,7 @@ class Connection:
             )
         if got is None:
             return {}
-        tensors = _tensor_dict(got)
+        tensors = _tensor_dict(got, kind, out)
         timed.log("received", "tensor set", self.peer)
         link.settle()  # the set is the caller's from here: its ack now, as recv's
         return tensors

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ._torch import is_tensor, values_of
 from .errors import SettingError
 
 __all__ = [
@@ -72,6 +73,11 @@ def to_ndarray(obj: Any, *, any_float: bool = False) -> np.ndarray:
         return obj
     if _is_arrow(obj):
         return _from_arrow(obj)
+    if is_tensor(obj):
+        values, name = values_of(obj)
+        if name == "bfloat16" and not any_float:
+            raise _reject("dtype torch.bfloat16")
+        return values
     if isinstance(obj, (list, tuple)):
         try:
             return np.asarray(obj, dtype=np.float32)
@@ -180,8 +186,8 @@ def _memory_problem(array: np.ndarray, name: str) -> str | None:
 
 
 _REDUCE_INTO = (
-    "reduce_into= must be a writeable C-contiguous float32 numpy array (the sum is float32"
-    " whatever the gradient's dtype)"
+    "reduce_into= must be a writeable C-contiguous float32 numpy array or CPU torch tensor"
+    " (the sum is float32 whatever the gradient's dtype)"
 )
 
 
@@ -198,7 +204,9 @@ def reduction(out: Any, reduce_into: Any, op: str) -> np.ndarray | None:
         return None
     if out is not None:
         raise ValueError("out= and reduce_into= exclude each other: give one")
-    if not isinstance(reduce_into, np.ndarray):
+    if isinstance(reduce_into, str):
+        problem = f"a {reduce_into} tensor"  # a torch tensor's dtype (session.lend_either)
+    elif not isinstance(reduce_into, np.ndarray):
         problem = type(reduce_into).__name__
     elif dtype_name(reduce_into.dtype) != "float32":
         problem = f"{reduce_into.dtype} array"

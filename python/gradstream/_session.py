@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 from typing_extensions import Buffer
 
-from . import _aio, _dtypes, _handover
+from . import _aio, _dtypes, _handover, _torch
 from ._checks import SSL_SOCKET_REFUSED
 from ._convert import check_bool, frame_buffer, reduction, value_buffer
 from ._native import (
@@ -67,13 +67,17 @@ _BYTES = np.dtype(np.uint8)
 
 
 class _Out(NamedTuple):
-    """An ``out=`` array, checked: the array itself (handed back) and the engine's view."""
+    """An ``out=`` array, checked: the array itself (handed back: a numpy array or a torch
+    tensor) and the engine's view."""
 
-    array: np.ndarray
+    array: Any
     args: _OutArgs
 
 
 def _lend(out: Any) -> _Out:
+    if _torch.is_tensor(out):
+        view, name = _torch.lent_view(out, "out=")
+        return _Out(out, (view.reshape(-1).view(np.uint8), name, "fill"))
     checked = value_buffer(out)
     name = _dtypes.dtype_name(checked.dtype)
     assert name is not None  # value_buffer took only the four dtypes
@@ -82,17 +86,26 @@ def _lend(out: Any) -> _Out:
 
 def lend_either(out: Any, reduce_into: Any, op: str) -> _Out | None:
     """The array a receive writes into: ``out`` (filled), ``reduce_into`` (summed into,
-    float32, docs/guides/buffers.md), or neither."""
+    float32, docs/guides/buffers.md), or neither. Either may be a CPU torch tensor
+    (docs/guides/torch.md): written in place through a view of its memory."""
+    if _torch.is_tensor(reduce_into):
+        view, name = _torch.lent_view(reduce_into, "reduce_into=")
+        acc = reduction(out, view if name == "float32" else f"torch {reduce_into.dtype}", op)
+        assert acc is not None
+        return _Out(reduce_into, (acc.reshape(-1).view(np.uint8), "float32", "sum"))
     acc = reduction(out, reduce_into, op)
     if acc is not None:
         return _Out(acc, (acc.reshape(-1).view(np.uint8), "float32", "sum"))
     return None if out is None else _lend(out)
 
 
-def _hand_back(values: _Values) -> np.ndarray:
+def _hand_back(values: _Values, like: str = "numpy") -> Any:
     """Received values as the caller gets them: bfloat16 (and float16) bits viewed as their
-    dtype, in the shape the sender kept."""
+    dtype, in the shape the sender kept; a torch tensor over the same memory with
+    ``like="torch"``."""
     flat, dtype, shape = values
+    if like == "torch":
+        return _torch.from_values(flat, dtype, shape)
     if flat.dtype == np.uint16:
         flat = flat.view(_dtypes.numpy_dtype(dtype))
     return flat if shape is None else flat.reshape(shape)
@@ -127,8 +140,15 @@ def _tensor_pairs(tensors: Any) -> list[tuple[Any, Any]]:
     return pairs
 
 
-def _tensor_dict(received: list[tuple[str, _Values]]) -> dict[str, np.ndarray]:
-    return {name: _hand_back(values) for name, values in received}
+def _tensor_dict(
+    received: list[tuple[str, _Values]], like: str = "numpy", out: Any = None
+) -> Any:
+    """A received set as the caller gets it: a dict of arrays (or of torch tensors with
+    ``like="torch"``), or ``out`` filled in place when given (a torch module or a mapping
+    of name to tensor: every name, shape and dtype checked before any write)."""
+    if out is not None:
+        return _torch.fill_model(out, received)
+    return {name: _hand_back(values, like) for name, values in received}
 
 
 # socket.type without its enum conversion, which costs a small transfer more than the

@@ -285,7 +285,14 @@ class Connection:
             )
         if got is None:
             return {}
-        tensors = _tensor_dict(got, kind, out)
+        try:
+            tensors = _tensor_dict(got, kind, out)
+        except Exception:
+            # A set out= refuses (nothing written): refused to the sender at once, as a
+            # transfer nobody took (its DeliveryError), the connection closed.
+            if link.abandoned():
+                self._turns.close()
+            raise
         timed.log("received", "tensor set", self.peer)
         link.settle()  # the set is the caller's from here: its ack now, as recv's
         return tensors

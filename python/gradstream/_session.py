@@ -90,7 +90,7 @@ def lend_either(out: Any, reduce_into: Any, op: str) -> _Out | None:
     (docs/guides/torch.md): written in place through a view of its memory."""
     if _torch.is_tensor(reduce_into):
         view, name = _torch.lent_view(reduce_into, "reduce_into=")
-        acc = reduction(out, view if name == "float32" else f"torch {reduce_into.dtype}", op)
+        acc = reduction(out, view if name == "float32" else str(reduce_into.dtype), op)
         assert acc is not None
         return _Out(reduce_into, (acc.reshape(-1).view(np.uint8), "float32", "sum"))
     acc = reduction(out, reduce_into, op)

@@ -140,13 +140,18 @@ def from_values(flat: np.ndarray, name: str, shape: Any) -> Any:
 
 
 def _targets(out: Any) -> dict[str, Any]:
-    """The named tensors of ``recv_tensors(out=...)``: a module's state_dict (parameters
-    and buffers, sharing their memory) or a mapping of name to tensor/array."""
+    """The named tensors of ``recv_tensors(out=...)``: a module's floating-point state
+    (its parameters and float buffers, sharing their memory: a set carries float values,
+    so an integer buffer such as BatchNorm's ``num_batches_tracked`` is left out) or a
+    mapping of name to tensor/array (its integer torch tensors left out alike)."""
     if hasattr(out, "state_dict") and callable(out.state_dict) and not isinstance(out, Mapping):
         state: Mapping[str, Any] = out.state_dict(keep_vars=True)
-        return dict(state.items())
+        return {name: t for name, t in state.items() if dtype_of(t) is not None}
     if isinstance(out, Mapping):
-        return dict(out.items())
+        # A state_dict given as it is: its integer tensors left out as a module's are.
+        return {
+            name: t for name, t in out.items() if not is_tensor(t) or dtype_of(t) is not None
+        }
     raise TypeError(
         "out= of recv_tensors must be a torch module or a mapping of name to tensor "
         f"(a state_dict, or a dict of numpy arrays), not {type(out).__name__}"

@@ -30,7 +30,7 @@ from typing_extensions import Buffer
 
 from . import _aio, _dtypes, _handover, _torch
 from ._checks import SSL_SOCKET_REFUSED
-from ._convert import check_bool, frame_buffer, reduction, value_buffer
+from ._convert import check_bool, check_op, frame_buffer, reduction, value_buffer
 from ._native import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_MAX_GRADIENT_LEN,
@@ -86,16 +86,17 @@ def _lend(out: Any) -> _Out:
 
 def lend_either(out: Any, reduce_into: Any, op: str) -> _Out | None:
     """The array a receive writes into: ``out`` (filled), ``reduce_into`` (summed into,
-    float32, docs/guides/buffers.md), or neither. Either may be a CPU torch tensor
+    in its dtype, docs/guides/buffers.md), or neither. Either may be a CPU torch tensor
     (docs/guides/torch.md): written in place through a view of its memory."""
     if _torch.is_tensor(reduce_into):
+        check_op(out, reduce_into, op)
         view, name = _torch.lent_view(reduce_into, "reduce_into=")
-        acc = reduction(out, view if name == "float32" else str(reduce_into.dtype), op)
-        assert acc is not None
-        return _Out(reduce_into, (acc.reshape(-1).view(np.uint8), "float32", "sum"))
+        return _Out(reduce_into, (view.reshape(-1).view(np.uint8), name, "sum"))
     acc = reduction(out, reduce_into, op)
     if acc is not None:
-        return _Out(acc, (acc.reshape(-1).view(np.uint8), "float32", "sum"))
+        name = _dtypes.dtype_name(acc.dtype)
+        assert name is not None  # reduction took only the four dtypes
+        return _Out(acc, (acc.reshape(-1).view(np.uint8), name, "sum"))
     return None if out is None else _lend(out)
 
 

@@ -135,11 +135,30 @@ def test_reduce_into_a_float32_tensor_adds_in_place() -> None:
     assert torch.equal(acc, 1 + torch.arange(1000.0) + 0.5)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_reduce_into_a_tensor_of_any_float_dtype_adds_as_torch_does(dtype: Any) -> None:
+    """A bucket in the parameters' dtype (bfloat16 included): the sum torch's own add
+    gives on the CPU (float16/bfloat16 added in float32, rounded back)."""
+    acc = torch.randn(5000).to(dtype)
+    sent = [torch.randn(5000).to(dtype) for _ in range(2)]
+    want = acc.clone()
+    for t in sent:
+        want += t
+
+    async def body(s: Any, r: Any) -> None:
+        for t in sent:
+            _, got = await asyncio.gather(s.send(t), r.recv(reduce_into=acc))
+            assert got is acc
+
+    run(lambda: pair(body))
+    assert equal(acc, want)
+
+
 def test_lent_tensors_that_cannot_be_written_in_place_are_refused() -> None:
     s = session()
     frames = s.encode_frames(np.zeros(4, np.float32))
-    with pytest.raises(TypeError, match="reduce_into=.*float32.*got a torch.float64 tensor"):
-        s.decode_frames(frames, reduce_into=torch.zeros(4, dtype=torch.float64))
+    with pytest.raises(TypeError, match="reduce_into= must be a torch tensor of .*torch.int32"):
+        s.decode_frames(frames, reduce_into=torch.zeros(4, dtype=torch.int32))
     with pytest.raises(TypeError, match="non-contiguous"):
         s.decode_frames(frames, out=torch.zeros(4, 2)[:, 0])
     with pytest.raises(ValueError, match="exclude each other"):

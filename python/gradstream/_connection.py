@@ -45,9 +45,9 @@ from ._checks import (
 )
 from ._logs import RefusalLog, describe_side, log_accepted, log_transfer, silent_text
 from ._server import Ready, Server
-from ._session import GradientStreamSession, _hand_back, _Out, _tensor_dict, lend_either
-from ._torch import check_like
+from ._session import GradientStreamSession, _Out, hand_back_as, lend_either, tensor_set_as
 from ._tls_settings import client_tls, listener_tls
+from ._torch import check_like
 from ._turns import Phase, Turns
 
 if TYPE_CHECKING:
@@ -216,7 +216,7 @@ class Connection:
         values = value if now else await self._finished(hub, value)
         if values is None:
             return None
-        got = lent.array if lent is not None else _hand_back(values, like)
+        got = lent.array if lent is not None else hand_back_as(values, like)
         timed.log("received", "gradient", self.peer)
         # The gradient is the caller's from here (no await before the return): only now
         # is its ack written (docs/guides/connections.md "Delivery"). The small fast path
@@ -286,7 +286,7 @@ class Connection:
         if got is None:
             return {}
         try:
-            tensors = _tensor_dict(got, kind, out)
+            tensors = tensor_set_as(got, kind, out)
         except Exception:
             # A set out= refuses (nothing written): refused to the sender at once, as a
             # transfer nobody took (its DeliveryError), the connection closed.

@@ -79,9 +79,9 @@ def _lend(out: Any) -> _Out:
         view, name = _torch.lent_view(out, "out=")
         return _Out(out, (view.reshape(-1).view(np.uint8), name, "fill"))
     checked = value_buffer(out)
-    name = _dtypes.dtype_name(checked.dtype)
-    assert name is not None  # value_buffer took only the four dtypes
-    return _Out(checked, (checked.reshape(-1).view(np.uint8), name, "fill"))
+    known = _dtypes.dtype_name(checked.dtype)
+    assert known is not None  # value_buffer took only the four dtypes
+    return _Out(checked, (checked.reshape(-1).view(np.uint8), known, "fill"))
 
 
 def lend_either(out: Any, reduce_into: Any, op: str) -> _Out | None:
@@ -94,22 +94,28 @@ def lend_either(out: Any, reduce_into: Any, op: str) -> _Out | None:
         return _Out(reduce_into, (view.reshape(-1).view(np.uint8), name, "sum"))
     acc = reduction(out, reduce_into, op)
     if acc is not None:
-        name = _dtypes.dtype_name(acc.dtype)
-        assert name is not None  # reduction took only the four dtypes
-        return _Out(acc, (acc.reshape(-1).view(np.uint8), name, "sum"))
+        known = _dtypes.dtype_name(acc.dtype)
+        assert known is not None  # reduction took only the four dtypes
+        return _Out(acc, (acc.reshape(-1).view(np.uint8), known, "sum"))
     return None if out is None else _lend(out)
 
 
-def _hand_back(values: _Values, like: str = "numpy") -> Any:
+def _hand_back(values: _Values) -> np.ndarray:
     """Received values as the caller gets them: bfloat16 (and float16) bits viewed as their
-    dtype, in the shape the sender kept; a torch tensor over the same memory with
-    ``like="torch"``."""
+    dtype, in the shape the sender kept."""
     flat, dtype, shape = values
-    if like == "torch":
-        return _torch.from_values(flat, dtype, shape)
     if flat.dtype == np.uint16:
         flat = flat.view(_dtypes.numpy_dtype(dtype))
     return flat if shape is None else flat.reshape(shape)
+
+
+def hand_back_as(values: _Values, like: str) -> Any:
+    """``_hand_back``, or with ``like="torch"`` a torch tensor over the same memory
+    (docs/guides/torch.md)."""
+    if like == "torch":
+        flat, dtype, shape = values
+        return _torch.from_values(flat, dtype, shape)
+    return _hand_back(values)
 
 
 _PAIRS = "a mapping of name to tensor or an iterable of (name, tensor) pairs"
@@ -141,15 +147,17 @@ def _tensor_pairs(tensors: Any) -> list[tuple[Any, Any]]:
     return pairs
 
 
-def _tensor_dict(
-    received: list[tuple[str, _Values]], like: str = "numpy", out: Any = None
-) -> Any:
-    """A received set as the caller gets it: a dict of arrays (or of torch tensors with
-    ``like="torch"``), or ``out`` filled in place when given (a torch module or a mapping
-    of name to tensor: every name, shape and dtype checked before any write)."""
+def _tensor_dict(received: list[tuple[str, _Values]]) -> dict[str, np.ndarray]:
+    return {name: _hand_back(values) for name, values in received}
+
+
+def tensor_set_as(received: list[tuple[str, _Values]], like: str, out: Any) -> Any:
+    """A received set as the caller asked for it: a dict of arrays (or of torch tensors
+    with ``like="torch"``), or ``out`` filled in place when given (a torch module or a
+    mapping of name to tensor: every name, shape and dtype checked before any write)."""
     if out is not None:
         return _torch.fill_model(out, received)
-    return {name: _hand_back(values, like) for name, values in received}
+    return {name: hand_back_as(values, like) for name, values in received}
 
 
 # socket.type without its enum conversion, which costs a small transfer more than the
@@ -394,7 +402,10 @@ class GradientStreamSession:
         given: then ``out`` itself; added into ``reduce_into``: then that array)."""
         lent = lend_either(out, reduce_into, op)
         values = self._engine.decode_frames(data, None if lent is None else lent.args)
-        return lent.array if lent is not None else _hand_back(values)  # type: ignore[arg-type]
+        if lent is not None:
+            array: np.ndarray = lent.array
+            return array
+        return _hand_back(values)  # type: ignore[arg-type]
 
     # ---- streaming (docs/getting-started/python.md, docs/guides/limits.md)
 
@@ -482,7 +493,10 @@ class GradientStreamSession:
             values = await _aio.receive_socket(receive, sock)
         if values is None:
             return None
-        return lent.array if lent is not None else _hand_back(values)
+        if lent is not None:
+            array: np.ndarray = lent.array
+            return array
+        return _hand_back(values)
 
     async def _receive_socket(
         self,

@@ -149,9 +149,7 @@ def _targets(out: Any) -> dict[str, Any]:
         return {name: t for name, t in state.items() if dtype_of(t) is not None}
     if isinstance(out, Mapping):
         # A state_dict given as it is: its integer tensors left out as a module's are.
-        return {
-            name: t for name, t in out.items() if not is_tensor(t) or dtype_of(t) is not None
-        }
+        return {name: t for name, t in out.items() if not is_tensor(t) or dtype_of(t) is not None}
     raise TypeError(
         "out= of recv_tensors must be a torch module or a mapping of name to tensor "
         f"(a state_dict, or a dict of numpy arrays), not {type(out).__name__}"

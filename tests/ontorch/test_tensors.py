@@ -85,13 +85,15 @@ def test_encode_frames_of_a_tensor_is_that_of_its_values(impl: Any, dtype: Any) 
     frames = s.encode_frames(t.t())
     assert frames == s.encode_frames(np.ascontiguousarray(values.T))
     back = s.decode_frames(frames)
-    assert equal(torch.from_numpy(back.view(f"i{back.itemsize}")), t.t().contiguous().view(
-        {2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]))
+    assert equal(
+        torch.from_numpy(back.view(f"i{back.itemsize}")),
+        t.t().contiguous().view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]),
+    )
 
 
 def test_a_default_session_refuses_bfloat16_naming_keep_dtype() -> None:
     s = gs.GradientStreamSession()
-    with pytest.raises(TypeError, match="torch.bfloat16.*keep_dtype=True"):
+    with pytest.raises(TypeError, match=r"torch.bfloat16.*keep_dtype=True"):
         s.encode_frames(torch.zeros(4, dtype=torch.bfloat16))
     assert s.encode_frames(torch.zeros(4)) == s.encode_frames(np.zeros(4, np.float32))
 
@@ -104,7 +106,7 @@ def test_a_tensor_not_on_the_cpu_names_cpu() -> None:
 
 
 def test_a_tensor_of_another_dtype_is_refused_naming_it() -> None:
-    with pytest.raises(TypeError, match="torch.int32"):
+    with pytest.raises(TypeError, match=r"torch.int32"):
         session().encode_frames(torch.zeros(4, dtype=torch.int32))
 
 
@@ -157,7 +159,7 @@ def test_reduce_into_a_tensor_of_any_float_dtype_adds_as_torch_does(dtype: Any) 
 def test_lent_tensors_that_cannot_be_written_in_place_are_refused() -> None:
     s = session()
     frames = s.encode_frames(np.zeros(4, np.float32))
-    with pytest.raises(TypeError, match="reduce_into= must be a torch tensor of .*torch.int32"):
+    with pytest.raises(TypeError, match=r"reduce_into= must be a torch tensor of .*torch.int32"):
         s.decode_frames(frames, reduce_into=torch.zeros(4, dtype=torch.int32))
     with pytest.raises(TypeError, match="non-contiguous"):
         s.decode_frames(frames, out=torch.zeros(4, 2)[:, 0])
@@ -179,7 +181,9 @@ def test_like_is_checked() -> None:
 
 def model(seed: int) -> Any:
     torch.manual_seed(seed)
-    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 3))
+    m = torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 3)
+    )
     return m
 
 
@@ -215,7 +219,9 @@ def test_recv_tensors_like_torch_and_a_bfloat16_model() -> None:
         _, got = await asyncio.gather(
             s.send_tensors(source.named_parameters()), r.recv_tensors(like="torch")
         )
-        await asyncio.gather(s.send_tensors(got), r.recv_tensors(out=dict(target.named_parameters())))
+        await asyncio.gather(
+            s.send_tensors(got), r.recv_tensors(out=dict(target.named_parameters()))
+        )
         return got
 
     got = run(lambda: pair(body))
@@ -231,8 +237,14 @@ def test_recv_tensors_like_torch_and_a_bfloat16_model() -> None:
     [
         (lambda d: d.pop("2.bias"), r"out= has '2\.bias' which the set has not"),
         (lambda d: d.update(extra=torch.zeros(2)), r"the set has 'extra' which out= has not"),
-        (lambda d: d.update({"0.weight": torch.zeros(8, 16)}), r"'0\.weight' is of shape \[8, 16\]; out= has \[16, 8\]"),
-        (lambda d: d.update({"2.bias": d["2.bias"].double()}), r"'2\.bias' is float64; out= has float32"),
+        (
+            lambda d: d.update({"0.weight": torch.zeros(8, 16)}),
+            r"'0\.weight' is of shape \[8, 16\]; out= has \[16, 8\]",
+        ),
+        (
+            lambda d: d.update({"2.bias": d["2.bias"].double()}),
+            r"'2\.bias' is float64; out= has float32",
+        ),
     ],
     ids=["missing", "extra", "shape", "dtype"],
 )

@@ -91,9 +91,7 @@ def test_native_and_reference_sums_agree_bit_for_bit(
     sums = []
     for impl in (native, reference):
         a = acc.copy()
-        impl.GradientStreamSession("sum", chunk, keep_dtype=True).decode_frames(
-            wire, reduce_into=a
-        )
+        impl.GradientStreamSession("sum", chunk, keep_dtype=True).decode_frames(wire, reduce_into=a)
         sums.append(bits(a))
     assert np.array_equal(sums[0], sums[1])
     assert np.array_equal(sums[0], bits(expected(acc, acc_name, g, g_name)))

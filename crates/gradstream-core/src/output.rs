@@ -377,7 +377,10 @@ fn add_into(src: &[u8], from: Dtype, dst: &mut [u8], to: Dtype) {
         }
         Dtype::F16 | Dtype::BF16 => {
             let mut wide = [0u8; BLOCK * 4];
-            for (src, dst) in src.chunks(BLOCK * from.width()).zip(dst.chunks_mut(BLOCK * 2)) {
+            for (src, dst) in src
+                .chunks(BLOCK * from.width())
+                .zip(dst.chunks_mut(BLOCK * 2))
+            {
                 let acc = &mut wide[..dst.len() * 2];
                 convert(dst, to, acc, Dtype::F32);
                 add_f32(src, from, acc);

@@ -61,8 +61,8 @@ def _on_cpu(tensor: Any, what: str) -> None:
     device = tensor.device
     if device.type != "cpu":
         raise TypeError(
-            f"{what} is a torch tensor on {device}; gradstream reads and writes CPU memory "
-            f"only: move it first with tensor.cpu() (and back with .to('{device}'))"
+            f"{what} tensor is on {device}; move it to the CPU first, tensor.cpu() "
+            "(gradstream reads and writes host memory only)"
         )
 
 
@@ -83,10 +83,7 @@ def values_of(tensor: Any) -> tuple[np.ndarray, str]:
             f"gradient tensor has dtype {tensor.dtype}; gradstream sends float16, bfloat16, "
             "float32 and float64 values (convert it, e.g. tensor.float())"
         )
-    plain = tensor.detach()
-    if plain.is_conj() or plain.is_neg():
-        plain = plain.resolve_conj().resolve_neg()
-    plain = plain.contiguous()  # no-op when it is already
+    plain = tensor.detach().contiguous()  # no copy when it is contiguous already
     if name == "bfloat16":
         torch = _torch()
         return plain.view(torch.int16).numpy().view(np.uint16), name

@@ -737,6 +737,36 @@ mod tests {
     }
 
     #[test]
+    fn a_summing_buffer_of_another_dtype_adds_in_its_own_way() {
+        // float64: the values cast to float64, added there.
+        let mut wide = [1.0f64, 1e300, -0.5];
+        let ptr = NonNull::new(wide.as_mut_ptr().cast::<u8>()).unwrap();
+        {
+            // SAFETY: `out` is dropped at the end of this block, before `wide` is read.
+            let mut out = Output::lent(unsafe { OutSlice::summing_as(ptr, 3, Dtype::F64) });
+            assert!(out.set_dtype(Dtype::F32).is_ok());
+            out.put(&[0.1, 1.0, 0.25]);
+        }
+        assert_eq!(wide, [1.0 + f64::from(0.1f32), 1e300 + 1.0, -0.25]);
+        // bfloat16: both widened to float32, added, rounded back to nearest even.
+        let start = [1.0f32, 256.0, -2.0].map(half::bf16::from_f32);
+        let mut narrow = start.map(half::bf16::to_bits);
+        let ptr = NonNull::new(narrow.as_mut_ptr().cast::<u8>()).unwrap();
+        {
+            // SAFETY: as above, for `narrow`.
+            let mut out = Output::lent(unsafe { OutSlice::summing_as(ptr, 3, Dtype::BF16) });
+            out.put(&[2.0f32.powi(-8), 1.0, 0.5]);
+        }
+        let expected = [
+            half::bf16::from_f32(1.0 + 2.0f32.powi(-8)), // a tie: stays 1.0
+            half::bf16::from_f32(257.0),                 // 257 rounds to 256 (even)
+            half::bf16::from_f32(-1.5),
+        ];
+        assert_eq!(narrow, expected.map(half::bf16::to_bits));
+        assert_eq!(narrow[..2], start.map(half::bf16::to_bits)[..2]);
+    }
+
+    #[test]
     fn a_summing_buffer_adds_each_value_once_in_float32_whatever_its_dtype() {
         let start = [1.0f32, -2.5, 1e30, 0.1];
         let mut acc = start;

@@ -18,7 +18,7 @@ import time
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Iterator
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -46,8 +46,9 @@ from ._checks import (
 )
 from ._logs import RefusalLog, describe_side, log_accepted, log_transfer, silent_text
 from ._server import Ready, Server
-from ._session import GradientStreamSession, _hand_back, _Out, _tensor_dict, lend_either
+from ._session import GradientStreamSession, _Out, hand_back_as, lend_either, tensor_set_as
 from ._tls_settings import client_tls, listener_tls
+from ._torch import check_like
 from ._turns import Phase, Turns
 
 if TYPE_CHECKING:
@@ -207,14 +208,18 @@ class Connection(ConnectionCore):
         deadline: float | None = None,
         reduce_into: npt.NDArray[np.float32] | None = None,
         op: str = "sum",
-    ) -> npt.NDArray[Any]:
+        like: Literal["numpy", "torch"] | None = None,
+    ) -> Any:
         """Receive one gradient, as ``receive_from`` (into ``out`` when given: then
         ``out`` itself; added into ``reduce_into`` when given: then that array); what
         ``receive_from`` gives at the end (an empty array) when the peer closed the
-        connection before another began (``closed`` is then True)."""
+        connection before another began (``closed`` is then True). ``out`` and
+        ``reduce_into`` may be CPU torch tensors; ``like="torch"`` hands back a torch
+        tensor (docs/guides/torch.md)."""
         lent = lend_either(out, reduce_into, op)
+        kind = check_like(like)
         with self._turn(Phase.RECEIVING, "recv"):
-            got = await self._recv(lent, progress, deadline, none_at_end=False)
+            got = await self._recv(lent, progress, deadline, none_at_end=False, like=kind)
         assert got is not None  # none_at_end=False gives the empty gradient instead
         return got
 
@@ -225,7 +230,8 @@ class Connection(ConnectionCore):
         deadline: float | None,
         *,
         none_at_end: bool,
-    ) -> npt.NDArray[Any] | None:
+        like: str = "numpy",
+    ) -> Any:
         bound = check_seconds(deadline, "deadline")
         hub = _aio.hub()
         timed = Timed(progress)
@@ -234,7 +240,7 @@ class Connection(ConnectionCore):
         values = value if now else await self._finished(hub, value)
         if values is None:
             return None
-        got = lent.array if lent is not None else _hand_back(values)
+        got = lent.array if lent is not None else hand_back_as(values, like)
         timed.log("received", "gradient", self.peer)
         # The gradient is the caller's from here (no await before the return): only now
         # is its ack written (docs/guides/connections.md "Delivery"). The small fast path
@@ -277,10 +283,18 @@ class Connection(ConnectionCore):
         progress: TransferProgress | None = None,
         deadline: float | None = None,
         max_values: int | None = None,
-    ) -> dict[str, npt.NDArray[Any]]:
+        out: Any = None,
+        like: Literal["numpy", "torch"] | None = None,
+    ) -> Any:
         """Receive a named set of tensors, in the sender's order; ``{}`` when the peer
         closed the connection before another began (``closed`` is then True). A set of
-        more than ``max_values`` values in all is refused from its manifest."""
+        more than ``max_values`` values in all is refused from its manifest. ``like="torch"``
+        gives torch tensors; ``out=`` (a torch module or a mapping of name to tensor) is
+        filled in place and returned, refused before any write when the set's names,
+        shapes or dtypes differ (docs/guides/torch.md)."""
+        kind = check_like(like)
+        if out is not None and like is not None:
+            raise ValueError("out= and like= exclude each other: out= is what comes back")
         with self._turn(Phase.RECEIVING, "recv_tensors"):
             bound = check_seconds(deadline, "deadline")
             most = self._most(max_values)
@@ -292,7 +306,14 @@ class Connection(ConnectionCore):
             )
         if got is None:
             return {}
-        tensors = _tensor_dict(got)
+        try:
+            tensors = tensor_set_as(got, kind, out)
+        except Exception:
+            # A set out= refuses (nothing written): refused to the sender at once, as a
+            # transfer nobody took (its DeliveryError), the connection closed.
+            if link.abandoned():
+                self._turns.close()
+            raise
         timed.log("received", "tensor set", self.peer)
         link.settle()  # the set is the caller's from here: its ack now, as recv's
         return tensors

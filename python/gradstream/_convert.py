@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ._torch import is_tensor, values_of
 from .errors import SettingError
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "as_float32_vector",
     "byte_view",
     "check_bool",
+    "check_op",
     "dtype_name",
     "frame_buffer",
     "reduction",
@@ -78,6 +80,11 @@ def to_ndarray(obj: Any, *, any_float: bool = False) -> np.ndarray:
         return obj
     if _is_arrow(obj):
         return _from_arrow(obj)
+    if is_tensor(obj):
+        values, name = values_of(obj)
+        if name == "bfloat16" and not any_float:
+            raise _reject("dtype torch.bfloat16")
+        return values
     if isinstance(obj, (list, tuple)):
         try:
             return np.asarray(obj, dtype=np.float32)
@@ -188,30 +195,35 @@ def _memory_problem(array: np.ndarray, name: str) -> str | None:
 
 
 _REDUCE_INTO = (
-    "reduce_into= must be a writeable C-contiguous float32 numpy array (the sum is float32"
-    " whatever the gradient's dtype)"
+    "reduce_into= must be a writeable C-contiguous numpy array or CPU torch tensor of "
+    "float16, bfloat16, float32 or float64 (the sum is in its dtype whatever the gradient's)"
 )
+
+
+def check_op(out: Any, reduce_into: Any, op: str) -> None:
+    """``op`` must be ``"sum"`` (else SettingError); ``out`` and ``reduce_into`` exclude
+    each other (ValueError)."""
+    if op != "sum":
+        raise SettingError("op", f"op must be 'sum' (the one reduction there is), not {op!r}")
+    if reduce_into is not None and out is not None:
+        raise ValueError("out= and reduce_into= exclude each other: give one")
 
 
 def reduction(out: Any, reduce_into: Any, op: str) -> np.ndarray | None:
     """Check a receive's ``reduce_into=`` and ``op=`` before any data is read
-    (docs/guides/buffers.md
-    "Reducing while receiving"): ``op`` must be ``"sum"`` (else SettingError), ``out`` and
-    ``reduce_into`` exclude each other (ValueError), and ``reduce_into`` is a writeable,
-    C-contiguous, aligned, native float32 array (TypeError naming the problem). Returns
-    it, or None when not given."""
-    if op != "sum":
-        raise SettingError("op", f"op must be 'sum' (the one reduction there is), not {op!r}")
+    (docs/guides/buffers.md "Reducing while receiving"): ``check_op``, and
+    ``reduce_into`` is a writeable, C-contiguous, aligned, native array of one of the four
+    dtypes (TypeError naming the problem). Returns it, or None when not given."""
+    check_op(out, reduce_into, op)
     if reduce_into is None:
         return None
-    if out is not None:
-        raise ValueError("out= and reduce_into= exclude each other: give one")
+    name = dtype_name(reduce_into.dtype) if isinstance(reduce_into, np.ndarray) else None
     if not isinstance(reduce_into, np.ndarray):
         problem = type(reduce_into).__name__
-    elif dtype_name(reduce_into.dtype) != "float32":
+    elif name is None:
         problem = f"{reduce_into.dtype} array"
     else:
-        found = _memory_problem(reduce_into, "float32")
+        found = _memory_problem(reduce_into, name)
         if found is None:
             return reduce_into
         problem = found

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ._convert import as_float32_array, dtype_name, to_ndarray
+from ._torch import is_tensor, values_of
 
 __all__ = [
     "DTYPES",
@@ -182,19 +183,12 @@ _HOW = (
 
 
 def _typed(obj: Any) -> tuple[np.ndarray, str] | None:
-    """torch bfloat16 tensors and Arrow bfloat16/float16/float64 arrays, which the float32
-    conversion does not read; None for anything else."""
+    """torch tensors (every float dtype, bfloat16 as its bits) and Arrow
+    bfloat16/float16/float64 arrays, which the float32 conversion does not read; None for
+    anything else."""
     mod = type(obj).__module__ or ""
-    if mod.startswith("torch"):
-        # torch is not a dependency (nor typed here): reached only for a torch object.
-        torch = importlib.import_module("torch")
-
-        if obj.dtype == torch.bfloat16:
-            if obj.device.type != "cpu":
-                raise TypeError(f"gradient tensor is on {obj.device}; move it to the CPU first")
-            bits = obj.detach().contiguous().view(torch.int16).numpy().view(np.uint16)
-            return bits, "bfloat16"
-        return None
+    if is_tensor(obj):
+        return values_of(obj)
     if mod.startswith("pyarrow"):
         # pyarrow is imported already: the caller made the array with it.
         from ._arrow import arrow_values

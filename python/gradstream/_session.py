@@ -28,9 +28,9 @@ import numpy as np
 import numpy.typing as npt
 from typing_extensions import Buffer
 
-from . import _aio, _dtypes, _handover
+from . import _aio, _dtypes, _handover, _torch
 from ._checks import SSL_SOCKET_REFUSED, check_protocol
-from ._convert import check_bool, frame_buffer, reduction, value_buffer
+from ._convert import check_bool, check_op, frame_buffer, reduction, value_buffer
 from ._native import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_MAX_GRADIENT_LEN,
@@ -67,25 +67,36 @@ _BYTES = np.dtype(np.uint8)
 
 
 class _Out(NamedTuple):
-    """An ``out=`` array, checked: the array itself (handed back) and the engine's view."""
+    """An ``out=`` array, checked: the array itself (handed back: a numpy array or a torch
+    tensor) and the engine's view."""
 
-    array: np.ndarray
+    array: Any
     args: _OutArgs
 
 
 def _lend(out: Any) -> _Out:
+    if _torch.is_tensor(out):
+        view, name = _torch.lent_view(out, "out=")
+        return _Out(out, (view.reshape(-1).view(np.uint8), name, "fill"))
     checked = value_buffer(out)
-    name = _dtypes.dtype_name(checked.dtype)
-    assert name is not None  # value_buffer took only the four dtypes
-    return _Out(checked, (checked.reshape(-1).view(np.uint8), name, "fill"))
+    known = _dtypes.dtype_name(checked.dtype)
+    assert known is not None  # value_buffer took only the four dtypes
+    return _Out(checked, (checked.reshape(-1).view(np.uint8), known, "fill"))
 
 
 def lend_either(out: Any, reduce_into: Any, op: str) -> _Out | None:
     """The array a receive writes into: ``out`` (filled), ``reduce_into`` (summed into,
-    float32, docs/guides/buffers.md), or neither."""
+    in its dtype, docs/guides/buffers.md), or neither. Either may be a CPU torch tensor
+    (docs/guides/torch.md): written in place through a view of its memory."""
+    if _torch.is_tensor(reduce_into):
+        check_op(out, reduce_into, op)
+        view, name = _torch.lent_view(reduce_into, "reduce_into=")
+        return _Out(reduce_into, (view.reshape(-1).view(np.uint8), name, "sum"))
     acc = reduction(out, reduce_into, op)
     if acc is not None:
-        return _Out(acc, (acc.reshape(-1).view(np.uint8), "float32", "sum"))
+        known = _dtypes.dtype_name(acc.dtype)
+        assert known is not None  # reduction took only the four dtypes
+        return _Out(acc, (acc.reshape(-1).view(np.uint8), known, "sum"))
     return None if out is None else _lend(out)
 
 
@@ -96,6 +107,15 @@ def _hand_back(values: _Values) -> np.ndarray:
     if flat.dtype == np.uint16:
         flat = flat.view(_dtypes.numpy_dtype(dtype))
     return flat if shape is None else flat.reshape(shape)
+
+
+def hand_back_as(values: _Values, like: str) -> Any:
+    """``_hand_back``, or with ``like="torch"`` a torch tensor over the same memory
+    (docs/guides/torch.md)."""
+    if like == "torch":
+        flat, dtype, shape = values
+        return _torch.from_values(flat, dtype, shape)
+    return _hand_back(values)
 
 
 _PAIRS = "a mapping of name to tensor or an iterable of (name, tensor) pairs"
@@ -129,6 +149,15 @@ def _tensor_pairs(tensors: Any) -> list[tuple[Any, Any]]:
 
 def _tensor_dict(received: list[tuple[str, _Values]]) -> dict[str, np.ndarray]:
     return {name: _hand_back(values) for name, values in received}
+
+
+def tensor_set_as(received: list[tuple[str, _Values]], like: str, out: Any) -> Any:
+    """A received set as the caller asked for it: a dict of arrays (or of torch tensors
+    with ``like="torch"``), or ``out`` filled in place when given (a torch module or a
+    mapping of name to tensor: every name, shape and dtype checked before any write)."""
+    if out is not None:
+        return _torch.fill_model(out, received)
+    return {name: hand_back_as(values, like) for name, values in received}
 
 
 # socket.type without its enum conversion, which costs a small transfer more than the
@@ -440,7 +469,10 @@ class GradientStreamSession:
         given: then ``out`` itself; added into ``reduce_into``: then that array)."""
         lent = lend_either(out, reduce_into, op)
         values = self._engine.decode_frames(data, None if lent is None else lent.args)
-        return lent.array if lent is not None else _hand_back(values)  # type: ignore[arg-type]
+        if lent is not None:
+            array: np.ndarray = lent.array
+            return array
+        return _hand_back(values)  # type: ignore[arg-type]
 
     # ---- streaming (docs/getting-started/python.md, docs/guides/limits.md)
 
@@ -528,7 +560,10 @@ class GradientStreamSession:
             values = await _aio.receive_socket(receive, sock)
         if values is None:
             return None
-        return lent.array if lent is not None else _hand_back(values)
+        if lent is not None:
+            array: np.ndarray = lent.array
+            return array
+        return _hand_back(values)
 
     async def _receive_socket(
         self,

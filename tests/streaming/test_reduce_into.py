@@ -1,5 +1,6 @@
 """Reducing while receiving (``reduce_into=acc, op="sum"``; docs/spec/wire-format.md "Reducing while
-receiving"): the gradient is added into a float32 array instead of stored, by
+receiving"): the gradient is added into a float32 array instead of stored (the other
+accumulator dtypes: test_reduce_dtypes.py), by
 ``decode_frames``, ``receive_from`` (a socket, small or large; asyncio streams) and
 ``Connection.recv``, in both implementations. Each value is added once, in float32,
 whatever the gradient's dtype, so the result is ``acc + g.astype(float32)`` bit for bit
@@ -128,7 +129,7 @@ def test_a_gradient_of_another_size_is_a_size_error(gs: ModuleType, size: int) -
     [
         ({"reduce_into": np.zeros(4, np.float32), "op": "mean"}, SettingError),
         ({"reduce_into": np.zeros(4, np.float32), "out": np.zeros(4, np.float32)}, ValueError),
-        ({"reduce_into": np.zeros(4, np.float64)}, TypeError),
+        ({"reduce_into": np.zeros(4, np.int32)}, TypeError),
         ({"reduce_into": np.zeros(8, np.float32)[::2]}, TypeError),
         ({"reduce_into": [0.0, 0.0, 0.0, 0.0]}, TypeError),
         ({"reduce_into": np.zeros(4, ">f4")}, TypeError),
@@ -233,10 +234,10 @@ def test_a_connection_receive_adds(n: int) -> None:
     assert np.array_equal(bits(acc), bits(expected_sum(start, g)))
 
 
-@pytest.mark.parametrize(("dtype", "lending"), [("float64", "sum"), ("float32", "max")])
+@pytest.mark.parametrize(("dtype", "lending"), [("float64", "max"), ("float32", "max")])
 def test_the_engine_refuses_a_lending_it_does_not_know(dtype: str, lending: str) -> None:
-    """The bindings' own check, below the session's: only a float32 array is summed into,
-    and only "fill" and "sum" are lendings."""
+    """The bindings' own check, below the session's: only "fill" and "sum" are lendings
+    (the sum of every dtype: tests/streaming/test_reduce_dtypes.py)."""
     session = native.GradientStreamSession("sum", 4)
     wire = session.encode_frames(grad(4, 8))
     acc = np.zeros(4, np.dtype(dtype))

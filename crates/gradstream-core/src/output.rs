@@ -167,9 +167,11 @@ impl ValueSink for Vec<f32> {
 pub enum Lending {
     /// They replace what it held (`out=`).
     Fill,
-    /// They are added to what it holds, in float32 whatever their dtype (`reduce_into=`):
-    /// each value once, `acc[i] + value[i]` rounded to float32, so the result does not
-    /// depend on the order the chunks arrive in.
+    /// They are added to what it holds (`reduce_into=`), each value once, so the result
+    /// does not depend on the order the chunks arrive in. A float32 or float64 array adds
+    /// in its own dtype (the value cast to it first); a float16 or bfloat16 one adds in
+    /// float32 (both widened, the value by the cast rule) and rounds the sum back to its
+    /// dtype by the cast rule (`add_into`).
     Sum,
 }
 
@@ -218,6 +220,19 @@ impl OutSlice {
         }
     }
 
+    /// The same buffer, values of `dtype` (any of the four), summed into (`Lending::Sum`;
+    /// how each dtype adds: there).
+    ///
+    /// # Safety
+    /// As for `new`.
+    pub unsafe fn summing_as(ptr: NonNull<u8>, capacity: usize, dtype: Dtype) -> Self {
+        Self {
+            lending: Lending::Sum,
+            // SAFETY: the caller's promise, passed on.
+            ..unsafe { Self::new(ptr, capacity, dtype) }
+        }
+    }
+
     pub fn lending(&self) -> Lending {
         self.lending
     }
@@ -250,7 +265,7 @@ impl ValueSink for OutSlice {
                 )
             };
             if self.lending == Lending::Sum {
-                add_f32(&raw[..n * from.width()], from, dst);
+                add_into(&raw[..n * from.width()], from, dst, self.dtype);
             } else if from == self.dtype {
                 // A large `out=` array is written around the caches (see codec::Stores).
                 let stores = Stores::for_destination(self.capacity * width);
@@ -260,6 +275,47 @@ impl ValueSink for OutSlice {
             }
         }
         self.offered += n;
+    }
+}
+
+/// `dst[i] += src[i]`, `dst` bytes of values of `to`, `src` values of `from`, as
+/// `Lending::Sum` says: float32 by `add_f32`; float64 adds in float64 (the values cast to
+/// it first); float16 and bfloat16 add in float32 and round back. A block at a time on
+/// the stack.
+fn add_into(src: &[u8], from: Dtype, dst: &mut [u8], to: Dtype) {
+    const BLOCK: usize = 1024;
+    match to {
+        Dtype::F32 => add_f32(src, from, dst),
+        Dtype::F64 => {
+            let mut block = [0u8; BLOCK * 8];
+            for (src, dst) in src
+                .chunks(BLOCK * from.width())
+                .zip(dst.chunks_mut(BLOCK * 8))
+            {
+                let values = &mut block[..dst.len()];
+                convert(src, from, values, Dtype::F64);
+                for (acc, add) in dst.chunks_exact_mut(8).zip(values.chunks_exact(8)) {
+                    let mut a = [0u8; 8];
+                    let mut b = [0u8; 8];
+                    a.copy_from_slice(acc);
+                    b.copy_from_slice(add);
+                    let sum = f64::from_ne_bytes(a) + f64::from_ne_bytes(b);
+                    acc.copy_from_slice(&sum.to_ne_bytes());
+                }
+            }
+        }
+        Dtype::F16 | Dtype::BF16 => {
+            let mut wide = [0u8; BLOCK * 4];
+            for (src, dst) in src
+                .chunks(BLOCK * from.width())
+                .zip(dst.chunks_mut(BLOCK * 2))
+            {
+                let acc = &mut wide[..dst.len() * 2];
+                convert(dst, to, acc, Dtype::F32);
+                add_f32(src, from, acc);
+                convert(acc, Dtype::F32, dst, to);
+            }
+        }
     }
 }
 
@@ -531,6 +587,36 @@ mod tests {
             assert_eq!((out.len(), out.limit()), (5, Some(5)));
         }
         assert_eq!(buf, [1.0, 2.0, 3.0, 4.0, 5.0]);
+    }
+
+    #[test]
+    fn a_summing_buffer_of_another_dtype_adds_in_its_own_way() {
+        // float64: the values cast to float64, added there.
+        let mut wide = [1.0f64, 1e300, -0.5];
+        let ptr = NonNull::new(wide.as_mut_ptr().cast::<u8>()).unwrap();
+        {
+            // SAFETY: `out` is dropped at the end of this block, before `wide` is read.
+            let mut out = Output::lent(unsafe { OutSlice::summing_as(ptr, 3, Dtype::F64) });
+            assert!(out.set_dtype(Dtype::F32).is_ok());
+            out.put(&[0.1, 1.0, 0.25]);
+        }
+        assert_eq!(wide, [1.0 + f64::from(0.1f32), 1e300 + 1.0, -0.25]);
+        // bfloat16: both widened to float32, added, rounded back to nearest even.
+        let start = [1.0f32, 256.0, -2.0].map(half::bf16::from_f32);
+        let mut narrow = start.map(half::bf16::to_bits);
+        let ptr = NonNull::new(narrow.as_mut_ptr().cast::<u8>()).unwrap();
+        {
+            // SAFETY: as above, for `narrow`.
+            let mut out = Output::lent(unsafe { OutSlice::summing_as(ptr, 3, Dtype::BF16) });
+            out.put(&[2.0f32.powi(-8), 1.0, 0.5]);
+        }
+        let expected = [
+            half::bf16::from_f32(1.0 + 2.0f32.powi(-8)), // a tie: stays 1.0
+            half::bf16::from_f32(257.0),                 // 257 rounds to 256 (even)
+            half::bf16::from_f32(-1.5),
+        ];
+        assert_eq!(narrow, expected.map(half::bf16::to_bits));
+        assert_eq!(narrow[..2], start.map(half::bf16::to_bits)[..2]);
     }
 
     #[test]

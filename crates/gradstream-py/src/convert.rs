@@ -97,7 +97,7 @@ pub fn values_tuple(py: Python<'_>, values: Output) -> PyResult<Bound<'_, PyAny>
 
 /// An `out=` (or `reduce_into=`) array as the Python session hands it over: its memory as
 /// a writeable 1-D uint8 view, its dtype's name, and what is done with the values
-/// (`"fill"`, or `"sum"` for a float32 `reduce_into=`).
+/// (`"fill"`, or `"sum"` for a `reduce_into=`).
 #[derive(FromPyObject)]
 pub struct OutArgs<'py>(Bound<'py, PyAny>, String, String);
 
@@ -123,12 +123,12 @@ pub struct LentArray {
 impl LentArray {
     /// `bytes` is the `out=` array as a writeable 1-D uint8 view (the Python session has
     /// checked it: C-contiguous, aligned, native-endian), `dtype` the name of its dtype,
-    /// `lending` `"fill"` (`out=`) or `"sum"` (`reduce_into=`, float32 only).
+    /// `lending` `"fill"` (`out=`) or `"sum"` (`reduce_into=`).
     pub fn new(bytes: &Bound<'_, PyAny>, dtype: &str, lending: &str) -> PyResult<Self> {
         let dtype = dtype_named(dtype)?;
         let summing = match lending {
             "fill" => false,
-            "sum" if dtype == Dtype::F32 => true,
+            "sum" => true,
             _ => {
                 return Err(PyValueError::new_err(format!(
                     "cannot lend a {} array to {lending:?}",
@@ -155,7 +155,7 @@ impl LentArray {
         // docs say not to touch `out` meanwhile.
         let slice = unsafe {
             if summing {
-                OutSlice::summing(ptr, raw.len() / 4)
+                OutSlice::summing_as(ptr, raw.len() / dtype.width(), dtype)
             } else {
                 OutSlice::new(ptr, raw.len() / dtype.width(), dtype)
             }

@@ -570,7 +570,8 @@ class ParameterClient:
         its failure)."""
         while True:
             try:
-                return await conn.recv_tensors(max_values=max_values)
+                got: dict[str, np.ndarray] = await conn.recv_tensors(max_values=max_values)
+                return got
             except StreamTimeoutError:
                 if conn.closed:
                     raise

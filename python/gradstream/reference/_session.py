@@ -770,10 +770,27 @@ class GradientStreamSession:
 
 
 def add_into(acc: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """``reduce_into=``: the gradient's values added into ``acc`` in float32, each once
-    (docs/guides/buffers.md); GradientSizeError when the sizes differ."""
+    """``reduce_into=``: the gradient's values added into ``acc``, each once
+    (docs/guides/buffers.md): float32 and float64 arrays add in their own dtype (the
+    values cast to it first), float16 and bfloat16 ones in float32, the sum rounded back
+    by the cast rule; GradientSizeError when the sizes differ."""
     if values.size != acc.size:
         raise GradientSizeError(acc.size, values.size)
     flat = acc.reshape(-1)
-    np.add(flat, values.reshape(-1).astype(np.float32, copy=False), out=flat)
+    name = _dtypes.dtype_name(acc.dtype)
+    if name == "float32":
+        np.add(flat, values.reshape(-1).astype(np.float32, copy=False), out=flat)
+        return acc
+    source = _dtypes.dtype_name(values.dtype)
+    assert name is not None and source is not None
+    given = np.require(values.reshape(-1), requirements=["C"])
+    if source == "bfloat16":
+        given = given.view(np.uint16)
+    if name == "float64":
+        np.add(flat, _dtypes.cast(given, source, "float64"), out=flat)
+        return acc
+    own = flat.view(np.uint16) if name == "bfloat16" else flat
+    total = _dtypes.cast(own, name, "float32") + _dtypes.cast(given, source, "float32")
+    rounded = _dtypes.cast(np.asarray(total, np.float32), "float32", name)
+    own[...] = rounded
     return acc

@@ -8,7 +8,7 @@ import errno
 import logging
 from collections.abc import Iterator
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -16,7 +16,8 @@ import numpy.typing as npt
 from .._address import peer_text
 from .._checks import HANDSHAKE_TIMEOUT, check_seconds
 from .._connection import ConnectionCore, Timed, connect_args
-from .._session import _hand_back, _Out, _tensor_dict, lend_either
+from .._session import _Out, hand_back_as, lend_either, tensor_set_as
+from .._torch import check_like
 from .._turns import Phase
 from ..errors import StreamIOError
 from ._wait import stopping, wait, waiter
@@ -89,13 +90,17 @@ class Connection(ConnectionCore):
         deadline: float | None = None,
         reduce_into: npt.NDArray[np.float32] | None = None,
         op: str = "sum",
-    ) -> npt.NDArray[Any]:
+        like: Literal["numpy", "torch"] | None = None,
+    ) -> Any:
         """Receive one gradient (into ``out`` when given: then ``out`` itself; added into
         ``reduce_into`` when given: then that array); an empty array when the peer
-        closed the connection before another began (``closed`` is then True)."""
+        closed the connection before another began (``closed`` is then True). ``out``
+        and ``reduce_into`` may be CPU torch tensors; ``like="torch"`` hands back a torch
+        tensor (docs/guides/torch.md)."""
         lent = lend_either(out, reduce_into, op)
+        kind = check_like(like)
         with self._turn(Phase.RECEIVING, "recv"):
-            got = self._recv(lent, progress, deadline, none_at_end=False)
+            got = self._recv(lent, progress, deadline, none_at_end=False, like=kind)
         assert got is not None  # none_at_end=False gives the empty gradient instead
         return got
 
@@ -106,7 +111,8 @@ class Connection(ConnectionCore):
         deadline: float | None,
         *,
         none_at_end: bool,
-    ) -> npt.NDArray[Any] | None:
+        like: str = "numpy",
+    ) -> Any:
         bound = check_seconds(deadline, "deadline")
         own = waiter()
         timed = Timed(progress)
@@ -116,7 +122,7 @@ class Connection(ConnectionCore):
             values = value if now else self._wait(own, value)
             if values is None:
                 return None
-            got = lent.array if lent is not None else _hand_back(values)
+            got = lent.array if lent is not None else hand_back_as(values, like)
             # The gradient is the caller's from here: only now is its ack written
             # (docs/guides/connections.md "Delivery"); the fast path wrote it already.
             if not now:
@@ -150,10 +156,18 @@ class Connection(ConnectionCore):
         progress: TransferProgress | None = None,
         deadline: float | None = None,
         max_values: int | None = None,
-    ) -> dict[str, npt.NDArray[Any]]:
+        out: Any = None,
+        like: Literal["numpy", "torch"] | None = None,
+    ) -> Any:
         """Receive a named set of tensors, in the sender's order; ``{}`` when the peer
         closed the connection before another began (``closed`` is then True). A set of
-        more than ``max_values`` values in all is refused from its manifest."""
+        more than ``max_values`` values in all is refused from its manifest.
+        ``like="torch"`` gives torch tensors; ``out=`` (a torch module or a mapping of
+        name to tensor) is filled in place and returned, refused before any write when
+        the set's names, shapes or dtypes differ (docs/guides/torch.md)."""
+        kind = check_like(like)
+        if out is not None and like is not None:
+            raise ValueError("out= and like= exclude each other: out= is what comes back")
         with self._turn(Phase.RECEIVING, "recv_tensors"):
             bound = check_seconds(deadline, "deadline")
             most = self._most(max_values)
@@ -164,7 +178,14 @@ class Connection(ConnectionCore):
                 got = self._wait(own, link.recv_tensors(own, timed.progress, bound, most))
                 if got is None:
                     return {}
-                tensors = _tensor_dict(got)
+                try:
+                    tensors = tensor_set_as(got, kind, out)
+                except Exception:
+                    # A set out= refuses (nothing written): refused to the sender at
+                    # once, as a transfer nobody took, the connection closed.
+                    if link.abandoned():
+                        self._turns.close()
+                    raise
                 link.settle()  # the set is the caller's from here: its ack now, as recv's
         timed.log("received", "tensor set", self.peer)
         return tensors

@@ -269,15 +269,15 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
                 job.cancel()
             raise
 
-    async def _allreduce(self, flat: _Flat, op: str) -> None:
-        """Ring reduce-scatter, then ring all-gather: segment j is added up in ring
-        order starting at rank j, ((x_j + x_j+1) + x_j+2) + ..., on one rank, then
-        copied to every other: every rank ends with the same bits."""
+    async def _reduce_scatter(
+        self, flat: _Flat, parts: list[tuple[int, int]], op: str, shift: int
+    ) -> None:
+        """Ring reduce-scatter: after it, rank r holds the whole of segment
+        (r + 1 - shift) mod n, added up in ring order starting at the rank after it."""
         n, r = self.size(), self.rank()
-        parts = _bounds(flat.wire.size, n)
         native = flat.tensor.dtype == torch.float32 and op in ("sum", "avg")
         scratch = None if native else np.empty(max(b - a for a, b in parts), flat.wire.dtype)
-        for k in range(n - 1):
+        for k in range(shift, n - 1 + shift):
             a, b = parts[(r - k) % n]
             c, d = parts[(r - k - 1) % n]
             if native:
@@ -287,6 +287,14 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
                 got = scratch[: d - c]
                 await self._exchange(flat.wire[a:b], out=got)
                 _combine(flat.torch[c:d], torch.from_numpy(got), flat.torch.dtype, op)
+
+    async def _allreduce(self, flat: _Flat, op: str) -> None:
+        """Ring reduce-scatter, then ring all-gather: segment j is added up in ring
+        order starting at rank j, ((x_j + x_j+1) + x_j+2) + ..., on one rank, then
+        copied to every other: every rank ends with the same bits."""
+        n, r = self.size(), self.rank()
+        parts = _bounds(flat.wire.size, n)
+        await self._reduce_scatter(flat, parts, op, 0)
         for k in range(n - 1):
             a, b = parts[(r + 1 - k) % n]
             c, d = parts[(r - k) % n]
@@ -371,6 +379,39 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
             whole.done()
 
         return self._run("allgather", body, output)
+
+    all_gather_single = _allgather_base
+
+    def reduce_scatter_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None  # noqa: A002
+    ) -> _Work:
+        """Rank r gets segment r of the reduced ``input`` (size x output's length),
+        added up in ring order starting at rank r + 1."""
+        op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        work = _Flat(input.detach().clone())
+        if work.tensor.dtype not in _WIRE:
+            raise TypeError(f"the gradstream backend reduces float tensors, not {input.dtype}")
+
+        async def body() -> None:
+            n, r = self.size(), self.rank()
+            parts = _bounds(work.wire.size, n)
+            if n > 1:
+                await self._reduce_scatter(work, parts, op, 1)
+            a, b = parts[r]
+            mine = work.torch[a:b]
+            if op == "avg":
+                mine.div_(n)
+            output.detach().view(-1).copy_(mine)
+
+        return self._run("reduce_scatter", body, output)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter(
+        self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None
+    ) -> _Work:
+        whole = torch.cat([t.detach().reshape(-1) for t in inputs[0]])
+        return self.reduce_scatter_single(outputs[0], whole, opts)
 
     def barrier(self, opts: Any = None) -> _Work:
         token = torch.zeros(1)

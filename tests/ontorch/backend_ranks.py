@@ -128,7 +128,7 @@ def failure(rank: int, size: int, folder: str, how: str) -> None:
     if rank == size - 1:
         if how == "die":
             os._exit(3)
-        time.sleep(30)
+        time.sleep(7)
         os._exit(3)
     started = time.monotonic()
     try:

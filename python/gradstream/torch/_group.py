@@ -18,7 +18,7 @@ from torch.futures import Future
 
 from .._connection import Connection, connect, listen
 from .._session import GradientStreamSession
-from ..errors import SettingError, StreamIOError
+from ..errors import DeliveryError, GradientSizeError, SettingError, StreamIOError, StreamTimeoutError
 from . import _loop
 
 _KEY = "gradstream/authkey"
@@ -195,7 +195,14 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
             finally:
                 await listener.close()
 
-        self._next, self._prev = _loop.submit(both()).result()
+        try:
+            self._next, self._prev = _loop.submit(both()).result()
+        except (StreamIOError, asyncio.TimeoutError) as exc:
+            raise StreamIOError(
+                f"gradstream backend: rank {self.rank()} could not join the ring (connect "
+                f"to rank {(self.rank() + 1) % self.size()} at {after}, accept rank "
+                f"{(self.rank() - 1) % self.size()}) within {self._seconds:g} s: {exc or 'timed out'}"
+            ) from exc
 
     def _lock(self) -> asyncio.Lock:
         if self._turn is None:
@@ -215,7 +222,7 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
                 try:
                     await asyncio.wait_for(body(), self._seconds)
                 except asyncio.TimeoutError:
-                    self._failed = StreamIOError(
+                    self._failed = self._stalled(
                         f"gradstream backend: {name} on rank {self.rank()} did not finish "
                         f"within the group's timeout of {self._seconds:g} s (a rank stalled "
                         "or died)"
@@ -237,19 +244,50 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         _loop.submit(step()).add_done_callback(finished)
         return _Work(future)
 
+    def _stalled(self, message: str) -> StreamTimeoutError:
+        error = StreamTimeoutError(self._seconds)
+        error.args = (message,)
+        return error
+
+    def _lost(self, other: int, exc: BaseException) -> StreamIOError:
+        """The error of a connection to rank ``other`` that failed or closed: that rank
+        died, left, or its connection broke; a StreamTimeoutError when it stalled past the
+        group's timeout (the cause chained)."""
+        if isinstance(exc, StreamTimeoutError):
+            return self._stalled(
+                f"gradstream backend: rank {self.rank()} heard nothing from rank {other} "
+                f"within the group's timeout of {self._seconds:g} s (that rank stalled or "
+                f"died): {exc}"
+            )
+        return StreamIOError(
+            f"gradstream backend: rank {self.rank()} lost its connection to rank {other} "
+            f"(that rank died or left the group, or the network failed): {exc}"
+        )
+
     async def _send(self, what: np.ndarray) -> None:
         assert self._next is not None
-        await self._next.send(what)
+        try:
+            await self._next.send(what)
+        except (StreamIOError, DeliveryError) as exc:
+            # A peer's refusal (a DeliveryError with a reason: CRC, seal) stays itself.
+            if isinstance(exc, DeliveryError) and getattr(exc, "reason", None):
+                raise
+            raise self._lost((self.rank() + 1) % self.size(), exc) from exc
 
     async def _recv(self, out: np.ndarray | None = None, into: np.ndarray | None = None) -> None:
         assert self._prev is not None
         before = (self.rank() - 1) % self.size()
-        got = await self._prev.recv(out=out, reduce_into=into)
+        try:
+            got = await self._prev.recv(out=out, reduce_into=into)
+        except StreamIOError as exc:
+            raise self._lost(before, exc) from exc
+        except GradientSizeError as exc:
+            # The end of a closed connection (0 values) meets a segment's out=.
+            if not self._prev.closed:
+                raise
+            raise self._lost(before, StreamIOError("it closed the connection")) from exc
         if self._prev.closed and got.size == 0:
-            raise StreamIOError(
-                f"gradstream backend: rank {before} closed its connection to rank "
-                f"{self.rank()} (it died or left the group)"
-            )
+            raise self._lost(before, StreamIOError("it closed the connection"))
 
     async def _exchange(
         self, send: np.ndarray, out: np.ndarray | None = None, into: np.ndarray | None = None

@@ -22,7 +22,12 @@ DTYPES = {
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
 }
-OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+OPS = {
+    "sum": dist.ReduceOp.SUM,
+    "avg": dist.ReduceOp.AVG,
+    "min": dist.ReduceOp.MIN,
+    "max": dist.ReduceOp.MAX,
+}
 LENGTHS = (1001, 2)
 
 
@@ -35,7 +40,9 @@ def bits(t: torch.Tensor) -> np.ndarray:
     return t.detach().contiguous().view(-1).view(torch.uint8).numpy().copy()
 
 
-def init(rank: int, size: int, folder: str, seconds: float = 20.0, backend: str = "gradstream") -> None:
+def init(
+    rank: int, size: int, folder: str, seconds: float = 20.0, backend: str = "gradstream"
+) -> None:
     dist.init_process_group(
         backend,
         init_method=f"file://{folder}/store",
@@ -75,7 +82,9 @@ def collectives(rank: int, size: int, folder: str) -> None:
         dist.reduce_scatter_tensor(part, values(rank, 5 * size, DTYPES[name]))
         seen[f"reduce_scatter/{name}"] = bits(part)
     part = torch.zeros(2)
-    dist.reduce_scatter(part, list(values(rank, 2 * size, torch.float32).chunk(size)), op=dist.ReduceOp.AVG)
+    dist.reduce_scatter(
+        part, list(values(rank, 2 * size, torch.float32).chunk(size)), op=dist.ReduceOp.AVG
+    )
     seen["reduce_scatter/list"] = bits(part)
     dist.barrier()
     seen["backend"] = np.frombuffer(dist.get_backend().encode(), np.uint8)
@@ -134,13 +143,13 @@ def failure(rank: int, size: int, folder: str, how: str) -> None:
     try:
         dist.all_reduce(t)
         outcome = {"error": None}
-    except Exception as exc:  # noqa: BLE001 (the test reads what it was)
+    except Exception as exc:
         outcome = {"error": type(exc).__name__, "message": str(exc)}
     outcome["seconds"] = time.monotonic() - started
     try:  # a later collective fails at once with the same error
         started = time.monotonic()
         dist.barrier()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         outcome["later"] = type(exc).__name__
         outcome["later_seconds"] = time.monotonic() - started
     with open(f"{folder}/{rank}.json", "w") as out:
@@ -162,7 +171,7 @@ def secured(rank: int, size: int, folder: str, key: str) -> None:
         t = values(rank, 1000, torch.float32)
         dist.all_reduce(t)
         outcome["sum"] = bits(t).tolist()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         outcome["error"] = type(exc).__name__
         outcome["message"] = str(exc)
     outcome["seconds"] = time.monotonic() - started

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from backend_launch import arrays, launch  # noqa: E402
+from backend_launch import arrays, launch
 
 
 @pytest.mark.parametrize("size", [2, 3])

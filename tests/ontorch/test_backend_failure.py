@@ -12,8 +12,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("trustme")
 
-from backend_launch import launch, outcome  # noqa: E402
-from support.certs import make_certificates  # noqa: E402
+from backend_launch import launch, outcome
+
+from support.certs import make_certificates
 
 TIMEOUT = 4.0
 

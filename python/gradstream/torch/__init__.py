@@ -19,7 +19,7 @@ import torch.distributed as _dist
 
 from ._group import GradstreamProcessGroup, Options, configure, options
 
-__all__ = ["GradstreamProcessGroup", "Options", "configure", "options", "BACKEND"]
+__all__ = ["BACKEND", "GradstreamProcessGroup", "Options", "configure", "options"]
 
 BACKEND = "gradstream"
 

@@ -14,11 +14,18 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import Work as _BaseWork
 from torch.futures import Future
 
 from .._connection import Connection, connect, listen
 from .._session import GradientStreamSession
-from ..errors import DeliveryError, GradientSizeError, SettingError, StreamIOError, StreamTimeoutError
+from ..errors import (
+    DeliveryError,
+    GradientSizeError,
+    SettingError,
+    StreamIOError,
+    StreamTimeoutError,
+)
 from . import _loop
 
 _KEY = "gradstream/authkey"
@@ -130,10 +137,12 @@ def _op_name(op: Any) -> str:
     for known, name in _REDUCE.items():
         if op == known:
             return name
-    raise SettingError("op", f"the gradstream backend reduces with SUM, AVG, MIN, MAX or PRODUCT, not {op}")
+    raise SettingError(
+        "op", f"the gradstream backend reduces with SUM, AVG, MIN, MAX or PRODUCT, not {op}"
+    )
 
 
-class _Work(dist._Work):  # type: ignore[misc]
+class _Work(_BaseWork):
     """A collective's Work: its future completes when the data is in place."""
 
     def __init__(self, future: Future[Any]) -> None:
@@ -151,7 +160,7 @@ class _Work(dist._Work):  # type: ignore[misc]
         return self._future
 
 
-class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
+class GradstreamProcessGroup(dist.ProcessGroup):
     """The process group of backend ``"gradstream"`` (made by ``init_process_group``)."""
 
     def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta) -> None:
@@ -179,7 +188,7 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         listener = _loop.submit(
             listen(f"{settings.host}:0", session=_session(), tls=settings.listen_tls, **common)
         ).result()
-        host, port = listener.address
+        _, port = listener.address
         store.set(_ADDRESS.format(self.rank()), f"{settings.host}:{port}")
         after = bytes(store.get(_ADDRESS.format((self.rank() + 1) % self.size()))).decode()
 
@@ -197,11 +206,12 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
 
         try:
             self._next, self._prev = _loop.submit(both()).result()
-        except (StreamIOError, asyncio.TimeoutError) as exc:
+        except (StreamIOError, TimeoutError) as exc:
             raise StreamIOError(
                 f"gradstream backend: rank {self.rank()} could not join the ring (connect "
                 f"to rank {(self.rank() + 1) % self.size()} at {after}, accept rank "
-                f"{(self.rank() - 1) % self.size()}) within {self._seconds:g} s: {exc or 'timed out'}"
+                f"{(self.rank() - 1) % self.size()}) within {self._seconds:g} s: "
+                f"{exc or 'timed out'}"
             ) from exc
 
     def _lock(self) -> asyncio.Lock:
@@ -221,7 +231,7 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
                     raise self._failed
                 try:
                     await asyncio.wait_for(body(), self._seconds)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     self._failed = self._stalled(
                         f"gradstream backend: {name} on rank {self.rank()} did not finish "
                         f"within the group's timeout of {self._seconds:g} s (a rank stalled "
@@ -357,10 +367,10 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
 
     # -- the ProcessGroup API --------------------------------------------------------
 
-    def getBackendName(self) -> str:  # noqa: N802 (torch's name)
+    def getBackendName(self) -> str:
         return "gradstream"
 
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> _Work:
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> _Work:  # type: ignore[override]
         op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         flats = [_Flat(t) for t in tensors]
         for f in flats:
@@ -378,7 +388,7 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
 
         return self._run("allreduce", body, tensors)
 
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> _Work:
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> _Work:  # type: ignore[override]
         root = opts.rootRank if opts is not None else 0
         flats = [_Flat(t) for t in tensors]
 
@@ -390,13 +400,13 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
 
         return self._run("broadcast", body, tensors)
 
-    def allgather(
+    def allgather(  # type: ignore[override]
         self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
     ) -> _Work:
         groups = [[_Flat(t) for t in outs] for outs in outputs]
 
         async def body() -> None:
-            for outs, tensor in zip(groups, inputs):
+            for outs, tensor in zip(groups, inputs, strict=True):
                 outs[self.rank()].torch.copy_(tensor.detach().reshape(-1))
                 if self.size() > 1:
                     await self._ring_gather([f.wire for f in outs])
@@ -405,7 +415,7 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
 
         return self._run("allgather", body, outputs)
 
-    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> _Work:  # noqa: A002
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> _Work:
         whole = _Flat(output)
 
         async def body() -> None:
@@ -421,7 +431,7 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
     all_gather_single = _allgather_base
 
     def reduce_scatter_single(
-        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None  # noqa: A002
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> _Work:
         """Rank r gets segment r of the reduced ``input`` (size x output's length),
         added up in ring order starting at rank r + 1."""
@@ -443,9 +453,9 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
 
         return self._run("reduce_scatter", body, output)
 
-    _reduce_scatter_base = reduce_scatter_single
+    _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
 
-    def reduce_scatter(
+    def reduce_scatter(  # type: ignore[override]
         self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None
     ) -> _Work:
         whole = torch.cat([t.detach().reshape(-1) for t in inputs[0]])

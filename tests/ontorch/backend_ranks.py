@@ -88,8 +88,16 @@ def collectives(rank: int, size: int, folder: str) -> None:
     seen["reduce_scatter/list"] = bits(part)
     dist.barrier()
     seen["backend"] = np.frombuffer(dist.get_backend().encode(), np.uint8)
-    np.savez(f"{folder}/{rank}.npz", **seen)
+    # Queued without waiting, then the group destroyed: the all-reduce still completes
+    # (shutdown closes the connections after the collectives queued before it).
+    last = torch.ones(1000)
+    work = dist.all_reduce(last, async_op=True)
+    group = dist.group.WORLD
     dist.destroy_process_group()
+    work.wait()
+    seen["before_shutdown"] = bits(last)
+    np.savez(f"{folder}/{rank}.npz", **seen)
+    del group
 
 
 class MLP(torch.nn.Module):

@@ -75,3 +75,4 @@ def test_collectives_equal_the_reference(tmp_path: pathlib.Path, size: int) -> N
         mine = ring_reduce(xs, "avg", start=1)[2 * rank : 2 * rank + 2]
         assert np.array_equal(seen[rank]["reduce_scatter/list"], bits(mine))
         assert seen[rank]["backend"].tobytes() == b"gradstream"
+        assert np.array_equal(seen[rank]["before_shutdown"], bits(torch.full((1000,), size * 1.0)))

@@ -470,6 +470,32 @@ class GradstreamProcessGroup(dist.ProcessGroup):
 
         return self._run("barrier", body, None)
 
+    def shutdown(self) -> None:
+        """Close the ring's connections once the collectives queued before have run
+        (``destroy_process_group`` calls it); later collectives fail as closed."""
+        self._close(wait=True)
+
+    def abort(self) -> None:
+        """Close the ring's connections now: the collectives under way fail."""
+        self._close(wait=False)
+
+    def _close(self, *, wait: bool) -> None:
+        links = [c for c in (self._next, self._prev) if c is not None]
+        if not links:
+            return
+
+        async def close() -> None:
+            if wait:
+                async with self._lock():
+                    if self._failed is None:
+                        self._failed = StreamIOError("the gradstream process group was shut down")
+            elif self._failed is None:
+                self._failed = StreamIOError("the gradstream process group was aborted")
+            for link in links:
+                await link.close()
+
+        _loop.submit(close()).result(timeout=self._seconds)
+
     def size(self) -> int:
         return int(super().size())
 

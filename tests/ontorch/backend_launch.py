@@ -1,0 +1,46 @@
+"""Start the ranks of a backend test (tests/ontorch/backend_ranks.py) and wait for them."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+
+RANKS = pathlib.Path(__file__).with_name("backend_ranks.py")
+
+
+def launch(scenario: str, size: int, folder: pathlib.Path, seconds: float = 90.0) -> list[int]:
+    """Run ``size`` ranks of ``scenario``; their exit codes."""
+    children = [
+        subprocess.Popen(
+            [sys.executable, str(RANKS), scenario, str(rank), str(size), str(folder)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for rank in range(size)
+    ]
+    codes = []
+    for child in children:
+        try:
+            output, _ = child.communicate(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            for other in children:
+                other.kill()
+            raise
+        if child.returncode not in (0, 3):
+            print(output.decode(errors="replace"))
+        codes.append(child.returncode)
+    return codes
+
+
+def arrays(folder: pathlib.Path, rank: int) -> dict[str, np.ndarray]:
+    with np.load(folder / f"{rank}.npz") as got:
+        return dict(got)
+
+
+def outcome(folder: pathlib.Path, rank: int) -> dict[str, Any]:
+    return json.loads((folder / f"{rank}.json").read_text())

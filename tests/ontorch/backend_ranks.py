@@ -1,0 +1,202 @@
+"""One rank of the gradstream backend's tests (tests/ontorch/test_backend_*.py), run as
+``python backend_ranks.py SCENARIO RANK SIZE FOLDER``: the ranks meet through a
+FileStore in FOLDER and each writes what it saw to FOLDER/<rank>.npz (or .json)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import gradstream.torch as gst
+
+DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+OPS = {
+    "sum": dist.ReduceOp.SUM,
+    "avg": dist.ReduceOp.AVG,
+    "min": dist.ReduceOp.MIN,
+    "max": dist.ReduceOp.MAX,
+}
+LENGTHS = (1001, 2)
+
+
+def values(rank: int, length: int, dtype: torch.dtype) -> torch.Tensor:
+    rng = np.random.default_rng(1000 * rank + length)
+    return torch.from_numpy(rng.standard_normal(length).astype(np.float32)).to(dtype)
+
+
+def bits(t: torch.Tensor) -> np.ndarray:
+    return t.detach().contiguous().view(-1).view(torch.uint8).numpy().copy()
+
+
+def init(
+    rank: int, size: int, folder: str, seconds: float = 20.0, backend: str = "gradstream"
+) -> None:
+    dist.init_process_group(
+        backend,
+        init_method=f"file://{folder}/store",
+        rank=rank,
+        world_size=size,
+        timeout=datetime.timedelta(seconds=seconds),
+    )
+
+
+def collectives(rank: int, size: int, folder: str) -> None:
+    init(rank, size, folder)
+    seen: dict[str, np.ndarray] = {}
+    for name, dtype in DTYPES.items():
+        for length in LENGTHS:
+            for op_name, op in OPS.items():
+                t = values(rank, length, dtype)
+                dist.all_reduce(t, op=op)
+                seen[f"allreduce/{name}/{length}/{op_name}"] = bits(t)
+    # A tensor that is not contiguous (every other column), and an async Work.
+    t = values(rank, 24, torch.float32).view(4, 6)[:, ::2]
+    dist.all_reduce(t, async_op=True).wait()
+    seen["allreduce/strided"] = bits(t)
+    b = values(rank, 7, torch.float64)
+    dist.broadcast(b, src=size - 1)
+    seen["broadcast"] = bits(b)
+    n = torch.arange(5, dtype=torch.int64) * (rank + 1)
+    dist.broadcast(n, src=0)
+    seen["broadcast/int64"] = bits(n)
+    outs = [torch.zeros(3, dtype=torch.bfloat16) for _ in range(size)]
+    dist.all_gather(outs, values(rank, 3, torch.bfloat16))
+    seen["allgather"] = bits(torch.cat(outs))
+    whole = torch.zeros(size * 4)
+    dist.all_gather_into_tensor(whole, values(rank, 4, torch.float32))
+    seen["allgather_base"] = bits(whole)
+    for name in ("float32", "bfloat16"):
+        part = torch.zeros(5, dtype=DTYPES[name])
+        dist.reduce_scatter_tensor(part, values(rank, 5 * size, DTYPES[name]))
+        seen[f"reduce_scatter/{name}"] = bits(part)
+    part = torch.zeros(2)
+    dist.reduce_scatter(
+        part, list(values(rank, 2 * size, torch.float32).chunk(size)), op=dist.ReduceOp.AVG
+    )
+    seen["reduce_scatter/list"] = bits(part)
+    dist.barrier()
+    seen["backend"] = np.frombuffer(dist.get_backend().encode(), np.uint8)
+    # Queued without waiting, then the group destroyed: the all-reduce still completes
+    # (shutdown closes the connections after the collectives queued before it).
+    last = torch.ones(1000)
+    work = dist.all_reduce(last, async_op=True)
+    group = dist.group.WORLD
+    dist.destroy_process_group()
+    work.wait()
+    seen["before_shutdown"] = bits(last)
+    np.savez(f"{folder}/{rank}.npz", **seen)
+    del group
+
+
+class MLP(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.Sequential(
+            torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+def train(rank: int, group: object) -> dict[str, np.ndarray]:
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(MLP(), process_group=group)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.Generator().manual_seed(100 + rank)
+    for _ in range(4):
+        x = torch.randn(8, 16, generator=data)
+        y = torch.randn(8, 4, generator=data)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    return {k: v.detach().numpy().copy() for k, v in model.module.state_dict().items()}
+
+
+def ddp(rank: int, size: int, folder: str) -> None:
+    init(rank, size, folder)
+    ours = train(rank, dist.group.WORLD)
+    gloo = train(rank, dist.new_group(backend="gloo"))
+    np.savez(
+        f"{folder}/{rank}.npz",
+        **{f"gradstream/{k}": v for k, v in ours.items()},
+        **{f"gloo/{k}": v for k, v in gloo.items()},
+    )
+    dist.destroy_process_group()
+
+
+def failure(rank: int, size: int, folder: str, how: str) -> None:
+    """The last rank dies (or stalls) after one all-reduce; the others time the next."""
+    init(rank, size, folder, seconds=4.0)
+    t = torch.ones(1 << 16)
+    dist.all_reduce(t)
+    if rank == size - 1:
+        if how == "die":
+            os._exit(3)
+        time.sleep(7)
+        os._exit(3)
+    started = time.monotonic()
+    try:
+        dist.all_reduce(t)
+        outcome = {"error": None}
+    except Exception as exc:
+        outcome = {"error": type(exc).__name__, "message": str(exc)}
+    outcome["seconds"] = time.monotonic() - started
+    try:  # a later collective fails at once with the same error
+        started = time.monotonic()
+        dist.barrier()
+    except Exception as exc:
+        outcome["later"] = type(exc).__name__
+        outcome["later_seconds"] = time.monotonic() - started
+    with open(f"{folder}/{rank}.json", "w") as out:
+        json.dump(outcome, out)
+    os._exit(0)  # the group cannot be torn down cleanly without its last rank
+
+
+def secured(rank: int, size: int, folder: str, key: str) -> None:
+    """TLS (mutual) and a configured authkey; ``key`` "mismatch": the last rank's differs."""
+    from support.certs import Certificates
+
+    certs = Certificates(__import__("pathlib").Path(folder) / "certs")
+    authkey = b"k" * 32 if key == "same" or rank != size - 1 else b"x" * 32
+    gst.configure(listen_tls=certs.mutual_server, connect_tls=certs.mutual_client, authkey=authkey)
+    outcome: dict[str, object] = {}
+    started = time.monotonic()
+    try:
+        init(rank, size, folder, seconds=5.0)
+        t = values(rank, 1000, torch.float32)
+        dist.all_reduce(t)
+        outcome["sum"] = bits(t).tolist()
+    except Exception as exc:
+        outcome["error"] = type(exc).__name__
+        outcome["message"] = str(exc)
+    outcome["seconds"] = time.monotonic() - started
+    with open(f"{folder}/{rank}.json", "w") as out:
+        json.dump(outcome, out)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    scenario, rank_text, size_text, where = sys.argv[1:5]
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    args = (int(rank_text), int(size_text), where)
+    if scenario == "collectives":
+        collectives(*args)
+    elif scenario == "ddp":
+        ddp(*args)
+    elif scenario in ("die", "stall"):
+        failure(*args, scenario)
+    else:
+        secured(*args, scenario.split("-")[1])

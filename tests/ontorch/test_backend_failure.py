@@ -1,0 +1,56 @@
+"""A rank that dies or stalls mid-training makes the next collective fail on the others
+with gradstream's error within the group's timeout (4 s here), never a hang; the group
+then fails every later collective at once. TLS (mutual) with a configured authkey works
+end to end, and a rank with another authkey is refused at the rendezvous."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("trustme")
+
+from backend_launch import launch, outcome
+
+from support.certs import make_certificates
+
+TIMEOUT = 4.0
+
+
+@pytest.mark.parametrize(("how", "size"), [("die", 3), ("stall", 2)])
+def test_a_lost_rank_fails_the_others_within_the_timeout(
+    tmp_path: pathlib.Path, how: str, size: int
+) -> None:
+    codes = launch(how, size, tmp_path)
+    assert codes == [0] * (size - 1) + [3]
+    for rank in range(size - 1):
+        got = outcome(tmp_path, rank)
+        assert got["error"] in ("StreamIOError", "StreamTimeoutError"), got
+        assert got["seconds"] < TIMEOUT + 2.0, got
+        assert got["later"] is not None and got["later_seconds"] < 1.0, got
+        if how == "die":
+            assert f"lost its connection to rank {size - 1}" in got["message"], got
+        if how == "stall":
+            assert got["error"] == "StreamTimeoutError", got
+            assert "within the group's timeout of 4 s" in got["message"], got
+
+
+def test_tls_and_authkey_end_to_end(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "certs").mkdir()
+    make_certificates(tmp_path / "certs")
+    assert launch("secured-same", 2, tmp_path) == [0, 0]
+    first, second = outcome(tmp_path, 0), outcome(tmp_path, 1)
+    assert "error" not in first and "error" not in second, (first, second)
+    assert first["sum"] == second["sum"]
+
+
+def test_another_authkey_is_refused(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "certs").mkdir()
+    make_certificates(tmp_path / "certs")
+    assert launch("secured-mismatch", 2, tmp_path) == [0, 0]
+    got = [outcome(tmp_path, rank) for rank in range(2)]
+    assert all("error" in g for g in got), got
+    assert any(g["error"] == "AuthenticationError" for g in got), got
+    assert all(g["seconds"] < 5.0 + 3.0 for g in got), got

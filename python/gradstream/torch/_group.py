@@ -160,7 +160,7 @@ class _Work(_BaseWork):
         return self._future
 
 
-class GradstreamProcessGroup(dist.ProcessGroup):
+class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch is Any here
     """The process group of backend ``"gradstream"`` (made by ``init_process_group``)."""
 
     def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta) -> None:
@@ -370,7 +370,7 @@ class GradstreamProcessGroup(dist.ProcessGroup):
     def getBackendName(self) -> str:
         return "gradstream"
 
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> _Work:  # type: ignore[override]
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> _Work:
         op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         flats = [_Flat(t) for t in tensors]
         for f in flats:
@@ -388,7 +388,7 @@ class GradstreamProcessGroup(dist.ProcessGroup):
 
         return self._run("allreduce", body, tensors)
 
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> _Work:  # type: ignore[override]
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> _Work:
         root = opts.rootRank if opts is not None else 0
         flats = [_Flat(t) for t in tensors]
 
@@ -400,7 +400,7 @@ class GradstreamProcessGroup(dist.ProcessGroup):
 
         return self._run("broadcast", body, tensors)
 
-    def allgather(  # type: ignore[override]
+    def allgather(
         self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
     ) -> _Work:
         groups = [[_Flat(t) for t in outs] for outs in outputs]
@@ -453,9 +453,9 @@ class GradstreamProcessGroup(dist.ProcessGroup):
 
         return self._run("reduce_scatter", body, output)
 
-    _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
+    _reduce_scatter_base = reduce_scatter_single
 
-    def reduce_scatter(  # type: ignore[override]
+    def reduce_scatter(
         self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None
     ) -> _Work:
         whole = torch.cat([t.detach().reshape(-1) for t in inputs[0]])

@@ -13,7 +13,7 @@ import asyncio
 import concurrent.futures
 import os
 import threading
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -58,7 +58,7 @@ def loop() -> asyncio.AbstractEventLoop:
         return new
 
 
-def submit(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+def submit(coro: Coroutine[Any, Any, T] | Awaitable[T]) -> concurrent.futures.Future[T]:
     """Schedule ``coro`` on this process's loop (from any thread but the loop's own);
     its future, which ``cancel()`` stops."""
     own = loop()
@@ -67,12 +67,20 @@ def submit(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
     except RuntimeError:
         running = None
     if running is own:
-        coro.close()
+        if isinstance(coro, Coroutine):
+            coro.close()
         raise RuntimeError("gradstream.ray: a blocking call made on its own event loop")
+    if not isinstance(coro, Coroutine):
+        # The awaitable gradstream.connect/listen/serve return, not a coroutine.
+        coro = _awaited(coro)
     return asyncio.run_coroutine_threadsafe(coro, own)
 
 
-def call(coro: Coroutine[Any, Any, T]) -> T:
+async def _awaited(work: Awaitable[T]) -> T:
+    return await work
+
+
+def call(coro: Coroutine[Any, Any, T] | Awaitable[T]) -> T:
     """Run ``coro`` on this process's loop and wait for its result (from any thread but
     the loop's own)."""
     return submit(coro).result()

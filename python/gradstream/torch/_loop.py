@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine
+from collections.abc import Awaitable
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -29,6 +29,11 @@ def loop() -> asyncio.AbstractEventLoop:
         return _loop[0]
 
 
-def submit(work: Coroutine[Any, Any, T]) -> Future[T]:
-    """Run ``work`` on the backend's loop; its concurrent future."""
-    return asyncio.run_coroutine_threadsafe(work, loop())
+def submit(work: Awaitable[T]) -> Future[T]:
+    """Run ``work`` (a coroutine, or the awaitable ``gradstream.listen`` returns) on the
+    backend's loop; its concurrent future."""
+
+    async def run() -> T:
+        return await work
+
+    return asyncio.run_coroutine_threadsafe(run(), loop())

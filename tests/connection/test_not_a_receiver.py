@@ -47,3 +47,26 @@ def test_an_http_answer_is_named_at_once(dialler: ModuleType) -> None:
     error, seconds = run(main)
     assert SEEN in str(error), str(error)
     assert seconds < 2.0
+
+
+PAGE = b'<!DOCTYPE HTML>\n<html lang="en">\n<head><title>Error response</title></head>\n'
+
+
+def test_an_error_page_without_a_status_line_is_named_at_once(dialler: ModuleType) -> None:
+    # What http.server sends for a request line it reads as HTTP/0.9: a hello's random
+    # bytes may hold the newline that ends one.
+    async def main() -> BaseException:
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.write(PAGE)
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        async with server:
+            with pytest.raises(gs.ProtocolError) as info:
+                await dialler.connect(server.sockets[0].getsockname()[:2])
+        return info.value
+
+    error = run(main)
+    seen = "an HTML page (an HTTP/0.9 answer): the peer is an HTTP server, not a gradstream peer"
+    assert seen in str(error), str(error)

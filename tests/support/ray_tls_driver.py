@@ -57,7 +57,9 @@ def main() -> None:
         configure_logging=False,
     )
     tls = gs.TLS(cert=folder / "server.pem", key=folder / "server.key", ca=folder / "ca.pem")
-    gsray.register(tls=tls, authkey=KEY, timeout=15)
+    # The test's certificate names 127.0.0.1 and localhost: listen there, whatever
+    # address Ray gives this node (the machine's own one, in some runs).
+    gsray.register(tls=tls, authkey=KEY, timeout=15, host="127.0.0.1")
     from support.rayactors import Maker, Taker, Worker, describe, update
 
     maker, taker = Maker.remote(), Taker.remote()
@@ -72,7 +74,7 @@ def main() -> None:
 
     params = np.zeros(1000, np.float32)
     ps = gsray.ParameterServer.options(num_cpus=0).remote(
-        params, update, workers=1, tls=tls, authkey=KEY
+        params, update, workers=1, tls=tls, authkey=KEY, host="127.0.0.1"
     )
     worker = Worker.remote(ps, 0, 3)
     got = ray.get(worker.push.remote(np.ones(1000, np.float32)), timeout=60)

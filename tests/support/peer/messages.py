@@ -125,6 +125,10 @@ def describe(head: bytes) -> str:
             f"an HTTP answer ({_request_line(head)}...): the peer is an HTTP server or proxy, "
             "not a gradstream peer"
         )
+    if head[:14].lower() == b"<!doctype html":
+        return (
+            "an HTML page (an HTTP/0.9 answer): the peer is an HTTP server, not a gradstream peer"
+        )
     if head[0] == 0x16 and head[1] == 0x03 and head[5] == 0x01:
         return "a TLS ClientHello (a TLS client at a plaintext listener: give both sides tls=)"
     if head[0] == 0x15 and head[1] == 0x03:

@@ -98,6 +98,10 @@ const HTTP_STARTS: [&str; 10] = [
 /// What an HTTP server or proxy answers with (`HTTP/1.1 400 Bad Request`).
 const HTTP_ANSWER: &[u8] = b"HTTP/";
 
+/// An error page sent without a status line: what Python's `http.server` answers a
+/// request line it reads as HTTP/0.9 (a hello's random bytes may hold a newline).
+const HTML_PAGE: &[u8] = b"<!doctype html";
+
 pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -124,6 +128,11 @@ pub fn describe(bytes: &[u8]) -> String {
              peer",
             request_line(bytes)
         );
+    }
+    if bytes[..HTML_PAGE.len()].eq_ignore_ascii_case(HTML_PAGE) {
+        return "an HTML page (an HTTP/0.9 answer): the peer is an HTTP server, not a \
+                gradstream peer"
+            .to_string();
     }
     if bytes[0] == 0x16 && bytes[1] == 0x03 && bytes[5] == 0x01 {
         return "a TLS ClientHello (a TLS client at a plaintext listener: give both sides tls=)"

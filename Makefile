@@ -71,6 +71,8 @@ demo: build
 # The peer comparison suite (benches/suite/), the connection and TLS rows included; e.g.
 # `make bench BENCH_ARGS="--quick --json b.json"`, then `python benches/perf_page.py b.json`
 # (the tables of docs/performance.md; with --install, the run that page shows).
+# Then, when torch imports, the torch.distributed backend against gloo
+# (benches/torch_backend.py: all-reduce across 2 and 3 processes, DDP steps/s).
 # Then, when Ray imports, the Ray rows (benches/ray_bench.py: its across-nodes rows need root
 # for a network namespace, and are skipped with a note without it); it takes --quick from
 # BENCH_ARGS, and RAY_BENCH_ARGS (e.g. "--json r.json") for itself.
@@ -78,6 +80,8 @@ BENCH_ARGS ?=
 RAY_BENCH_ARGS ?=
 bench: build
 	$(PY) benches/bench.py $(BENCH_ARGS)
+	if $(PY) -c 'import torch' 2>/dev/null; then \
+		$(PY) benches/torch_backend.py $(if $(filter --quick,$(BENCH_ARGS)),--mib 64 --rounds 2,); fi
 	if $(PY) -c 'import ray' 2>/dev/null; then \
 		$(PY) benches/ray_bench.py $(filter --quick,$(BENCH_ARGS)) $(RAY_BENCH_ARGS); fi
 

@@ -174,6 +174,27 @@ class ConnectionCore:
         self._closing = True
         self._turns.close()
 
+    def _taken_set(self, got: Any, like: str, out: Any) -> Any:
+        """A received set as the caller asked for it (``tensor_set_as``), then its ack:
+        the set is the caller's from here, as recv's gradient. A set ``out=`` refuses
+        (nothing written) is refused to the sender at once, as a transfer nobody took
+        (its DeliveryError), and the connection closed."""
+        try:
+            tensors = tensor_set_as(got, like, out)
+        except Exception:
+            self._abandoned()
+            raise
+        self._link.settle()
+        return tensors
+
+
+def set_like(out: Any, like: Any) -> str:
+    """``recv_tensors``'s checked ``like``, which ``out=`` excludes (both faces)."""
+    kind = check_like(like)
+    if out is not None and like is not None:
+        raise ValueError("out= and like= exclude each other: out= is what comes back")
+    return kind
+
 
 class Connection(ConnectionCore):
     """A connection to one peer: gradients and tensor sets each way, one transfer at a
@@ -292,30 +313,19 @@ class Connection(ConnectionCore):
         gives torch tensors; ``out=`` (a torch module or a mapping of name to tensor) is
         filled in place and returned, refused before any write when the set's names,
         shapes or dtypes differ (docs/guides/torch.md)."""
-        kind = check_like(like)
-        if out is not None and like is not None:
-            raise ValueError("out= and like= exclude each other: out= is what comes back")
+        kind = set_like(out, like)
         with self._turn(Phase.RECEIVING, "recv_tensors"):
             bound = check_seconds(deadline, "deadline")
             most = self._most(max_values)
             hub = _aio.hub()
             timed = Timed(progress)
-            link = self._link
             got = await self._finished(
-                hub, link.recv_tensors(hub.native, timed.progress, bound, most)
+                hub, self._link.recv_tensors(hub.native, timed.progress, bound, most)
             )
         if got is None:
             return {}
-        try:
-            tensors = tensor_set_as(got, kind, out)
-        except Exception:
-            # A set out= refuses (nothing written): refused to the sender at once, as a
-            # transfer nobody took (its DeliveryError), the connection closed.
-            if link.abandoned():
-                self._turns.close()
-            raise
+        tensors = self._taken_set(got, kind, out)
         timed.log("received", "tensor set", self.peer)
-        link.settle()  # the set is the caller's from here: its ack now, as recv's
         return tensors
 
     def __aiter__(self) -> AsyncIterator[npt.NDArray[Any]]:

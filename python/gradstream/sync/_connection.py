@@ -15,8 +15,8 @@ import numpy.typing as npt
 
 from .._address import peer_text
 from .._checks import HANDSHAKE_TIMEOUT, check_seconds
-from .._connection import ConnectionCore, Timed, connect_args
-from .._session import _Out, hand_back_as, lend_either, tensor_set_as
+from .._connection import ConnectionCore, Timed, connect_args, set_like
+from .._session import _Out, hand_back_as, lend_either
 from .._torch import check_like
 from .._turns import Phase
 from ..errors import StreamIOError
@@ -165,28 +165,17 @@ class Connection(ConnectionCore):
         ``like="torch"`` gives torch tensors; ``out=`` (a torch module or a mapping of
         name to tensor) is filled in place and returned, refused before any write when
         the set's names, shapes or dtypes differ (docs/guides/torch.md)."""
-        kind = check_like(like)
-        if out is not None and like is not None:
-            raise ValueError("out= and like= exclude each other: out= is what comes back")
+        kind = set_like(out, like)
         with self._turn(Phase.RECEIVING, "recv_tensors"):
             bound = check_seconds(deadline, "deadline")
             most = self._most(max_values)
             own = waiter()
             timed = Timed(progress)
-            link = self._link
             with stopping(own, self._abandoned):
-                got = self._wait(own, link.recv_tensors(own, timed.progress, bound, most))
+                got = self._wait(own, self._link.recv_tensors(own, timed.progress, bound, most))
                 if got is None:
                     return {}
-                try:
-                    tensors = tensor_set_as(got, kind, out)
-                except Exception:
-                    # A set out= refuses (nothing written): refused to the sender at
-                    # once, as a transfer nobody took, the connection closed.
-                    if link.abandoned():
-                        self._turns.close()
-                    raise
-                link.settle()  # the set is the caller's from here: its ack now, as recv's
+                tensors = self._taken_set(got, kind, out)
         timed.log("received", "tensor set", self.peer)
         return tensors
 

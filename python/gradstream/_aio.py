@@ -17,12 +17,26 @@ import asyncio
 import contextlib
 import select
 import weakref
+from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar
 
 from ._io import Clock, Stalled
 from .errors import StreamIOError
 
 T = TypeVar("T")
+
+
+def coroutine_of(work: Awaitable[T]) -> Coroutine[Any, Any, T]:
+    """``work`` as a coroutine, for ``asyncio.run_coroutine_threadsafe`` from another
+    thread (the loops of gradstream.ray and gradstream.torch): a coroutine as it is; any
+    other awaitable (what ``connect``, ``listen`` and ``serve`` return) awaited by one."""
+    if isinstance(work, Coroutine):
+        return work
+
+    async def awaited() -> T:
+        return await work
+
+    return awaited()
 
 
 def half_of(stream: Any, index: int, kind: type[T]) -> T | None:

@@ -16,6 +16,8 @@ import threading
 from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar
 
+from .._aio import coroutine_of
+
 T = TypeVar("T")
 
 # Each keyed by the process that made it: a forked child has neither the parent's loop
@@ -70,14 +72,7 @@ def submit(coro: Coroutine[Any, Any, T] | Awaitable[T]) -> concurrent.futures.Fu
         if isinstance(coro, Coroutine):
             coro.close()
         raise RuntimeError("gradstream.ray: a blocking call made on its own event loop")
-    if not isinstance(coro, Coroutine):
-        # The awaitable gradstream.connect/listen/serve return, not a coroutine.
-        coro = _awaited(coro)
-    return asyncio.run_coroutine_threadsafe(coro, own)
-
-
-async def _awaited(work: Awaitable[T]) -> T:
-    return await work
+    return asyncio.run_coroutine_threadsafe(coroutine_of(coro), own)
 
 
 def call(coro: Coroutine[Any, Any, T] | Awaitable[T]) -> T:

@@ -10,6 +10,8 @@ from collections.abc import Awaitable
 from concurrent.futures import Future
 from typing import TypeVar
 
+from .._aio import coroutine_of
+
 T = TypeVar("T")
 
 _lock = threading.Lock()
@@ -32,8 +34,4 @@ def loop() -> asyncio.AbstractEventLoop:
 def submit(work: Awaitable[T]) -> Future[T]:
     """Run ``work`` (a coroutine, or the awaitable ``gradstream.listen`` returns) on the
     backend's loop; its concurrent future."""
-
-    async def run() -> T:
-        return await work
-
-    return asyncio.run_coroutine_threadsafe(run(), loop())
+    return asyncio.run_coroutine_threadsafe(coroutine_of(work), loop())

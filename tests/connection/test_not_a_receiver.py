@@ -23,11 +23,12 @@ SEEN = (
 
 
 @asynccontextmanager
-async def http_answering() -> AsyncIterator[tuple[str, int]]:
-    """A server that answers every connection as an HTTP proxy refusing it does, at once."""
+async def http_answering(answer_with: bytes = ANSWER) -> AsyncIterator[tuple[str, int]]:
+    """A server that answers every connection with ``answer_with`` at once (by default as
+    an HTTP proxy refusing it does)."""
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(ANSWER)
+        writer.write(answer_with)
         await writer.drain()
         writer.close()
 
@@ -56,15 +57,9 @@ def test_an_error_page_without_a_status_line_is_named_at_once(dialler: ModuleTyp
     # What http.server sends for a request line it reads as HTTP/0.9: a hello's random
     # bytes may hold the newline that ends one.
     async def main() -> BaseException:
-        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            writer.write(PAGE)
-            await writer.drain()
-            writer.close()
-
-        server = await asyncio.start_server(answer, "127.0.0.1", 0)
-        async with server:
+        async with http_answering(PAGE) as address:
             with pytest.raises(gs.ProtocolError) as info:
-                await dialler.connect(server.sockets[0].getsockname()[:2])
+                await dialler.connect(address)
         return info.value
 
     error = run(main)

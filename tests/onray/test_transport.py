@@ -147,10 +147,15 @@ def test_a_corrupted_chunk_is_refused_and_not_delivered(cluster: str) -> None:
 
 def test_a_killed_receiver_fails_in_bounded_time_and_the_maker_goes_on(cluster: str) -> None:
     maker, taker, other = Maker.remote(), Taker.remote(), Taker.remote()
+    real = ray.get(maker.advertise.remote(None))
+    # The proxy stops forwarding 1 MB into the reply: the transfer is under way when the
+    # receiver is killed, however fast this machine moves 128 MiB.
+    proxy = TamperingProxy(tuple(real), flip_at=1_000_000, hold=True)
     try:
-        ref = maker.big.remote(32 * 2**20)  # 128 MiB: the transfer is under way
+        ray.get(maker.advertise.remote(proxy.address))
+        ref = maker.big.remote(32 * 2**20)
         pending = taker.slow.remote(ref)
-        time.sleep(0.5)
+        assert proxy.reached.wait(60)
         started = time.monotonic()
         ray.kill(taker)
         with pytest.raises(ActorDiedError):
@@ -158,6 +163,7 @@ def test_a_killed_receiver_fails_in_bounded_time_and_the_maker_goes_on(cluster: 
         assert time.monotonic() - started < 30
         assert ray.get(other.slow.remote(ref), timeout=60) == 32 * 2**20
     finally:
+        proxy.close()
         ray.kill(maker)
         ray.kill(other)
 

@@ -173,13 +173,21 @@ def expected_steps(params: Any, seed: int, ranks_per_step: list[list[int]], shap
 class TamperingProxy:
     """A TCP forwarder on 127.0.0.1 that flips one byte of what the server sends, at
     offset ``flip_at`` of each connection's server-to-client stream; or, with ``cut``,
-    closes both sides there instead (a server that died mid-reply)."""
+    closes both sides there instead (a server that died mid-reply); or, with ``hold``,
+    forwards nothing past that offset of the first connection until ``close()`` (a
+    transfer that is certainly under way, however fast the machine: ``reached`` is set
+    when it gets there; later connections pass untouched)."""
 
-    def __init__(self, target: tuple[str, int], flip_at: int, cut: bool = False) -> None:
+    def __init__(
+        self, target: tuple[str, int], flip_at: int, cut: bool = False, hold: bool = False
+    ) -> None:
         self.target = target
         self.flip_at = flip_at
         self.cut = cut
+        self.hold = hold
         self.flipped = 0
+        self.reached = threading.Event()
+        self._released = threading.Event()
         self._sock = socket.create_server(("127.0.0.1", 0))
         self.address = self._sock.getsockname()[:2]
         threading.Thread(target=self._accept, daemon=True).start()
@@ -198,15 +206,23 @@ class TamperingProxy:
         seen = 0
         try:
             while data := src.recv(1 << 16):
-                if tamper and seen <= self.flip_at < seen + len(data):
-                    if self.cut:
-                        dst.sendall(data[: self.flip_at - seen])
+                at = self.flip_at - seen
+                if tamper and 0 <= at < len(data):
+                    if self.hold:
+                        if not self.reached.is_set():  # only the first connection is held
+                            dst.sendall(data[:at])
+                            self.reached.set()
+                            self._released.wait()
+                            return
+                    elif self.cut:
+                        dst.sendall(data[:at])
                         self.flipped += 1
                         return
-                    buf = bytearray(data)
-                    buf[self.flip_at - seen] ^= 0x01
-                    data = bytes(buf)
-                    self.flipped += 1
+                    else:
+                        buf = bytearray(data)
+                        buf[at] ^= 0x01
+                        data = bytes(buf)
+                        self.flipped += 1
                 seen += len(data)
                 dst.sendall(data)
         except OSError:
@@ -219,6 +235,7 @@ class TamperingProxy:
                     pass
 
     def close(self) -> None:
+        self._released.set()
         self._sock.close()
 
 

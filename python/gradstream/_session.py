@@ -31,6 +31,7 @@ from typing_extensions import Buffer
 from . import _aio, _dtypes, _handover, _torch
 from ._checks import SSL_SOCKET_REFUSED, check_protocol
 from ._convert import check_bool, check_op, frame_buffer, reduction, value_buffer
+from ._fill import fill_model
 from ._native import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_MAX_GRADIENT_LEN,
@@ -156,7 +157,7 @@ def tensor_set_as(received: list[tuple[str, _Values]], like: str, out: Any) -> A
     with ``like="torch"``), or ``out`` filled in place when given (a torch module or a
     mapping of name to tensor: every name, shape and dtype checked before any write)."""
     if out is not None:
-        return _torch.fill_model(out, received)
+        return fill_model(out, received)
     return {name: hand_back_as(values, like) for name, values in received}
 
 

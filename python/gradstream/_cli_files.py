@@ -132,9 +132,9 @@ def load_item(path: Path, protocol: str) -> npt.NDArray[Any] | TensorSet:
 
 
 def load_gradient(path: Path, protocol: str = "gradstream") -> npt.NDArray[Any]:
-    """The array of a .npy file, memory-mapped when possible (no copy): float16, float32
-    or float64 over a gradstream connection (sent in its dtype and shape), float32 alone
-    for ``--protocol seed``."""
+    """The array of a .npy file, memory-mapped when possible (no copy): float16, bfloat16
+    (2-byte raw values, as ``recv`` writes it), float32 or float64 over a gradstream
+    connection (sent in its dtype and shape), float32 alone for ``--protocol seed``."""
     try:
         try:
             array = np.load(path, mmap_mode="r", allow_pickle=False)
@@ -145,6 +145,8 @@ def load_gradient(path: Path, protocol: str = "gradstream") -> npt.NDArray[Any]:
         raise CliError(f"cannot read {path} as a .npy file: {one_line(str(exc))}") from exc
     if not isinstance(array, np.ndarray):
         raise CliError(f"{path} is not a .npy file holding one array")
+    if protocol == "gradstream" and _raw_bfloat16(array.dtype):
+        return _bfloat16(path, None, array.view(np.uint16))
     kept = (
         protocol == "gradstream"
         and array.dtype.kind == "f"
@@ -156,7 +158,8 @@ def load_gradient(path: Path, protocol: str = "gradstream") -> npt.NDArray[Any]:
     sends = (
         "--protocol seed sends float32 only (the original's wire)"
         if protocol == "seed"
-        else "gradstream sends float16, float32 or float64"
+        else "gradstream sends float16, bfloat16 (as numpy saves ml_dtypes.bfloat16: '<V2'), "
+        "float32 or float64"
     )
     raise CliError(
         f"{path} holds {array.dtype} values; {sends}. Convert it: "
@@ -172,13 +175,21 @@ def _refuse_members(path: Path, bad: list[str]) -> CliError:
     )
 
 
-def _bfloat16(path: Path, name: str, bits: npt.NDArray[Any]) -> npt.NDArray[Any]:
+def _raw_bfloat16(dtype: np.dtype[Any]) -> bool:
+    """Whether an array of `dtype` holds bfloat16: ml_dtypes' own, or 2-byte raw values
+    ('<V2'), as numpy saves ml_dtypes.bfloat16 to a .npy or .npz file."""
+    plain_void = dtype.kind == "V" and dtype.names is None and dtype.shape == ()
+    return dtype.name == "bfloat16" or (plain_void and dtype.itemsize == 2)
+
+
+def _bfloat16(path: Path, name: str | None, bits: npt.NDArray[Any]) -> npt.NDArray[Any]:
     """2-byte raw values as ml_dtypes' bfloat16 (a view, no copy)."""
     dtype = _dtypes.bfloat16_dtype()
     if dtype is None:
+        what = "it holds" if name is None else f"member {json.dumps(name)} is"
         raise CliError(
-            f"cannot send {path}: member {json.dumps(name)} is bfloat16, which numpy holds "
-            f"through ml_dtypes: {BFLOAT16_INSTALL}"
+            f"cannot send {path}: {what} bfloat16, which numpy holds through ml_dtypes: "
+            f"{BFLOAT16_INSTALL}"
         )
     return bits.view(dtype)
 
@@ -189,10 +200,7 @@ def _npz_member(name: str, array: npt.NDArray[Any]) -> npt.NDArray[Any] | str:
     dtype = array.dtype
     if dtype.kind == "f" and dtype.itemsize in (2, 4, 8):
         return array if dtype.isnative else array.astype(dtype.newbyteorder("="))
-    if dtype.name == "bfloat16" or (
-        dtype.kind == "V" and dtype.itemsize == 2 and dtype.names is None and dtype.shape == ()
-    ):
-        # numpy writes ml_dtypes.bfloat16 as '<V2': the raw bits.
+    if _raw_bfloat16(dtype):
         return array.view(np.uint16)
     return f"member {json.dumps(name)} is {dtype}"
 

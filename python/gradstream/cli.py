@@ -247,7 +247,8 @@ def _add_send(sub: Any) -> None:
         help="send .npy gradients, or .npz / .safetensors tensor sets, to a receiver",
         description="Connect to HOST:PORT and send each FILE over that one connection, "
         "in order. With --protocol gradstream (the default) a .npy file goes as one "
-        "gradient, as it is, float16, float32 or float64 in its shape; a .npz archive or a "
+        "gradient, as it is, float16, bfloat16, float32 or float64 in its shape; a .npz "
+        "archive or a "
         ".safetensors file goes as one tensor set, its arrays by name in the file's order, "
         "each float16, bfloat16, float32 or float64 in its shape (recv saves it alike into "
         "a .npz or .safetensors --out). A file is sent once the receiver acknowledged it; "
@@ -266,11 +267,11 @@ def _add_send(sub: Any) -> None:
         "files",
         nargs="+",
         metavar="FILE",
-        help=".npy file(s) of float16, float32 or float64 values (float32 alone with "
-        "--protocol seed), or .npz / .safetensors file(s) of float16, bfloat16, float32 or "
-        "float64 tensors, each sent as one tensor set (not with --protocol seed). A "
-        "bfloat16 tensor needs ml_dtypes; a .npz holds it as numpy saves ml_dtypes.bfloat16 "
-        "('<V2'), a .safetensors file as BF16; .safetensors needs the safetensors package",
+        help=".npy file(s) of float16, bfloat16, float32 or float64 values (float32 alone "
+        "with --protocol seed), or .npz / .safetensors file(s) of such tensors, each sent as "
+        "one tensor set (not with --protocol seed). bfloat16 needs ml_dtypes; a .npy or .npz "
+        "file holds it as numpy saves ml_dtypes.bfloat16 (raw 2-byte values, '<V2'), a "
+        ".safetensors file as BF16; .safetensors needs the safetensors package",
     )
     send.add_argument(
         "--chunk-size",

@@ -196,6 +196,23 @@ def test_a_set_from_a_python_peer(tmp_path: Path, spawn: list[Child]) -> None:
     assert_same_set(load_set(tmp_path / "out.safetensors"), sent, ordered=False)
 
 
+def test_a_bfloat16_npy_file_goes_back_as_it_came(tmp_path: Path, spawn: list[Child]) -> None:
+    """recv writes a lone bfloat16 gradient as numpy saves ml_dtypes' bfloat16 ('<V2'),
+    and send takes such a file as bfloat16."""
+    grad = values(24, BF16, 6).reshape(2, 3, 4)
+    np.save(tmp_path / "g.npy", grad)
+    receiver, port = start_receiver(spawn, "--out", str(tmp_path / "out.npy"))
+    done = run("send", f"127.0.0.1:{port}", str(tmp_path / "g.npy"))
+    assert done.returncode == 0, done.stderr
+    assert "24 bfloat16 values, shape (2, 3, 4) (48 bytes of values, " in done.stdout
+    status, stdout, stderr = receiver.finish()
+    assert status == 0, stderr
+    assert "received gradient: 24 bfloat16 values, shape (2, 3, 4) (" in stdout
+    back = np.load(tmp_path / "out.npy")
+    assert back.dtype == np.dtype("V2") and back.shape == grad.shape
+    assert np.array_equal(back.view(np.uint16), bits(grad))
+
+
 # --------------------------------------------------------------------------- the kind
 
 
@@ -357,12 +374,17 @@ def test_bfloat16_without_ml_dtypes_names_it(
 ) -> None:
     path = tmp_path / f"g{suffix}"
     save_set(path, {"w": np.ones(3, np.float32), "h": np.ones(2, BF16)})
+    np.save(tmp_path / "h.npy", np.ones(2, BF16))
     monkeypatch.setattr(_dtypes, "ML_DTYPES", False)
     assert main(["send", f"127.0.0.1:{free_port()}", str(path)]) == 1
     assert_one_line_error(
         capsys.readouterr().err,
         f'cannot send {path}: member "h" is bfloat16',
         "pip install ml_dtypes",
+    )
+    assert main(["send", f"127.0.0.1:{free_port()}", str(tmp_path / "h.npy")]) == 1
+    assert_one_line_error(
+        capsys.readouterr().err, "h.npy: it holds bfloat16", "pip install ml_dtypes"
     )
 
 

@@ -120,6 +120,15 @@ def send_fails(port: int, path: Path, *needles: str) -> None:
     assert_one_line_error(done.stderr, *needles)
 
 
+def goes_on(receiver: Child, port: int, path: Path) -> str:
+    """The receiver's run goes on after a refusal: `path` is sent and saved, and the run
+    ends with it (exit 0). Its stderr."""
+    assert run("send", f"127.0.0.1:{port}", str(path)).returncode == 0
+    status, _, stderr = receiver.finish()
+    assert status == 0, stderr
+    return stderr
+
+
 def leftovers(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.startswith("out"))
 
@@ -231,10 +240,7 @@ def test_a_set_at_a_receiver_of_lone_gradients_is_refused_by_both(
         "(DeliveryError)",
     )
     assert leftovers(tmp_path) == []  # nothing of it written, not even a part
-    # The run goes on: the right kind is saved.
-    assert run("send", f"127.0.0.1:{port}", str(tmp_path / "g.npy")).returncode == 0
-    status, _, stderr = receiver.finish()
-    assert status == 0, stderr
+    stderr = goes_on(receiver, port, tmp_path / "g.npy")
     assert "tensor set from 127.0.0.1:" in stderr
     assert "refused: --out out.npy saves lone gradients; give --out FILE.npz" in stderr
     assert leftovers(tmp_path) == ["out.npy"]
@@ -263,6 +269,20 @@ def test_a_lone_gradient_at_a_receiver_of_sets_is_refused_by_both(
 
 
 # --------------------------------------------------------------------------- refusals
+
+
+def test_max_bytes_bounds_a_set_by_its_values_in_all(tmp_path: Path, spawn: list[Child]) -> None:
+    # 64 bytes: room for 8 values of up to 8 bytes. Two tensors of 5 each fit alone, not
+    # together.
+    save_set(tmp_path / "g.npz", {"a": np.ones(5, np.float32), "b": np.ones(5, np.float32)})
+    save_set(tmp_path / "ok.npz", {"a": np.ones(4, np.float32), "b": np.ones(4, np.float16)})
+    receiver, port = start_receiver(spawn, "--out", str(tmp_path / "out.npz"), "--max-bytes", "64")
+    send_fails(port, tmp_path / "g.npz", "g.npz failed", "10 values", "(DeliveryError)")
+    stderr = goes_on(receiver, port, tmp_path / "ok.npz")
+    assert "tensor set from 127.0.0.1:" in stderr
+    assert "refused: it would pass --max-bytes 64 (64 bytes a gradient: room for 8 values" in stderr
+    assert leftovers(tmp_path) == ["out.npz"]
+    assert load_set(tmp_path / "out.npz")["b"].dtype == np.float16
 
 
 @pytest.mark.parametrize("suffix", SUFFIXES)
@@ -429,7 +449,10 @@ class Stall:
             s.close()
 
 
-def test_ctrl_c_on_recv_drops_the_set_under_way(tmp_path: Path, spawn: list[Child]) -> None:
+def interrupt_half_way(tmp_path: Path, spawn: list[Child], side: str) -> tuple[Child, Child]:
+    """A 16 MiB set sent to a receiver (--out out.npz) through a Stall that forwards its
+    first MiB; once the receiver has had time to read that, SIGINT to `side` ("recv" or
+    "send"). (receiver, sender)."""
     src = tmp_path / "big.npz"
     save_set(src, {"a": np.ones(2 << 20, np.float32), "b": np.ones(2 << 20, np.float32)})
     receiver, port = start_receiver(spawn, "--out", str(tmp_path / "out.npz"))
@@ -438,10 +461,16 @@ def test_ctrl_c_on_recv_drops_the_set_under_way(tmp_path: Path, spawn: list[Chil
         sender = start(spawn, "send", f"127.0.0.1:{stall.port}", str(src), "--timeout", "30")
         assert stall.forwarded.wait(30)
         time.sleep(0.5)  # the receiver reads what was forwarded
-        receiver.proc.send_signal(signal.SIGINT)
-        status, stdout, _ = receiver.finish()
+        (receiver if side == "recv" else sender).proc.send_signal(signal.SIGINT)
+        (receiver if side == "recv" else sender).proc.wait(30)
     finally:
         stall.close()
+    return receiver, sender
+
+
+def test_ctrl_c_on_recv_drops_the_set_under_way(tmp_path: Path, spawn: list[Child]) -> None:
+    receiver, sender = interrupt_half_way(tmp_path, spawn, "recv")
+    status, stdout, _ = receiver.finish()
     assert status == 130
     last = stdout.splitlines()[-1]
     assert last.startswith("stopped by SIGINT after 0 tensor sets; dropped the tensor set under ")
@@ -450,3 +479,16 @@ def test_ctrl_c_on_recv_drops_the_set_under_way(tmp_path: Path, spawn: list[Chil
     sent_status, _, sent_err = sender.finish()
     assert sent_status == 1
     assert "sending" in sent_err and "big.npz failed" in sent_err
+
+
+def test_ctrl_c_on_send_names_the_set_it_dropped(tmp_path: Path, spawn: list[Child]) -> None:
+    receiver, sender = interrupt_half_way(tmp_path, spawn, "send")
+    status, stdout, stderr = sender.finish()
+    assert status == 130, stderr
+    assert stdout == ""
+    src = tmp_path / "big.npz"
+    assert_one_line_error(stderr, f"gradstream: interrupted while sending {src} (")
+    assert re.search(r"\(([\d,]+) bytes of it written\): the receiver drops", stderr)
+    receiver.proc.send_signal(signal.SIGINT)
+    assert receiver.finish()[0] == 130
+    assert leftovers(tmp_path) == []

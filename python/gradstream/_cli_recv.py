@@ -1,6 +1,13 @@
 """``gradstream recv``: serve any number of connections at once (``serve``), save every
-gradient that arrives as a .npy file, and stop after ``--count`` gradients in all, or
-never (``--forever``, until SIGINT or SIGTERM).
+gradient that arrives as a .npy file (or, when ``--out`` is a .npz or .safetensors file,
+every tensor set as one such file: ``_cli_files``), and stop after ``--count`` gradients
+in all, or never (``--forever``, until SIGINT or SIGTERM).
+
+The suffix of ``--out`` decides the kind a run waits for: the library tells a tensor
+set's manifest from a lone gradient by the seal of the first chunk and refuses the other
+kind there (the connection closes; its sender's transfer fails), so a receiver cannot
+take whichever comes. A refused one is logged in the command's words, and nothing of it
+is written.
 
 Three rules make a run honest about what it kept:
 

@@ -27,6 +27,7 @@ __all__ = [
     "describe_transfer_error",
     "describe_values",
     "format_address",
+    "format_bytes",
     "format_size",
     "one_line",
     "parse_address",
@@ -147,6 +148,11 @@ def say(message: str) -> None:
 def rate(n_bytes: int, seconds: float) -> str:
     """Decimal GB/s."""
     return f"{n_bytes / 1e9 / seconds:.2f} GB/s" if seconds > 0 else "- GB/s"
+
+
+def format_bytes(n: int) -> str:
+    """`12,000 bytes`, or from 1 MiB up `200.0 MiB`."""
+    return f"{n:,} bytes" if n < MIB else f"{n / MIB:,.1f} MiB"
 
 
 def one_line(text: str) -> str:

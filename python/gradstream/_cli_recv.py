@@ -1,6 +1,13 @@
 """``gradstream recv``: serve any number of connections at once (``serve``), save every
-gradient that arrives as a .npy file, and stop after ``--count`` gradients in all, or
-never (``--forever``, until SIGINT or SIGTERM).
+gradient that arrives as a .npy file (or, when ``--out`` is a .npz or .safetensors file,
+every tensor set as one such file: ``_cli_files``), and stop after ``--count`` gradients
+in all, or never (``--forever``, until SIGINT or SIGTERM).
+
+The suffix of ``--out`` decides the kind a run waits for: the library tells a tensor
+set's manifest from a lone gradient by the seal of the first chunk and refuses the other
+kind there (the connection closes; its sender's transfer fails), so a receiver cannot
+take whichever comes. A refused one is logged in the command's words, and nothing of it
+is written.
 
 Three rules make a run honest about what it kept:
 
@@ -24,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import enum
 import logging
 import os
@@ -34,7 +40,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import numpy.typing as npt
 
 from . import TransferProgress
@@ -47,11 +52,22 @@ from ._cli_base import (
     describe_transfer_error,
     describe_values,
     format_address,
+    format_bytes,
     format_size,
     parse_address,
     rate,
     resolve,
     say,
+)
+from ._cli_files import (
+    SET_SUFFIXES,
+    WANTS_A_GRADIENT,
+    WANTS_A_SET,
+    describe_set,
+    needs_safetensors,
+    remove_quietly,
+    write_gradient,
+    write_set,
 )
 from ._cli_link import LinkSettings, cli_session, link_settings
 from ._connection import Connection, serve
@@ -84,24 +100,12 @@ def output_paths(out: Path, count: int) -> list[Path]:
     return [output_path(out, i, count) for i in range(count)]
 
 
-def _write(part: Path, array: npt.NDArray[Any]) -> None:
-    """numpy.save to exactly `part` (no `.npy` appended); a failure removes it."""
-    try:
-        with open(part, "wb") as f:
-            np.save(f, array)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            part.unlink()
-        raise CliError(f"cannot write {part}: {exc.strerror or exc}") from exc
-
-
 def _rename(part: Path, path: Path) -> None:
     """The written `part` becomes `path` at once (a reader never sees half a file)."""
     try:
         os.replace(part, path)
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            part.unlink()
+        remove_quietly(part)
         raise CliError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
 
@@ -120,6 +124,12 @@ class RecvPlan:
     max_connections: int | None
 
     @property
+    def takes_sets(self) -> bool:
+        """Whether the run receives tensor sets (--out FILE.npz or FILE.safetensors) or
+        lone gradients (any other --out): the peer's kind must be this one."""
+        return self.out.suffix.lower() in SET_SUFFIXES
+
+    @property
     def share(self) -> int:
         """The bytes of values one gradient may take."""
         return self.max_bytes // (self.count or 1)
@@ -129,10 +139,16 @@ class RecvPlan:
         """The values one gradient may hold, each counted at the widest dtype."""
         return self.share // WIDEST_VALUE
 
+    @property
+    def kind(self) -> str:
+        """What the run takes, in its lines: `tensor set` or `gradient`."""
+        return "tensor set" if self.takes_sets else "gradient"
+
     def label(self, index: int) -> str:
+        kind = self.kind
         if self.count == 1:
-            return "gradient"
-        return f"gradient {index + 1}" + ("" if self.count is None else f"/{self.count}")
+            return kind
+        return f"{kind} {index + 1}" + ("" if self.count is None else f"/{self.count}")
 
     def bound(self) -> str:
         """`--max-bytes 8K over --count 2 (4,096 bytes a gradient: room for 512 values of
@@ -169,6 +185,14 @@ def recv_plan(args: argparse.Namespace) -> RecvPlan:
     first = output_path(plan.out, 0, count)
     if not first.parent.is_dir():
         raise CliError(f"cannot write {first}: directory {first.parent} does not exist")
+    if plan.takes_sets and args.protocol == "seed":
+        raise CliError(
+            f"--out {plan.out.name} saves tensor sets, which --protocol seed does not carry "
+            "(the seed wire has flat float32 gradients alone): give --out FILE.npy, or use "
+            "--protocol gradstream",
+            2,
+        )
+    needs_safetensors(plan.out)
     return plan
 
 
@@ -248,7 +272,9 @@ class Run:
             self._idle = loop.call_later(seconds, self._idle_too_long, seconds)
 
     def _idle_too_long(self, seconds: float) -> None:
-        done = f" ({self.saved} of {self.plan.count} gradients received)" if self.saved else ""
+        done = (
+            f" ({self.saved} of {self.plan.count} {self.plan.kind}s received)" if self.saved else ""
+        )
         self.fail(CliError(f"no connection within {seconds:g} s{done}"))
 
     def opened(self) -> None:
@@ -277,9 +303,12 @@ class Run:
         """Write the gradient, then give it the next number: files and lines are numbered
         in the order the gradients are saved (a large one still being written does not
         hold a number up)."""
-        values = received.values
         try:
-            await asyncio.to_thread(_write, part, values)
+            if isinstance(received.values, dict):
+                kind = self.plan.out.suffix.lower()
+                await asyncio.to_thread(write_set, part, received.values, kind)
+            else:
+                await asyncio.to_thread(write_gradient, part, received.values)
             async with self._numbering:
                 index = self.saved
                 path = output_path(self.plan.out, index, self.plan.count)
@@ -295,11 +324,18 @@ class Run:
     def _report(self, index: int, path: Path, received: Received, who: str, seconds: float) -> None:
         values = received.values
         self.chunks += received.chunks
-        values_text = describe_values(values.dtype, values.shape)
+        if isinstance(values, dict):
+            nbytes = sum(t.nbytes for t in values.values())
+            what = (
+                f"{describe_set(values)} ({format_bytes(nbytes)} of values, "
+                f"{format_bytes(received.wire)} on the wire)"
+            )
+        else:
+            nbytes = values.nbytes
+            what = f"{describe_values(values.dtype, values.shape)} ({nbytes / MIB:,.1f} MiB)"
         say(
-            f"received {self.plan.label(index)}: {values_text} ({values.nbytes / MIB:,.1f} "
-            f"MiB), {received.chunks:,} chunks in {seconds:.3f} s, "
-            f"{rate(values.nbytes, seconds)} from {who} -> {path}"
+            f"received {self.plan.label(index)}: {what}, {received.chunks:,} chunks in "
+            f"{seconds:.3f} s, {rate(nbytes, seconds)} from {who} -> {path}"
         )
 
     async def saves_done(self) -> None:
@@ -315,31 +351,53 @@ class Run:
 
 
 def _refusal(plan: RecvPlan, who: str, exc: Exception) -> str:
+    # The library refuses the other kind at chunk 0, from its seal, before anything of it
+    # is acknowledged or written; --out decides which kind the run takes.
+    if WANTS_A_GRADIENT in str(exc):
+        return (
+            f"tensor set from {who} refused: --out {plan.out.name} saves lone gradients; "
+            "give --out FILE.npz or FILE.safetensors to save tensor sets"
+        )
+    if WANTS_A_SET in str(exc):
+        return (
+            f"lone gradient from {who} refused: --out {plan.out.name} saves tensor sets; "
+            "give --out FILE.npy to save lone gradients"
+        )
     # The session stops a gradient at its max_gradient_len, the room of --max-bytes: a
     # header's total_chunks, a compressed batch's rows, or the values counted so far.
     if "max_gradient_len" in str(exc):
-        return f"gradient from {who} refused: it would pass {plan.bound()}: " + (
+        return f"{plan.kind} from {who} refused: it would pass {plan.bound()}: " + (
             describe_transfer_error(exc)
         )
-    return f"gradient from {who} failed: {describe_transfer_error(exc)}"
+    return f"{plan.kind} from {who} failed: {describe_transfer_error(exc)}"
 
 
 @dataclass(frozen=True)
 class Received:
-    """One gradient from a connection, and the chunks it came in."""
+    """One gradient or tensor set from a connection, and the chunks and wire bytes it
+    came in."""
 
-    values: npt.NDArray[Any]
+    values: npt.NDArray[Any] | dict[str, npt.NDArray[Any]]
     chunks: int
+    wire: int
 
 
-async def _next_gradient(conn: Connection, progress: TransferProgress) -> Received | None:
-    """The connection's next gradient, or None when the peer closed it before one began
-    (``recv`` then gives an empty array and the connection says it is closed; an empty
-    gradient leaves it open)."""
+async def _next_gradient(
+    conn: Connection, progress: TransferProgress, plan: RecvPlan
+) -> Received | None:
+    """The connection's next gradient (a tensor set when the run takes sets), or None
+    when the peer closed it before one began (``recv`` then gives an empty array,
+    ``recv_tensors`` an empty set, and the connection says it is closed; an empty
+    gradient leaves it open). A set is bounded as a gradient is, by its values in all."""
+    if plan.takes_sets:
+        tensors = await conn.recv_tensors(progress=progress, max_values=plan.room)
+        if not tensors and conn.closed:
+            return None
+        return Received(tensors, progress.chunks, progress.bytes)
     values = await conn.recv(progress=progress)
     if values.size == 0 and conn.closed:
         return None
-    return Received(values, progress.chunks)
+    return Received(values, progress.chunks, progress.bytes)
 
 
 async def _take_gradients(run: Run, conn: Connection) -> None:
@@ -352,7 +410,7 @@ async def _take_gradients(run: Run, conn: Connection) -> None:
             start = time.perf_counter()
             progress = TransferProgress()
             try:
-                received = await _next_gradient(conn, progress)
+                received = await _next_gradient(conn, progress, run.plan)
             except (GradientStreamError, OSError) as exc:
                 run.release()
                 log.warning("%s", _refusal(run.plan, who, exc))
@@ -418,10 +476,10 @@ def _outcome(run: Run) -> int:
         say(run.checks_passed())
         return 0
     assert run.stopped_by is not None
-    received = count_of(run.saved, "gradient")
+    received = count_of(run.saved, run.plan.kind)
     passed = f"; {run.checks_passed()}" if run.saved else ""
     dropped = "".join(
-        f"; dropped the gradient under way from {who} ({n:,} bytes of it received, not "
+        f"; dropped the {run.plan.kind} under way from {who} ({n:,} bytes of it received, not "
         "acknowledged)"
         for who, n in run.dropped
     )

@@ -1,4 +1,5 @@
-"""``gradstream send``: each .npy file over one connection, in order.
+"""``gradstream send``: each file over one connection, in order: a .npy file as one
+gradient, a .npz archive or a .safetensors file as one tensor set (``_cli_files``).
 
 With ``--protocol gradstream`` (the default) ``send`` returns for a file only once the
 receiver acknowledged it, so a gradient the receiver refused, or never read because it
@@ -23,89 +24,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import numpy.typing as npt
 
 from . import TransferProgress
 from ._checks import CONNECTION_DEADLINE, HANDSHAKE_TIMEOUT
 from ._cli_base import (
-    MIB,
     CliError,
     count_of,
     describe_transfer_error,
     describe_values,
     format_address,
-    one_line,
+    format_bytes,
     parse_address,
     rate,
     resolve,
     say,
 )
+from ._cli_files import WANTS_A_GRADIENT, WANTS_A_SET, TensorSet, load_gradient, load_item
 from ._cli_link import LinkSettings, cli_session, link_settings
 from ._cli_progress import want_progress, with_progress
 from ._connection import connect
 from ._session import GradientStreamSession
 from .errors import GradientStreamError, StreamTimeoutError
 
-__all__ = ["load_gradient", "run_send"]
-
-
-# What a .npy file may hold: float32 alone for --protocol seed (the original's wire),
-# and the dtypes a gradstream connection keeps (docs/guides/connections.md "Defaults").
-_GRADSTREAM_DTYPES = ("float16", "float32", "float64")
-
-
-def load_gradient(path: Path, protocol: str = "gradstream") -> npt.NDArray[Any]:
-    """The array of a .npy file, memory-mapped when possible (no copy): float16, float32
-    or float64 over a gradstream connection (sent in its dtype and shape), float32 alone
-    for ``--protocol seed``."""
-    if path.is_dir():
-        raise CliError(f"cannot read {path}: it is a directory; give a .npy file")
-    if not path.is_file():
-        raise CliError(f"cannot read {path}: no such file")
-    try:
-        with open(path, "rb") as f:
-            magic = f.read(6)
-    except OSError as exc:
-        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    if magic[:4] == b"PK\x03\x04":
-        raise CliError(
-            f"cannot read {path}: a .npz archive, not a .npy file; save each array as a "
-            ".npy file (numpy.save) and send those"
-        )
-    if magic != b"\x93NUMPY":
-        raise CliError(
-            f"cannot read {path}: not a .npy file (it does not start with numpy's "
-            "\\x93NUMPY header; make one with numpy.save)"
-        )
-    try:
-        try:
-            array = np.load(path, mmap_mode="r", allow_pickle=False)
-        except ValueError:
-            # Arrays numpy cannot map (e.g. object arrays) get a plain load and its message.
-            array = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as exc:
-        raise CliError(f"cannot read {path} as a .npy file: {one_line(str(exc))}") from exc
-    if not isinstance(array, np.ndarray):
-        raise CliError(f"{path} is not a .npy file holding one array")
-    kept = (
-        protocol == "gradstream"
-        and array.dtype.kind == "f"
-        and (array.dtype.newbyteorder("=").name in _GRADSTREAM_DTYPES)
-    )
-    if kept or (array.dtype.kind == "f" and array.dtype.itemsize == 4):
-        return array
-    stem = path.with_name(path.stem + "-f32.npy")
-    sends = (
-        "--protocol seed sends float32 only (the original's wire)"
-        if protocol == "seed"
-        else "gradstream sends float16, float32 or float64"
-    )
-    raise CliError(
-        f"{path} holds {array.dtype} values; {sends}. Convert it: "
-        f"python -c \"import numpy as n; n.save('{stem}', "
-        f"n.load('{path}').astype(n.float32))\""
-    )
+__all__ = ["load_gradient", "load_item", "run_send"]
 
 
 # `send --timeout`'s default: every wait of a send is inside a transfer, so none is
@@ -118,7 +60,7 @@ class SendPlan:
     """What the command line asks of one ``send`` run."""
 
     address: tuple[str, int]
-    gradients: list[tuple[Path, npt.NDArray[Any]]]
+    gradients: list[tuple[Path, npt.NDArray[Any] | TensorSet]]
     session: GradientStreamSession
     link: LinkSettings
     timeout: float | None
@@ -175,9 +117,23 @@ def _sent_values(keep_shape: bool, grad: npt.NDArray[Any]) -> str:
     return what if shape == grad.shape else f"{what} (flattened from shape {grad.shape})"
 
 
-def _bytes(n: int) -> str:
-    """`12,000 bytes`, or from 1 MiB up `200.0 MiB`."""
-    return f"{n:,} bytes" if n < MIB else f"{n / MIB:,.1f} MiB"
+def _sending_failure(exc: BaseException) -> str:
+    """The transfer error, told in the command's words when the receiver refused the kind
+    (its --out decides: .npy takes lone gradients, .npz and .safetensors tensor sets)."""
+    text = str(exc)
+    if WANTS_A_SET in text:
+        return (
+            "the receiver saves tensor sets (its --out is a .npz or .safetensors file) and "
+            "refused this lone gradient: send a .npz or .safetensors file, or have recv save "
+            f"to a .npy file ({type(exc).__name__})"
+        )
+    if WANTS_A_GRADIENT in text:
+        return (
+            "the receiver saves lone gradients (its --out is a .npy file) and refused this "
+            "tensor set: have recv save to a .npz or .safetensors file, or send .npy files "
+            f"({type(exc).__name__})"
+        )
+    return describe_transfer_error(exc)
 
 
 async def _send_all(plan: SendPlan, doing: _Doing) -> None:
@@ -199,16 +155,24 @@ async def _send_all(plan: SendPlan, doing: _Doing) -> None:
             doing.what, doing.progress = f"sending {which}", progress
             start = time.perf_counter()
             try:
-                chunks = await with_progress(
-                    conn.send(grad, progress=progress), progress, label, plan.bar
-                )
+                if isinstance(grad, TensorSet):
+                    sending = conn.send_tensors(grad.tensors, progress=progress)
+                else:
+                    sending = conn.send(grad, progress=progress)
+                await with_progress(sending, progress, label, plan.bar)
             except (GradientStreamError, OSError) as exc:
-                raise CliError(f"sending {which} failed: {describe_transfer_error(exc)}") from exc
+                raise CliError(f"sending {which} failed: {_sending_failure(exc)}") from exc
             seconds = time.perf_counter() - start
+            what = (
+                f"a tensor set of {grad.describe()}"
+                if isinstance(grad, TensorSet)
+                else _sent_values(keep_shape, grad)
+            )
             say(
-                f"sent {path}: {_sent_values(keep_shape, grad)} "
-                f"({_bytes(grad.nbytes)} of values, {_bytes(progress.bytes)} on the wire), "
-                f"{count_of(chunks, 'chunk')} in {seconds:.3f} s, "
+                f"sent {path}: {what} "
+                f"({format_bytes(grad.nbytes)} of values, "
+                f"{format_bytes(progress.bytes)} on the wire), "
+                f"{count_of(progress.chunks, 'chunk')} in {seconds:.3f} s, "
                 f"{rate(grad.nbytes, seconds)}{acknowledged}"
             )
             doing.what, doing.progress = f"closing the connection to {where}", None
@@ -225,7 +189,7 @@ def run_send(args: argparse.Namespace) -> int:
     if args.chunk_size is not None and args.chunk_size < 0:
         raise CliError(f"--chunk-size must be >= 0, got {args.chunk_size}", 2)
     link = link_settings(args, listening=False)
-    gradients = [(Path(f), load_gradient(Path(f), link.protocol)) for f in args.files]
+    gradients = [(Path(f), load_item(Path(f), link.protocol)) for f in args.files]
     resolve(host, port, passive=False)
     compression = None if args.compression == "none" else args.compression
     plan = SendPlan(

@@ -1,8 +1,9 @@
 """The ``gradstream`` command: send and receive gradients over connections, and the demo.
 
-    gradstream recv [HOST:]PORT --out FILE.npy [--count N | --forever] [--max-bytes B]
-                    [--max-connections N] [CONNECTION FLAGS] [--timeout S] [-v]
-    gradstream send HOST:PORT FILE.npy [FILE.npy ...] [--chunk-size N] [--layout L]
+    gradstream recv [HOST:]PORT --out FILE.npy|FILE.npz|FILE.safetensors
+                    [--count N | --forever] [--max-bytes B] [--max-connections N]
+                    [CONNECTION FLAGS] [--timeout S] [-v]
+    gradstream send HOST:PORT FILE [FILE ...] [--chunk-size N] [--layout L]
                     [--compression C] [CONNECTION FLAGS] [--timeout S] [-v]
     gradstream demo [--mib N] [--repeats R]
     gradstream keygen [--out FILE]
@@ -17,7 +18,9 @@ live in the repository's ``benches/``, run by ``make bench``.)
 picks a free port; the line gives the one bound), serves any number of connections at
 once and saves each gradient as it arrives, until ``--count`` gradients in all or, with
 ``--forever``, until SIGINT or SIGTERM (``_cli_recv``). ``send`` connects once and sends
-each file over that connection (``_cli_send``); with the default ``--protocol
+each file over that connection (``_cli_send``): a .npy file as a gradient, a .npz or
+.safetensors file as a tensor set, which ``recv`` takes when its ``--out`` is one
+(``_cli_files``); with the default ``--protocol
 gradstream`` each file is done only once the receiver acknowledged it, and one it did
 not fails the command. ``--protocol seed`` speaks the bare frames of ipfrs-transport
 0.2.0 (no hello, no acknowledgement; no TLS, no authkey). ``--tls-*`` and
@@ -166,7 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_recv(sub: Any) -> None:
     recv = sub.add_parser(
         "recv",
-        help="listen, receive gradients from any number of workers, save them as .npy",
+        help="listen, receive gradients or tensor sets from any number of workers, save "
+        "them as .npy (or .npz / .safetensors)",
         description="Listen on [HOST:]PORT (HOST defaults to 127.0.0.1; PORT 0 picks a free "
         "port) and serve any number of connections at once, until --count gradients in all "
         "have arrived or, with --forever, until SIGINT or SIGTERM. The first line printed is "
@@ -176,6 +180,14 @@ def _add_recv(sub: Any) -> None:
         epilog="With --count 1 the gradient is saved to FILE as given; otherwise the i-th "
         "saved (from 0, across connections, as they arrive) goes to STEM-i.SUFFIX (out.npy "
         "-> out-0.npy, out-1.npy, ...), --forever included.\n"
+        "The suffix of FILE says what the run takes: .npz or .safetensors, tensor sets "
+        "('gradstream send' of a .npz or .safetensors file, or send_tensors), each saved "
+        "with its names, dtypes and shapes as sent; any other, lone gradients, each saved "
+        "as a .npy file. A peer that sends the other kind is refused (its send fails), "
+        "nothing of it is written, and the run goes on. .safetensors needs the "
+        "safetensors package; bfloat16 is saved as bfloat16 with ml_dtypes installed "
+        "(in a .npy or .npz file as numpy saves it, raw 2-byte values '<V2'; in a "
+        ".safetensors file as BF16), as float32 without.\n"
         "A gradient is saved in the dtype and shape it arrives in: 'gradstream send' sends "
         "a file's dtype and shape (with --protocol seed, float32 values without a shape, "
         "1-D); a Python peer may also send bfloat16. The line printed for each says which. "
@@ -196,7 +208,13 @@ def _add_recv(sub: Any) -> None:
         formatter_class=_Formatter,
     )
     recv.add_argument("address", metavar="[HOST:]PORT", help="where to listen")
-    recv.add_argument("--out", required=True, metavar="FILE.npy", help="where to save")
+    recv.add_argument(
+        "--out",
+        required=True,
+        metavar="FILE",
+        help="where to save: FILE.npy for lone gradients, FILE.npz or FILE.safetensors "
+        "for tensor sets",
+    )
     until = recv.add_mutually_exclusive_group()
     until.add_argument(
         "--count", type=int, metavar="N", help="gradients to receive, in all (default 1)"
@@ -226,22 +244,34 @@ def _add_recv(sub: Any) -> None:
 def _add_send(sub: Any) -> None:
     send = sub.add_parser(
         "send",
-        help="send .npy gradients to a receiver",
-        description="Connect to HOST:PORT and send each FILE.npy over that one connection, "
-        "in order. With --protocol gradstream (the default) a file goes as it is, float16, "
-        "float32 or float64 in its shape (recv saves it alike), and is sent once the "
-        "receiver acknowledged it; one it did not acknowledge (refused, or closed before) "
-        "fails the command. With --protocol seed, float32 alone, flattened in C order, as "
-        "ipfrs-transport sends it. The line printed for each file gives its value bytes "
+        help="send .npy gradients, or .npz / .safetensors tensor sets, to a receiver",
+        description="Connect to HOST:PORT and send each FILE over that one connection, "
+        "in order. With --protocol gradstream (the default) a .npy file goes as one "
+        "gradient, as it is, float16, bfloat16, float32 or float64 in its shape; a .npz "
+        "archive or a "
+        ".safetensors file goes as one tensor set, its arrays by name in the file's order, "
+        "each float16, bfloat16, float32 or float64 in its shape (recv saves it alike into "
+        "a .npz or .safetensors --out). A file is sent once the receiver acknowledged it; "
+        "one it did not acknowledge (refused, or closed before) fails the command. With "
+        "--protocol seed, .npy files of float32 alone, flattened in C order, as "
+        "ipfrs-transport sends them. The line printed for each file gives its value bytes "
         "and the bytes it took on the wire.",
         epilog="example:\n  gradstream send 127.0.0.1:9000 grad.npy\n"
         "  gradstream send 127.0.0.1:9000 a.npy b.npy   # to a recv --count 2\n"
+        "  gradstream send 127.0.0.1:9000 grads.npz     # to a recv --out FILE.npz\n"
         "  gradstream send 10.0.0.5:9000 g.npy --tls-ca ca.pem --authkey-file round.key",
         formatter_class=_Formatter,
     )
     send.add_argument("address", metavar="HOST:PORT", help="the receiver")
     send.add_argument(
-        "files", nargs="+", metavar="FILE.npy", help=".npy file(s): float16, float32 or float64"
+        "files",
+        nargs="+",
+        metavar="FILE",
+        help=".npy file(s) of float16, bfloat16, float32 or float64 values (float32 alone "
+        "with --protocol seed), or .npz / .safetensors file(s) of such tensors, each sent as "
+        "one tensor set (not with --protocol seed). bfloat16 needs ml_dtypes; a .npy or .npz "
+        "file holds it as numpy saves ml_dtypes.bfloat16 (raw 2-byte values, '<V2'), a "
+        ".safetensors file as BF16; .safetensors needs the safetensors package",
     )
     send.add_argument(
         "--chunk-size",

@@ -303,7 +303,11 @@ def test_wrong_dtype(tmp_path: Path, dtype: str) -> None:
     result = run("send", f"127.0.0.1:{free_port()}", str(tmp_path / "g.npy"))
     assert result.returncode == 1
     assert_one_line_error(
-        result.stderr, f"holds {dtype} values", "float16, float32 or float64", "astype"
+        result.stderr,
+        f"holds {dtype} values",
+        "float16, bfloat16 (",
+        "float32 or float64",
+        "astype",
     )
 
 

@@ -2,7 +2,8 @@
 dtype (float16, float32, float64) and shape over a gradstream connection, the compact
 layout, and the wire bytes beside the value bytes in the summary line; `--protocol seed`
 keeps the original's flat float32. And the errors a user met trying it: a directory, a
-text file, a .npz archive, a port without its host."""
+text file, a port without its host. (.npz and .safetensors files, sent as tensor sets:
+test_cli_tensor_sets.py.)"""
 
 from __future__ import annotations
 
@@ -106,13 +107,6 @@ def test_send_a_text_file(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert_one_line_error(result.stderr, "notes.txt: not a .npy file", "numpy.save")
     assert "pickle" not in result.stderr
-
-
-def test_send_an_npz_archive(tmp_path: Path) -> None:
-    np.savez(tmp_path / "g.npz", a=np.ones(3, np.float32))
-    result = run("send", f"127.0.0.1:{free_port()}", str(tmp_path / "g.npz"))
-    assert result.returncode == 1
-    assert_one_line_error(result.stderr, "g.npz: a .npz archive, not a .npy file")
 
 
 def test_send_to_a_port_without_its_host(tmp_path: Path) -> None:

@@ -100,6 +100,106 @@ def collectives(rank: int, size: int, folder: str) -> None:
     del group
 
 
+def pairs(rank: int, size: int, folder: str) -> None:
+    """Send/recv between every two ranks, tags, the collectives made of pairs and the
+    coalesced ones; last, a receive of the wrong size (which fails the group)."""
+    init(rank, size, folder)
+    seen: dict[str, np.ndarray] = {}
+    others = [k for k in range(size) if k != rank]
+    # Every rank to every other at once, a tag per dtype; received in reverse tag order.
+    works, got = [], {}
+    for tag, dtype in enumerate(DTYPES.values()):
+        for k in others:
+            works.append(dist.isend(values(10 * rank + k, 6, dtype), dst=k, tag=tag))
+    for tag, (name, dtype) in reversed(list(enumerate(DTYPES.items()))):
+        for k in others:
+            got[f"p2p/{k}/{name}"] = torch.zeros(6, dtype=dtype)
+            works.append(dist.irecv(got[f"p2p/{k}/{name}"], src=k, tag=tag))
+    for work in works:
+        work.wait()
+    seen.update({key: bits(t) for key, t in got.items()})
+    # Blocking, in order on one channel, between the first and the last rank; a
+    # tensor that is not contiguous on both ends.
+    if rank in (0, size - 1):
+        peer = size - 1 - rank
+        if rank == 0:
+            dist.send(values(1, 4, torch.float64), dst=peer)
+            dist.send(values(2, 12, torch.float32).view(3, 4)[:, ::2], dst=peer)
+        else:
+            first, second = torch.zeros(4, dtype=torch.float64), torch.zeros(3, 4)[:, 1::2]
+            dist.recv(first, src=peer)
+            dist.recv(second, src=peer)
+            seen["inorder"] = np.concatenate([bits(first), bits(second)])
+    # Around the ring, both ways at once (batch_isend_irecv).
+    left, right = torch.zeros(3, dtype=torch.bfloat16), torch.zeros(3, dtype=torch.bfloat16)
+    ops = [
+        dist.P2POp(dist.isend, values(rank, 3, torch.bfloat16), (rank + 1) % size),
+        dist.P2POp(dist.isend, values(rank + 50, 3, torch.bfloat16), (rank - 1) % size),
+        dist.P2POp(dist.irecv, left, (rank - 1) % size),
+        dist.P2POp(dist.irecv, right, (rank + 1) % size),
+    ]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    seen["batch"] = np.concatenate([bits(left), bits(right)])
+    try:
+        dist.recv(torch.zeros(1), tag=5)
+    except Exception as exc:
+        seen["anysource"] = np.frombuffer(f"{type(exc).__name__}: {exc}".encode(), np.uint8)
+    for name, dtype in DTYPES.items():
+        mine = values(rank, 5, dtype)
+        into = [torch.zeros(5, dtype=dtype) for _ in range(size)]
+        dist.gather(mine, into if rank == size - 1 else None, dst=size - 1)
+        if rank == size - 1:
+            seen[f"gather/{name}"] = bits(torch.cat(into))
+        part = torch.zeros(2, 3, dtype=dtype)
+        parts = [values(k, 6, dtype).view(2, 3) for k in range(size)]
+        dist.scatter(part, parts if rank == 0 else None, src=0)
+        seen[f"scatter/{name}"] = bits(part)
+        out = torch.zeros(2 * size, dtype=dtype)
+        dist.all_to_all_single(out, values(rank, 2 * size, dtype))
+        seen[f"alltoall_single/{name}"] = bits(out)
+        # Uneven: rank r sends k + r + 1 rows of 2 to rank k (an empty part for none).
+        sends = [k + rank + 1 for k in range(size)]
+        takes = [rank + k + 1 for k in range(size)]
+        out = torch.zeros(sum(takes), 2, dtype=dtype)
+        dist.all_to_all_single(out, values(rank, 2 * sum(sends), dtype).view(-1, 2), takes, sends)
+        seen[f"alltoall_uneven/{name}"] = bits(out)
+        outs = [torch.zeros(k + 1, dtype=dtype) for k in range(size)]
+        dist.all_to_all(outs, [values(10 * rank + k, rank + 1, dtype) for k in range(size)])
+        seen[f"alltoall/{name}"] = bits(torch.cat(outs))
+        # Coalesced, as FSDP and the bucketed paths call them (one Work for all).
+        lengths = (3 * size, 7 * size)
+        wholes = [torch.zeros(size * n, dtype=dtype) for n in lengths]
+        reduced = [torch.zeros(n // size, dtype=dtype) for n in lengths]
+        summed = [values(rank + 7, n, dtype) for n in lengths]
+        with dist._coalescing_manager(async_ops=True) as cm:
+            for whole, n in zip(wholes, lengths, strict=True):
+                dist.all_gather_into_tensor(whole, values(rank, n, dtype))
+        cm.wait()
+        with dist._coalescing_manager(async_ops=True) as cm:
+            for part, n in zip(reduced, lengths, strict=True):
+                dist.reduce_scatter_tensor(part, values(rank + 3, n, dtype))
+        cm.wait()
+        with dist._coalescing_manager(async_ops=True) as cm:
+            for t in summed:
+                dist.all_reduce(t)
+        cm.wait()
+        seen[f"allgather_coalesced/{name}"] = bits(torch.cat(wholes))
+        seen[f"reduce_scatter_coalesced/{name}"] = bits(torch.cat(reduced))
+        seen[f"allreduce_coalesced/{name}"] = bits(torch.cat(summed))
+    # Last: 5 values sent where 4 are expected; both ends fail, with our error.
+    if rank in (0, 1):
+        try:
+            if rank == 0:
+                dist.send(torch.ones(5), dst=1, tag=9)
+            else:
+                dist.recv(torch.zeros(4), src=0, tag=9)
+        except Exception as exc:
+            seen["mismatch"] = np.frombuffer(f"{type(exc).__name__}: {exc}".encode(), np.uint8)
+    np.savez(f"{folder}/{rank}.npz", **seen)
+    os._exit(0)  # the group failed (the mismatch): no clean teardown
+
+
 class MLP(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -194,6 +294,8 @@ if __name__ == "__main__":
     args = (int(rank_text), int(size_text), where)
     if scenario == "collectives":
         collectives(*args)
+    elif scenario == "pairs":
+        pairs(*args)
     elif scenario == "ddp":
         ddp(*args)
     elif scenario in ("die", "stall"):

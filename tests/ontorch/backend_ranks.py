@@ -92,10 +92,20 @@ def collectives(rank: int, size: int, folder: str) -> None:
     # (shutdown closes the connections after the collectives queued before it).
     last = torch.ones(1000)
     work = dist.all_reduce(last, async_op=True)
+    # So does a send/recv queued before (between the first and the last rank).
+    point = torch.full((3,), float(rank))
+    pending = []
+    if rank == 0:
+        pending.append(dist.isend(point, dst=size - 1, tag=4))
+    elif rank == size - 1:
+        pending.append(dist.irecv(point, src=0, tag=4))
     group = dist.group.WORLD
     dist.destroy_process_group()
     work.wait()
+    for queued in pending:
+        queued.wait()
     seen["before_shutdown"] = bits(last)
+    seen["p2p_before_shutdown"] = bits(point)
     np.savez(f"{folder}/{rank}.npz", **seen)
     del group
 
@@ -237,6 +247,49 @@ def ddp(rank: int, size: int, folder: str) -> None:
     dist.destroy_process_group()
 
 
+def sharded(rank: int, group: object, version: int) -> dict[str, np.ndarray]:
+    """A few steps of FSDP (``version`` 2: ``fully_shard``; 1: FullyShardedDataParallel
+    on the CPU) over ``group``; the full parameters after them."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
+
+    torch.manual_seed(0)
+    model: torch.nn.Module = MLP()
+    if version == 2:
+        mesh = DeviceMesh.from_group(group, "cpu")  # type: ignore[arg-type]
+        for layer in model.layers:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    else:
+        model = FullyShardedDataParallel(model, process_group=group, device_id=torch.device("cpu"))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.Generator().manual_seed(100 + rank)
+    for _ in range(3):
+        x = torch.randn(8, 16, generator=data)
+        y = torch.randn(8, 4, generator=data)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    if version == 2:
+        return {k: v.full_tensor().detach().numpy().copy() for k, v in model.named_parameters()}
+    with FullyShardedDataParallel.summon_full_params(model):
+        # clone() first: .numpy() would pin the storage FSDP frees by resizing it.
+        return {k: v.detach().clone().numpy() for k, v in model.named_parameters()}
+
+
+def fsdp(rank: int, size: int, folder: str) -> None:
+    init(rank, size, folder)
+    gloo = dist.new_group(backend="gloo")
+    seen = {}
+    for version in (2, 1):
+        for name, group in (("gradstream", dist.group.WORLD), ("gloo", gloo)):
+            got = sharded(rank, group, version)
+            seen.update({f"fsdp{version}/{name}/{k}": v for k, v in got.items()})
+    np.savez(f"{folder}/{rank}.npz", **seen)
+    dist.destroy_process_group()
+
+
 def failure(rank: int, size: int, folder: str, how: str) -> None:
     """The last rank dies (or stalls) after one all-reduce; the others time the next."""
     init(rank, size, folder, seconds=4.0)
@@ -263,6 +316,34 @@ def failure(rank: int, size: int, folder: str, how: str) -> None:
     with open(f"{folder}/{rank}.json", "w") as out:
         json.dump(outcome, out)
     os._exit(0)  # the group cannot be torn down cleanly without its last rank
+
+
+def lost_peer(rank: int, size: int, folder: str) -> None:
+    """Send/recv with a rank that dies: the last rank takes one message from rank 0 and
+    dies as rank 0 sends the next (16 MiB, more than the sockets hold); rank 1 waits
+    for a message the last rank never sends."""
+    init(rank, size, folder, seconds=4.0)
+    last = size - 1
+    if rank == last:
+        dist.recv(torch.zeros(1000), src=0)
+        time.sleep(0.3)  # rank 0's next send is under way
+        os._exit(3)
+    started = time.monotonic()
+    outcome: dict[str, object] = {}
+    try:
+        if rank == 0:
+            dist.send(torch.ones(1000), dst=last)
+            started = time.monotonic()
+            dist.send(torch.ones(1 << 22), dst=last)
+        else:
+            dist.recv(torch.zeros(10), src=last)
+        outcome["error"] = None
+    except Exception as exc:
+        outcome = {"error": type(exc).__name__, "message": str(exc)}
+    outcome["seconds"] = time.monotonic() - started
+    with open(f"{folder}/{rank}.json", "w") as out:
+        json.dump(outcome, out)
+    os._exit(0)
 
 
 def secured(rank: int, size: int, folder: str, key: str) -> None:
@@ -296,6 +377,10 @@ if __name__ == "__main__":
         collectives(*args)
     elif scenario == "pairs":
         pairs(*args)
+    elif scenario == "lost-peer":
+        lost_peer(*args)
+    elif scenario == "fsdp":
+        fsdp(*args)
     elif scenario == "ddp":
         ddp(*args)
     elif scenario in ("die", "stall"):

@@ -116,7 +116,9 @@ class _Flat:
                 f"the gradstream backend moves {tensor.dtype} tensors of an even byte "
                 f"count only, got {work.numel() * work.element_size()} bytes"
             )
-        self.wire: np.ndarray = wire.numpy()
+        # Through DLPack, not .numpy(): that marks the tensor's storage unresizable for
+        # good, and FSDP frees its unsharded parameters by resizing their storage to 0.
+        self.wire: np.ndarray = np.from_dlpack(wire)
 
     def done(self) -> None:
         if self.flat is None:

@@ -116,6 +116,14 @@ def pairs(rank: int, size: int, folder: str) -> None:
     init(rank, size, folder)
     seen: dict[str, np.ndarray] = {}
     others = [k for k in range(size) if k != rank]
+    if rank == 0:  # rank 1's listener, open for the group's life, refuses a stranger
+        import gradstream.sync
+
+        address = dist.group.WORLD._links._addresses[1]  # type: ignore[union-attr]
+        try:
+            gradstream.sync.connect(address, authkey=b"not the group's key", timeout=5).close()
+        except Exception as exc:
+            seen["stranger"] = np.frombuffer(type(exc).__name__.encode(), np.uint8)
     # Every rank to every other at once, a tag per dtype; received in reverse tag order.
     works, got = [], {}
     for tag, dtype in enumerate(DTYPES.values()):

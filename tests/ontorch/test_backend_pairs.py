@@ -84,6 +84,8 @@ def test_pairs_equal_the_reference(tmp_path: pathlib.Path, size: int) -> None:
                     ],
                     reference.float(),
                 )
+    # A peer without the group's authkey is refused by a listener; the group goes on.
+    assert text(seen[0], "stranger") == "AuthenticationError"
     last = seen[size - 1]
     for name, dtype in DTYPES.items():
         expected = torch.cat([values(k, 5, dtype) for k in range(size)])

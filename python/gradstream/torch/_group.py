@@ -192,8 +192,20 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch 
                 store.set(_KEY, os.urandom(32))
             key = bytes(store.get(_KEY))
         common = {"authkey": key, "timeout": self._seconds, "deadline": self._seconds}
+        # Room for a connection from every other rank per channel: the ring, the
+        # collectives made of pairs and a few send/recv tags, all at once.
+        room = {
+            "max_connections": 256 + 4 * self.size(),
+            "max_pending_per_source": 64 + self.size(),
+        }
         listener = _loop.submit(
-            listen(f"{settings.host}:0", session=_session(), tls=settings.listen_tls, **common)
+            listen(
+                f"{settings.host}:0",
+                session=_session(),
+                tls=settings.listen_tls,
+                **room,
+                **common,
+            )
         ).result()
         _, port = listener.address
         store.set(_ADDRESS.format(self.rank()), f"{settings.host}:{port}")

@@ -202,6 +202,13 @@ def pairs(rank: int, size: int, folder: str) -> None:
             for t in summed:
                 dist.all_reduce(t)
         cm.wait()
+        reduced_at = values(rank + 9, 5, dtype)
+        dist.reduce(reduced_at, dst=size - 1, op=dist.ReduceOp.MAX)
+        if rank == size - 1:
+            seen[f"reduce/{name}"] = bits(reduced_at)
+        lists = [[torch.zeros(2, dtype=dtype), torch.zeros(3, dtype=dtype)] for _ in range(size)]
+        dist.all_gather_coalesced(lists, [values(rank, 2, dtype), values(rank + 5, 3, dtype)])
+        seen[f"all_gather_coalesced/{name}"] = bits(torch.cat([t for ts in lists for t in ts]))
         seen[f"allgather_coalesced/{name}"] = bits(torch.cat(wholes))
         seen[f"reduce_scatter_coalesced/{name}"] = bits(torch.cat(reduced))
         seen[f"allreduce_coalesced/{name}"] = bits(torch.cat(summed))

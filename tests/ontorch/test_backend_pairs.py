@@ -60,6 +60,11 @@ def test_pairs_equal_the_reference(tmp_path: pathlib.Path, size: int) -> None:
             )
             expected = torch.cat([values(10 * k + rank, k + 1, dtype) for k in range(size)])
             assert np.array_equal(got[f"alltoall/{name}"], bits(expected)), (rank, name)
+            # all_gather_coalesced: rank k's two inputs, for each k in turn.
+            expected = torch.cat(
+                [torch.cat([values(k, 2, dtype), values(k + 5, 3, dtype)]) for k in range(size)]
+            )
+            assert np.array_equal(got[f"all_gather_coalesced/{name}"], bits(expected))
             lengths = (3 * size, 7 * size)
             gathered = torch.cat(
                 [torch.cat([values(k, n, dtype) for k in range(size)]) for n in lengths]
@@ -90,6 +95,8 @@ def test_pairs_equal_the_reference(tmp_path: pathlib.Path, size: int) -> None:
     for name, dtype in DTYPES.items():
         expected = torch.cat([values(k, 5, dtype) for k in range(size)])
         assert np.array_equal(last[f"gather/{name}"], bits(expected)), name
+        maximum = torch.stack([values(k + 9, 5, dtype) for k in range(size)]).amax(0)
+        assert np.array_equal(last[f"reduce/{name}"], bits(maximum)), name
     # Two sends on one channel, received in order (the second not contiguous on both ends).
     inorder = [values(1, 4, torch.float64), values(2, 12, torch.float32).view(3, 4)[:, ::2]]
     assert np.array_equal(last["inorder"], np.concatenate([bits(t) for t in inorder]))

@@ -212,6 +212,18 @@ def pairs(rank: int, size: int, folder: str) -> None:
         seen[f"allgather_coalesced/{name}"] = bits(torch.cat(wholes))
         seen[f"reduce_scatter_coalesced/{name}"] = bits(torch.cat(reduced))
         seen[f"allreduce_coalesced/{name}"] = bits(torch.cat(summed))
+    if size == 3:  # a group of the first and the last rank: its ranks 0 and 1
+        sub = dist.new_group([0, 2], backend="gradstream")
+        if rank != 1:
+            t = values(rank, 5, torch.float32)
+            dist.all_reduce(t, group=sub)
+            seen["subgroup/allreduce"] = bits(t)
+            if rank == 0:
+                dist.send(values(30, 3, torch.float32), dst=2, group=sub)
+            else:
+                got_sub = torch.zeros(3)
+                dist.recv(got_sub, src=0, group=sub)
+                seen["subgroup/recv"] = bits(got_sub)
     # Last: 5 values sent where 4 are expected; both ends fail, with our error.
     if rank in (0, 1):
         try:

@@ -1,8 +1,8 @@
 """Send/recv between any two ranks of the gradstream backend (tags kept apart, calls on
 one channel in order, both directions at once), the collectives made of pairs (gather,
 scatter, all-to-all) and the coalesced ones, on 2 and 3 processes, each equal to a
-torch reference for float32, float64, float16 and bfloat16; a send and a recv of other
-sizes fail both ends with our error."""
+torch reference for float32, float64, float16 and bfloat16; a group of two of three
+ranks; a send and a recv of other sizes fail both ends with our error."""
 
 from __future__ import annotations
 
@@ -89,6 +89,12 @@ def test_pairs_equal_the_reference(tmp_path: pathlib.Path, size: int) -> None:
                     ],
                     reference.float(),
                 )
+    if size == 3:  # new_group([0, 2], backend="gradstream")
+        summed = bits(ring_reduce([values(k, 5, torch.float32) for k in (0, 2)], "sum"))
+        for rank in (0, 2):
+            assert np.array_equal(seen[rank]["subgroup/allreduce"], summed), rank
+        assert "subgroup/allreduce" not in seen[1]
+        assert np.array_equal(seen[2]["subgroup/recv"], bits(values(30, 3, torch.float32)))
     # A peer without the group's authkey is refused by a listener; the group goes on.
     assert text(seen[0], "stranger") == "AuthenticationError"
     last = seen[size - 1]

@@ -143,11 +143,14 @@ def pairs(rank: int, size: int, folder: str) -> None:
         if rank == 0:
             dist.send(values(1, 4, torch.float64), dst=peer)
             dist.send(values(2, 12, torch.float32).view(3, 4)[:, ::2], dst=peer)
+            dist.send(torch.arange(5, dtype=torch.int64) - 2, dst=peer)  # as its bytes
         else:
             first, second = torch.zeros(4, dtype=torch.float64), torch.zeros(3, 4)[:, 1::2]
+            third = torch.zeros(5, dtype=torch.int64)
             dist.recv(first, src=peer)
             dist.recv(second, src=peer)
-            seen["inorder"] = np.concatenate([bits(first), bits(second)])
+            dist.recv(third, src=peer)
+            seen["inorder"] = np.concatenate([bits(first), bits(second), bits(third)])
     # Around the ring, both ways at once (batch_isend_irecv).
     left, right = torch.zeros(3, dtype=torch.bfloat16), torch.zeros(3, dtype=torch.bfloat16)
     ops = [

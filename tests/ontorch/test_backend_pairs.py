@@ -103,8 +103,13 @@ def test_pairs_equal_the_reference(tmp_path: pathlib.Path, size: int) -> None:
         assert np.array_equal(last[f"gather/{name}"], bits(expected)), name
         maximum = torch.stack([values(k + 9, 5, dtype) for k in range(size)]).amax(0)
         assert np.array_equal(last[f"reduce/{name}"], bits(maximum)), name
-    # Two sends on one channel, received in order (the second not contiguous on both ends).
-    inorder = [values(1, 4, torch.float64), values(2, 12, torch.float32).view(3, 4)[:, ::2]]
+    # Three sends on one channel, received in order (the second not contiguous on both
+    # ends, the third int64).
+    inorder = [
+        values(1, 4, torch.float64),
+        values(2, 12, torch.float32).view(3, 4)[:, ::2],
+        torch.arange(5, dtype=torch.int64) - 2,
+    ]
     assert np.array_equal(last["inorder"], np.concatenate([bits(t) for t in inorder]))
     # Last, 5 values sent to a recv of 4: both ends fail, each naming the other.
     sender, receiver = (text(seen[rank], "mismatch") for rank in (0, 1))

@@ -92,12 +92,152 @@ def collectives(rank: int, size: int, folder: str) -> None:
     # (shutdown closes the connections after the collectives queued before it).
     last = torch.ones(1000)
     work = dist.all_reduce(last, async_op=True)
+    # So does a send/recv queued before (between the first and the last rank).
+    point = torch.full((3,), float(rank))
+    pending = []
+    if rank == 0:
+        pending.append(dist.isend(point, dst=size - 1, tag=4))
+    elif rank == size - 1:
+        pending.append(dist.irecv(point, src=0, tag=4))
     group = dist.group.WORLD
     dist.destroy_process_group()
     work.wait()
+    for queued in pending:
+        queued.wait()
     seen["before_shutdown"] = bits(last)
+    seen["p2p_before_shutdown"] = bits(point)
     np.savez(f"{folder}/{rank}.npz", **seen)
     del group
+
+
+def pairs(rank: int, size: int, folder: str) -> None:
+    """Send/recv between every two ranks, tags, the collectives made of pairs and the
+    coalesced ones; last, a receive of the wrong size (which fails the group)."""
+    init(rank, size, folder)
+    seen: dict[str, np.ndarray] = {}
+    others = [k for k in range(size) if k != rank]
+    if rank == 0:  # rank 1's listener, open for the group's life, refuses a stranger
+        import gradstream.sync
+
+        address = dist.group.WORLD._links._addresses[1]  # type: ignore[union-attr]
+        try:
+            gradstream.sync.connect(address, authkey=b"not the group's key", timeout=5).close()
+        except Exception as exc:
+            seen["stranger"] = np.frombuffer(type(exc).__name__.encode(), np.uint8)
+    # Every rank to every other at once, a tag per dtype; received in reverse tag order.
+    works, got = [], {}
+    for tag, dtype in enumerate(DTYPES.values()):
+        for k in others:
+            works.append(dist.isend(values(10 * rank + k, 6, dtype), dst=k, tag=tag))
+    for tag, (name, dtype) in reversed(list(enumerate(DTYPES.items()))):
+        for k in others:
+            got[f"p2p/{k}/{name}"] = torch.zeros(6, dtype=dtype)
+            works.append(dist.irecv(got[f"p2p/{k}/{name}"], src=k, tag=tag))
+    for work in works:
+        work.wait()
+    seen.update({key: bits(t) for key, t in got.items()})
+    # Blocking, in order on one channel, between the first and the last rank; a
+    # tensor that is not contiguous on both ends.
+    if rank in (0, size - 1):
+        peer = size - 1 - rank
+        if rank == 0:
+            dist.send(values(1, 4, torch.float64), dst=peer)
+            dist.send(values(2, 12, torch.float32).view(3, 4)[:, ::2], dst=peer)
+            dist.send(torch.arange(5, dtype=torch.int64) - 2, dst=peer)  # as its bytes
+        else:
+            first, second = torch.zeros(4, dtype=torch.float64), torch.zeros(3, 4)[:, 1::2]
+            third = torch.zeros(5, dtype=torch.int64)
+            dist.recv(first, src=peer)
+            dist.recv(second, src=peer)
+            dist.recv(third, src=peer)
+            seen["inorder"] = np.concatenate([bits(first), bits(second), bits(third)])
+    # Around the ring, both ways at once (batch_isend_irecv).
+    left, right = torch.zeros(3, dtype=torch.bfloat16), torch.zeros(3, dtype=torch.bfloat16)
+    ops = [
+        dist.P2POp(dist.isend, values(rank, 3, torch.bfloat16), (rank + 1) % size),
+        dist.P2POp(dist.isend, values(rank + 50, 3, torch.bfloat16), (rank - 1) % size),
+        dist.P2POp(dist.irecv, left, (rank - 1) % size),
+        dist.P2POp(dist.irecv, right, (rank + 1) % size),
+    ]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    seen["batch"] = np.concatenate([bits(left), bits(right)])
+    try:
+        dist.recv(torch.zeros(1), tag=5)
+    except Exception as exc:
+        seen["anysource"] = np.frombuffer(f"{type(exc).__name__}: {exc}".encode(), np.uint8)
+    for name, dtype in DTYPES.items():
+        mine = values(rank, 5, dtype)
+        into = [torch.zeros(5, dtype=dtype) for _ in range(size)]
+        dist.gather(mine, into if rank == size - 1 else None, dst=size - 1)
+        if rank == size - 1:
+            seen[f"gather/{name}"] = bits(torch.cat(into))
+        part = torch.zeros(2, 3, dtype=dtype)
+        parts = [values(k, 6, dtype).view(2, 3) for k in range(size)]
+        dist.scatter(part, parts if rank == 0 else None, src=0)
+        seen[f"scatter/{name}"] = bits(part)
+        out = torch.zeros(2 * size, dtype=dtype)
+        dist.all_to_all_single(out, values(rank, 2 * size, dtype))
+        seen[f"alltoall_single/{name}"] = bits(out)
+        # Uneven: rank r sends k + r + 1 rows of 2 to rank k (an empty part for none).
+        sends = [k + rank + 1 for k in range(size)]
+        takes = [rank + k + 1 for k in range(size)]
+        out = torch.zeros(sum(takes), 2, dtype=dtype)
+        dist.all_to_all_single(out, values(rank, 2 * sum(sends), dtype).view(-1, 2), takes, sends)
+        seen[f"alltoall_uneven/{name}"] = bits(out)
+        outs = [torch.zeros(k + 1, dtype=dtype) for k in range(size)]
+        dist.all_to_all(outs, [values(10 * rank + k, rank + 1, dtype) for k in range(size)])
+        seen[f"alltoall/{name}"] = bits(torch.cat(outs))
+        # Coalesced, as FSDP and the bucketed paths call them (one Work for all).
+        lengths = (3 * size, 7 * size)
+        wholes = [torch.zeros(size * n, dtype=dtype) for n in lengths]
+        reduced = [torch.zeros(n // size, dtype=dtype) for n in lengths]
+        summed = [values(rank + 7, n, dtype) for n in lengths]
+        with dist._coalescing_manager(async_ops=True) as cm:
+            for whole, n in zip(wholes, lengths, strict=True):
+                dist.all_gather_into_tensor(whole, values(rank, n, dtype))
+        cm.wait()
+        with dist._coalescing_manager(async_ops=True) as cm:
+            for part, n in zip(reduced, lengths, strict=True):
+                dist.reduce_scatter_tensor(part, values(rank + 3, n, dtype))
+        cm.wait()
+        with dist._coalescing_manager(async_ops=True) as cm:
+            for t in summed:
+                dist.all_reduce(t)
+        cm.wait()
+        reduced_at = values(rank + 9, 5, dtype)
+        dist.reduce(reduced_at, dst=size - 1, op=dist.ReduceOp.MAX)
+        if rank == size - 1:
+            seen[f"reduce/{name}"] = bits(reduced_at)
+        lists = [[torch.zeros(2, dtype=dtype), torch.zeros(3, dtype=dtype)] for _ in range(size)]
+        dist.all_gather_coalesced(lists, [values(rank, 2, dtype), values(rank + 5, 3, dtype)])
+        seen[f"all_gather_coalesced/{name}"] = bits(torch.cat([t for ts in lists for t in ts]))
+        seen[f"allgather_coalesced/{name}"] = bits(torch.cat(wholes))
+        seen[f"reduce_scatter_coalesced/{name}"] = bits(torch.cat(reduced))
+        seen[f"allreduce_coalesced/{name}"] = bits(torch.cat(summed))
+    if size == 3:  # a group of the first and the last rank: its ranks 0 and 1
+        sub = dist.new_group([0, 2], backend="gradstream")
+        if rank != 1:
+            t = values(rank, 5, torch.float32)
+            dist.all_reduce(t, group=sub)
+            seen["subgroup/allreduce"] = bits(t)
+            if rank == 0:
+                dist.send(values(30, 3, torch.float32), dst=2, group=sub)
+            else:
+                got_sub = torch.zeros(3)
+                dist.recv(got_sub, src=0, group=sub)
+                seen["subgroup/recv"] = bits(got_sub)
+    # Last: 5 values sent where 4 are expected; both ends fail, with our error.
+    if rank in (0, 1):
+        try:
+            if rank == 0:
+                dist.send(torch.ones(5), dst=1, tag=9)
+            else:
+                dist.recv(torch.zeros(4), src=0, tag=9)
+        except Exception as exc:
+            seen["mismatch"] = np.frombuffer(f"{type(exc).__name__}: {exc}".encode(), np.uint8)
+    np.savez(f"{folder}/{rank}.npz", **seen)
+    os._exit(0)  # the group failed (the mismatch): no clean teardown
 
 
 class MLP(torch.nn.Module):
@@ -137,6 +277,49 @@ def ddp(rank: int, size: int, folder: str) -> None:
     dist.destroy_process_group()
 
 
+def sharded(rank: int, group: object, version: int) -> dict[str, np.ndarray]:
+    """A few steps of FSDP (``version`` 2: ``fully_shard``; 1: FullyShardedDataParallel
+    on the CPU) over ``group``; the full parameters after them."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
+
+    torch.manual_seed(0)
+    model: torch.nn.Module = MLP()
+    if version == 2:
+        mesh = DeviceMesh.from_group(group, "cpu")  # type: ignore[arg-type]
+        for layer in model.layers:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    else:
+        model = FullyShardedDataParallel(model, process_group=group, device_id=torch.device("cpu"))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.Generator().manual_seed(100 + rank)
+    for _ in range(3):
+        x = torch.randn(8, 16, generator=data)
+        y = torch.randn(8, 4, generator=data)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    if version == 2:
+        return {k: v.full_tensor().detach().numpy().copy() for k, v in model.named_parameters()}
+    with FullyShardedDataParallel.summon_full_params(model):
+        # clone() first: .numpy() would pin the storage FSDP frees by resizing it.
+        return {k: v.detach().clone().numpy() for k, v in model.named_parameters()}
+
+
+def fsdp(rank: int, size: int, folder: str) -> None:
+    init(rank, size, folder)
+    gloo = dist.new_group(backend="gloo")
+    seen = {}
+    for version in (2, 1):
+        for name, group in (("gradstream", dist.group.WORLD), ("gloo", gloo)):
+            got = sharded(rank, group, version)
+            seen.update({f"fsdp{version}/{name}/{k}": v for k, v in got.items()})
+    np.savez(f"{folder}/{rank}.npz", **seen)
+    dist.destroy_process_group()
+
+
 def failure(rank: int, size: int, folder: str, how: str) -> None:
     """The last rank dies (or stalls) after one all-reduce; the others time the next."""
     init(rank, size, folder, seconds=4.0)
@@ -163,6 +346,34 @@ def failure(rank: int, size: int, folder: str, how: str) -> None:
     with open(f"{folder}/{rank}.json", "w") as out:
         json.dump(outcome, out)
     os._exit(0)  # the group cannot be torn down cleanly without its last rank
+
+
+def lost_peer(rank: int, size: int, folder: str) -> None:
+    """Send/recv with a rank that dies: the last rank takes one message from rank 0 and
+    dies as rank 0 sends the next (16 MiB, more than the sockets hold); rank 1 waits
+    for a message the last rank never sends."""
+    init(rank, size, folder, seconds=4.0)
+    last = size - 1
+    if rank == last:
+        dist.recv(torch.zeros(1000), src=0)
+        time.sleep(0.3)  # rank 0's next send is under way
+        os._exit(3)
+    started = time.monotonic()
+    outcome: dict[str, object] = {}
+    try:
+        if rank == 0:
+            dist.send(torch.ones(1000), dst=last)
+            started = time.monotonic()
+            dist.send(torch.ones(1 << 22), dst=last)
+        else:
+            dist.recv(torch.zeros(10), src=last)
+        outcome["error"] = None
+    except Exception as exc:
+        outcome = {"error": type(exc).__name__, "message": str(exc)}
+    outcome["seconds"] = time.monotonic() - started
+    with open(f"{folder}/{rank}.json", "w") as out:
+        json.dump(outcome, out)
+    os._exit(0)
 
 
 def secured(rank: int, size: int, folder: str, key: str) -> None:
@@ -194,6 +405,12 @@ if __name__ == "__main__":
     args = (int(rank_text), int(size_text), where)
     if scenario == "collectives":
         collectives(*args)
+    elif scenario == "pairs":
+        pairs(*args)
+    elif scenario == "lost-peer":
+        lost_peer(*args)
+    elif scenario == "fsdp":
+        fsdp(*args)
     elif scenario == "ddp":
         ddp(*args)
     elif scenario in ("die", "stall"):

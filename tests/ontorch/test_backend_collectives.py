@@ -76,3 +76,6 @@ def test_collectives_equal_the_reference(tmp_path: pathlib.Path, size: int) -> N
         assert np.array_equal(seen[rank]["reduce_scatter/list"], bits(mine))
         assert seen[rank]["backend"].tobytes() == b"gradstream"
         assert np.array_equal(seen[rank]["before_shutdown"], bits(torch.full((1000,), size * 1.0)))
+        # rank 0's isend before the group was destroyed reached the last rank.
+        sent = torch.zeros(3) if rank in (0, size - 1) else torch.full((3,), float(rank))
+        assert np.array_equal(seen[rank]["p2p_before_shutdown"], bits(sent)), rank

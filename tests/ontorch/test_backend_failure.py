@@ -1,6 +1,7 @@
 """A rank that dies or stalls mid-training makes the next collective fail on the others
 with gradstream's error within the group's timeout (4 s here), never a hang; the group
-then fails every later collective at once. TLS (mutual) with a configured authkey works
+then fails every later collective at once. A send to a rank that dies, and a recv from
+it, fail the same way. TLS (mutual) with a configured authkey works
 end to end, and a rank with another authkey is refused at the rendezvous."""
 
 from __future__ import annotations
@@ -35,6 +36,21 @@ def test_a_lost_rank_fails_the_others_within_the_timeout(
         if how == "stall":
             assert got["error"] == "StreamTimeoutError", got
             assert "within the group's timeout of 4 s" in got["message"], got
+
+
+def test_a_rank_lost_to_send_and_recv_fails_them_within_the_timeout(
+    tmp_path: pathlib.Path,
+) -> None:
+    assert launch("lost-peer", 3, tmp_path) == [0, 0, 3]
+    sender, receiver = outcome(tmp_path, 0), outcome(tmp_path, 1)
+    # Its send under way when the receiver died: at once, naming the rank.
+    assert sender["error"] in ("StreamIOError", "DeliveryError"), sender
+    assert "rank 2" in sender["message"], sender
+    assert sender["seconds"] < TIMEOUT + 2.0, sender
+    # Waiting for a message that never comes: the group's timeout.
+    assert receiver["error"] == "StreamTimeoutError", receiver
+    assert "recv from rank 2 (tag 0) on rank 1" in receiver["message"], receiver
+    assert TIMEOUT - 0.5 < receiver["seconds"] < TIMEOUT + 2.0, receiver
 
 
 def test_tls_and_authkey_end_to_end(tmp_path: pathlib.Path) -> None:

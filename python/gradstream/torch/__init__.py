@@ -8,7 +8,8 @@
 
 Options (``configure``) are read when a group is made, so call it before
 ``init_process_group``. docs/guides/torch-backend.md has the design: the rendezvous
-through the group's store, the ring, the order of the additions, the failures.
+through the group's store, the ring, the order of the additions, point to point
+(a connection per direction and tag), FSDP, the failures.
 """
 
 from __future__ import annotations

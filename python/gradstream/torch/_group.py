@@ -5,6 +5,7 @@ group's store; each collective a coroutine on the backend's loop (``_loop``)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime
 import os
@@ -21,12 +22,14 @@ from .._connection import Connection, connect, listen
 from .._session import GradientStreamSession
 from ..errors import (
     DeliveryError,
+    GradientDtypeError,
     GradientSizeError,
     SettingError,
     StreamIOError,
     StreamTimeoutError,
 )
 from . import _loop
+from ._links import COLLECTIVE, P2P, RING, Key, Links
 
 _KEY = "gradstream/authkey"
 _ADDRESS = "gradstream/address/{}"
@@ -113,7 +116,9 @@ class _Flat:
                 f"the gradstream backend moves {tensor.dtype} tensors of an even byte "
                 f"count only, got {work.numel() * work.element_size()} bytes"
             )
-        self.wire: np.ndarray = wire.numpy()
+        # Through DLPack, not .numpy(): that marks the tensor's storage unresizable for
+        # good, and FSDP frees its unsharded parameters by resizing their storage to 0.
+        self.wire: np.ndarray = np.from_dlpack(wire)
 
     def done(self) -> None:
         if self.flat is None:
@@ -170,14 +175,16 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch 
         self._next: Connection | None = None
         self._prev: Connection | None = None
         self._turn: asyncio.Lock | None = None
+        self._links: Links | None = None
         if size > 1:
             self._open(store)
 
     # -- the ring ------------------------------------------------------------------
 
     def _open(self, store: Any) -> None:
-        """Listen, publish "host:port" in the store, connect to the next rank and accept
-        the previous one (the only peer let in: the listener closes after it)."""
+        """Listen, publish "host:port" in the store, read the others', connect to the
+        next rank and take the previous one's connection (``_links``: the listener stays
+        open for the connections ``send``/``recv`` and the pair collectives open)."""
         settings = options()
         key = settings.authkey
         if key is None:
@@ -185,24 +192,43 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch 
                 store.set(_KEY, os.urandom(32))
             key = bytes(store.get(_KEY))
         common = {"authkey": key, "timeout": self._seconds, "deadline": self._seconds}
+        # Room for a connection from every other rank per channel: the ring, the
+        # collectives made of pairs and a few send/recv tags, all at once.
+        room = {
+            "max_connections": 256 + 4 * self.size(),
+            "max_pending_per_source": 64 + self.size(),
+        }
         listener = _loop.submit(
-            listen(f"{settings.host}:0", session=_session(), tls=settings.listen_tls, **common)
+            listen(
+                f"{settings.host}:0",
+                session=_session(),
+                tls=settings.listen_tls,
+                **room,
+                **common,
+            )
         ).result()
         _, port = listener.address
         store.set(_ADDRESS.format(self.rank()), f"{settings.host}:{port}")
-        after = bytes(store.get(_ADDRESS.format((self.rank() + 1) % self.size()))).decode()
+        addresses = [bytes(store.get(_ADDRESS.format(k))).decode() for k in range(self.size())]
+        after = addresses[(self.rank() + 1) % self.size()]
+
+        def dial(address: str) -> Awaitable[Connection]:
+            return connect(address, session=_session(), tls=settings.connect_tls, **common)
 
         async def both() -> tuple[Connection, Connection]:
+            n, r = self.size(), self.rank()
+            links = self._links = Links(r, n, listener, addresses, dial, self._seconds)
             try:
                 return await asyncio.wait_for(
                     asyncio.gather(
-                        connect(after, session=_session(), tls=settings.connect_tls, **common),
-                        listener.accept(),
+                        links.outbound(((r + 1) % n, RING, 0)),
+                        links.inbound(((r - 1) % n, RING, 0)),
                     ),
                     self._seconds,
                 )
-            finally:
-                await listener.close()
+            except BaseException:
+                await links.close()
+                raise
 
         try:
             self._next, self._prev = _loop.submit(both()).result()
@@ -219,14 +245,21 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch 
             self._turn = asyncio.Lock()
         return self._turn
 
-    def _run(self, name: str, body: Callable[[], Awaitable[None]], result: Any) -> _Work:
-        """Run ``body`` on the loop after the collectives before it (FIFO); the Work's
-        future gets ``result``, or the error. A failed collective breaks the group:
+    def _run(
+        self,
+        name: str,
+        body: Callable[[], Awaitable[None]],
+        result: Any,
+        turn: Callable[[], asyncio.Lock] | None = None,
+    ) -> _Work:
+        """Run ``body`` on the loop after the collectives before it (FIFO; with ``turn``,
+        after the calls before it that hold that lock: a point-to-point channel's); the
+        Work's future gets ``result``, or the error. A failed call breaks the group:
         every later one fails with the same error."""
         future: Future[Any] = Future()
 
         async def step() -> None:
-            async with self._lock():
+            async with self._lock() if turn is None else turn():
                 if self._failed is not None:
                     raise self._failed
                 try:
@@ -276,27 +309,38 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch 
 
     async def _send(self, what: np.ndarray) -> None:
         assert self._next is not None
+        await self._send_on(self._next, (self.rank() + 1) % self.size(), what)
+
+    async def _send_on(self, link: Connection, other: int, what: np.ndarray) -> None:
         try:
-            await self._next.send(what)
+            await link.send(what)
         except (StreamIOError, DeliveryError) as exc:
             # A peer's refusal (a DeliveryError with a reason: CRC, seal) stays itself.
             if isinstance(exc, DeliveryError) and getattr(exc, "reason", None):
                 raise
-            raise self._lost((self.rank() + 1) % self.size(), exc) from exc
+            raise self._lost(other, exc) from exc
 
     async def _recv(self, out: np.ndarray | None = None, into: np.ndarray | None = None) -> None:
         assert self._prev is not None
-        before = (self.rank() - 1) % self.size()
+        await self._recv_on(self._prev, (self.rank() - 1) % self.size(), out, into)
+
+    async def _recv_on(
+        self,
+        link: Connection,
+        before: int,
+        out: np.ndarray | None = None,
+        into: np.ndarray | None = None,
+    ) -> None:
         try:
-            got = await self._prev.recv(out=out, reduce_into=into)
+            got = await link.recv(out=out, reduce_into=into)
         except StreamIOError as exc:
             raise self._lost(before, exc) from exc
         except GradientSizeError as exc:
             # The end of a closed connection (0 values) meets a segment's out=.
-            if not self._prev.closed:
+            if not link.closed or exc.received:
                 raise
             raise self._lost(before, StreamIOError("it closed the connection")) from exc
-        if self._prev.closed and got.size == 0:
+        if link.closed and got.size == 0:
             raise self._lost(before, StreamIOError("it closed the connection"))
 
     async def _exchange(
@@ -370,6 +414,30 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch 
     def getBackendName(self) -> str:
         return "gradstream"
 
+    def _get_backend(self, device: Any) -> GradstreamProcessGroup:
+        """The group itself: it is its own backend, on every device it takes (CPU).
+        ``batch_isend_irecv`` asks it whether it coalesces (it does not)."""
+        return self
+
+    def _set_group_name(self, name: str) -> None:
+        # A Python group has no C++ backend to keep its name in: kept here, where
+        # DeviceMesh (FSDP's fully_shard) reads it.
+        self._name = name
+
+    @property
+    def group_name(self) -> str:
+        name = getattr(self, "_name", None)
+        if name is None:
+            raise RuntimeError("the gradstream process group has no name yet")
+        return str(name)
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._desc = desc
+
+    @property
+    def group_desc(self) -> str:
+        return str(getattr(self, "_desc", "undefined"))
+
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> _Work:
         op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         flats = [_Flat(t) for t in tensors]
@@ -416,50 +484,266 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch 
         return self._run("allgather", body, outputs)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> _Work:
-        whole = _Flat(output)
-
-        async def body() -> None:
-            pieces = whole.torch.chunk(self.size())
-            pieces[self.rank()].copy_(input.detach().reshape(-1))
-            wires = np.split(whole.wire, self.size())
-            if self.size() > 1:
-                await self._ring_gather(wires)
-            whole.done()
-
-        return self._run("allgather", body, output)
+        return self._gather_into([output], [input], output)
 
     all_gather_single = _allgather_base
+
+    def allgather_into_tensor_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> _Work:
+        """``_allgather_base`` of each pair in turn, one Work (FSDP's path)."""
+        return self._gather_into(outputs, inputs, outputs)
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+
+    def _gather_into(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], result: Any
+    ) -> _Work:
+        wholes = [_Flat(t) for t in outputs]
+        if len(wholes) != len(inputs):
+            raise ValueError(f"{len(outputs)} output tensors for {len(inputs)} inputs")
+
+        async def body() -> None:
+            for whole, input in zip(wholes, inputs, strict=True):
+                pieces = whole.torch.chunk(self.size())
+                pieces[self.rank()].copy_(input.detach().reshape(-1))
+                wires = np.split(whole.wire, self.size())
+                if self.size() > 1:
+                    await self._ring_gather(wires)
+                whole.done()
+
+        return self._run("allgather", body, result)
 
     def reduce_scatter_single(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> _Work:
         """Rank r gets segment r of the reduced ``input`` (size x output's length),
         added up in ring order starting at rank r + 1."""
+        return self._scatter_reduced([output], [input], opts, output)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_tensor_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> _Work:
+        """``reduce_scatter_single`` of each pair in turn, one Work (FSDP's path)."""
+        return self._scatter_reduced(outputs, inputs, opts, outputs)
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
+    def _scatter_reduced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any, result: Any
+    ) -> _Work:
         op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        work = _Flat(input.detach().clone())
-        if work.tensor.dtype not in _WIRE:
-            raise TypeError(f"the gradstream backend reduces float tensors, not {input.dtype}")
+        works = [_Flat(t.detach().clone()) for t in inputs]
+        for work in works:
+            if work.tensor.dtype not in _WIRE:
+                raise TypeError(
+                    f"the gradstream backend reduces float tensors, not {work.tensor.dtype}"
+                )
+        if len(works) != len(outputs):
+            raise ValueError(f"{len(outputs)} output tensors for {len(inputs)} inputs")
 
         async def body() -> None:
             n, r = self.size(), self.rank()
-            parts = _bounds(work.wire.size, n)
-            if n > 1:
-                await self._reduce_scatter(work, parts, op, 1)
-            a, b = parts[r]
-            mine = work.torch[a:b]
-            if op == "avg":
-                mine.div_(n)
-            output.detach().view(-1).copy_(mine)
+            for work, output in zip(works, outputs, strict=True):
+                parts = _bounds(work.wire.size, n)
+                if n > 1:
+                    await self._reduce_scatter(work, parts, op, 1)
+                a, b = parts[r]
+                mine = work.torch[a:b]
+                if op == "avg":
+                    mine.div_(n)
+                output.detach().view(-1).copy_(mine)
 
-        return self._run("reduce_scatter", body, output)
-
-    _reduce_scatter_base = reduce_scatter_single
+        return self._run("reduce_scatter", body, result)
 
     def reduce_scatter(
         self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None
     ) -> _Work:
         whole = torch.cat([t.detach().reshape(-1) for t in inputs[0]])
         return self.reduce_scatter_single(outputs[0], whole, opts)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> _Work:
+        """``allreduce`` of each tensor in turn (each in the documented order), one Work."""
+        return self.allreduce(tensors, opts)
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> _Work:
+        """An all-reduce: the root gets the reduced tensor, and so does every other rank."""
+        return self.allreduce(tensors, opts)
+
+    def allgather_coalesced(
+        self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
+    ) -> _Work:
+        """``outputs[k][i]`` gets rank k's ``inputs[i]``: an ``allgather`` per input."""
+        by_input = [list(column) for column in zip(*outputs, strict=True)]
+        return self.allgather(by_input, inputs, opts)
+
+    # -- point to point, and the collectives made of pairs ---------------------------
+
+    def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int = 0) -> _Work:
+        """Send ``tensors`` to rank ``dstRank`` on the channel of ``tag``; the Work
+        completes once that rank has them (its ack). Sends on one channel go in call
+        order; channels (another rank, another tag) do not wait for each other."""
+        return self._point(True, dstRank, tag, tensors)
+
+    def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int = 0) -> _Work:
+        """Receive into ``tensors`` what rank ``srcRank`` sends with ``tag``, in the
+        order it sent on that channel; the Work completes once the data is in place."""
+        return self._point(False, srcRank, tag, tensors)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> _Work:
+        raise SettingError(
+            "src",
+            "the gradstream backend receives from a given rank only (each sender has a "
+            "connection of its own, which a receive must pick): pass src= to recv/irecv",
+        )
+
+    def gather(
+        self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
+    ) -> _Work:
+        """Each rank's ``inputs[0]`` into the root's ``outputs[0][rank]``, straight from
+        each rank to the root."""
+        root, r = (opts.rootRank if opts is not None else 0), self.rank()
+        mine = _Flat(inputs[0])
+        if r != root:
+            return self._swap("gather", {root: mine}, {}, None, outputs)
+        into = [_Flat(t) for t in outputs[0]]
+        return self._swap("gather", {}, _others(into, r), (into[r], mine), outputs)
+
+    def scatter(
+        self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None
+    ) -> _Work:
+        """The root's ``inputs[0][rank]`` into each rank's ``outputs[0]``, straight from
+        the root to each rank."""
+        root, r = (opts.rootRank if opts is not None else 0), self.rank()
+        mine = _Flat(outputs[0])
+        if r != root:
+            return self._swap("scatter", {}, {root: mine}, None, outputs)
+        parts = [_Flat(t) for t in inputs[0]]
+        return self._swap("scatter", _others(parts, r), {}, (mine, parts[r]), outputs)
+
+    def alltoall_base(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: Any = None,
+    ) -> _Work:
+        """Rows ``input_split_sizes[k]`` of ``input`` (equal parts when empty) to rank k;
+        rows ``output_split_sizes[k]`` of ``output`` from it."""
+        outs = _rows(output, output_split_sizes, self.size(), "output")
+        ins = _rows(input, input_split_sizes, self.size(), "input")
+        return self._all_to_all(outs, ins, output)
+
+    all_to_all_single = alltoall_base
+
+    def alltoall(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> _Work:
+        """``inputs[k]`` to rank k, ``outputs[k]`` from it."""
+        n = self.size()
+        if len(outputs) != n or len(inputs) != n:
+            raise ValueError(
+                f"all_to_all takes one tensor per rank ({n}), got {len(outputs)} outputs "
+                f"and {len(inputs)} inputs"
+            )
+        return self._all_to_all([_Flat(t) for t in outputs], [_Flat(t) for t in inputs], outputs)
+
+    def _all_to_all(self, outs: list[_Flat], ins: list[_Flat], result: Any) -> _Work:
+        r = self.rank()
+        return self._swap("alltoall", _others(ins, r), _others(outs, r), (outs[r], ins[r]), result)
+
+    def _swap(
+        self,
+        name: str,
+        sends: dict[int, _Flat],
+        recvs: dict[int, _Flat],
+        local: tuple[_Flat, _Flat] | None,
+        result: Any,
+    ) -> _Work:
+        """A collective made of pairs: ``local`` (to, from) copied on this rank, then
+        ``_pairs(sends, recvs)``; queued with the other collectives."""
+
+        async def body() -> None:
+            if local is not None:
+                local[0].torch.copy_(local[1].torch)
+                local[0].done()
+            await self._pairs(sends, recvs)
+
+        return self._run(name, body, result)
+
+    def _other(self, rank: int, call: str) -> int:
+        if not 0 <= rank < self.size() or rank == self.rank():
+            raise ValueError(
+                f"gradstream backend: {call} rank {rank}, which is not another rank of "
+                f"this group of {self.size()} (this is rank {self.rank()})"
+            )
+        return int(rank)
+
+    def _point(self, outgoing: bool, other: int, tag: int, tensors: list[torch.Tensor]) -> _Work:
+        call = "send to" if outgoing else "recv from"
+        key = (self._other(other, call), P2P, int(tag))
+        flats = [_Flat(t) for t in tensors]
+        move = self._send_to if outgoing else self._recv_from
+        links = self._links
+        assert links is not None  # a group of one has no other rank (_other)
+
+        async def body() -> None:
+            for flat in flats:
+                await move(key, flat)
+
+        name = f"{call} rank {key[0]} (tag {key[2]})"
+        return self._run(name, body, tensors, turn=lambda: links.turn(outgoing, key))
+
+    async def _send_to(self, key: Key, flat: _Flat) -> None:
+        """``flat`` on the connection of channel ``key`` (opened on first use)."""
+        if not flat.wire.size:
+            return  # the receiver skips it too: its tensor is empty as well
+        assert self._links is not None
+        try:
+            link = await self._links.outbound(key)
+        except StreamIOError as exc:
+            raise self._lost(key[0], exc) from exc
+        try:
+            await self._send_on(link, key[0], flat.wire)
+        except DeliveryError as exc:  # the receiver refused it: its words
+            exc.args = (
+                f"gradstream backend: rank {key[0]} refused rank {self.rank()}'s send "
+                f"({_channel(key)}): {exc.reason}",
+            )
+            raise
+
+    async def _recv_from(self, key: Key, flat: _Flat) -> None:
+        """The next message of channel ``key`` into ``flat``."""
+        if flat.wire.size:
+            assert self._links is not None
+            link = await self._links.inbound(key)
+            try:
+                await self._recv_on(link, key[0], out=flat.wire)
+            except (GradientSizeError, GradientDtypeError) as exc:
+                exc.args = (
+                    f"gradstream backend: rank {self.rank()}'s recv from rank {key[0]} "
+                    f"({_channel(key)}) into {flat.tensor.numel()} values of "
+                    f"{flat.tensor.dtype}: {exc}; a send and its recv take tensors of one "
+                    "size and dtype",
+                )
+                raise
+        flat.done()
+
+    async def _pairs(self, sends: dict[int, _Flat], recvs: dict[int, _Flat]) -> None:
+        """Send each of ``sends`` to its rank and receive each of ``recvs`` from its
+        rank, all at once (a connection per direction and pair); the first failure
+        cancels the rest."""
+        moves = [self._send_to((k, COLLECTIVE, 0), f) for k, f in sends.items()]
+        moves += [self._recv_from((k, COLLECTIVE, 0), f) for k, f in recvs.items()]
+        jobs = [asyncio.ensure_future(move) for move in moves]
+        try:
+            await asyncio.gather(*jobs)
+        finally:  # after a failure (none is left running after a success)
+            for job in jobs:
+                job.cancel()
 
     def barrier(self, opts: Any = None) -> _Work:
         token = torch.zeros(1)
@@ -480,8 +764,8 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch 
         self._close(wait=False)
 
     def _close(self, *, wait: bool) -> None:
-        links = [c for c in (self._next, self._prev) if c is not None]
-        if not links:
+        links = self._links
+        if links is None:
             return
 
         async def close() -> None:
@@ -489,18 +773,55 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch 
                 async with self._lock():
                     if self._failed is None:
                         self._failed = StreamIOError("the gradstream process group was shut down")
+                # The sends and receives queued before, each bounded by the timeout.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(_queued(links.turns()), self._seconds)
             elif self._failed is None:
                 self._failed = StreamIOError("the gradstream process group was aborted")
-            for link in links:
-                await link.close()
+            await links.close()
 
-        _loop.submit(close()).result(timeout=self._seconds)
+        _loop.submit(close()).result(timeout=3 * self._seconds)
 
     def size(self) -> int:
         return int(super().size())
 
     def rank(self) -> int:
         return int(super().rank())
+
+
+def _others(flats: list[_Flat], rank: int) -> dict[int, _Flat]:
+    return {k: f for k, f in enumerate(flats) if k != rank}
+
+
+def _channel(key: Key) -> str:
+    return f"tag {key[2]}" if key[1] == P2P else "a collective"
+
+
+def _rows(tensor: torch.Tensor, splits: list[int], parts: int, what: str) -> list[_Flat]:
+    """``tensor`` cut along its first dimension into ``splits`` rows each (equal parts
+    when ``splits`` is empty), each a ``_Flat`` of its rows."""
+    rows = tensor.shape[0] if tensor.dim() else 0
+    if not splits:
+        if rows % parts:
+            raise ValueError(
+                f"all_to_all_single: the {what}'s {rows} rows do not split equally among "
+                f"{parts} ranks: pass {what}_split_sizes"
+            )
+        splits = [rows // parts] * parts
+    if len(splits) != parts or sum(splits) != rows:
+        raise ValueError(
+            f"all_to_all_single: {what}_split_sizes {list(splits)} must be {parts} numbers "
+            f"adding up to the {what}'s {rows} rows"
+        )
+    starts = np.cumsum([0, *splits[:-1]])
+    return [_Flat(tensor.narrow(0, int(a), int(n))) for a, n in zip(starts, splits, strict=True)]
+
+
+async def _queued(turns: list[asyncio.Lock]) -> None:
+    """Once the calls queued on ``turns`` now have run."""
+    for turn in turns:
+        async with turn:
+            pass
 
 
 def _combine(mine: torch.Tensor, got: torch.Tensor, dtype: torch.dtype, op: str) -> None:

@@ -302,6 +302,7 @@ class Link:
         gradient: _GradientArgs,
         progress: TransferProgress | None,
         deadline: float | None,
+        here: bool = False,
     ) -> tuple[bool, Any]: ...
     def recv(
         self,
@@ -310,6 +311,7 @@ class Link:
         out: _OutArgs | None,
         deadline: float | None,
         none_at_end: bool,
+        here: bool = False,
     ) -> tuple[bool, Any]: ...
     def send_tensors(
         self,

@@ -24,6 +24,7 @@ use super::session::Engine;
 use super::settings::{saturating_seconds, seconds_arg, ListenerArgs};
 use super::stream::{progress_counters, TransferProgress};
 use super::tensors::{HeldTensors, TensorArgs};
+use gradstream_core::connection::link::Direct;
 use gradstream_core::connection::{
     self, DialSettings, Event, Link, ListenSettings, Listener, Peer, Protocol, ReadBudget,
     Received, Refusal, Stopper,
@@ -252,6 +253,16 @@ impl PyLink {
     }
 }
 
+/// For a transfer its caller's thread drives itself (`Completions::run_here`): the
+/// link's socket, its reads and writes made direct (`Link::direct`); None when not
+/// `wanted`, or the link has no socket to use so (TLS, or closed).
+fn here_direct(link: &mut Link, wanted: bool) -> Option<(std::os::fd::RawFd, Direct)> {
+    let fd = link.direct_fd().filter(|_| wanted)?;
+    let direct = Direct::default();
+    link.direct(Some(direct.clone()));
+    Some((fd, direct))
+}
+
 /// A receive's result: the values or `out`'s owner; at the peer's close before a
 /// gradient began, None when `none_at_end`, else what `receive_from` gives there (the
 /// empty gradient, which must fit `out`).
@@ -287,8 +298,9 @@ impl PyLink {
     /// returned, else `(false, job)`, a job whose result is the chunk count, once
     /// acknowledged. A small gradient's frames are written from the caller's thread (no
     /// thread hop before its bytes move: docs/performance.md); the wait for the ack, and
-    /// any larger send, run in tokio.
-    #[pyo3(signature = (completions, gradient, progress, deadline))]
+    /// any larger send, run in tokio; or, with `here` (the blocking face), a small send
+    /// on a plain TCP link runs to its end on the caller's thread (`run_here`).
+    #[pyo3(signature = (completions, gradient, progress, deadline, here=false))]
     fn send(
         &self,
         py: Python<'_>,
@@ -296,19 +308,25 @@ impl PyLink {
         gradient: GradientArgs<'_>,
         progress: Option<&Bound<'_, TransferProgress>>,
         deadline: Option<&Bound<'_, PyAny>>,
+        here: bool,
     ) -> PyResult<(bool, Py<PyAny>)> {
         let counters = progress_counters(progress);
         let waits = self.waits(deadline)?;
         let gradient = HeldGradient::new(&Input::try_from(gradient)?)?;
         let small = gradient.gradient().raw().len() <= fastpath::SEND_MAX;
         let config = self.engine.get().config().clone();
+        let caller_thread = small && self.engine.get().drivers().caller_thread;
         let mut link = self.take(py)?;
+        let direct = here_direct(&mut link, here && caller_thread);
         let transfer = async move {
             link.send_gradient(&config, gradient.gradient(), waits, &counters)
                 .await
                 .map(Outcome::Chunks)
         };
-        if small && self.engine.get().drivers().caller_thread {
+        if let Some((fd, direct)) = direct {
+            return completions.get().run_here(py, transfer, fd, direct, None);
+        }
+        if caller_thread {
             return completions.get().run_or_spawn(py, transfer, || ());
         }
         let job = completions.get().spawn(transfer);
@@ -321,8 +339,12 @@ impl PyLink {
     /// a job whose result is the values tuple or `out`'s array when given, its ack owed
     /// until the caller holds the result and calls `settle` (docs/guides/connections.md
     /// "Delivery"); when the peer closed before a gradient began, None if
-    /// `none_at_end`, else as `receive_from` there.
-    #[pyo3(signature = (completions, progress, out, deadline, none_at_end))]
+    /// `none_at_end`, else as `receive_from` there. With `here` (the blocking face), on a
+    /// plain TCP link, the receive runs on the caller's thread, waiting for the socket
+    /// there (`run_here`), until it ends or has read `fastpath::PEEK_MAX` bytes (then
+    /// tokio goes on with it, and the call waits for that): `(true, result)`, acknowledged.
+    #[pyo3(signature = (completions, progress, out, deadline, none_at_end, here=false))]
+    #[allow(clippy::too_many_arguments)]
     fn recv(
         &self,
         py: Python<'_>,
@@ -331,12 +353,15 @@ impl PyLink {
         out: Option<OutArgs<'_>>,
         deadline: Option<&Bound<'_, PyAny>>,
         none_at_end: bool,
+        here: bool,
     ) -> PyResult<(bool, Py<PyAny>)> {
         let counters = progress_counters(progress);
         let waits = self.waits(deadline)?;
         let lent = out.as_ref().map(OutArgs::lend).transpose()?;
         let config = self.engine.get().config().clone();
+        let caller_thread = self.engine.get().drivers().caller_thread;
         let mut link = self.take(py)?;
+        let direct = here_direct(&mut link, here && caller_thread);
         let budget = ReadBudget::new(fastpath::PEEK_MAX as u64);
         link.read_budget(Some(budget.clone()));
         let transfer = async move {
@@ -348,14 +373,21 @@ impl PyLink {
             link.read_budget(None);
             received(got?, owner, none_at_end)
         };
-        if !self.engine.get().drivers().caller_thread {
+        if !caller_thread {
             budget.lift();
             let job = completions.get().spawn(transfer);
             return Ok((false, job.into_pyobject(py)?.into_any().unbind()));
         }
-        let got = completions
-            .get()
-            .run_or_spawn(py, transfer, || budget.lift())?;
+        let got = match direct {
+            Some((fd, direct)) => {
+                completions
+                    .get()
+                    .run_here(py, transfer, fd, direct, Some(budget))?
+            }
+            None => completions
+                .get()
+                .run_or_spawn(py, transfer, || budget.lift())?,
+        };
         if got.0 {
             self.settle(py);
         }

@@ -42,10 +42,12 @@ class Connection(ConnectionCore):
     # Set by Server.shutdown: the transfer a handler is in was stopped (why it ended).
     _shut_down = False
 
-    def _wait(self, own: Any, job: int) -> Any:
-        """``job``'s result; a StreamIOError when the server's shutdown stopped it."""
-        value = wait(own, job)
-        if self._shut_down:
+    def _wait(self, own: Any, job: Any, *, now: bool = False) -> Any:
+        """``job``'s result (``job`` itself when ``now``: the call ran the transfer to
+        its end, None when it was stopped); a StreamIOError when the server's shutdown
+        stopped it."""
+        value = job if now else wait(own, job)
+        if self._shut_down and (value is None or not now):
             self._abandoned()
             self._turns.close()
             raise StreamIOError(
@@ -77,8 +79,8 @@ class Connection(ConnectionCore):
             own = waiter()
             timed = Timed(progress)
             with stopping(own, self._abandoned):
-                now, value = self._link.send(own, args, timed.progress, bound)
-                sent: int = value if now else self._wait(own, value)
+                now, value = self._link.send(own, args, timed.progress, bound, True)
+                sent: int = self._wait(own, value, now=now)
         timed.log("sent", "gradient", self.peer)
         return sent
 
@@ -118,8 +120,8 @@ class Connection(ConnectionCore):
         timed = Timed(progress)
         args = None if lent is None else lent.args
         with stopping(own, self._abandoned):
-            now, value = self._link.recv(own, timed.progress, args, bound, none_at_end)
-            values = value if now else self._wait(own, value)
+            now, value = self._link.recv(own, timed.progress, args, bound, none_at_end, True)
+            values = self._wait(own, value, now=now)
             if values is None:
                 return None
             got = lent.array if lent is not None else hand_back_as(values, like)

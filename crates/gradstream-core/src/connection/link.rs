@@ -37,11 +37,21 @@ use crate::tensors::{self, Entry, TensorSet, TensorSetReceiver};
 mod counted;
 
 use counted::Counted;
-pub use counted::ReadBudget;
+pub use counted::{Direct, ReadBudget};
 
-/// A byte stream a link can own: a TCP stream, or a TLS stream over one.
-pub trait Duplex: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Duplex for T {}
+/// A byte stream a link can own: a TCP stream, or a TLS stream over one (`Any`: a plain
+/// TCP stream's descriptor is found by its type, for `Link::direct`).
+pub trait Duplex: AsyncRead + AsyncWrite + Unpin + Send + std::any::Any {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Duplex for T {}
+
+/// The descriptor of a plain TCP stream (None for TLS and anything else).
+fn tcp_fd(stream: &dyn Duplex) -> Option<std::os::fd::RawFd> {
+    use std::os::fd::AsRawFd;
+    let any: &dyn std::any::Any = stream;
+    any.downcast_ref::<tokio::net::TcpStream>()
+        .map(AsRawFd::as_raw_fd)
+        .filter(|_| cfg!(target_os = "linux"))
+}
 
 /// Who is at the other end.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -173,9 +183,11 @@ impl Link {
     fn new(stream: Box<dyn Duplex>, mode: Mode, peer: Peer) -> Self {
         Self {
             stream: Counted {
+                fd: tcp_fd(stream.as_ref()),
                 inner: stream,
                 moved: 0,
                 budget: None,
+                direct: None,
             },
             mode,
             peer,
@@ -198,6 +210,19 @@ impl Link {
     /// Bound what the link's reads take from now on by `budget` (None: no bound).
     pub fn read_budget(&mut self, budget: Option<ReadBudget>) {
         self.stream.budget = budget;
+    }
+
+    /// The socket a caller's thread can wait for while it drives this link's transfers
+    /// itself (`direct`): a plain TCP link's open descriptor; None for TLS, and once
+    /// the socket is closed.
+    pub fn direct_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.stream.fd
+    }
+
+    /// Drive the link's reads and writes as system calls on `direct_fd` while `direct`
+    /// is on (`Direct`), from whichever thread polls the transfer; None: through tokio.
+    pub fn direct(&mut self, direct: Option<Direct>) {
+        self.stream.direct = direct;
     }
 
     /// Closed: by this side, by the peer (between transfers), after a failure, or after

@@ -216,7 +216,7 @@ class Connection(ConnectionCore):
             bound = check_seconds(deadline, "deadline")
             hub = _aio.hub()
             timed = Timed(progress)
-            now, value = self._link.send(hub.native, args, timed.progress, bound)
+            now, value = self._link.send(hub.native, args, timed.progress, bound, False, True)
             sent: int = value if now else await self._finished(hub, value)
         timed.log("sent", "gradient", self.peer)
         return sent
@@ -270,11 +270,14 @@ class Connection(ConnectionCore):
             self._link.settle()
         return got
 
-    async def _finished(self, hub: _aio.Hub, job: int) -> Any:
-        """The result of a transfer's job. Cancelled, the transfer stops first (nothing
+    async def _finished(self, hub: _aio.Hub, job: Any) -> Any:
+        """The result of a transfer's job (or of a ``Driven`` transfer, which this loop's
+        thread drives: ``_aio.drive``). Cancelled, the transfer stops first (nothing
         writes into out= after this returns); a gradient it received and nobody took is
         refused ("the receiver cancelled"), and a connection it left out of step closed."""
         try:
+            if type(job) is not int:
+                return await _aio.drive(hub, job)
             return await hub.run(job)
         except asyncio.CancelledError:
             self._abandoned()

@@ -110,6 +110,8 @@ struct Shared {
     /// The stop flag of the transfer a thread drives itself (`run_here`), if one runs:
     /// `abort_all` sets it.
     here: Mutex<Option<Arc<AtomicBool>>>,
+    /// The `Driven` transfers woken since the last `drain`.
+    woken: Mutex<Vec<u64>>,
 }
 
 /// A transfer driven by its caller's thread (`run_here`) is woken (a timer, a lock) by a
@@ -264,7 +266,7 @@ impl Completions {
         let ended = loop {
             let step = py.detach(|| {
                 let _context = runtime.enter();
-                self.drive(&mut transfer, &waker, fd, &direct, budget.as_ref(), &stop)
+                self.drive_here(&mut transfer, &waker, fd, &direct, budget.as_ref(), &stop)
             });
             match step {
                 Step::Slice => match py.check_signals() {
@@ -305,7 +307,7 @@ impl Completions {
     }
 
     /// `run_here`'s driving until the transfer ends or a wait slice does.
-    fn drive(
+    fn drive_here(
         &self,
         transfer: &mut Transfer,
         waker: &Waker,
@@ -362,18 +364,190 @@ impl Completions {
     where
         F: Future<Output = Result<Outcome, GradientStreamError>> + Send + 'static,
     {
+        spawn_on(&self.shared, transfer)
+    }
+
+    /// Poll `transfer` once on the caller's thread (an event loop's: the asyncio face),
+    /// its link in `direct` mode on socket `fd`: `(true, result)` when it finished
+    /// there (its exception raised when it failed), else `(false, Driven)`, which the
+    /// loop polls again once `fd` is ready or the transfer is woken (`Driven`).
+    pub fn drive<F>(
+        &self,
+        py: Python<'_>,
+        transfer: F,
+        fd: RawFd,
+        direct: Direct,
+        budget: Option<ReadBudget>,
+    ) -> PyResult<(bool, Py<PyAny>)>
+    where
+        F: Future<Output = Result<Outcome, GradientStreamError>> + Send + 'static,
+    {
         let job = NEXT_JOB.fetch_add(1, Ordering::Relaxed);
-        let shared = self.shared.clone();
-        let runtime = runtime();
-        // Hold the table while spawning so the task cannot finish (and remove itself)
-        // before its abort handle is in.
-        let mut running = Shared::lock(&self.shared.running);
-        let handle = runtime.spawn(async move {
-            let result = transfer.await;
-            shared.finish(job, result);
+        let driven = Driven {
+            transfer: Mutex::new(Some(Box::pin(transfer))),
+            waker: Waker::from(Arc::new(Woken {
+                shared: self.shared.clone(),
+                job,
+            })),
+            shared: self.shared.clone(),
+            job,
+            fd,
+            direct,
+            budget,
+        };
+        let (step, value) = driven.poll(py)?;
+        if step == DRIVEN_DONE {
+            return Ok((true, value.unbind()));
+        }
+        if step == DRIVEN_SLOW {
+            return Ok((false, value.unbind()));
+        }
+        Ok((false, Py::new(py, driven)?.into_any()))
+    }
+}
+
+/// Start `transfer` on the tokio runtime as a job of `shared`'s; its job number.
+fn spawn_on<F>(shared: &Arc<Shared>, transfer: F) -> u64
+where
+    F: Future<Output = Result<Outcome, GradientStreamError>> + Send + 'static,
+{
+    let job = NEXT_JOB.fetch_add(1, Ordering::Relaxed);
+    let finisher = shared.clone();
+    // Hold the table while spawning so the task cannot finish (and remove itself)
+    // before its abort handle is in.
+    let mut running = Shared::lock(&shared.running);
+    let handle = runtime().spawn(async move {
+        let result = transfer.await;
+        finisher.finish(job, result);
+    });
+    running.insert(job, handle);
+    job
+}
+
+/// What `Driven.poll` says: the result is here, wait (for the socket or a wake-up), or
+/// tokio took the transfer over (its job).
+const DRIVEN_DONE: u8 = 0;
+const DRIVEN_WAIT: u8 = 1;
+const DRIVEN_SLOW: u8 = 2;
+
+/// A `Driven` transfer's waker (tokio timers, a lock): queues its job as woken and makes
+/// the eventfd readable; the hub (`drain`) hands the loop `(job, true, None)`.
+struct Woken {
+    shared: Arc<Shared>,
+    job: u64,
+}
+
+impl Wake for Woken {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        Shared::lock(&self.shared.woken).push(self.job);
+        self.shared.signal();
+    }
+}
+
+/// A transfer an event loop's thread drives itself (the asyncio face's equivalent of
+/// `run_here`): its link's socket is read and written directly (`Direct`); while it
+/// waits, the loop watches the socket (`gradstream._aio.drive`: readable in the hub's
+/// `Readiness`, writable with `add_writer`) and the hub's eventfd for its wake-ups (its
+/// `job` comes out of `drain`), then polls it again. One wake-up per message, the loop's
+/// own, instead of a tokio worker's and then the loop's. A receive that reads its
+/// budget goes on in tokio (`poll` gives its job). Dropped (`stop`, or the object), the
+/// transfer's future is dropped at once, on this thread.
+#[pyclass(module = "gradstream._native", name = "Driven", frozen)]
+pub struct Driven {
+    transfer: Mutex<Option<Transfer>>,
+    waker: Waker,
+    shared: Arc<Shared>,
+    job: u64,
+    fd: RawFd,
+    direct: Direct,
+    budget: Option<ReadBudget>,
+}
+
+impl Driven {
+    fn poll<'py>(&self, py: Python<'py>) -> PyResult<(u8, Bound<'py, PyAny>)> {
+        let mut slot = Shared::lock(&self.transfer);
+        let Some(transfer) = slot.as_mut() else {
+            let error = std::io::Error::new(
+                std::io::ErrorKind::NotConnected,
+                "the transfer was stopped or has ended",
+            );
+            return Err(to_py_err(py, GradientStreamError::Io(error)));
+        };
+        let polled = py.detach(|| {
+            let _context = runtime().enter();
+            self.direct.take_wants();
+            let mut cx = Context::from_waker(&self.waker);
+            transfer.as_mut().poll(&mut cx)
         });
-        running.insert(job, handle);
-        job
+        match polled {
+            Poll::Ready(result) => {
+                *slot = None;
+                self.direct.off();
+                match to_python(py, result)? {
+                    (true, value) => Ok((DRIVEN_DONE, value.into_bound(py))),
+                    (false, exception) => Err(PyErr::from_value(exception.into_bound(py))),
+                }
+            }
+            Poll::Pending if self.budget.as_ref().is_some_and(ReadBudget::exhausted) => {
+                let Some(transfer) = slot.take() else {
+                    unreachable!("the slot held the transfer just polled")
+                };
+                self.direct.off();
+                if let Some(budget) = &self.budget {
+                    budget.lift();
+                }
+                let job = spawn_on(&self.shared, transfer);
+                Ok((DRIVEN_SLOW, job.into_pyobject(py)?.into_any()))
+            }
+            Poll::Pending => {
+                let (_, write) = self.direct.take_wants();
+                let write = pyo3::types::PyBool::new(py, write).to_owned().into_any();
+                Ok((DRIVEN_WAIT, write))
+            }
+        }
+    }
+}
+
+#[pymethods]
+impl Driven {
+    /// The socket to wait for.
+    #[getter]
+    fn fd(&self) -> RawFd {
+        self.fd
+    }
+
+    /// The job number its wake-ups come out of `Completions.drain` with.
+    #[getter]
+    fn job(&self) -> u64 {
+        self.job
+    }
+
+    /// One try: `(0, result)` when done, `(1, write)` to wait for the socket (writable
+    /// when `write`, else readable) or a wake-up and poll again, `(2, job)` when tokio
+    /// goes on with it (a job of the hub's). Raises what the transfer raises.
+    #[pyo3(name = "poll")]
+    fn poll_py<'py>(&self, py: Python<'py>) -> PyResult<(u8, Bound<'py, PyAny>)> {
+        self.poll(py)
+    }
+
+    /// Drop the transfer now (its awaiting task was cancelled), after one last poll:
+    /// what its socket holds already may end it (an ack that arrived while the loop was
+    /// busy, which tokio would have read meanwhile), its result dropped. Nothing of it
+    /// runs after this returns.
+    fn stop(&self, py: Python<'_>) {
+        let transfer = Shared::lock(&self.transfer).take();
+        py.detach(|| {
+            if let Some(mut transfer) = transfer {
+                let _context = runtime().enter();
+                let mut cx = Context::from_waker(Waker::noop());
+                let _ = transfer.as_mut().poll(&mut cx);
+            }
+        });
+        self.direct.off();
     }
 }
 
@@ -397,6 +571,7 @@ impl Completions {
                 running: Mutex::default(),
                 arrived: Condvar::new(),
                 here: Mutex::default(),
+                woken: Mutex::default(),
             }),
         })
     }
@@ -405,16 +580,19 @@ impl Completions {
         self.shared.eventfd.as_raw_fd()
     }
 
-    /// The finished jobs as (job, ok, result or exception), converted on the caller's thread.
+    /// The finished jobs as (job, ok, result or exception), converted on the caller's
+    /// thread; then the `Driven` transfers woken, each as (job, true, None).
     fn drain(&self, py: Python<'_>) -> PyResult<Vec<(u64, bool, Py<PyAny>)>> {
         self.shared.unsignal();
         let finished = std::mem::take(&mut *Shared::lock(&self.shared.finished));
+        let woken = std::mem::take(&mut *Shared::lock(&self.shared.woken));
         finished
             .into_iter()
             .map(|(job, result)| {
                 let (ok, value) = to_python(py, result)?;
                 Ok((job, ok, value))
             })
+            .chain(woken.into_iter().map(|job| Ok((job, true, py.None()))))
             .collect()
     }
 

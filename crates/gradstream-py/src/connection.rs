@@ -299,8 +299,11 @@ impl PyLink {
     /// acknowledged. A small gradient's frames are written from the caller's thread (no
     /// thread hop before its bytes move: docs/performance.md); the wait for the ack, and
     /// any larger send, run in tokio; or, with `here` (the blocking face), a small send
-    /// on a plain TCP link runs to its end on the caller's thread (`run_here`).
-    #[pyo3(signature = (completions, gradient, progress, deadline, here=false))]
+    /// on a plain TCP link runs to its end on the caller's thread (`run_here`); with
+    /// `driven` (the asyncio face), it is polled there and, when it must wait, handed
+    /// back as a `Driven` the loop polls again (`(false, Driven)`).
+    #[pyo3(signature = (completions, gradient, progress, deadline, here=false, driven=false))]
+    #[allow(clippy::too_many_arguments)]
     fn send(
         &self,
         py: Python<'_>,
@@ -309,6 +312,7 @@ impl PyLink {
         progress: Option<&Bound<'_, TransferProgress>>,
         deadline: Option<&Bound<'_, PyAny>>,
         here: bool,
+        driven: bool,
     ) -> PyResult<(bool, Py<PyAny>)> {
         let counters = progress_counters(progress);
         let waits = self.waits(deadline)?;
@@ -317,14 +321,18 @@ impl PyLink {
         let config = self.engine.get().config().clone();
         let caller_thread = small && self.engine.get().drivers().caller_thread;
         let mut link = self.take(py)?;
-        let direct = here_direct(&mut link, here && caller_thread);
+        let direct = here_direct(&mut link, (here || driven) && caller_thread);
         let transfer = async move {
             link.send_gradient(&config, gradient.gradient(), waits, &counters)
                 .await
                 .map(Outcome::Chunks)
         };
-        if let Some((fd, direct)) = direct {
-            return completions.get().run_here(py, transfer, fd, direct, None);
+        match direct {
+            Some((fd, direct)) if here => {
+                return completions.get().run_here(py, transfer, fd, direct, None)
+            }
+            Some((fd, direct)) => return completions.get().drive(py, transfer, fd, direct, None),
+            None => {}
         }
         if caller_thread {
             return completions.get().run_or_spawn(py, transfer, || ());
@@ -343,6 +351,8 @@ impl PyLink {
     /// plain TCP link, the receive runs on the caller's thread, waiting for the socket
     /// there (`run_here`), until it ends or has read `fastpath::PEEK_MAX` bytes (then
     /// tokio goes on with it, and the call waits for that): `(true, result)`, acknowledged.
+    /// Not driven by an event loop's thread (as `send` is, with `driven`): a large
+    /// gradient would stall while the loop is busy, where tokio goes on receiving it.
     #[pyo3(signature = (completions, progress, out, deadline, none_at_end, here=false))]
     #[allow(clippy::too_many_arguments)]
     fn recv(

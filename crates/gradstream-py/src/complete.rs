@@ -277,13 +277,15 @@ impl Completions {
             }
         };
         *Shared::lock(&self.shared.here) = None;
-        direct.off();
+        // The link stays direct for the caller's next call (its ack, its next transfer):
+        // any call that hands the link to tokio leaves direct mode first.
         match ended {
             Ok(Step::Done(result)) => match to_python(py, result)? {
                 (true, value) => Ok((true, value)),
                 (false, exception) => Err(PyErr::from_value(exception.into_bound(py))),
             },
             Ok(Step::Escape) => {
+                direct.off();
                 if let Some(budget) = budget {
                     budget.lift();
                 }

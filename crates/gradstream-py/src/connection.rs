@@ -220,14 +220,17 @@ impl PyLink {
     }
 
     /// The link, for one operation; refused while another runs.
+    /// Through tokio (`Link::leave_direct`) unless the caller makes it direct again.
     fn take(&self, py: Python<'_>) -> PyResult<tokio::sync::OwnedMutexGuard<Link>> {
-        self.link.clone().try_lock_owned().map_err(|_| {
+        let mut link = self.link.clone().try_lock_owned().map_err(|_| {
             setting_error(
                 py,
                 "connection",
                 "another send or recv is running on this connection: one transfer at a time".into(),
             )
-        })
+        })?;
+        link.leave_direct();
+        Ok(link)
     }
 
     /// Run `then` on the link now, on the caller's thread, within the runtime's context
@@ -253,14 +256,15 @@ impl PyLink {
     }
 }
 
-/// For a transfer its caller's thread drives itself (`Completions::run_here`): the
-/// link's socket, its reads and writes made direct (`Link::direct`); None when not
-/// `wanted`, or the link has no socket to use so (TLS, or closed).
-fn here_direct(link: &mut Link, wanted: bool) -> Option<(std::os::fd::RawFd, Direct)> {
-    let fd = link.direct_fd().filter(|_| wanted)?;
-    let direct = Direct::default();
-    link.direct(Some(direct.clone()));
-    Some((fd, direct))
+/// For a transfer its caller's thread drives itself (`Completions::run_here`, or
+/// `drive`): the link's socket, its reads and writes made direct (`Link::go_direct`;
+/// `park`: off tokio's reactor, for the blocking face, whose calls all stay direct);
+/// None when not `wanted`, or the link has no socket to use so (TLS, or closed).
+fn here_direct(link: &mut Link, wanted: bool, park: bool) -> Option<(std::os::fd::RawFd, Direct)> {
+    if !wanted {
+        return None;
+    }
+    link.go_direct(park)
 }
 
 /// A receive's result: the values or `out`'s owner; at the peer's close before a
@@ -321,7 +325,7 @@ impl PyLink {
         let config = self.engine.get().config().clone();
         let caller_thread = small && self.engine.get().drivers().caller_thread;
         let mut link = self.take(py)?;
-        let direct = here_direct(&mut link, (here || driven) && caller_thread);
+        let direct = here_direct(&mut link, (here || driven) && caller_thread, here);
         let transfer = async move {
             link.send_gradient(&config, gradient.gradient(), waits, &counters)
                 .await
@@ -371,7 +375,7 @@ impl PyLink {
         let config = self.engine.get().config().clone();
         let caller_thread = self.engine.get().drivers().caller_thread;
         let mut link = self.take(py)?;
-        let direct = here_direct(&mut link, here && caller_thread);
+        let direct = here_direct(&mut link, here && caller_thread, true);
         let budget = ReadBudget::new(fastpath::PEEK_MAX as u64);
         link.read_budget(Some(budget.clone()));
         let transfer = async move {
@@ -498,18 +502,23 @@ impl PyLink {
         completions: &Bound<'_, Completions>,
     ) -> PyResult<(bool, Py<PyAny>)> {
         match self.link.clone().try_lock_owned() {
-            Ok(mut link) => completions.get().run_or_spawn(
-                py,
-                async move {
-                    link.close().await;
-                    Ok(Outcome::End)
-                },
-                || (),
-            ),
+            Ok(mut link) => {
+                link.leave_direct();
+                completions.get().run_or_spawn(
+                    py,
+                    async move {
+                        link.close().await;
+                        Ok(Outcome::End)
+                    },
+                    || (),
+                )
+            }
             Err(_) => {
                 let link = self.link.clone();
                 let job = completions.get().spawn(async move {
-                    link.lock().await.close().await;
+                    let mut link = link.lock().await;
+                    link.leave_direct();
+                    link.close().await;
                     Ok(Outcome::End)
                 });
                 Ok((false, job.into_pyobject(py)?.into_any().unbind()))

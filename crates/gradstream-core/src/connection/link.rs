@@ -188,6 +188,7 @@ impl Link {
                 moved: 0,
                 budget: None,
                 direct: None,
+                parked: false,
             },
             mode,
             peer,
@@ -212,17 +213,31 @@ impl Link {
         self.stream.budget = budget;
     }
 
-    /// The socket a caller's thread can wait for while it drives this link's transfers
-    /// itself (`direct`): a plain TCP link's open descriptor; None for TLS, and once
-    /// the socket is closed.
-    pub fn direct_fd(&self) -> Option<std::os::fd::RawFd> {
-        self.stream.fd
+    /// Drive the link's reads and writes as system calls on its socket, from whichever
+    /// thread polls its transfers, while the `Direct` returned is on (the one in use
+    /// already, if on); with `park`, the socket is taken off tokio's reactor meanwhile
+    /// (a blocking caller's link: tokio's thread is not woken by its every event), and
+    /// put back by the first poll that is not direct. The socket, which the caller waits
+    /// for; None for a TLS link, and once the socket is closed.
+    pub fn go_direct(&mut self, park: bool) -> Option<(std::os::fd::RawFd, Direct)> {
+        self.stream.fd?;
+        let direct = match &self.stream.direct {
+            Some(direct) if direct.is_on() => direct.clone(),
+            _ => {
+                let direct = Direct::default();
+                self.stream.direct = Some(direct.clone());
+                direct
+            }
+        };
+        if park {
+            self.stream.park();
+        }
+        Some((self.stream.fd?, direct))
     }
 
-    /// Drive the link's reads and writes as system calls on `direct_fd` while `direct`
-    /// is on (`Direct`), from whichever thread polls the transfer; None: through tokio.
-    pub fn direct(&mut self, direct: Option<Direct>) {
-        self.stream.direct = direct;
+    /// Reads and writes through tokio from now on (`go_direct` undone).
+    pub fn leave_direct(&mut self) {
+        self.stream.direct = None;
     }
 
     /// Closed: by this side, by the peer (between transfers), after a failure, or after

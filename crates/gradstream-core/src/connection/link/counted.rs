@@ -63,8 +63,51 @@ pub(super) struct Counted {
     /// The descriptor of `inner` when it is a plain TCP stream (not TLS), while it is
     /// open: what `Direct` reads and writes.
     pub(super) fd: Option<RawFd>,
-    /// While on, reads and writes are system calls on `fd` (`Link::direct`).
+    /// While on, reads and writes are system calls on `fd` (`Link::go_direct`).
     pub(super) direct: Option<Direct>,
+    /// `inner` is a `Parked` TCP stream, off tokio's reactor (`park`).
+    pub(super) parked: bool,
+}
+
+/// A plain TCP stream taken off tokio's reactor (`Counted::park`): a caller's thread
+/// drives it directly, and tokio's thread is not woken by its every event. Never polled
+/// itself: `Counted` puts the stream back on the reactor first (`unpark`).
+struct Parked(std::net::TcpStream);
+
+fn parked() -> std::io::Error {
+    std::io::Error::other("a parked stream was polled: Counted unparks it first")
+}
+
+impl AsyncRead for Parked {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        _: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Err(parked()))
+    }
+}
+
+impl AsyncWrite for Parked {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        _: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Poll::Ready(Err(parked()))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Err(parked()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Err(parked()))
+    }
 }
 
 impl Counted {
@@ -73,7 +116,68 @@ impl Counted {
     /// (docs/guides/connections.md "Closing").
     pub(super) fn release(&mut self) {
         self.fd = None;
+        self.parked = false;
         self.inner = Box::new(Gone);
+    }
+
+    /// Take a plain TCP stream off tokio's reactor (for `Direct` use by a caller's
+    /// thread); nothing for any other stream, or one parked already. Should the reactor
+    /// refuse (it never does), the socket is closed, as `release` does.
+    pub(super) fn park(&mut self) {
+        let any: &dyn std::any::Any = self.inner.as_ref();
+        if self.parked || !any.is::<tokio::net::TcpStream>() {
+            return;
+        }
+        let inner: Box<dyn Duplex> = std::mem::replace(&mut self.inner, Box::new(Gone));
+        let inner: Box<dyn std::any::Any> = inner;
+        let parked = inner
+            .downcast::<tokio::net::TcpStream>()
+            .ok()
+            .and_then(|tcp| tcp.into_std().ok());
+        match parked {
+            Some(std) => {
+                self.inner = Box::new(Parked(std));
+                self.parked = true;
+            }
+            None => self.release(),
+        }
+    }
+
+    /// Put a parked stream back on tokio's reactor, before a poll that is not direct.
+    /// Within a runtime's context (every poll of a link is); an error when not, or when
+    /// the reactor refuses it (the socket is then closed, as `release` does).
+    fn unpark(&mut self) -> std::io::Result<()> {
+        if !self.parked {
+            return Ok(());
+        }
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(std::io::Error::other(
+                "a connection's stream was polled outside the tokio runtime",
+            ));
+        }
+        self.parked = false;
+        let inner: Box<dyn Duplex> = std::mem::replace(&mut self.inner, Box::new(Gone));
+        let inner: Box<dyn std::any::Any> = inner;
+        let registered = match inner.downcast::<Parked>() {
+            Ok(parked) => tokio::net::TcpStream::from_std(parked.0),
+            Err(_) => Err(parked()),
+        };
+        match registered {
+            Ok(tcp) => {
+                self.inner = Box::new(tcp);
+                Ok(())
+            }
+            Err(e) => {
+                self.release();
+                Err(e)
+            }
+        }
+    }
+
+    /// The stream to poll through tokio: put back on the reactor if it was parked.
+    fn through_tokio(&mut self) -> std::io::Result<Pin<&mut Box<dyn Duplex>>> {
+        self.unpark()?;
+        Ok(Pin::new(&mut self.inner))
     }
 
     /// The descriptor to use directly now, if any.
@@ -107,7 +211,7 @@ impl Default for Direct {
 }
 
 impl Direct {
-    fn is_on(&self) -> bool {
+    pub(super) fn is_on(&self) -> bool {
         self.0.load(Ordering::Relaxed) & DIRECT_ON != 0
     }
 
@@ -261,7 +365,10 @@ impl AsyncRead for Counted {
         let before = buf.filled().len();
         let polled = match this.direct_fd() {
             Some((fd, direct)) => read_direct(fd, direct, buf),
-            None => Pin::new(&mut this.inner).poll_read(cx, buf),
+            None => match this.through_tokio() {
+                Ok(inner) => inner.poll_read(cx, buf),
+                Err(e) => Poll::Ready(Err(e)),
+            },
         };
         let read = (buf.filled().len() - before) as u64;
         this.moved += read;
@@ -281,7 +388,10 @@ impl AsyncWrite for Counted {
         let this = self.get_mut();
         let polled = match this.direct_fd() {
             Some((fd, direct)) => write_direct(fd, direct, &[std::io::IoSlice::new(buf)]),
-            None => Pin::new(&mut this.inner).poll_write(cx, buf),
+            None => match this.through_tokio() {
+                Ok(inner) => inner.poll_write(cx, buf),
+                Err(e) => Poll::Ready(Err(e)),
+            },
         };
         if let Poll::Ready(Ok(n)) = polled {
             this.moved += n as u64;
@@ -297,7 +407,10 @@ impl AsyncWrite for Counted {
         let this = self.get_mut();
         let polled = match this.direct_fd() {
             Some((fd, direct)) => write_direct(fd, direct, bufs),
-            None => Pin::new(&mut this.inner).poll_write_vectored(cx, bufs),
+            None => match this.through_tokio() {
+                Ok(inner) => inner.poll_write_vectored(cx, bufs),
+                Err(e) => Poll::Ready(Err(e)),
+            },
         };
         if let Poll::Ready(Ok(n)) = polled {
             this.moved += n as u64;
@@ -310,10 +423,21 @@ impl AsyncWrite for Counted {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+        let this = self.get_mut();
+        if this.direct_fd().is_some() {
+            // Direct writes are system calls: nothing is held back.
+            return Poll::Ready(Ok(()));
+        }
+        match this.through_tokio() {
+            Ok(inner) => inner.poll_flush(cx),
+            Err(e) => Poll::Ready(Err(e)),
+        }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+        match self.get_mut().through_tokio() {
+            Ok(inner) => inner.poll_shutdown(cx),
+            Err(e) => Poll::Ready(Err(e)),
+        }
     }
 }

@@ -21,6 +21,7 @@ __all__ = [
     "MANIFEST_KEY",
     "SHAPE_KEY",
     "Completions",
+    "Driven",
     "Engine",
     "FrameEncoder",
     "FrameReceiver",

@@ -200,6 +200,15 @@ fn to_python(
     })
 }
 
+/// `to_python`'s pair as a result: the value, or the exception raised.
+fn raised(py: Python<'_>, (ok, value): (bool, Py<PyAny>)) -> PyResult<Py<PyAny>> {
+    if ok {
+        Ok(value)
+    } else {
+        Err(PyErr::from_value(value.into_bound(py)))
+    }
+}
+
 impl Completions {
     /// Run `transfer` on the caller's thread (GIL released, in the runtime's context) up
     /// to its first wait: `(true, result)` when it finished there, its exception raised
@@ -224,10 +233,7 @@ impl Completions {
             transfer.as_mut().poll(&mut cx)
         });
         match polled {
-            Poll::Ready(result) => match to_python(py, result)? {
-                (true, value) => Ok((true, value)),
-                (false, exception) => Err(PyErr::from_value(exception.into_bound(py))),
-            },
+            Poll::Ready(result) => Ok((true, raised(py, to_python(py, result)?)?)),
             // The tokio task polls it again at once, with its own waker.
             Poll::Pending => {
                 unbound();
@@ -280,20 +286,14 @@ impl Completions {
         // The link stays direct for the caller's next call (its ack, its next transfer):
         // any call that hands the link to tokio leaves direct mode first.
         match ended {
-            Ok(Step::Done(result)) => match to_python(py, result)? {
-                (true, value) => Ok((true, value)),
-                (false, exception) => Err(PyErr::from_value(exception.into_bound(py))),
-            },
+            Ok(Step::Done(result)) => Ok((true, raised(py, to_python(py, result)?)?)),
             Ok(Step::Escape) => {
                 direct.off();
                 if let Some(budget) = budget {
                     budget.lift();
                 }
                 let job = self.spawn(transfer);
-                match self.wait(py, job)? {
-                    (true, value) => Ok((true, value)),
-                    (false, exception) => Err(PyErr::from_value(exception.into_bound(py))),
-                }
+                Ok((true, raised(py, self.wait(py, job)?)?))
             }
             Ok(_) => {
                 py.detach(|| drop(transfer));
@@ -489,10 +489,8 @@ impl Driven {
             Poll::Ready(result) => {
                 *slot = None;
                 self.direct.off();
-                match to_python(py, result)? {
-                    (true, value) => Ok((DRIVEN_DONE, value.into_bound(py))),
-                    (false, exception) => Err(PyErr::from_value(exception.into_bound(py))),
-                }
+                let value = raised(py, to_python(py, result)?)?;
+                Ok((DRIVEN_DONE, value.into_bound(py)))
             }
             Poll::Pending if self.budget.as_ref().is_some_and(ReadBudget::exhausted) => {
                 let Some(transfer) = slot.take() else {

@@ -243,8 +243,7 @@ async def drive(found: Hub, driven: Any) -> Any:
     """Run a connection's transfer that the loop's thread drives itself (the engine's
     ``Driven``, crates/gradstream-py/src/complete.rs): polled again each time its socket is
     ready (readable, watched in the loop's ``Readiness``; or writable) or it is woken (a
-    timer of its deadline: its job comes out of the hub's eventfd); its result. A receive
-    that reads more than a small transfer's budget goes on in tokio under the hub.
+    timer of its deadline: its job comes out of the hub's eventfd); its result.
     Cancelled, the transfer's future is dropped before the cancellation goes on."""
     fd, job = driven.fd, driven.job
     try:
@@ -273,8 +272,6 @@ async def drive(found: Hub, driven: Any) -> Any:
     except asyncio.CancelledError:
         driven.stop()
         raise
-    if step == _SLOW:
-        return await found.run(value)
     return value
 
 

@@ -366,20 +366,32 @@ impl Completions {
     where
         F: Future<Output = Result<Outcome, GradientStreamError>> + Send + 'static,
     {
-        spawn_on(&self.shared, transfer)
+        let job = NEXT_JOB.fetch_add(1, Ordering::Relaxed);
+        let shared = self.shared.clone();
+        let runtime = runtime();
+        // Hold the table while spawning so the task cannot finish (and remove itself)
+        // before its abort handle is in.
+        let mut running = Shared::lock(&self.shared.running);
+        let handle = runtime.spawn(async move {
+            let result = transfer.await;
+            shared.finish(job, result);
+        });
+        running.insert(job, handle);
+        job
     }
 
     /// Poll `transfer` once on the caller's thread (an event loop's: the asyncio face),
     /// its link in `direct` mode on socket `fd`: `(true, result)` when it finished
     /// there (its exception raised when it failed), else `(false, Driven)`, which the
-    /// loop polls again once `fd` is ready or the transfer is woken (`Driven`).
+    /// loop polls again once `fd` is ready or the transfer is woken (`Driven`). Only for
+    /// transfers whose reads are bounded (a small send's ack): nothing of it moves
+    /// while the loop is busy.
     pub fn drive<F>(
         &self,
         py: Python<'_>,
         transfer: F,
         fd: RawFd,
         direct: Direct,
-        budget: Option<ReadBudget>,
     ) -> PyResult<(bool, Py<PyAny>)>
     where
         F: Future<Output = Result<Outcome, GradientStreamError>> + Send + 'static,
@@ -391,46 +403,21 @@ impl Completions {
                 shared: self.shared.clone(),
                 job,
             })),
-            shared: self.shared.clone(),
             job,
             fd,
             direct,
-            budget,
         };
         let (step, value) = driven.poll(py)?;
         if step == DRIVEN_DONE {
             return Ok((true, value.unbind()));
         }
-        if step == DRIVEN_SLOW {
-            return Ok((false, value.unbind()));
-        }
         Ok((false, Py::new(py, driven)?.into_any()))
     }
 }
 
-/// Start `transfer` on the tokio runtime as a job of `shared`'s; its job number.
-fn spawn_on<F>(shared: &Arc<Shared>, transfer: F) -> u64
-where
-    F: Future<Output = Result<Outcome, GradientStreamError>> + Send + 'static,
-{
-    let job = NEXT_JOB.fetch_add(1, Ordering::Relaxed);
-    let finisher = shared.clone();
-    // Hold the table while spawning so the task cannot finish (and remove itself)
-    // before its abort handle is in.
-    let mut running = Shared::lock(&shared.running);
-    let handle = runtime().spawn(async move {
-        let result = transfer.await;
-        finisher.finish(job, result);
-    });
-    running.insert(job, handle);
-    job
-}
-
-/// What `Driven.poll` says: the result is here, wait (for the socket or a wake-up), or
-/// tokio took the transfer over (its job).
+/// What `Driven.poll` says: the result is here, or wait (for the socket or a wake-up).
 const DRIVEN_DONE: u8 = 0;
 const DRIVEN_WAIT: u8 = 1;
-const DRIVEN_SLOW: u8 = 2;
 
 /// A `Driven` transfer's waker (tokio timers, a lock): queues its job as woken and makes
 /// the eventfd readable; the hub (`drain`) hands the loop `(job, true, None)`.
@@ -455,18 +442,15 @@ impl Wake for Woken {
 /// waits, the loop watches the socket (`gradstream._aio.drive`: readable in the hub's
 /// `Readiness`, writable with `add_writer`) and the hub's eventfd for its wake-ups (its
 /// `job` comes out of `drain`), then polls it again. One wake-up per message, the loop's
-/// own, instead of a tokio worker's and then the loop's. A receive that reads its
-/// budget goes on in tokio (`poll` gives its job). Dropped (`stop`, or the object), the
-/// transfer's future is dropped at once, on this thread.
+/// own, instead of a tokio worker's and then the loop's. Dropped (`stop`, or the
+/// object), the transfer's future is dropped at once, on this thread.
 #[pyclass(module = "gradstream._native", name = "Driven", frozen)]
 pub struct Driven {
     transfer: Mutex<Option<Transfer>>,
     waker: Waker,
-    shared: Arc<Shared>,
     job: u64,
     fd: RawFd,
     direct: Direct,
-    budget: Option<ReadBudget>,
 }
 
 impl Driven {
@@ -492,17 +476,6 @@ impl Driven {
                 let value = raised(py, to_python(py, result)?)?;
                 Ok((DRIVEN_DONE, value.into_bound(py)))
             }
-            Poll::Pending if self.budget.as_ref().is_some_and(ReadBudget::exhausted) => {
-                let Some(transfer) = slot.take() else {
-                    unreachable!("the slot held the transfer just polled")
-                };
-                self.direct.off();
-                if let Some(budget) = &self.budget {
-                    budget.lift();
-                }
-                let job = spawn_on(&self.shared, transfer);
-                Ok((DRIVEN_SLOW, job.into_pyobject(py)?.into_any()))
-            }
             Poll::Pending => {
                 let (_, write) = self.direct.take_wants();
                 let write = pyo3::types::PyBool::new(py, write).to_owned().into_any();
@@ -527,8 +500,8 @@ impl Driven {
     }
 
     /// One try: `(0, result)` when done, `(1, write)` to wait for the socket (writable
-    /// when `write`, else readable) or a wake-up and poll again, `(2, job)` when tokio
-    /// goes on with it (a job of the hub's). Raises what the transfer raises.
+    /// when `write`, else readable) or a wake-up and poll again. Raises what the
+    /// transfer raises.
     #[pyo3(name = "poll")]
     fn poll_py<'py>(&self, py: Python<'py>) -> PyResult<(u8, Bound<'py, PyAny>)> {
         self.poll(py)

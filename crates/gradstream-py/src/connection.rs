@@ -335,7 +335,7 @@ impl PyLink {
             Some((fd, direct)) if here => {
                 return completions.get().run_here(py, transfer, fd, direct, None)
             }
-            Some((fd, direct)) => return completions.get().drive(py, transfer, fd, direct, None),
+            Some((fd, direct)) => return completions.get().drive(py, transfer, fd, direct),
             None => {}
         }
         if caller_thread {

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .children import ChildError, Contestant, free_port, recv_exactly, run_rounds, turns
-from .config import F32, Config, SessionSpec, drivers_off, make_gradient, same_bits
+from .config import F32, Config, SessionSpec, drivers_off, make_config, make_gradient, same_bits
 from .results import Results, Row
 from .transfers import Planned, _Link
 
@@ -458,3 +458,35 @@ def bench_small(cfg: Config, res: Results, only: frozenset[str] | None = None) -
         if not all(m[3] for m in c.messages):
             row.status, row.note = "failed", "the echoed gradient differs from the sent one"
         res.add(row)
+
+
+# The connection rows of the issue's small-transfer targets, each beside its baseline.
+CONNECTION_ROWS = (
+    ("pingpong_sync_connection", "pingpong_raw_ack", 0.5),
+    ("pingpong_connection", "pingpong_asyncio_ack", 1.0),
+)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Only the connection rows of section 4 and their baselines, in rounds (the --quick
+    window, N repeats, default 5), with the two ratios: for trying a change to the small
+    path without the whole benchmark. ``cd benches && python -m suite.small [N]``."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    cfg = make_config(True, False, None, int(args[0]) if args else 5)
+    res = Results()
+    bench_small(cfg, res, only=frozenset(key for row in CONNECTION_ROWS for key in row[:2]))
+    for ours, base, target in CONNECTION_ROWS:
+        a, b = res.rows[ours].seconds, res.rows[base].seconds
+        if a is None or b is None:
+            print(f"{ours}: failed ({res.rows[ours].note or res.rows[base].note})")
+            continue
+        print(
+            f"{ours} / {base}: {b / a:.3f} x (target >= {target}): "
+            f"{a * 1e6:.1f} vs {b * 1e6:.1f} us per round trip"
+        )
+
+
+if __name__ == "__main__":
+    main()

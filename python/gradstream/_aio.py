@@ -234,12 +234,55 @@ async def receive_socket(receive: Any, sock: Any) -> Any:
     return value
 
 
+def _wake(woken: asyncio.Future[Any]) -> None:
+    if not woken.done():
+        woken.set_result(True)
+
+
+async def drive(found: Hub, driven: Any) -> Any:
+    """Run a connection's transfer that the loop's thread drives itself (the engine's
+    ``Driven``, crates/gradstream-py/src/complete.rs): polled again each time its socket is
+    ready (readable, watched in the loop's ``Readiness``; or writable) or it is woken (a
+    timer of its deadline: its job comes out of the hub's eventfd); its result.
+    Cancelled, the transfer's future is dropped before the cancellation goes on."""
+    fd, job = driven.fd, driven.job
+    try:
+        step, value = driven.poll()
+        while step == _WAIT:
+            if value:  # the socket would not take more: wait until it is writable
+                loop = asyncio.get_running_loop()
+                woken = loop.create_future()
+                found.futures[job] = woken
+                loop.add_writer(fd, _wake, woken)
+                try:
+                    await woken
+                finally:
+                    loop.remove_writer(fd)
+                    found.futures.pop(job, None)
+            else:
+                watch = found.readiness
+                woken = watch.arm(fd)
+                found.futures[job] = woken
+                try:
+                    await woken
+                finally:
+                    found.futures.pop(job, None)
+                    watch.settle(fd, woken)
+            step, value = driven.poll()
+    except asyncio.CancelledError:
+        driven.stop()
+        raise
+    return value
+
+
 class Hub:
     """One event loop's link to the native transfers running on tokio.
 
     A finished transfer queues its result in Rust and writes to an eventfd; the loop
     watches that eventfd and resolves the awaiting futures on its own thread, so tokio
     threads never call into Python (see crates/gradstream-py/src/complete.rs for why).
+    A transfer the loop drives itself (``drive``) is woken the same way: its future
+    resolves with None.
 
     A transfer whose awaiting task is cancelled is stopped; ``run`` lets the cancellation
     go on only once the transfer's future is gone on tokio, waiting for that on the loop

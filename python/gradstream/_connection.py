@@ -148,12 +148,21 @@ class ConnectionCore:
 
     @contextlib.contextmanager
     def _turn(self, phase: Phase, call: str) -> Iterator[None]:
+        self._begin(phase, call)
+        try:
+            yield
+        finally:
+            self._end(phase)
+
+    def _begin(self, phase: Phase, call: str) -> None:
+        """``_turn``'s start, without a context manager (a small transfer's round trip
+        feels one): ``_end(phase)`` must follow, in a ``finally``."""
         self._notice_close()
-        with self._turns.turn(phase, call):
-            try:
-                yield
-            finally:
-                self._notice_close()
+        self._turns.begin(phase, call)
+
+    def _end(self, phase: Phase) -> None:
+        self._notice_close()
+        self._turns.end(phase)
 
     def _abandoned(self) -> None:
         """After a transfer whose wait was cancelled or interrupted (its job stopped and
@@ -211,13 +220,16 @@ class Connection(ConnectionCore):
     ) -> int:
         """Send one gradient; the number of chunks, once the peer has verified it (its
         ack). ``DeliveryError`` when it did not; ``deadline`` replaces the connection's."""
-        with self._turn(Phase.SENDING, "send"):
+        self._begin(Phase.SENDING, "send")
+        try:
             args = self._session._take(gradient)
             bound = check_seconds(deadline, "deadline")
             hub = _aio.hub()
             timed = Timed(progress)
-            now, value = self._link.send(hub.native, args, timed.progress, bound)
+            now, value = self._link.send(hub.native, args, timed.progress, bound, False, True)
             sent: int = value if now else await self._finished(hub, value)
+        finally:
+            self._end(Phase.SENDING)
         timed.log("sent", "gradient", self.peer)
         return sent
 
@@ -239,8 +251,11 @@ class Connection(ConnectionCore):
         tensor (docs/guides/torch.md)."""
         lent = lend_either(out, reduce_into, op)
         kind = check_like(like)
-        with self._turn(Phase.RECEIVING, "recv"):
+        self._begin(Phase.RECEIVING, "recv")
+        try:
             got = await self._recv(lent, progress, deadline, none_at_end=False, like=kind)
+        finally:
+            self._end(Phase.RECEIVING)
         assert got is not None  # none_at_end=False gives the empty gradient instead
         return got
 
@@ -270,11 +285,14 @@ class Connection(ConnectionCore):
             self._link.settle()
         return got
 
-    async def _finished(self, hub: _aio.Hub, job: int) -> Any:
-        """The result of a transfer's job. Cancelled, the transfer stops first (nothing
+    async def _finished(self, hub: _aio.Hub, job: Any) -> Any:
+        """The result of a transfer's job (or of a ``Driven`` transfer, which this loop's
+        thread drives: ``_aio.drive``). Cancelled, the transfer stops first (nothing
         writes into out= after this returns); a gradient it received and nobody took is
         refused ("the receiver cancelled"), and a connection it left out of step closed."""
         try:
+            if type(job) is not int:
+                return await _aio.drive(hub, job)
             return await hub.run(job)
         except asyncio.CancelledError:
             self._abandoned()
@@ -333,8 +351,11 @@ class Connection(ConnectionCore):
 
     async def _gradients(self) -> AsyncIterator[npt.NDArray[Any]]:
         while not self.closed:
-            with self._turn(Phase.RECEIVING, "async for"):
+            self._begin(Phase.RECEIVING, "async for")
+            try:
                 gradient = await self._recv(None, None, None, none_at_end=True)
+            finally:
+                self._end(Phase.RECEIVING)
             if gradient is None:
                 return
             yield gradient

@@ -21,6 +21,7 @@ __all__ = [
     "MANIFEST_KEY",
     "SHAPE_KEY",
     "Completions",
+    "Driven",
     "Engine",
     "FrameEncoder",
     "FrameReceiver",
@@ -302,6 +303,8 @@ class Link:
         gradient: _GradientArgs,
         progress: TransferProgress | None,
         deadline: float | None,
+        here: bool = False,
+        driven: bool = False,
     ) -> tuple[bool, Any]: ...
     def recv(
         self,
@@ -310,6 +313,7 @@ class Link:
         out: _OutArgs | None,
         deadline: float | None,
         none_at_end: bool,
+        here: bool = False,
     ) -> tuple[bool, Any]: ...
     def send_tensors(
         self,
@@ -355,6 +359,17 @@ class Completions:
     def stop_all(self) -> None: ...
     def abort_all(self) -> None: ...
     def __len__(self) -> int: ...
+
+@final
+class Driven:
+    """A connection's transfer the event loop's thread drives itself (gradstream._aio.drive)."""
+
+    @property
+    def fd(self) -> int: ...
+    @property
+    def job(self) -> int: ...
+    def poll(self) -> tuple[int, Any]: ...
+    def stop(self) -> None: ...
 
 @final
 class SocketReceive:

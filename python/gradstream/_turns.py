@@ -45,6 +45,15 @@ class Turns:
     def turn(self, phase: Phase, call: str) -> Iterator[None]:
         """For the time of one transfer (``call`` names it in the errors): ``phase``,
         then idle again unless the transfer closed the connection."""
+        self.begin(phase, call)
+        try:
+            yield
+        finally:
+            self.end(phase)
+
+    def begin(self, phase: Phase, call: str) -> None:
+        """``turn``'s start, for callers that cannot afford a context manager (a small
+        transfer's round trip): ``end(phase)`` must follow, in a ``finally``."""
         with self._lock:
             if self.phase is Phase.CLOSED:
                 raise StreamIOError(
@@ -60,11 +69,11 @@ class Turns:
                     "direction, or one per thread)",
                 )
             self.phase = phase
-        try:
-            yield
-        finally:
-            if self.phase is phase:
-                self.phase = Phase.IDLE
+
+    def end(self, phase: Phase) -> None:
+        """``turn``'s end: idle again unless the transfer closed the connection."""
+        if self.phase is phase:
+            self.phase = Phase.IDLE
 
     def close(self) -> bool:
         """Mark the connection closed; False when it already was."""

@@ -92,6 +92,23 @@ def test_round_trip_and_iteration(echo: Callable[..., Peer], values: np.ndarray)
     assert peer.join() == 3
 
 
+def test_small_and_large_transfers_take_turns_on_one_connection(
+    echo: Callable[..., Peer],
+) -> None:
+    """A small transfer runs on the caller's thread with the socket off tokio's reactor,
+    a large one goes on in tokio (its send spawned, its receive past the caller's read
+    budget): each hands the socket to the other on the same connection, both ends, and
+    every gradient comes back whole and in order, the closes included."""
+    peer = echo()
+    tiny = np.arange(1_000, dtype=np.float32)
+    with gsync.connect(peer.listener.address) as conn:
+        for values in (tiny, BIG, tiny, tiny, BIG, GRAD, tiny):
+            conn.send(values)
+            np.testing.assert_array_equal(conn.recv(), values * 2)
+    assert conn.closed
+    assert peer.join() == 7
+
+
 def test_tls_and_authkey(echo: Callable[..., Peer], certs: Certificates) -> None:
     peer = echo(tls=certs.server, authkey=KEY)
     with gsync.connect(peer.listener.address, tls=certs.client, authkey=KEY) as conn:

@@ -16,10 +16,11 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use pyo3::prelude::*;
@@ -29,6 +30,8 @@ use tokio::task::JoinHandle;
 use super::convert::values_tuple;
 use super::errors::to_py_err;
 use super::tensors::set_list;
+use gradstream_core::connection::link::Direct;
+use gradstream_core::connection::ReadBudget;
 use gradstream_core::error::GradientStreamError;
 use gradstream_core::output::Output;
 
@@ -104,6 +107,23 @@ struct Shared {
     running: Mutex<HashMap<u64, JoinHandle<()>>>,
     /// Wakes a thread blocked in `Completions.wait` (the blocking face, `gradstream.sync`).
     arrived: Condvar,
+    /// The stop flag of the transfer a thread drives itself (`run_here`), if one runs:
+    /// `abort_all` sets it.
+    here: Mutex<Option<Arc<AtomicBool>>>,
+    /// The `Driven` transfers woken since the last `drain`.
+    woken: Mutex<Vec<u64>>,
+}
+
+/// A transfer driven by its caller's thread (`run_here`) is woken (a timer, a lock) by a
+/// write to the eventfd it waits on beside its socket.
+impl Wake for Shared {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.signal();
+    }
 }
 
 impl Shared {
@@ -115,12 +135,43 @@ impl Shared {
         Self::lock(&self.running).remove(&job);
         Self::lock(&self.finished).push((job, result));
         self.arrived.notify_all();
+        self.signal();
+    }
+
+    /// Make the eventfd readable.
+    fn signal(&self) {
         let one = 1u64;
         // SAFETY: writing 8 bytes to our eventfd. It cannot fail short; a full counter
         // (EAGAIN, after 2^64 writes) would still leave the fd readable.
         unsafe { libc::write(self.eventfd.as_raw_fd(), (&one as *const u64).cast(), 8) };
     }
+
+    /// Make the eventfd unreadable (its counter back to zero).
+    fn unsignal(&self) {
+        let mut counter = 0u64;
+        // SAFETY: reading 8 bytes from our non-blocking eventfd resets it (EAGAIN if zero).
+        unsafe {
+            libc::read(
+                self.eventfd.as_raw_fd(),
+                (&mut counter as *mut u64).cast(),
+                8,
+            )
+        };
+    }
 }
+
+/// How a stretch of `run_here`'s driving (GIL released) ended.
+enum Step {
+    Done(Result<Outcome, GradientStreamError>),
+    /// `abort_all` stopped it.
+    Stopped,
+    /// Its read budget ran out: tokio takes it over.
+    Escape,
+    /// A wait slice ended (or a signal came): the signal handlers run, then it goes on.
+    Slice,
+}
+
+type Transfer = Pin<Box<dyn Future<Output = Result<Outcome, GradientStreamError>> + Send>>;
 
 /// The Rust half of one event loop's hub: runs transfers, queues their results.
 #[pyclass(module = "gradstream._native", name = "Completions", frozen)]
@@ -149,6 +200,15 @@ fn to_python(
     })
 }
 
+/// `to_python`'s pair as a result: the value, or the exception raised.
+fn raised(py: Python<'_>, (ok, value): (bool, Py<PyAny>)) -> PyResult<Py<PyAny>> {
+    if ok {
+        Ok(value)
+    } else {
+        Err(PyErr::from_value(value.into_bound(py)))
+    }
+}
+
 impl Completions {
     /// Run `transfer` on the caller's thread (GIL released, in the runtime's context) up
     /// to its first wait: `(true, result)` when it finished there, its exception raised
@@ -173,15 +233,130 @@ impl Completions {
             transfer.as_mut().poll(&mut cx)
         });
         match polled {
-            Poll::Ready(result) => match to_python(py, result)? {
-                (true, value) => Ok((true, value)),
-                (false, exception) => Err(PyErr::from_value(exception.into_bound(py))),
-            },
+            Poll::Ready(result) => Ok((true, raised(py, to_python(py, result)?)?)),
             // The tokio task polls it again at once, with its own waker.
             Poll::Pending => {
                 unbound();
                 let job = self.spawn(transfer);
                 Ok((false, job.into_pyobject(py)?.into_any().unbind()))
+            }
+        }
+    }
+
+    /// Run `transfer` to its end on the caller's thread (the blocking face), its link in
+    /// `direct` mode on socket `fd`: polled, then, while it waits, the thread waits in
+    /// poll(2) for the socket (what the transfer's last step would block on) and for
+    /// this `Completions`' eventfd (its waker: tokio timers, `abort_all`), in slices of
+    /// `WAIT_SLICE` with the signal handlers run between them (GIL released but for
+    /// those). No thread hop: the kernel wakes this thread, which moves the bytes. When
+    /// `budget` runs out (a large receive), the transfer goes on in tokio from where it
+    /// stopped and is waited for as `wait` does. `(true, result)`, or its exception
+    /// raised; `(true, None)` when `abort_all` stopped it (its future dropped). A
+    /// handler's exception (Ctrl-C) is raised once the transfer's future is dropped.
+    pub fn run_here<F>(
+        &self,
+        py: Python<'_>,
+        transfer: F,
+        fd: RawFd,
+        direct: Direct,
+        budget: Option<ReadBudget>,
+    ) -> PyResult<(bool, Py<PyAny>)>
+    where
+        F: Future<Output = Result<Outcome, GradientStreamError>> + Send + 'static,
+    {
+        let runtime = runtime();
+        let mut transfer: Transfer = Box::pin(transfer);
+        let stop = Arc::new(AtomicBool::new(false));
+        *Shared::lock(&self.shared.here) = Some(stop.clone());
+        let waker = Waker::from(self.shared.clone());
+        let ended = loop {
+            let step = py.detach(|| {
+                let _context = runtime.enter();
+                self.drive_here(&mut transfer, &waker, fd, &direct, budget.as_ref(), &stop)
+            });
+            match step {
+                Step::Slice => match py.check_signals() {
+                    Ok(()) => continue,
+                    Err(e) => break Err(e),
+                },
+                other => break Ok(other),
+            }
+        };
+        *Shared::lock(&self.shared.here) = None;
+        // The link stays direct for the caller's next call (its ack, its next transfer):
+        // any call that hands the link to tokio leaves direct mode first.
+        match ended {
+            Ok(Step::Done(result)) => Ok((true, raised(py, to_python(py, result)?)?)),
+            Ok(Step::Escape) => {
+                direct.off();
+                if let Some(budget) = budget {
+                    budget.lift();
+                }
+                let job = self.spawn(transfer);
+                Ok((true, raised(py, self.wait(py, job)?)?))
+            }
+            Ok(_) => {
+                py.detach(|| drop(transfer));
+                Ok((true, py.None()))
+            }
+            Err(e) => {
+                // Dropped before the exception goes on: the link is free for its
+                // post-cancel rule (`abandoned`).
+                py.detach(|| drop(transfer));
+                Err(e)
+            }
+        }
+    }
+
+    /// `run_here`'s driving until the transfer ends or a wait slice does.
+    fn drive_here(
+        &self,
+        transfer: &mut Transfer,
+        waker: &Waker,
+        fd: RawFd,
+        direct: &Direct,
+        budget: Option<&ReadBudget>,
+        stop: &AtomicBool,
+    ) -> Step {
+        let mut cx = Context::from_waker(waker);
+        self.shared.unsignal();
+        loop {
+            if let Poll::Ready(result) = transfer.as_mut().poll(&mut cx) {
+                return Step::Done(result);
+            }
+            if stop.load(Ordering::Acquire) {
+                return Step::Stopped;
+            }
+            if budget.is_some_and(ReadBudget::exhausted) {
+                return Step::Escape;
+            }
+            let (read, write) = direct.take_wants();
+            let events =
+                if read { libc::POLLIN } else { 0 } | if write { libc::POLLOUT } else { 0 };
+            let mut fds = [
+                libc::pollfd {
+                    // A negative descriptor is skipped: waiting for a timer or a lock, not
+                    // the socket (whose hang-up poll would report regardless).
+                    fd: if events == 0 { -1 } else { fd },
+                    events,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: self.shared.eventfd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            let slice = WAIT_SLICE.as_millis() as libc::c_int;
+            // SAFETY: `fds` is a live array of two pollfd; both descriptors are open
+            // (the socket's link is held by `transfer`, the eventfd by `self`).
+            let ready = unsafe { libc::poll(fds.as_mut_ptr(), 2, slice) };
+            if ready <= 0 {
+                // The slice ended, a signal came (EINTR), or poll failed: the handlers run.
+                return Step::Slice;
+            }
+            if fds[1].revents != 0 {
+                self.shared.unsignal();
             }
         }
     }
@@ -204,6 +379,149 @@ impl Completions {
         running.insert(job, handle);
         job
     }
+
+    /// Poll `transfer` once on the caller's thread (an event loop's: the asyncio face),
+    /// its link in `direct` mode on socket `fd`: `(true, result)` when it finished
+    /// there (its exception raised when it failed), else `(false, Driven)`, which the
+    /// loop polls again once `fd` is ready or the transfer is woken (`Driven`). Only for
+    /// transfers whose reads are bounded (a small send's ack): nothing of it moves
+    /// while the loop is busy.
+    pub fn drive<F>(
+        &self,
+        py: Python<'_>,
+        transfer: F,
+        fd: RawFd,
+        direct: Direct,
+    ) -> PyResult<(bool, Py<PyAny>)>
+    where
+        F: Future<Output = Result<Outcome, GradientStreamError>> + Send + 'static,
+    {
+        let job = NEXT_JOB.fetch_add(1, Ordering::Relaxed);
+        let driven = Driven {
+            transfer: Mutex::new(Some(Box::pin(transfer))),
+            waker: Waker::from(Arc::new(Woken {
+                shared: self.shared.clone(),
+                job,
+            })),
+            job,
+            fd,
+            direct,
+        };
+        let (step, value) = driven.poll(py)?;
+        if step == DRIVEN_DONE {
+            return Ok((true, value.unbind()));
+        }
+        Ok((false, Py::new(py, driven)?.into_any()))
+    }
+}
+
+/// What `Driven.poll` says: the result is here, or wait (for the socket or a wake-up).
+const DRIVEN_DONE: u8 = 0;
+const DRIVEN_WAIT: u8 = 1;
+
+/// A `Driven` transfer's waker (tokio timers, a lock): queues its job as woken and makes
+/// the eventfd readable; the hub (`drain`) hands the loop `(job, true, None)`.
+struct Woken {
+    shared: Arc<Shared>,
+    job: u64,
+}
+
+impl Wake for Woken {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        Shared::lock(&self.shared.woken).push(self.job);
+        self.shared.signal();
+    }
+}
+
+/// A transfer an event loop's thread drives itself (the asyncio face's equivalent of
+/// `run_here`): its link's socket is read and written directly (`Direct`); while it
+/// waits, the loop watches the socket (`gradstream._aio.drive`: readable in the hub's
+/// `Readiness`, writable with `add_writer`) and the hub's eventfd for its wake-ups (its
+/// `job` comes out of `drain`), then polls it again. One wake-up per message, the loop's
+/// own, instead of a tokio worker's and then the loop's. Dropped (`stop`, or the
+/// object), the transfer's future is dropped at once, on this thread.
+#[pyclass(module = "gradstream._native", name = "Driven", frozen)]
+pub struct Driven {
+    transfer: Mutex<Option<Transfer>>,
+    waker: Waker,
+    job: u64,
+    fd: RawFd,
+    direct: Direct,
+}
+
+impl Driven {
+    fn poll<'py>(&self, py: Python<'py>) -> PyResult<(u8, Bound<'py, PyAny>)> {
+        let mut slot = Shared::lock(&self.transfer);
+        let Some(transfer) = slot.as_mut() else {
+            let error = std::io::Error::new(
+                std::io::ErrorKind::NotConnected,
+                "the transfer was stopped or has ended",
+            );
+            return Err(to_py_err(py, GradientStreamError::Io(error)));
+        };
+        let polled = py.detach(|| {
+            let _context = runtime().enter();
+            self.direct.take_wants();
+            let mut cx = Context::from_waker(&self.waker);
+            transfer.as_mut().poll(&mut cx)
+        });
+        match polled {
+            Poll::Ready(result) => {
+                *slot = None;
+                self.direct.off();
+                let value = raised(py, to_python(py, result)?)?;
+                Ok((DRIVEN_DONE, value.into_bound(py)))
+            }
+            Poll::Pending => {
+                let (_, write) = self.direct.take_wants();
+                let write = pyo3::types::PyBool::new(py, write).to_owned().into_any();
+                Ok((DRIVEN_WAIT, write))
+            }
+        }
+    }
+}
+
+#[pymethods]
+impl Driven {
+    /// The socket to wait for.
+    #[getter]
+    fn fd(&self) -> RawFd {
+        self.fd
+    }
+
+    /// The job number its wake-ups come out of `Completions.drain` with.
+    #[getter]
+    fn job(&self) -> u64 {
+        self.job
+    }
+
+    /// One try: `(0, result)` when done, `(1, write)` to wait for the socket (writable
+    /// when `write`, else readable) or a wake-up and poll again. Raises what the
+    /// transfer raises.
+    #[pyo3(name = "poll")]
+    fn poll_py<'py>(&self, py: Python<'py>) -> PyResult<(u8, Bound<'py, PyAny>)> {
+        self.poll(py)
+    }
+
+    /// Drop the transfer now (its awaiting task was cancelled), after one last poll:
+    /// what its socket holds already may end it (an ack that arrived while the loop was
+    /// busy, which tokio would have read meanwhile), its result dropped. Nothing of it
+    /// runs after this returns.
+    fn stop(&self, py: Python<'_>) {
+        let transfer = Shared::lock(&self.transfer).take();
+        py.detach(|| {
+            if let Some(mut transfer) = transfer {
+                let _context = runtime().enter();
+                let mut cx = Context::from_waker(Waker::noop());
+                let _ = transfer.as_mut().poll(&mut cx);
+            }
+        });
+        self.direct.off();
+    }
 }
 
 /// How long a blocking wait holds without running the signal handlers (Ctrl-C).
@@ -225,6 +543,8 @@ impl Completions {
                 finished: Mutex::default(),
                 running: Mutex::default(),
                 arrived: Condvar::new(),
+                here: Mutex::default(),
+                woken: Mutex::default(),
             }),
         })
     }
@@ -233,24 +553,19 @@ impl Completions {
         self.shared.eventfd.as_raw_fd()
     }
 
-    /// The finished jobs as (job, ok, result or exception), converted on the caller's thread.
+    /// The finished jobs as (job, ok, result or exception), converted on the caller's
+    /// thread; then the `Driven` transfers woken, each as (job, true, None).
     fn drain(&self, py: Python<'_>) -> PyResult<Vec<(u64, bool, Py<PyAny>)>> {
-        let mut counter = 0u64;
-        // SAFETY: reading 8 bytes from our non-blocking eventfd resets it (EAGAIN if zero).
-        unsafe {
-            libc::read(
-                self.shared.eventfd.as_raw_fd(),
-                (&mut counter as *mut u64).cast(),
-                8,
-            )
-        };
+        self.shared.unsignal();
         let finished = std::mem::take(&mut *Shared::lock(&self.shared.finished));
+        let woken = std::mem::take(&mut *Shared::lock(&self.shared.woken));
         finished
             .into_iter()
             .map(|(job, result)| {
                 let (ok, value) = to_python(py, result)?;
                 Ok((job, ok, value))
             })
+            .chain(woken.into_iter().map(|job| Ok((job, true, py.None()))))
             .collect()
     }
 
@@ -327,9 +642,13 @@ impl Completions {
 
     /// Stop every job of this `Completions` without waiting, as `abort` does each: a
     /// thread blocked in `wait` for one gets `(true, None)` once its future is gone on
-    /// tokio. For `gradstream.sync.Server.shutdown`, from another thread than the
+    /// tokio; one driving a transfer itself (`run_here`), once it dropped its future. For `gradstream.sync.Server.shutdown`, from another thread than the
     /// handler's that waits (the handler's connection says why it ended).
     fn abort_all(&self) {
+        if let Some(stop) = Shared::lock(&self.shared.here).as_ref() {
+            stop.store(true, Ordering::Release);
+            self.shared.signal();
+        }
         let jobs: Vec<u64> = Shared::lock(&self.shared.running).keys().copied().collect();
         for job in jobs {
             // True when it had finished already: its result is queued, the waiter's.

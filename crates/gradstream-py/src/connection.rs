@@ -24,6 +24,7 @@ use super::session::Engine;
 use super::settings::{saturating_seconds, seconds_arg, ListenerArgs};
 use super::stream::{progress_counters, TransferProgress};
 use super::tensors::{HeldTensors, TensorArgs};
+use gradstream_core::connection::link::Direct;
 use gradstream_core::connection::{
     self, DialSettings, Event, Link, ListenSettings, Listener, Peer, Protocol, ReadBudget,
     Received, Refusal, Stopper,
@@ -219,14 +220,17 @@ impl PyLink {
     }
 
     /// The link, for one operation; refused while another runs.
+    /// Through tokio (`Link::leave_direct`) unless the caller makes it direct again.
     fn take(&self, py: Python<'_>) -> PyResult<tokio::sync::OwnedMutexGuard<Link>> {
-        self.link.clone().try_lock_owned().map_err(|_| {
+        let mut link = self.link.clone().try_lock_owned().map_err(|_| {
             setting_error(
                 py,
                 "connection",
                 "another send or recv is running on this connection: one transfer at a time".into(),
             )
-        })
+        })?;
+        link.leave_direct();
+        Ok(link)
     }
 
     /// Run `then` on the link now, on the caller's thread, within the runtime's context
@@ -250,6 +254,17 @@ impl PyLink {
             deadline: seconds_arg(deadline, "deadline")?.or(self.waits.deadline),
         })
     }
+}
+
+/// For a transfer its caller's thread drives itself (`Completions::run_here`, or
+/// `drive`): the link's socket, its reads and writes made direct (`Link::go_direct`;
+/// `park`: off tokio's reactor, for the blocking face, whose calls all stay direct);
+/// None when not `wanted`, or the link has no socket to use so (TLS, or closed).
+fn here_direct(link: &mut Link, wanted: bool, park: bool) -> Option<(std::os::fd::RawFd, Direct)> {
+    if !wanted {
+        return None;
+    }
+    link.go_direct(park)
 }
 
 /// A receive's result: the values or `out`'s owner; at the peer's close before a
@@ -287,8 +302,12 @@ impl PyLink {
     /// returned, else `(false, job)`, a job whose result is the chunk count, once
     /// acknowledged. A small gradient's frames are written from the caller's thread (no
     /// thread hop before its bytes move: docs/performance.md); the wait for the ack, and
-    /// any larger send, run in tokio.
-    #[pyo3(signature = (completions, gradient, progress, deadline))]
+    /// any larger send, run in tokio; or, with `here` (the blocking face), a small send
+    /// on a plain TCP link runs to its end on the caller's thread (`run_here`); with
+    /// `driven` (the asyncio face), it is polled there and, when it must wait, handed
+    /// back as a `Driven` the loop polls again (`(false, Driven)`).
+    #[pyo3(signature = (completions, gradient, progress, deadline, here=false, driven=false))]
+    #[allow(clippy::too_many_arguments)]
     fn send(
         &self,
         py: Python<'_>,
@@ -296,19 +315,30 @@ impl PyLink {
         gradient: GradientArgs<'_>,
         progress: Option<&Bound<'_, TransferProgress>>,
         deadline: Option<&Bound<'_, PyAny>>,
+        here: bool,
+        driven: bool,
     ) -> PyResult<(bool, Py<PyAny>)> {
         let counters = progress_counters(progress);
         let waits = self.waits(deadline)?;
         let gradient = HeldGradient::new(&Input::try_from(gradient)?)?;
         let small = gradient.gradient().raw().len() <= fastpath::SEND_MAX;
         let config = self.engine.get().config().clone();
+        let caller_thread = small && self.engine.get().drivers().caller_thread;
         let mut link = self.take(py)?;
+        let direct = here_direct(&mut link, (here || driven) && caller_thread, here);
         let transfer = async move {
             link.send_gradient(&config, gradient.gradient(), waits, &counters)
                 .await
                 .map(Outcome::Chunks)
         };
-        if small && self.engine.get().drivers().caller_thread {
+        match direct {
+            Some((fd, direct)) if here => {
+                return completions.get().run_here(py, transfer, fd, direct, None)
+            }
+            Some((fd, direct)) => return completions.get().drive(py, transfer, fd, direct),
+            None => {}
+        }
+        if caller_thread {
             return completions.get().run_or_spawn(py, transfer, || ());
         }
         let job = completions.get().spawn(transfer);
@@ -321,8 +351,14 @@ impl PyLink {
     /// a job whose result is the values tuple or `out`'s array when given, its ack owed
     /// until the caller holds the result and calls `settle` (docs/guides/connections.md
     /// "Delivery"); when the peer closed before a gradient began, None if
-    /// `none_at_end`, else as `receive_from` there.
-    #[pyo3(signature = (completions, progress, out, deadline, none_at_end))]
+    /// `none_at_end`, else as `receive_from` there. With `here` (the blocking face), on a
+    /// plain TCP link, the receive runs on the caller's thread, waiting for the socket
+    /// there (`run_here`), until it ends or has read `fastpath::PEEK_MAX` bytes (then
+    /// tokio goes on with it, and the call waits for that): `(true, result)`, acknowledged.
+    /// Not driven by an event loop's thread (as `send` is, with `driven`): a large
+    /// gradient would stall while the loop is busy, where tokio goes on receiving it.
+    #[pyo3(signature = (completions, progress, out, deadline, none_at_end, here=false))]
+    #[allow(clippy::too_many_arguments)]
     fn recv(
         &self,
         py: Python<'_>,
@@ -331,12 +367,15 @@ impl PyLink {
         out: Option<OutArgs<'_>>,
         deadline: Option<&Bound<'_, PyAny>>,
         none_at_end: bool,
+        here: bool,
     ) -> PyResult<(bool, Py<PyAny>)> {
         let counters = progress_counters(progress);
         let waits = self.waits(deadline)?;
         let lent = out.as_ref().map(OutArgs::lend).transpose()?;
         let config = self.engine.get().config().clone();
+        let caller_thread = self.engine.get().drivers().caller_thread;
         let mut link = self.take(py)?;
+        let direct = here_direct(&mut link, here && caller_thread, true);
         let budget = ReadBudget::new(fastpath::PEEK_MAX as u64);
         link.read_budget(Some(budget.clone()));
         let transfer = async move {
@@ -348,14 +387,21 @@ impl PyLink {
             link.read_budget(None);
             received(got?, owner, none_at_end)
         };
-        if !self.engine.get().drivers().caller_thread {
+        if !caller_thread {
             budget.lift();
             let job = completions.get().spawn(transfer);
             return Ok((false, job.into_pyobject(py)?.into_any().unbind()));
         }
-        let got = completions
-            .get()
-            .run_or_spawn(py, transfer, || budget.lift())?;
+        let got = match direct {
+            Some((fd, direct)) => {
+                completions
+                    .get()
+                    .run_here(py, transfer, fd, direct, Some(budget))?
+            }
+            None => completions
+                .get()
+                .run_or_spawn(py, transfer, || budget.lift())?,
+        };
         if got.0 {
             self.settle(py);
         }
@@ -456,18 +502,23 @@ impl PyLink {
         completions: &Bound<'_, Completions>,
     ) -> PyResult<(bool, Py<PyAny>)> {
         match self.link.clone().try_lock_owned() {
-            Ok(mut link) => completions.get().run_or_spawn(
-                py,
-                async move {
-                    link.close().await;
-                    Ok(Outcome::End)
-                },
-                || (),
-            ),
+            Ok(mut link) => {
+                link.leave_direct();
+                completions.get().run_or_spawn(
+                    py,
+                    async move {
+                        link.close().await;
+                        Ok(Outcome::End)
+                    },
+                    || (),
+                )
+            }
             Err(_) => {
                 let link = self.link.clone();
                 let job = completions.get().spawn(async move {
-                    link.lock().await.close().await;
+                    let mut link = link.lock().await;
+                    link.leave_direct();
+                    link.close().await;
                     Ok(Outcome::End)
                 });
                 Ok((false, job.into_pyobject(py)?.into_any().unbind()))

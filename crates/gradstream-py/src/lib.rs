@@ -43,6 +43,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<chunk::PyChunk>()?;
     m.add_class::<stream::TransferProgress>()?;
     m.add_class::<complete::Completions>()?;
+    m.add_class::<complete::Driven>()?;
     m.add_class::<fastpath::SocketReceive>()?;
     m.add_class::<handover::Handover>()?;
     m.add_class::<connection::PyLink>()?;

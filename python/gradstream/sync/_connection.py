@@ -20,7 +20,7 @@ from .._session import _Out, hand_back_as, lend_either
 from .._torch import check_like
 from .._turns import Phase
 from ..errors import StreamIOError
-from ._wait import stopping, wait, waiter
+from ._wait import interrupted, stopping, wait, waiter
 
 if TYPE_CHECKING:
     from .. import TransferProgress
@@ -42,10 +42,12 @@ class Connection(ConnectionCore):
     # Set by Server.shutdown: the transfer a handler is in was stopped (why it ended).
     _shut_down = False
 
-    def _wait(self, own: Any, job: int) -> Any:
-        """``job``'s result; a StreamIOError when the server's shutdown stopped it."""
-        value = wait(own, job)
-        if self._shut_down:
+    def _wait(self, own: Any, job: Any, *, now: bool = False) -> Any:
+        """``job``'s result (``job`` itself when ``now``: the call ran the transfer to
+        its end, None when it was stopped); a StreamIOError when the server's shutdown
+        stopped it."""
+        value = job if now else wait(own, job)
+        if self._shut_down and (value is None or not now):
             self._abandoned()
             self._turns.close()
             raise StreamIOError(
@@ -71,14 +73,23 @@ class Connection(ConnectionCore):
     ) -> int:
         """Send one gradient; the number of chunks, once the peer has verified it (its
         ack). ``DeliveryError`` when it did not; ``deadline`` replaces the connection's."""
-        with self._turn(Phase.SENDING, "send"):
+        # try/finally rather than context managers: a small round trip feels them.
+        self._begin(Phase.SENDING, "send")
+        try:
             args = self._session._take(gradient)
             bound = check_seconds(deadline, "deadline")
             own = waiter()
             timed = Timed(progress)
-            with stopping(own, self._abandoned):
-                now, value = self._link.send(own, args, timed.progress, bound)
-                sent: int = value if now else self._wait(own, value)
+            try:
+                now, value = self._link.send(own, args, timed.progress, bound, True)
+                sent: int = self._wait(own, value, now=now)
+            except Exception:
+                raise
+            except BaseException:  # as stopping() does
+                interrupted(own, self._abandoned)
+                raise
+        finally:
+            self._end(Phase.SENDING)
         timed.log("sent", "gradient", self.peer)
         return sent
 
@@ -99,8 +110,11 @@ class Connection(ConnectionCore):
         tensor (docs/guides/torch.md)."""
         lent = lend_either(out, reduce_into, op)
         kind = check_like(like)
-        with self._turn(Phase.RECEIVING, "recv"):
+        self._begin(Phase.RECEIVING, "recv")
+        try:
             got = self._recv(lent, progress, deadline, none_at_end=False, like=kind)
+        finally:
+            self._end(Phase.RECEIVING)
         assert got is not None  # none_at_end=False gives the empty gradient instead
         return got
 
@@ -117,9 +131,9 @@ class Connection(ConnectionCore):
         own = waiter()
         timed = Timed(progress)
         args = None if lent is None else lent.args
-        with stopping(own, self._abandoned):
-            now, value = self._link.recv(own, timed.progress, args, bound, none_at_end)
-            values = value if now else self._wait(own, value)
+        try:
+            now, value = self._link.recv(own, timed.progress, args, bound, none_at_end, True)
+            values = self._wait(own, value, now=now)
             if values is None:
                 return None
             got = lent.array if lent is not None else hand_back_as(values, like)
@@ -127,6 +141,11 @@ class Connection(ConnectionCore):
             # (docs/guides/connections.md "Delivery"); the fast path wrote it already.
             if not now:
                 self._link.settle()
+        except Exception:
+            raise
+        except BaseException:  # as stopping() does
+            interrupted(own, self._abandoned)
+            raise
         timed.log("received", "gradient", self.peer)
         return got
 
@@ -182,8 +201,11 @@ class Connection(ConnectionCore):
     def __iter__(self) -> Iterator[npt.NDArray[Any]]:
         """The gradients received, until the peer closes the connection."""
         while not self.closed:
-            with self._turn(Phase.RECEIVING, "for"):
+            self._begin(Phase.RECEIVING, "for")
+            try:
                 gradient = self._recv(None, None, None, none_at_end=True)
+            finally:
+                self._end(Phase.RECEIVING)
             if gradient is None:
                 return
             yield gradient

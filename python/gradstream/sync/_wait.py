@@ -44,7 +44,13 @@ def stopping(
     except Exception:
         raise
     except BaseException:
-        completions.stop_all()
-        if abandoned is not None:
-            abandoned()
+        interrupted(completions, abandoned)
         raise
+
+
+def interrupted(completions: Completions, abandoned: Callable[[], Any] | None = None) -> None:
+    """What ``stopping`` does before a signal handler's exception goes on (for a caller
+    that cannot afford a context manager: a small transfer's round trip)."""
+    completions.stop_all()
+    if abandoned is not None:
+        abandoned()

@@ -37,11 +37,21 @@ use crate::tensors::{self, Entry, TensorSet, TensorSetReceiver};
 mod counted;
 
 use counted::Counted;
-pub use counted::ReadBudget;
+pub use counted::{Direct, ReadBudget};
 
-/// A byte stream a link can own: a TCP stream, or a TLS stream over one.
-pub trait Duplex: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Duplex for T {}
+/// A byte stream a link can own: a TCP stream, or a TLS stream over one (`Any`: a plain
+/// TCP stream's descriptor is found by its type, for `Link::direct`).
+pub trait Duplex: AsyncRead + AsyncWrite + Unpin + Send + std::any::Any {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Duplex for T {}
+
+/// The descriptor of a plain TCP stream (None for TLS and anything else).
+fn tcp_fd(stream: &dyn Duplex) -> Option<std::os::fd::RawFd> {
+    use std::os::fd::AsRawFd;
+    let any: &dyn std::any::Any = stream;
+    any.downcast_ref::<tokio::net::TcpStream>()
+        .map(AsRawFd::as_raw_fd)
+        .filter(|_| cfg!(target_os = "linux"))
+}
 
 /// Who is at the other end.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -173,9 +183,12 @@ impl Link {
     fn new(stream: Box<dyn Duplex>, mode: Mode, peer: Peer) -> Self {
         Self {
             stream: Counted {
+                fd: tcp_fd(stream.as_ref()),
                 inner: stream,
                 moved: 0,
                 budget: None,
+                direct: None,
+                parked: false,
             },
             mode,
             peer,
@@ -198,6 +211,33 @@ impl Link {
     /// Bound what the link's reads take from now on by `budget` (None: no bound).
     pub fn read_budget(&mut self, budget: Option<ReadBudget>) {
         self.stream.budget = budget;
+    }
+
+    /// Drive the link's reads and writes as system calls on its socket, from whichever
+    /// thread polls its transfers, while the `Direct` returned is on (the one in use
+    /// already, if on); with `park`, the socket is taken off tokio's reactor meanwhile
+    /// (a blocking caller's link: tokio's thread is not woken by its every event), and
+    /// put back by the first poll that is not direct. The socket, which the caller waits
+    /// for; None for a TLS link, and once the socket is closed.
+    pub fn go_direct(&mut self, park: bool) -> Option<(std::os::fd::RawFd, Direct)> {
+        self.stream.fd?;
+        let direct = match &self.stream.direct {
+            Some(direct) if direct.is_on() => direct.clone(),
+            _ => {
+                let direct = Direct::default();
+                self.stream.direct = Some(direct.clone());
+                direct
+            }
+        };
+        if park {
+            self.stream.park();
+        }
+        Some((self.stream.fd?, direct))
+    }
+
+    /// Reads and writes through tokio from now on (`go_direct` undone).
+    pub fn leave_direct(&mut self) {
+        self.stream.direct = None;
     }
 
     /// Closed: by this side, by the peer (between transfers), after a failure, or after

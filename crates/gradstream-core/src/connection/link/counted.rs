@@ -1,11 +1,16 @@
 //! The link's byte stream, counted (docs/guides/connections.md "Closing"): the bytes that
 //! moved each way tell a transfer abandoned midway from one abandoned before its first
-//! byte; a read budget lets a caller run a receive's first steps on its own thread; and
-//! `Gone`, what the stream becomes once the link released its socket.
+//! byte; a read budget lets a caller run a receive's first steps on its own thread;
+//! `Direct`, which lets a caller's thread drive a plain TCP link's transfers itself
+//! (system calls on its descriptor, no tokio reactor between); and `Gone`, what the
+//! stream becomes once the link released its socket.
 //!
 //! Uses nothing of the crate but `Duplex`; used by `link`.
 
+use std::os::fd::RawFd;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -55,6 +60,54 @@ pub(super) struct Counted {
     pub(super) moved: u64,
     /// Bytes reads may still take before they yield (`Link::read_budget`); none: no bound.
     pub(super) budget: Option<ReadBudget>,
+    /// The descriptor of `inner` when it is a plain TCP stream (not TLS), while it is
+    /// open: what `Direct` reads and writes.
+    pub(super) fd: Option<RawFd>,
+    /// While on, reads and writes are system calls on `fd` (`Link::go_direct`).
+    pub(super) direct: Option<Direct>,
+    /// `inner` is a `Parked` TCP stream, off tokio's reactor (`park`).
+    pub(super) parked: bool,
+}
+
+/// A plain TCP stream taken off tokio's reactor (`Counted::park`): a caller's thread
+/// drives it directly, and tokio's thread is not woken by its every event. Never polled
+/// itself: `Counted` puts the stream back on the reactor first (`unpark`).
+struct Parked(std::net::TcpStream);
+
+fn parked() -> std::io::Error {
+    std::io::Error::other("a parked stream was polled: Counted unparks it first")
+}
+
+impl AsyncRead for Parked {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        _: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Err(parked()))
+    }
+}
+
+impl AsyncWrite for Parked {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        _: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Poll::Ready(Err(parked()))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Err(parked()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Err(parked()))
+    }
 }
 
 impl Counted {
@@ -62,8 +115,195 @@ impl Counted {
     /// kernel reset the connection, so a peer still sending learns at once
     /// (docs/guides/connections.md "Closing").
     pub(super) fn release(&mut self) {
+        self.fd = None;
+        self.parked = false;
         self.inner = Box::new(Gone);
     }
+
+    /// Take a plain TCP stream off tokio's reactor (for `Direct` use by a caller's
+    /// thread); nothing for any other stream, or one parked already. Should the reactor
+    /// refuse (it never does), the socket is closed, as `release` does.
+    pub(super) fn park(&mut self) {
+        let any: &dyn std::any::Any = self.inner.as_ref();
+        if self.parked || !any.is::<tokio::net::TcpStream>() {
+            return;
+        }
+        let inner: Box<dyn Duplex> = std::mem::replace(&mut self.inner, Box::new(Gone));
+        let inner: Box<dyn std::any::Any> = inner;
+        let parked = inner
+            .downcast::<tokio::net::TcpStream>()
+            .ok()
+            .and_then(|tcp| tcp.into_std().ok());
+        match parked {
+            Some(std) => {
+                self.inner = Box::new(Parked(std));
+                self.parked = true;
+            }
+            None => self.release(),
+        }
+    }
+
+    /// Put a parked stream back on tokio's reactor, before a poll that is not direct.
+    /// Within a runtime's context (every poll of a link is); an error when not, or when
+    /// the reactor refuses it (the socket is then closed, as `release` does).
+    fn unpark(&mut self) -> std::io::Result<()> {
+        if !self.parked {
+            return Ok(());
+        }
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(std::io::Error::other(
+                "a connection's stream was polled outside the tokio runtime",
+            ));
+        }
+        self.parked = false;
+        let inner: Box<dyn Duplex> = std::mem::replace(&mut self.inner, Box::new(Gone));
+        let inner: Box<dyn std::any::Any> = inner;
+        let registered = match inner.downcast::<Parked>() {
+            Ok(parked) => tokio::net::TcpStream::from_std(parked.0),
+            Err(_) => Err(parked()),
+        };
+        match registered {
+            Ok(tcp) => {
+                self.inner = Box::new(tcp);
+                Ok(())
+            }
+            Err(e) => {
+                self.release();
+                Err(e)
+            }
+        }
+    }
+
+    /// The stream to poll through tokio: put back on the reactor if it was parked.
+    fn through_tokio(&mut self) -> std::io::Result<Pin<&mut Box<dyn Duplex>>> {
+        self.unpark()?;
+        Ok(Pin::new(&mut self.inner))
+    }
+
+    /// The descriptor to use directly now, if any.
+    fn direct_fd(&self) -> Option<(RawFd, &Direct)> {
+        match (&self.direct, self.fd) {
+            (Some(direct), Some(fd)) if direct.is_on() => Some((fd, direct)),
+            _ => None,
+        }
+    }
+}
+
+const DIRECT_ON: u8 = 1;
+const WANTS_READ: u8 = 2;
+const WANTS_WRITE: u8 = 4;
+
+/// A caller's thread driving a plain TCP link's transfer itself (`Link::direct`): while
+/// on, the stream's reads and writes are non-blocking system calls on its descriptor, a
+/// `Poll::Pending` meaning "the socket would block" (recorded in `wants`), with no
+/// waker registered: the caller waits for the descriptor (poll(2)) and polls the
+/// transfer again. tokio's reactor is bypassed because its readiness, once a read would
+/// block, says "not ready" until its own thread has seen the socket's event: a caller
+/// woken by the kernel first would find the stream still pending. Turned off (`off`)
+/// before the transfer goes on in a tokio task, whose reads then register as usual.
+#[derive(Clone, Debug)]
+pub struct Direct(Arc<AtomicU8>);
+
+impl Default for Direct {
+    fn default() -> Self {
+        Self(Arc::new(AtomicU8::new(DIRECT_ON)))
+    }
+}
+
+impl Direct {
+    pub(super) fn is_on(&self) -> bool {
+        self.0.load(Ordering::Relaxed) & DIRECT_ON != 0
+    }
+
+    /// Back to tokio's reactor from now on.
+    pub fn off(&self) {
+        self.0.store(0, Ordering::Relaxed);
+    }
+
+    /// What the transfer waited for since the last call, `(read, write)`, forgotten.
+    pub fn take_wants(&self) -> (bool, bool) {
+        let was = self.0.fetch_and(DIRECT_ON, Ordering::Relaxed);
+        (was & WANTS_READ != 0, was & WANTS_WRITE != 0)
+    }
+
+    fn want(&self, what: u8) {
+        self.0.fetch_or(what, Ordering::Relaxed);
+    }
+}
+
+/// A non-blocking system call's result: Pending (recorded in `direct`) when it would
+/// block; EINTR retried.
+#[cfg(target_os = "linux")]
+fn syscall(
+    direct: &Direct,
+    what: u8,
+    mut call: impl FnMut() -> isize,
+) -> Poll<std::io::Result<usize>> {
+    loop {
+        let n = call();
+        if n >= 0 {
+            return Poll::Ready(Ok(n as usize));
+        }
+        let error = std::io::Error::last_os_error();
+        match error.kind() {
+            std::io::ErrorKind::Interrupted => continue,
+            std::io::ErrorKind::WouldBlock => {
+                direct.want(what);
+                return Poll::Pending;
+            }
+            _ => return Poll::Ready(Err(error)),
+        }
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn read_direct(fd: RawFd, direct: &Direct, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+    // SAFETY: the unfilled part is writable memory of its length; recv writes at most
+    // that many bytes, which are initialized once it returns n >= 0 (`assume_init`).
+    let unfilled = unsafe { buf.unfilled_mut() };
+    let (at, len) = (unfilled.as_mut_ptr(), unfilled.len());
+    // SAFETY: `fd` is the open descriptor of the stream this `Counted` owns.
+    let read = syscall(direct, WANTS_READ, || unsafe {
+        libc::recv(fd, at.cast(), len, libc::MSG_DONTWAIT)
+    });
+    match read {
+        Poll::Ready(Ok(n)) => {
+            // SAFETY: recv initialized the first `n` bytes of the unfilled part.
+            unsafe { buf.assume_init(n) };
+            buf.advance(n);
+            Poll::Ready(Ok(()))
+        }
+        Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+        Poll::Pending => Poll::Pending,
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn write_direct(
+    fd: RawFd,
+    direct: &Direct,
+    bufs: &[std::io::IoSlice<'_>],
+) -> Poll<std::io::Result<usize>> {
+    // SAFETY: an all-zero msghdr is valid (no address, no control data).
+    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+    // IoSlice is guaranteed ABI-compatible with iovec on Unix; sendmsg only reads them.
+    message.msg_iov = bufs.as_ptr() as *mut libc::iovec;
+    message.msg_iovlen = bufs.len().min(libc::UIO_MAXIOV as usize) as _;
+    // SAFETY: `message` points at `bufs`, live for the call; `fd` is the stream's open
+    // descriptor. MSG_NOSIGNAL: a closed peer is an EPIPE error, not a SIGPIPE.
+    syscall(direct, WANTS_WRITE, || unsafe {
+        libc::sendmsg(fd, &message, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+    })
+}
+
+#[cfg(not(target_os = "linux"))]
+fn read_direct(_: RawFd, _: &Direct, _: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+    unreachable!("Link::direct has no descriptor to use outside Linux")
+}
+
+#[cfg(not(target_os = "linux"))]
+fn write_direct(_: RawFd, _: &Direct, _: &[std::io::IoSlice<'_>]) -> Poll<std::io::Result<usize>> {
+    unreachable!("Link::direct has no descriptor to use outside Linux")
 }
 
 /// What a transfer may read before its reads yield (`Poll::Pending`, after waking the
@@ -87,6 +327,11 @@ impl ReadBudget {
 
     fn left(&self) -> u64 {
         self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Nothing left: the reads yield until `lift`.
+    pub fn exhausted(&self) -> bool {
+        self.left() == 0
     }
 
     fn spend(&self, bytes: u64) {
@@ -118,7 +363,13 @@ impl AsyncRead for Counted {
             }
         }
         let before = buf.filled().len();
-        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
+        let polled = match this.direct_fd() {
+            Some((fd, direct)) => read_direct(fd, direct, buf),
+            None => match this.through_tokio() {
+                Ok(inner) => inner.poll_read(cx, buf),
+                Err(e) => Poll::Ready(Err(e)),
+            },
+        };
         let read = (buf.filled().len() - before) as u64;
         this.moved += read;
         if let Some(budget) = &this.budget {
@@ -135,7 +386,13 @@ impl AsyncWrite for Counted {
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         let this = self.get_mut();
-        let polled = Pin::new(&mut this.inner).poll_write(cx, buf);
+        let polled = match this.direct_fd() {
+            Some((fd, direct)) => write_direct(fd, direct, &[std::io::IoSlice::new(buf)]),
+            None => match this.through_tokio() {
+                Ok(inner) => inner.poll_write(cx, buf),
+                Err(e) => Poll::Ready(Err(e)),
+            },
+        };
         if let Poll::Ready(Ok(n)) = polled {
             this.moved += n as u64;
         }
@@ -148,7 +405,13 @@ impl AsyncWrite for Counted {
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         let this = self.get_mut();
-        let polled = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        let polled = match this.direct_fd() {
+            Some((fd, direct)) => write_direct(fd, direct, bufs),
+            None => match this.through_tokio() {
+                Ok(inner) => inner.poll_write_vectored(cx, bufs),
+                Err(e) => Poll::Ready(Err(e)),
+            },
+        };
         if let Poll::Ready(Ok(n)) = polled {
             this.moved += n as u64;
         }
@@ -160,10 +423,21 @@ impl AsyncWrite for Counted {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+        let this = self.get_mut();
+        if this.direct_fd().is_some() {
+            // Direct writes are system calls: nothing is held back.
+            return Poll::Ready(Ok(()));
+        }
+        match this.through_tokio() {
+            Ok(inner) => inner.poll_flush(cx),
+            Err(e) => Poll::Ready(Err(e)),
+        }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+        match self.get_mut().through_tokio() {
+            Ok(inner) => inner.poll_shutdown(cx),
+            Err(e) => Poll::Ready(Err(e)),
+        }
     }
 }

@@ -160,6 +160,42 @@ def _gs_receiver(
     _run(run(), route.loop)
 
 
+def _conn_receiver(out: Any, ctl: Any, sock: socket.socket, grad: F32) -> None:
+    """A blocking gs.sync connection (the defaults a gradstream connection has: compact
+    layout, sealed, acknowledged), received into a pre-faulted out= each turn. The bench's
+    socket carries the listener's port once, then the go bytes."""
+    import gradstream
+    from gradstream import sync as gsync
+
+    with gsync.listen("127.0.0.1:0") as listener:
+        sock.sendall(struct.pack("<H", listener.address[1]))
+        with listener.accept(timeout=60) as conn:
+            for rep in turns(ctl):
+                dest = prefaulted(grad)
+                progress = gradstream.TransferProgress()
+                sock.sendall(GO)
+                got = conn.recv(out=dest, progress=progress)
+                t1 = now_ns()
+                out.put(("t1", rep, t1, progress.bytes, got is dest and same_bits(got, grad)))
+                del got, dest
+
+
+def _conn_sender(out: Any, _: Any, sock: socket.socket, grad: F32) -> None:
+    from gradstream import sync as gsync
+
+    head = bytearray(2)
+    if recv_exactly(sock, memoryview(head)) != 2:
+        raise ChildError("no listener port from the receiver")
+    (port,) = struct.unpack("<H", head)
+    with gsync.connect(("127.0.0.1", port)) as conn:
+        rep = 0
+        while recv_go(sock):
+            t0 = now_ns()
+            conn.send(grad)  # returns once the ack is back: t1 is taken before that
+            out.put(("t0", rep, t0))
+            rep += 1
+
+
 # ------------------------------------------------------------- end-to-end children: raw, pickle
 
 
@@ -392,6 +428,7 @@ GS_ROWS = (
 )
 # What each kind of row has that the others do not (the "keep every peer honest" notes).
 STREAMS_NOTE = "open_connection(sock=) at both ends (start_server's transport)"
+CONNECTION_NOTE = "the torch backend's path; t1 before the ack goes back"
 PICKLE_NOTES = {
     False: "handicap: dumps makes a new bytes and loads a new array (no out=); "
     "the receive buffer is reused",
@@ -450,6 +487,17 @@ def plan_transfers(cfg: Config, grad: F32, available: dict[str, str | None]) -> 
             per_turn=2,
         )
         plans.append(Planned(key, "e2e", name, c, PICKLE_NOTES[oob]))
+
+    c = Contestant(
+        "e2e_native_connection",
+        ("recv", _conn_receiver, (grad,)),
+        ("send", _conn_sender, (grad,)),
+        per_turn=2,
+    )
+    name = (
+        f"native gs.sync connection (connection defaults: compact, sealed, ack), {label}, into out="
+    )
+    plans.append(Planned("e2e_native_connection", "e2e", name, c, CONNECTION_NOTE))
 
     name = f"torch.distributed gloo send/recv, {label}"
     if importlib.util.find_spec("torch") is None:

@@ -399,6 +399,7 @@ class GsRow:
     route: Route
     suffix: str = ""  # of the key, after the layout
     off: tuple[str, ...] = ()  # native drivers turned off (config.drivers_off)
+    chunk_size: int = 65536
 
     @property
     def key(self) -> str:
@@ -411,7 +412,8 @@ class GsRow:
             what += " under uvloop"
         into = "into out=" if self.route.into_out else "receive_from into a new array"
         without = "".join(f", without {driver}" for driver in self.off)
-        return f"{self.impl} {what}, {self.layout} layout, {label}, {into}{without}"
+        chunks = "" if self.chunk_size == 65536 else f", chunk {self.chunk_size}"
+        return f"{self.impl} {what}, {self.layout} layout{chunks}, {label}, {into}{without}"
 
 
 STREAMS = Route("streams")
@@ -425,6 +427,11 @@ GS_ROWS = (
     *(GsRow("reference", layout, route) for route in (Route(), STREAMS) for layout in LAYOUTS),
     # Section 7's rows: a driver turned off, beside the row that has it.
     *(GsRow("native", layout, STREAMS, "_generic", ("handover",)) for layout in LAYOUTS),
+    # Larger chunks on the socket path (issue 23: fewer frames, fewer system calls).
+    *(
+        GsRow("native", "compact", Route(), f"_chunk{size}", chunk_size=size)
+        for size in (262_144, 1_048_576)
+    ),
 )
 # What each kind of row has that the others do not (the "keep every peer honest" notes).
 STREAMS_NOTE = "open_connection(sock=) at both ends (start_server's transport)"
@@ -443,9 +450,8 @@ def _gs_plan(row: GsRow, cfg: Config, grad: F32, available: dict[str, str | None
         return Planned(row.key, "e2e", name, None, why)
     if row.route.loop == "uvloop" and not importable("uvloop"):
         return Planned(row.key, "e2e", name, None, "uvloop is not importable")
-    spec = SessionSpec(
-        row.impl, 65536, layout_arg(row.layout, available, row.impl), cfg.stall_timeout, row.off
-    )
+    layout = layout_arg(row.layout, available, row.impl)
+    spec = SessionSpec(row.impl, row.chunk_size, layout, cfg.stall_timeout, row.off)
     c = Contestant(
         row.key,
         ("recv", _gs_receiver, (spec, row.route, grad)),

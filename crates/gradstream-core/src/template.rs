@@ -507,6 +507,42 @@ mod tests {
     }
 
     #[test]
+    fn a_shape_is_part_of_its_template() {
+        let values = sample(100);
+        for layout in [Layout::Seed, Layout::Compact] {
+            for sealed in [false, true] {
+                let seal = sealed.then(|| a_seal(1, 2));
+                let encoding = |shape: &str| {
+                    Encoding {
+                        shape: Some(Arc::from(shape)),
+                        ..Encoding::from(layout)
+                    }
+                    .sealed(seal)
+                };
+                let shaped = Kind {
+                    shape: Some(Arc::from("[4,25]")),
+                    ..kind(layout, 100, sealed)
+                };
+                let t = get(shaped).expect("a template of ours");
+                assert_eq!(t.shape(), Some("[4,25]"));
+                let expected = codec::encode_payload(encoding("[4,25]"), &values).unwrap();
+                let mut out = vec![0u8; t.len()];
+                let crc = t.write(&values, seal.as_ref(), &mut out, Stores::Cached);
+                assert_eq!((out, crc), (expected.clone(), codec::checksum(&expected)));
+                assert_eq!(t.pieces(&values, seal.as_ref()).parts.concat(), expected);
+                assert!(t.matches(&expected).is_some());
+                // Another shape of the same length, or none: not this template's payload,
+                // and the shapeless template does not take this one.
+                let other = codec::encode_payload(encoding("[5,20]"), &values).unwrap();
+                assert_eq!(other.len(), expected.len());
+                assert!(t.matches(&other).is_none());
+                let bare = get(kind(layout, 100, sealed)).unwrap();
+                assert!(bare.shape().is_none() && bare.matches(&expected).is_none());
+            }
+        }
+    }
+
+    #[test]
     fn no_template_for_nothing_or_for_huge_chunks() {
         assert!(get(kind(Layout::Seed, 0, false)).is_none());
         assert!(get(kind(Layout::Compact, MAX_VALUES + 1, true)).is_none());

@@ -286,13 +286,9 @@ fn encode_to(encoding: Encoding, raw: &[u8], out: impl std::io::Write) -> Result
 }
 
 /// Write the file of `values` as `encoding` says (templated: float32, no compression, at
-/// most a seal and a shape) into `out`, which must be
-/// exactly its length (as measured by an earlier `encode_payload` of as many values).
-pub(crate) fn encode_payload_exact(
-    encoding: Encoding,
-    raw: &[u8],
-    out: &mut [u8],
-) -> Result<()> {
+/// most a seal and a shape) into `out`, which must be exactly its length (as measured by
+/// an earlier `encode_payload` of as many values).
+pub(crate) fn encode_payload_exact(encoding: Encoding, raw: &[u8], out: &mut [u8]) -> Result<()> {
     let expected = out.len();
     let mut cursor = std::io::Cursor::new(out);
     encode_to(encoding, raw, &mut cursor)?;

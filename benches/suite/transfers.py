@@ -10,8 +10,10 @@ import importlib
 import importlib.util
 import os
 import pickle
+import shutil
 import socket
 import struct
+import tempfile
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +23,6 @@ import numpy as np
 from .children import (
     ChildError,
     Contestant,
-    free_port,
     pair_times,
     recv_exactly,
     recv_go,
@@ -321,15 +322,18 @@ def _pickle_receiver(out: Any, ctl: Any, sock: socket.socket, grad: F32, oob: bo
 # ------------------------------------------------------------- end-to-end children: gloo
 
 
-def _gloo_worker(out: Any, ctl: Any, rank: int, port: int, grad: F32, timeout: float) -> None:
+def _gloo_worker(out: Any, ctl: Any, rank: int, folder: str, grad: F32, timeout: float) -> None:
     """torch.distributed gloo send/recv. Rank 1 (the receiver, the trigger) tells rank 0 to
-    go on or stop with a one-value tensor, then both leave a barrier and the timing starts."""
+    go on or stop with a one-value tensor, then both leave a barrier and the timing starts.
+    The rendezvous is a file store in ``folder`` (rank 1 removes it): a TCP store's port,
+    chosen before the children start, could be taken meanwhile by another row's listener."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback only
+    os.makedirs(folder, exist_ok=True)
     torch: Any = importlib.import_module("torch")
     dist: Any = importlib.import_module("torch.distributed")
     dist.init_process_group(
         "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
+        init_method=f"file://{folder}/store",
         rank=rank,
         world_size=2,
         timeout=datetime.timedelta(seconds=timeout),
@@ -361,6 +365,8 @@ def _gloo_worker(out: Any, ctl: Any, rank: int, port: int, grad: F32, timeout: f
             dist.send(flag, dst=0)  # zero: stop
     finally:
         dist.destroy_process_group()
+        if rank == 1:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 RAW_TCP = (
@@ -509,13 +515,14 @@ def plan_transfers(cfg: Config, grad: F32, available: dict[str, str | None]) -> 
     if importlib.util.find_spec("torch") is None:
         plans.append(Planned("e2e_gloo", "e2e", name, None, "torch is not installed"))
     else:
-        port = free_port()
+        # Made by the workers (a plan that is not run leaves nothing behind).
+        folder = os.path.join(tempfile.gettempdir(), f"gradstream-bench-gloo-{os.urandom(8).hex()}")
         # Its rank 0 waits for its turn inside gloo, so the gloo timeout covers whole rounds.
         wait = cfg.deadline * 20
         c = Contestant(
             "e2e_gloo",
-            ("gloo-recv", _gloo_worker, (1, port, grad, wait)),
-            ("gloo-send", _gloo_worker, (0, port, grad, wait)),
+            ("gloo-recv", _gloo_worker, (1, folder, grad, wait)),
+            ("gloo-send", _gloo_worker, (0, folder, grad, wait)),
             per_turn=2,
             connect=False,
         )

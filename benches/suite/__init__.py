@@ -93,7 +93,14 @@ from .config import Config, layout_support, make_config, make_gradient
 from .connection_rows import bench_connections
 from .inmemory import Memcpy, bench_codec, bench_limits
 from .machine import machine, print_machine
-from .ratios import DRIVER_ROWS, compute_ratios, driver_ratios, print_ratios
+from .ratios import (
+    DRIVER_ROWS,
+    P2P_ROWS,
+    compute_ratios,
+    driver_ratios,
+    p2p_ratios,
+    print_ratios,
+)
 from .results import Results
 from .rss import bench_rss
 from .small import bench_small
@@ -126,6 +133,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="only section 7: each transfer driver against the path without it",
     )
+    parser.add_argument(
+        "--p2p",
+        action="store_true",
+        help="only the point-to-point rows: socket path, connection, gloo, raw TCP",
+    )
     # For the test suite: sizes small enough for seconds.
     parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--elements", type=int, default=None, help=argparse.SUPPRESS)
@@ -154,7 +166,9 @@ def run(args: argparse.Namespace) -> int:
 
     res = Results()
     if args.drivers:
-        return _run_drivers(args, cfg, res, available, started)
+        return _run_subset(args, cfg, res, available, started, "--drivers")
+    if args.p2p:
+        return _run_subset(args, cfg, res, available, started, "--p2p")
     memcpy = Memcpy(cfg.limit_bytes)
     bench_limits(cfg, res, memcpy)
     grad = make_gradient(max(cfg.e2e_elements, cfg.codec_elements))
@@ -197,28 +211,34 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _run_drivers(
+def _run_subset(
     args: argparse.Namespace,
     cfg: Config,
     res: Results,
     available: dict[str, str | None],
     started: float,
+    flag: str,
 ) -> int:
-    """Section 7 alone: the rows of each driver and of the path without it, in rounds."""
+    """Some rows alone, in rounds: section 7 (--drivers: each driver and the path without
+    it) or the point-to-point rows (--p2p)."""
+    rows, ratios_of = (
+        (DRIVER_ROWS, driver_ratios) if flag == "--drivers" else (P2P_ROWS, p2p_ratios)
+    )
     grad = make_gradient(cfg.e2e_elements)
-    plans = [p for p in plan_transfers(cfg, grad, available) if p.key in DRIVER_ROWS]
+    plans = [p for p in plan_transfers(cfg, grad, available) if p.key in rows]
     bench_transfers(cfg, res, plans, grad)
     del grad, plans
     gc.collect()
-    bench_small(cfg, res, only=DRIVER_ROWS)
+    if flag == "--drivers":
+        bench_small(cfg, res, only=DRIVER_ROWS)
     res.print_table()
-    ratios = driver_ratios(res)
+    ratios = ratios_of(res)
     print_ratios(ratios)
     runtime = time.perf_counter() - started
     print(f"\ntotal run time {runtime:.1f} s")
     if args.json:
         doc = {
-            "benchmark": "benches/bench.py --drivers",
+            "benchmark": f"benches/bench.py {flag}",
             "mode": cfg.mode,
             "config": asdict(cfg),
             "machine": machine(),

@@ -234,6 +234,25 @@ def _socket_ratios(res: Results) -> list[Ratio]:
             1.0,
             "gloo",
         ),
+        *(
+            _reported(
+                res,
+                f"end to end, socket path, compact, chunk {key.rsplit('chunk', 1)[1]} / gloo",
+                key,
+                "e2e_gloo",
+                "gbps",
+            )
+            for key in CHUNK_ROWS
+        ),
+        _at_least(
+            res,
+            "end to end, gs.sync connection (defaults) / gloo (gradient GB/s)",
+            "e2e_native_connection",
+            "e2e_gloo",
+            "gbps",
+            0.9,
+            "gloo",
+        ),
         _reported(
             res,
             "end to end, socket path, compact / pickle protocol 5 out-of-band",
@@ -393,6 +412,24 @@ DRIVER_RATIOS = (
     ),
 )
 DRIVER_ROWS = frozenset(key for _, a, b, _ in DRIVER_RATIOS for key in (a, b))
+
+
+# --p2p: the point-to-point rows of issue 23 (the socket path and a connection against gloo,
+# and the socket path's own baseline), alone.
+CHUNK_ROWS = ("e2e_native_socket_compact_chunk262144", "e2e_native_socket_compact_chunk1048576")
+P2P_ROWS = frozenset(
+    (
+        "raw_tcp_slices",
+        "e2e_native_socket_compact",
+        "e2e_native_connection",
+        "e2e_gloo",
+        *CHUNK_ROWS,
+    )
+)
+
+
+def p2p_ratios(res: Results) -> list[Ratio]:
+    return [r for r in _socket_ratios(res) if r.numerator in P2P_ROWS and r.denominator in P2P_ROWS]
 
 
 def driver_ratios(res: Results) -> list[Ratio]:

@@ -10,8 +10,10 @@ import importlib
 import importlib.util
 import os
 import pickle
+import shutil
 import socket
 import struct
+import tempfile
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +23,6 @@ import numpy as np
 from .children import (
     ChildError,
     Contestant,
-    free_port,
     pair_times,
     recv_exactly,
     recv_go,
@@ -160,6 +161,42 @@ def _gs_receiver(
     _run(run(), route.loop)
 
 
+def _conn_receiver(out: Any, ctl: Any, sock: socket.socket, grad: F32) -> None:
+    """A blocking gs.sync connection (the defaults a gradstream connection has: compact
+    layout, sealed, acknowledged), received into a pre-faulted out= each turn. The bench's
+    socket carries the listener's port once, then the go bytes."""
+    import gradstream
+    from gradstream import sync as gsync
+
+    with gsync.listen("127.0.0.1:0") as listener:
+        sock.sendall(struct.pack("<H", listener.address[1]))
+        with listener.accept(timeout=60) as conn:
+            for rep in turns(ctl):
+                dest = prefaulted(grad)
+                progress = gradstream.TransferProgress()
+                sock.sendall(GO)
+                got = conn.recv(out=dest, progress=progress)
+                t1 = now_ns()
+                out.put(("t1", rep, t1, progress.bytes, got is dest and same_bits(got, grad)))
+                del got, dest
+
+
+def _conn_sender(out: Any, _: Any, sock: socket.socket, grad: F32) -> None:
+    from gradstream import sync as gsync
+
+    head = bytearray(2)
+    if recv_exactly(sock, memoryview(head)) != 2:
+        raise ChildError("no listener port from the receiver")
+    (port,) = struct.unpack("<H", head)
+    with gsync.connect(("127.0.0.1", port)) as conn:
+        rep = 0
+        while recv_go(sock):
+            t0 = now_ns()
+            conn.send(grad)  # returns once the ack is back: t1 is taken before that
+            out.put(("t0", rep, t0))
+            rep += 1
+
+
 # ------------------------------------------------------------- end-to-end children: raw, pickle
 
 
@@ -285,15 +322,18 @@ def _pickle_receiver(out: Any, ctl: Any, sock: socket.socket, grad: F32, oob: bo
 # ------------------------------------------------------------- end-to-end children: gloo
 
 
-def _gloo_worker(out: Any, ctl: Any, rank: int, port: int, grad: F32, timeout: float) -> None:
+def _gloo_worker(out: Any, ctl: Any, rank: int, folder: str, grad: F32, timeout: float) -> None:
     """torch.distributed gloo send/recv. Rank 1 (the receiver, the trigger) tells rank 0 to
-    go on or stop with a one-value tensor, then both leave a barrier and the timing starts."""
+    go on or stop with a one-value tensor, then both leave a barrier and the timing starts.
+    The rendezvous is a file store in ``folder`` (rank 1 removes it): a TCP store's port,
+    chosen before the children start, could be taken meanwhile by another row's listener."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback only
+    os.makedirs(folder, exist_ok=True)
     torch: Any = importlib.import_module("torch")
     dist: Any = importlib.import_module("torch.distributed")
     dist.init_process_group(
         "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
+        init_method=f"file://{folder}/store",
         rank=rank,
         world_size=2,
         timeout=datetime.timedelta(seconds=timeout),
@@ -325,6 +365,8 @@ def _gloo_worker(out: Any, ctl: Any, rank: int, port: int, grad: F32, timeout: f
             dist.send(flag, dst=0)  # zero: stop
     finally:
         dist.destroy_process_group()
+        if rank == 1:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 RAW_TCP = (
@@ -363,6 +405,7 @@ class GsRow:
     route: Route
     suffix: str = ""  # of the key, after the layout
     off: tuple[str, ...] = ()  # native drivers turned off (config.drivers_off)
+    chunk_size: int = 65536
 
     @property
     def key(self) -> str:
@@ -375,7 +418,8 @@ class GsRow:
             what += " under uvloop"
         into = "into out=" if self.route.into_out else "receive_from into a new array"
         without = "".join(f", without {driver}" for driver in self.off)
-        return f"{self.impl} {what}, {self.layout} layout, {label}, {into}{without}"
+        chunks = "" if self.chunk_size == 65536 else f", chunk {self.chunk_size}"
+        return f"{self.impl} {what}, {self.layout} layout{chunks}, {label}, {into}{without}"
 
 
 STREAMS = Route("streams")
@@ -389,9 +433,15 @@ GS_ROWS = (
     *(GsRow("reference", layout, route) for route in (Route(), STREAMS) for layout in LAYOUTS),
     # Section 7's rows: a driver turned off, beside the row that has it.
     *(GsRow("native", layout, STREAMS, "_generic", ("handover",)) for layout in LAYOUTS),
+    # Larger chunks on the socket path (issue 23: fewer frames, fewer system calls).
+    *(
+        GsRow("native", "compact", Route(), f"_chunk{size}", chunk_size=size)
+        for size in (262_144, 1_048_576)
+    ),
 )
 # What each kind of row has that the others do not (the "keep every peer honest" notes).
 STREAMS_NOTE = "open_connection(sock=) at both ends (start_server's transport)"
+CONNECTION_NOTE = "the torch backend's path; t1 before the ack goes back"
 PICKLE_NOTES = {
     False: "handicap: dumps makes a new bytes and loads a new array (no out=); "
     "the receive buffer is reused",
@@ -406,9 +456,8 @@ def _gs_plan(row: GsRow, cfg: Config, grad: F32, available: dict[str, str | None
         return Planned(row.key, "e2e", name, None, why)
     if row.route.loop == "uvloop" and not importable("uvloop"):
         return Planned(row.key, "e2e", name, None, "uvloop is not importable")
-    spec = SessionSpec(
-        row.impl, 65536, layout_arg(row.layout, available, row.impl), cfg.stall_timeout, row.off
-    )
+    layout = layout_arg(row.layout, available, row.impl)
+    spec = SessionSpec(row.impl, row.chunk_size, layout, cfg.stall_timeout, row.off)
     c = Contestant(
         row.key,
         ("recv", _gs_receiver, (spec, row.route, grad)),
@@ -451,17 +500,29 @@ def plan_transfers(cfg: Config, grad: F32, available: dict[str, str | None]) -> 
         )
         plans.append(Planned(key, "e2e", name, c, PICKLE_NOTES[oob]))
 
+    c = Contestant(
+        "e2e_native_connection",
+        ("recv", _conn_receiver, (grad,)),
+        ("send", _conn_sender, (grad,)),
+        per_turn=2,
+    )
+    name = (
+        f"native gs.sync connection (connection defaults: compact, sealed, ack), {label}, into out="
+    )
+    plans.append(Planned("e2e_native_connection", "e2e", name, c, CONNECTION_NOTE))
+
     name = f"torch.distributed gloo send/recv, {label}"
     if importlib.util.find_spec("torch") is None:
         plans.append(Planned("e2e_gloo", "e2e", name, None, "torch is not installed"))
     else:
-        port = free_port()
+        # Made by the workers (a plan that is not run leaves nothing behind).
+        folder = os.path.join(tempfile.gettempdir(), f"gradstream-bench-gloo-{os.urandom(8).hex()}")
         # Its rank 0 waits for its turn inside gloo, so the gloo timeout covers whole rounds.
         wait = cfg.deadline * 20
         c = Contestant(
             "e2e_gloo",
-            ("gloo-recv", _gloo_worker, (1, port, grad, wait)),
-            ("gloo-send", _gloo_worker, (0, port, grad, wait)),
+            ("gloo-recv", _gloo_worker, (1, folder, grad, wait)),
+            ("gloo-send", _gloo_worker, (0, folder, grad, wait)),
             per_turn=2,
             connect=False,
         )

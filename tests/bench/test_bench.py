@@ -91,6 +91,10 @@ TIMED_ROWS = {
     *(f"conn_{kind}" for kind in ("bare", "plain", "authkey", "tls")),
     # section 7: a driver turned off, beside the row that has it
     *(f"e2e_native_streams_{layout}_generic" for layout in LAYOUTS),
+    # issue 23's point-to-point rows: a gs.sync connection, larger chunks
+    "e2e_native_connection",
+    "e2e_native_socket_compact_chunk262144",
+    "e2e_native_socket_compact_chunk1048576",
 }
 PING_PONG_ROWS = {
     "pingpong_native",
@@ -197,6 +201,19 @@ RATIO_ROWS: dict[str, tuple[str, str, float | None]] = {
         "e2e_native_socket_compact",
         "e2e_gloo",
         1.0,
+    ),
+    **{
+        f"end to end, socket path, compact, chunk {chunk} / gloo": (
+            f"e2e_native_socket_compact_chunk{chunk}",
+            "e2e_gloo",
+            REPORTED,
+        )
+        for chunk in (262144, 1048576)
+    },
+    "end to end, gs.sync connection (defaults) / gloo (gradient GB/s)": (
+        "e2e_native_connection",
+        "e2e_gloo",
+        0.9,
     ),
     "end to end, socket path, compact / pickle protocol 5 out-of-band": (
         "e2e_native_socket_compact",
@@ -423,15 +440,19 @@ _sock = None
 def init_process_group(backend, init_method, rank, world_size, timeout):
     global _sock
     assert backend == "gloo" and world_size == 2 and os.environ["GLOO_SOCKET_IFNAME"] == "lo"
-    host, port = init_method.removeprefix("tcp://").rsplit(":", 1)
-    assert host == "127.0.0.1"
+    # A file store: rank 0 writes its port into the file, rank 1 reads it there.
+    store = init_method.removeprefix("file://")
     if rank == 0:
-        with socket.create_server((host, int(port))) as server:
+        with socket.create_server(("127.0.0.1", 0)) as server:
+            with open(store + ".tmp", "w") as f:
+                f.write(str(server.getsockname()[1]))
+            os.replace(store + ".tmp", store)
             _sock, _ = server.accept()
         return
     for _ in range(400):
         try:
-            _sock = socket.create_connection((host, int(port)))
+            with open(store) as f:
+                _sock = socket.create_connection(("127.0.0.1", int(f.read())))
             return
         except OSError:
             time.sleep(0.05)

@@ -154,6 +154,8 @@ pub struct FramePlan<'g> {
     total: u32,
     /// The gradient's seal: each chunk's payload carries it with its index and the total.
     seal: Option<Seal>,
+    /// The gradient's `gradient_shape` text, in every payload when kept.
+    shape: Option<Arc<str>>,
     /// Each chunk's values, as bytes of the gradient's dtype.
     windows: Vec<&'g [u8]>,
     payload_lens: Vec<u32>,
@@ -187,6 +189,12 @@ impl<'g> FramePlan<'g> {
         self.seal.map(|seal| seal.text(index, self.total))
     }
 
+    /// Chunk `index`'s seal text and the gradient's shape text: what a templated payload
+    /// carries besides its values.
+    pub(crate) fn marks(&self, index: u32) -> (Option<SealText>, Option<&Arc<str>>) {
+        (self.seal_text(index), self.shape.as_ref())
+    }
+
     /// Each chunk's index, values (bytes) and exact payload length.
     pub fn chunks(&self) -> impl Iterator<Item = (u32, &'g [u8], u32)> + '_ {
         (0u32..)
@@ -197,11 +205,12 @@ impl<'g> FramePlan<'g> {
 }
 
 /// The template kind of the payloads of `values` float32 values in `layout`, sealed or not.
-pub(crate) fn kind(layout: Layout, values: usize, sealed: bool) -> Kind {
+pub(crate) fn kind(layout: Layout, values: usize, sealed: bool, shape: Option<&Arc<str>>) -> Kind {
     Kind {
         layout,
         values,
         sealed,
+        shape: shape.cloned(),
     }
 }
 
@@ -212,18 +221,18 @@ impl SessionConfig {
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     pub(crate) fn write_payload(
         &self,
-        seal: Option<SealText>,
+        (seal, shape): (Option<SealText>, Option<&Arc<str>>),
         raw: &[u8],
         out: &mut [u8],
     ) -> Result<u32> {
-        self.write_payload_with(seal, raw, out, Stores::Cached)
+        self.write_payload_with((seal, shape), raw, out, Stores::Cached)
     }
 
     /// `write_payload`, a template's bytes stored with `stores` (streaming for a frame
     /// stream larger than the caches).
     fn write_payload_with(
         &self,
-        seal: Option<SealText>,
+        (seal, shape): (Option<SealText>, Option<&Arc<str>>),
         raw: &[u8],
         out: &mut [u8],
         stores: Stores,
@@ -231,27 +240,36 @@ impl SessionConfig {
         let values = as_f32(raw);
         let template = self
             .templates
-            .get(kind(self.layout, raw.len() / 4, seal.is_some()));
+            .get(kind(self.layout, raw.len() / 4, seal.is_some(), shape));
         match values.zip(template) {
             Some((values, template)) if template.len() == out.len() => {
                 Ok(template.write(values, seal.as_ref(), out, stores))
             }
             _ => {
-                codec::encode_payload_exact(self.layout, seal, raw, out)?;
+                codec::encode_payload_exact(self.templated(shape).sealed(seal), raw, out)?;
                 Ok(codec::checksum(out))
             }
         }
     }
 
+    /// How this session writes a float32 payload a template may reproduce: its layout,
+    /// with the gradient's shape text when it keeps one.
+    fn templated(&self, shape: Option<&Arc<str>>) -> Encoding {
+        Encoding {
+            shape: shape.cloned(),
+            ..Encoding::from(self.layout)
+        }
+    }
+
     /// The length of this session's payload of `n` float32 values, sealed or not (a
-    /// seal's text has one width, so its value does not matter).
-    fn payload_len_of(&self, n: usize, sealed: bool) -> Result<usize> {
-        match self.templates.get(kind(self.layout, n, sealed)) {
+    /// seal's text has one width, so its value does not matter), with `shape`.
+    fn payload_len_of(&self, n: usize, sealed: bool, shape: Option<&Arc<str>>) -> Result<usize> {
+        match self.templates.get(kind(self.layout, n, sealed, shape)) {
             Some(template) => Ok(template.len()),
             // No template (empty or huge chunks): measure by encoding as many zeros.
             None => {
                 let seal = sealed.then(|| Seal::lone(TransferId([0; 16])).text(0, 1));
-                let encoding = Encoding::from(self.layout).sealed(seal);
+                let encoding = self.templated(shape).sealed(seal);
                 Ok(codec::encode_payload(encoding, &vec![0f32; n])?.len())
             }
         }
@@ -429,7 +447,7 @@ impl SessionConfig {
             }
             let floor = values.saturating_mul(self.layout.bytes_per_value());
             self.check_payload_len(index, values, floor)?;
-            let len = self.payload_len_of(values, self.seal)?;
+            let len = self.payload_len_of(values, self.seal, None)?;
             let payload = self.check_payload_len(index, values, len)?;
             bytes = (HEADER_LEN + payload as usize)
                 .checked_mul(count)
@@ -458,6 +476,7 @@ impl SessionConfig {
         let gradient = self.sealing(gradient.into())?;
         let (total, windows) = self.windows(gradient)?;
         let seal = gradient.seal;
+        let shape = gradient.meta.shape.clone();
         if self.writes_each_payload(&gradient) {
             // Sizes depend on the values (or the metadata): encode every chunk now, keep
             // the payloads.
@@ -475,6 +494,7 @@ impl SessionConfig {
             return Ok(FramePlan {
                 total,
                 seal,
+                shape,
                 windows,
                 payload_lens,
                 len,
@@ -493,7 +513,7 @@ impl SessionConfig {
                     // 8 bytes a value is a floor: refuse a hopeless chunk before encoding it.
                     let floor = n.saturating_mul(self.layout.bytes_per_value());
                     self.check_payload_len(index, n, floor)?;
-                    let len = self.payload_len_of(n, seal.is_some())?;
+                    let len = self.payload_len_of(n, seal.is_some(), shape.as_ref())?;
                     let len = self.check_payload_len(index, n, len)?;
                     sizes.push((n, len));
                     len
@@ -505,6 +525,7 @@ impl SessionConfig {
         Ok(FramePlan {
             total,
             seal,
+            shape,
             windows,
             payload_lens,
             len,
@@ -581,7 +602,7 @@ impl SessionConfig {
                 stores.copy(payload, out);
                 Ok(*checksum)
             }
-            None => self.write_payload_with(plan.seal_text(index), window, out, stores),
+            None => self.write_payload_with(plan.marks(index), window, out, stores),
         }
     }
 

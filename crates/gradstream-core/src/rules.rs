@@ -132,9 +132,11 @@ fn verify_and_decode(
                     actual,
                 });
             }
-            // Templates are made for float32 payloads without metadata but a seal.
+            // Templates are made for float32 payloads without metadata but a seal and a
+            // shape.
             let head = Head {
                 seal: matched.seal.map(str::to_owned),
+                shape: template.shape().map(str::to_owned),
                 ..Head::default()
             };
             out.begin(&head)?;
@@ -151,14 +153,17 @@ fn verify_and_decode(
         });
     }
     let head = codec::decode_payload(payload, out, room).map_err(|e| e.in_chunk(index))?;
-    let unsealed = Head {
+    let bare = Head {
         seal: None,
+        shape: None,
         ..head.clone()
     };
-    if known.is_empty() && unsealed == Head::default() {
-        // A payload size with no template yet: make this count's templates, so that
-        // the next payload of this size (a gradient's next full chunk) takes the fast path.
-        templates.learn(out.offered, payload.len(), head.seal.is_some());
+    if known.is_empty() && bare == Head::default() {
+        // A payload size with no template yet: make this count's templates (with its
+        // shape text), so that the next payload of this size (a gradient's next full
+        // chunk) takes the fast path.
+        let shape = head.shape.as_deref();
+        templates.learn(out.offered, payload.len(), head.seal.is_some(), shape);
     }
     Ok(head)
 }

@@ -59,12 +59,12 @@ pub(crate) async fn send_gradient_on<W: AsyncWrite + Unpin>(
     for (index, window, payload_len) in plan.chunks() {
         // Planned without encoding, so float32 (aligned: it is the caller's f32 array).
         let values = as_f32(window);
-        let seal = plan.seal_text(index);
+        let (seal, shape) = plan.marks(index);
         let template = values
             .and_then(|v| {
                 config
                     .templates
-                    .get(kind(config.layout, v.len(), seal.is_some()))
+                    .get(kind(config.layout, v.len(), seal.is_some(), shape))
             })
             .filter(|t| writer.is_write_vectored() && t.len() == payload_len as usize)
             .zip(values);
@@ -87,7 +87,7 @@ pub(crate) async fn send_gradient_on<W: AsyncWrite + Unpin>(
                 // algorithm and delayed ACKs on TCP.
                 frame.resize(HEADER_LEN + payload_len as usize, 0);
                 let (head, payload) = frame.split_at_mut(HEADER_LEN);
-                let checksum = config.write_payload(seal, window, payload)?;
+                let checksum = config.write_payload((seal, shape), window, payload)?;
                 head.copy_from_slice(&header(checksum).to_bytes());
                 [&frame[..], &[], &[], &[], &[], &[], &[], &[]]
             }

@@ -35,6 +35,8 @@ mod cache;
 
 pub use cache::Templates;
 
+use std::sync::Arc;
+
 use crate::codec::{self, Encoding, Layout, Stores};
 use crate::seal::{Position, Seal, SealText, TransferId, SEAL_LEN};
 
@@ -45,12 +47,16 @@ const MAX_VALUES: usize = 1 << 20;
 const COMBINE_FROM: usize = 4096;
 
 /// What a template is of: the payloads of `values` float32 values in `layout`, sealed or
-/// not (a seal's text has one width, so every sealed payload of a count has one length).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// not (a seal's text has one width, so every sealed payload of a count has one length),
+/// carrying the `gradient_shape` text `shape` or none (a gradstream connection keeps
+/// shapes by default: without it, every frame of a connection would go through the Arrow
+/// writer and reader).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Kind {
     pub layout: Layout,
     pub values: usize,
     pub sealed: bool,
+    pub shape: Option<Arc<str>>,
 }
 
 /// Where a sealed template's seal sits: its copy in the schema message (before the
@@ -131,11 +137,18 @@ impl Template {
             layout,
             values,
             sealed,
+            ref shape,
         } = kind;
         let ones = vec![f32::from_bits(0x0101_0101); values];
         let twos = vec![f32::from_bits(0x0202_0202); values];
         let (seal_a, seal_b) = (placeholder(0x5a), placeholder(0xa5));
-        let encoding = |seal| Encoding::from(layout).sealed(sealed.then_some(seal));
+        let encoding = |seal| {
+            Encoding {
+                shape: shape.clone(),
+                ..Encoding::from(layout)
+            }
+            .sealed(sealed.then_some(seal))
+        };
         let a = codec::encode_payload(encoding(seal_a), &ones).ok()?;
         let mut b = codec::encode_payload(encoding(seal_b), &twos).ok()?;
         if a.len() != b.len() {
@@ -175,7 +188,12 @@ impl Template {
             let mut decoded = Vec::with_capacity(values);
             let head = codec::decode_payload(payload, &mut decoded, values);
             let seal = sealed.then(|| seal.as_str().to_string());
-            head.is_ok_and(|head| head.seal == seal)
+            let expected = crate::output::Head {
+                seal,
+                shape: shape.as_deref().map(str::to_owned),
+                ..crate::output::Head::default()
+            };
+            head.is_ok_and(|head| head == expected)
                 && decoded.len() == values
                 && decoded.iter().all(|v| v.to_bits() == bits)
         };
@@ -215,6 +233,11 @@ impl Template {
             prefix_crc,
             between,
         })
+    }
+
+    /// The `gradient_shape` text every payload of this template carries, if any.
+    pub fn shape(&self) -> Option<&str> {
+        self.kind.shape.as_deref()
     }
 
     /// Length of each payload made from this template.
@@ -396,6 +419,7 @@ mod tests {
             layout,
             values,
             sealed,
+            shape: None,
         }
     }
 
@@ -480,6 +504,42 @@ mod tests {
         payload[at.message] = 0xff;
         payload[at.footer] = 0xff;
         assert!(t.matches(&payload).is_none());
+    }
+
+    #[test]
+    fn a_shape_is_part_of_its_template() {
+        let values = sample(100);
+        for layout in [Layout::Seed, Layout::Compact] {
+            for sealed in [false, true] {
+                let seal = sealed.then(|| a_seal(1, 2));
+                let encoding = |shape: &str| {
+                    Encoding {
+                        shape: Some(Arc::from(shape)),
+                        ..Encoding::from(layout)
+                    }
+                    .sealed(seal)
+                };
+                let shaped = Kind {
+                    shape: Some(Arc::from("[4,25]")),
+                    ..kind(layout, 100, sealed)
+                };
+                let t = get(shaped).expect("a template of ours");
+                assert_eq!(t.shape(), Some("[4,25]"));
+                let expected = codec::encode_payload(encoding("[4,25]"), &values).unwrap();
+                let mut out = vec![0u8; t.len()];
+                let crc = t.write(&values, seal.as_ref(), &mut out, Stores::Cached);
+                assert_eq!((out, crc), (expected.clone(), codec::checksum(&expected)));
+                assert_eq!(t.pieces(&values, seal.as_ref()).parts.concat(), expected);
+                assert!(t.matches(&expected).is_some());
+                // Another shape of the same length, or none: not this template's payload,
+                // and the shapeless template does not take this one.
+                let other = codec::encode_payload(encoding("[5,20]"), &values).unwrap();
+                assert_eq!(other.len(), expected.len());
+                assert!(t.matches(&other).is_none());
+                let bare = get(kind(layout, 100, sealed)).unwrap();
+                assert!(bare.shape().is_none() && bare.matches(&expected).is_none());
+            }
+        }
     }
 
     #[test]

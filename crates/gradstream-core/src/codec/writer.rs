@@ -117,11 +117,11 @@ impl From<Layout> for Encoding {
 
 impl Encoding {
     /// Whether this writes a float32 payload that templates reproduce: no compression and
-    /// no metadata but a seal (whose text has one width, so a template patches it in).
+    /// no metadata but a seal (whose text has one width, so a template patches it in) and
+    /// a shape (the same text in every payload of a gradient: a template of its own).
     pub fn is_templated(&self) -> bool {
         self.compression.is_none()
             && self.dtype == Dtype::F32
-            && self.shape.is_none()
             && self.result.is_none()
             && self.manifest.is_none()
     }
@@ -285,17 +285,13 @@ fn encode_to(encoding: Encoding, raw: &[u8], out: impl std::io::Write) -> Result
     Ok(())
 }
 
-/// Write the file of `values` in `layout` (sealed with `seal`) into `out`, which must be
-/// exactly its length (as measured by an earlier `encode_payload` of as many values).
-pub(crate) fn encode_payload_exact(
-    layout: Layout,
-    seal: Option<SealText>,
-    raw: &[u8],
-    out: &mut [u8],
-) -> Result<()> {
+/// Write the file of `values` as `encoding` says (templated: float32, no compression, at
+/// most a seal and a shape) into `out`, which must be exactly its length (as measured by
+/// an earlier `encode_payload` of as many values).
+pub(crate) fn encode_payload_exact(encoding: Encoding, raw: &[u8], out: &mut [u8]) -> Result<()> {
     let expected = out.len();
     let mut cursor = std::io::Cursor::new(out);
-    encode_to(Encoding::from(layout).sealed(seal), raw, &mut cursor)?;
+    encode_to(encoding, raw, &mut cursor)?;
     let written = cursor.position() as usize;
     if written != expected {
         return Err(GradientStreamError::arrow(format!(

@@ -114,6 +114,31 @@ fn a_kept_shape_travels_in_every_payload_and_comes_back() {
     let chunks = s.encode_gradient(shaped(&meta)).unwrap();
     let back = session(3).decode_chunks_output(refs(&chunks)).unwrap();
     assert_eq!(back.shape, Some(vec![2, 5]));
+    // Shaped float32 payloads take the templates at both ends (a gradstream connection
+    // keeps shapes by default): the sender's made shelf holds the shaped kinds, and a
+    // receiver learns them from the first payload of a size and matches the next ones.
+    let big = gradient(3 * 1000 + 7);
+    let big_meta = GradientMeta {
+        shape: Some("[3007]".into()),
+        ..GradientMeta::default()
+    };
+    let sender = session(1000);
+    let wire = sender
+        .encode_frames(Gradient::from(&big).with_meta(&big_meta))
+        .unwrap();
+    let first = FrameHeader::from_bytes(wire[..HEADER_LEN].try_into().unwrap()).payload_len;
+    let shaped_held = |s: &SessionConfig| {
+        let found = s.templates.for_payload(first as usize);
+        found.iter().any(|t| t.shape() == Some("[3007]"))
+    };
+    assert!(shaped_held(&sender), "the sender's full chunks");
+    let receiver = session(1000);
+    let back = receiver.decode_frames_output(&wire).unwrap();
+    assert_eq!(back.shape, Some(vec![3007]));
+    assert_eq!(back.into_vec(), big);
+    assert!(shaped_held(&receiver), "learned from the first chunk");
+    let again = receiver.decode_frames_output(&wire).unwrap();
+    assert_eq!(again.shape, Some(vec![3007]));
     // The session keeps no shape of its own: the next gradient is the original's.
     assert_eq!(s.encode_frames(&g).unwrap(), plain);
     // A shape that does not hold the values, and chunks that disagree.

@@ -4,7 +4,7 @@
 //! the last of those goes: nothing here is process-wide.
 //!
 //! Bounded twice: a number of templates and a number of bytes on each of two shelves. A
-//! template is a pure function of (layout, value count, sealed), so any session may
+//! template is a pure function of (layout, value count, sealed, shape text), so any session may
 //! serve any payload of ours; what a peer decides (the sizes of the payloads it sends)
 //! can only fill the learned shelf: a peer cycling sizes evicts what other peers taught,
 //! never the templates our own senders use. Learning costs two encodes and two decodes of
@@ -84,7 +84,13 @@ impl Templates {
     /// A payload of `payload_len` bytes decoded to `values` values the slow way (sealed or
     /// not): make the templates of that count (on the learned shelf), so later payloads
     /// like it take the fast path.
-    pub(crate) fn learn(&self, values: usize, payload_len: usize, sealed: bool) {
+    pub(crate) fn learn(
+        &self,
+        values: usize,
+        payload_len: usize,
+        sealed: bool,
+        shape: Option<&str>,
+    ) {
         // Any payload of ours is at least 4 bytes a value: a larger count is not ours.
         if values.saturating_mul(4) < payload_len {
             let shelves = self.0.shelves();
@@ -93,6 +99,7 @@ impl Templates {
                     layout,
                     values,
                     sealed,
+                    shape: shape.map(Arc::from),
                 };
                 shelves.get_onto(Shelf::LEARNED, kind);
             }
@@ -264,6 +271,7 @@ mod tests {
             layout,
             values,
             sealed,
+            shape: None,
         }
     }
 
@@ -275,7 +283,7 @@ mod tests {
             .expect("a template of ours");
         // A peer cycling through 20 payload sizes, each learned in both layouts.
         for n in 1..=20 {
-            templates.learn(1000 + n, 8 * (1000 + n) + 600, n % 2 == 0);
+            templates.learn(1000 + n, 8 * (1000 + n) + 600, n % 2 == 0, None);
         }
         let shelves = templates.0.shelves();
         let again = shelves
@@ -287,7 +295,7 @@ mod tests {
         assert_eq!(shelves.shelf(Shelf::MADE).list.len(), 1);
         // A count no payload of ours could carry in that many bytes is not learned.
         let before = shelves.shelf(Shelf::LEARNED).find(|_| true);
-        templates.learn(5000, 5000, false);
+        templates.learn(5000, 5000, false, None);
         let after = shelves.shelf(Shelf::LEARNED).find(|_| true);
         assert!(before.iter().zip(&after).all(|(a, b)| Arc::ptr_eq(a, b)));
         // What was learned serves a payload of that size, sealed as it was.

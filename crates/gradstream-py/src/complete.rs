@@ -282,7 +282,9 @@ impl Completions {
                 other => break Ok(other),
             }
         };
-        *Shared::lock(&self.shared.here) = None;
+        if !matches!(ended, Ok(Step::Escape)) {
+            *Shared::lock(&self.shared.here) = None;
+        }
         // The link stays direct for the caller's next call (its ack, its next transfer):
         // any call that hands the link to tokio leaves direct mode first.
         match ended {
@@ -292,7 +294,13 @@ impl Completions {
                 if let Some(budget) = budget {
                     budget.lift();
                 }
+                // `here` is cleared only once the job is in the running table, so an
+                // `abort_all` in between reaches one or the other, never neither.
                 let job = self.spawn(transfer);
+                *Shared::lock(&self.shared.here) = None;
+                if stop.load(Ordering::Acquire) {
+                    let _ = self.abort(job);
+                }
                 Ok((true, raised(py, self.wait(py, job)?)?))
             }
             Ok(_) => {
@@ -320,6 +328,7 @@ impl Completions {
     ) -> Step {
         let mut cx = Context::from_waker(waker);
         self.shared.unsignal();
+        let slice_end = std::time::Instant::now() + WAIT_SLICE;
         loop {
             if let Poll::Ready(result) = transfer.as_mut().poll(&mut cx) {
                 return Step::Done(result);
@@ -347,12 +356,27 @@ impl Completions {
                     revents: 0,
                 },
             ];
-            let slice = WAIT_SLICE.as_millis() as libc::c_int;
-            // SAFETY: `fds` is a live array of two pollfd; both descriptors are open
-            // (the socket's link is held by `transfer`, the eventfd by `self`).
+            let left = slice_end.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Step::Slice;
+            }
+            let slice = left.as_millis().max(1) as libc::c_int;
+            // SAFETY: `fds` is a live array of two pollfd, which poll(2) only reads and
+            // writes `revents` of. The eventfd is open (held by `self`); the socket's
+            // number may be stale if the transfer closed its socket in the poll above,
+            // which costs a POLLNVAL or a spurious wake, never memory: the wants are
+            // read again before the next poll.
             let ready = unsafe { libc::poll(fds.as_mut_ptr(), 2, slice) };
+            if ready < 0
+                && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted
+            {
+                // poll failed (ENOMEM, ...): the rest of the slice is waited out rather
+                // than spun, then the handlers run and the transfer is polled again.
+                std::thread::sleep(left);
+                return Step::Slice;
+            }
             if ready <= 0 {
-                // The slice ended, a signal came (EINTR), or poll failed: the handlers run.
+                // The slice ended, or a signal came (EINTR): the handlers run.
                 return Step::Slice;
             }
             if fds[1].revents != 0 {
@@ -410,6 +434,15 @@ impl Completions {
         let (step, value) = driven.poll(py)?;
         if step == DRIVEN_DONE {
             return Ok((true, value.unbind()));
+        }
+        if value.is_truthy()? {
+            // Frames left to write: tokio writes them while the loop is busy.
+            driven.direct.off();
+            let transfer = Shared::lock(&driven.transfer).take();
+            if let Some(transfer) = transfer {
+                let job = self.spawn(transfer);
+                return Ok((false, job.into_pyobject(py)?.into_any().unbind()));
+            }
         }
         Ok((false, Py::new(py, driven)?.into_any()))
     }
@@ -642,8 +675,9 @@ impl Completions {
 
     /// Stop every job of this `Completions` without waiting, as `abort` does each: a
     /// thread blocked in `wait` for one gets `(true, None)` once its future is gone on
-    /// tokio; one driving a transfer itself (`run_here`), once it dropped its future. For `gradstream.sync.Server.shutdown`, from another thread than the
-    /// handler's that waits (the handler's connection says why it ended).
+    /// tokio; one driving a transfer itself (`run_here`), once it dropped its future.
+    /// For `gradstream.sync.Server.shutdown`, from another thread than the handler's
+    /// that waits (the handler's connection says why it ended).
     fn abort_all(&self) {
         if let Some(stop) = Shared::lock(&self.shared.here).as_ref() {
             stop.store(true, Ordering::Release);

@@ -403,6 +403,9 @@ impl PyLink {
                 .run_or_spawn(py, transfer, || budget.lift())?,
         };
         if got.0 {
+            // A Ctrl-C that came while the receive ran: raised with the ack still owed
+            // (the caller's `abandoned` refuses it), not after it was written.
+            py.check_signals()?;
             self.settle(py);
         }
         Ok(got)

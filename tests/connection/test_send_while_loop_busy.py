@@ -5,22 +5,13 @@ Completions::drive); frames the socket did not take at once are written by tokio
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 
 import numpy as np
 
 import gradstream as gs
-
-
-def _server(rcvbuf: int | None = None) -> socket.socket:
-    srv = socket.socket()
-    if rcvbuf is not None:
-        srv.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(1)
-    return srv
+from support.connections import raw_listener
 
 
 def test_asyncio_small_send_goes_on_while_the_loop_is_busy() -> None:
@@ -29,7 +20,7 @@ def test_asyncio_small_send_goes_on_while_the_loop_is_busy() -> None:
     per-step timeout shorter than the loop's busy spell still gets the gradient."""
     values = np.arange(30_000, dtype=np.float32)  # 120 KB <= SEND_MAX
     wire_len = len(gs.GradientStreamSession().encode_frames(values))
-    srv = _server(rcvbuf=4096)
+    srv = raw_listener(rcvbuf=4096)
     sends = [0]
 
     arrivals: list[tuple[float, int]] = []

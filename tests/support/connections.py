@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import socket
 import ssl
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -217,3 +218,14 @@ class Proxy:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def raw_listener(rcvbuf: int | None = None) -> socket.socket:
+    """A plain TCP socket listening on 127.0.0.1 (a port of its own), for a hand-made
+    peer; ``rcvbuf`` sets its receive buffer (so a sender's socket fills up soon)."""
+    server = socket.socket()
+    if rcvbuf is not None:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    return server

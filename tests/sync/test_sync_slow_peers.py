@@ -14,15 +14,7 @@ import numpy as np
 
 import gradstream as gs
 import gradstream.sync as gsync
-
-
-def _server(rcvbuf: int | None = None) -> socket.socket:
-    srv = socket.socket()
-    if rcvbuf is not None:
-        srv.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(1)
-    return srv
+from support.connections import raw_listener
 
 
 def test_ctrl_c_seen_within_a_second_while_a_peer_trickles() -> None:
@@ -30,7 +22,7 @@ def test_ctrl_c_seen_within_a_second_while_a_peer_trickles() -> None:
     whose C handler ran outside that poll (here: on another thread) must still be acted
     on within a wait slice, not once the trickle ends."""
     wire = bytes(gs.GradientStreamSession().encode_frames(np.arange(1_000, dtype=np.float32)))
-    srv = _server()
+    srv = raw_listener()
     stop = threading.Event()
 
     def trickle() -> None:
@@ -71,7 +63,7 @@ def test_ctrl_c_seen_within_a_second_while_a_peer_trickles() -> None:
 def _slow_proxy(target: tuple[str, int], piece: int, pause: float) -> socket.socket:
     """A proxy to ``target``: client->server at once, server->client ``piece`` bytes per
     ``pause`` seconds (a slow link)."""
-    front = _server()
+    front = raw_listener()
 
     def pump(src: socket.socket, dst: socket.socket, slow: bool) -> None:
         try:

@@ -18,7 +18,8 @@ from typing import Any
 
 import torch.distributed as _dist
 
-from ._group import GradstreamProcessGroup, Options, configure, options
+from ._group import GradstreamProcessGroup
+from ._options import Options, configure, options
 
 __all__ = ["BACKEND", "GradstreamProcessGroup", "Options", "configure", "options"]
 

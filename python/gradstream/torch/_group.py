@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import datetime
 import os
 from collections.abc import Awaitable, Callable, Sequence
@@ -19,7 +18,6 @@ from torch._C._distributed_c10d import Work as _BaseWork
 from torch.futures import Future
 
 from .._connection import Connection, connect, listen
-from .._session import GradientStreamSession
 from ..errors import (
     DeliveryError,
     GradientDtypeError,
@@ -29,122 +27,12 @@ from ..errors import (
     StreamTimeoutError,
 )
 from . import _loop
+from ._flat import _bounds, _combine, _Flat, _op_name, _others, _rows
 from ._links import COLLECTIVE, P2P, RING, Key, Links
+from ._options import _session, options
 
 _KEY = "gradstream/authkey"
 _ADDRESS = "gradstream/address/{}"
-
-
-@dataclasses.dataclass(frozen=True)
-class Options:
-    """What ``configure`` set: the host every rank listens on (and publishes), the TLS
-    of its listener (``listen_tls``) and of its connection to the next rank
-    (``connect_tls``), and the authkey (None: a random one from rank 0, through the
-    store)."""
-
-    host: str = "127.0.0.1"
-    listen_tls: Any = None
-    connect_tls: Any = None
-    authkey: bytes | None = None
-
-
-_options = [Options()]
-
-
-def configure(
-    *,
-    host: str | None = None,
-    listen_tls: Any = None,
-    connect_tls: Any = None,
-    authkey: bytes | None = None,
-) -> Options:
-    """Set the options of the groups made from now on (before ``init_process_group``);
-    what is not given keeps its default. Returns them."""
-    now = _options[0]
-    _options[0] = Options(
-        host=now.host if host is None else host,
-        listen_tls=now.listen_tls if listen_tls is None else listen_tls,
-        connect_tls=now.connect_tls if connect_tls is None else connect_tls,
-        authkey=now.authkey if authkey is None else bytes(authkey),
-    )
-    return _options[0]
-
-
-def options() -> Options:
-    """The options groups are made with."""
-    return _options[0]
-
-
-def _session() -> GradientStreamSession:
-    # The compact layout, dtypes and shapes kept: the bits a rank sends are the bits
-    # the next one gets.
-    return GradientStreamSession(layout="compact", keep_shape=True, keep_dtype=True)
-
-
-_WIRE = {
-    torch.float32: (torch.float32, np.float32),
-    torch.float64: (torch.float64, np.float64),
-    torch.float16: (torch.float16, np.float16),
-    # bfloat16 travels as its raw 16-bit values, viewed as float16 (no conversion: the
-    # bits are copied; the sum is done by torch in bfloat16).
-    torch.bfloat16: (torch.float16, np.float16),
-}
-
-
-class _Flat:
-    """A tensor as the ring moves it: a 1-D torch view and a numpy view of the same
-    memory in a dtype gradstream carries. A tensor that is not contiguous is copied
-    in and written back by ``done``."""
-
-    def __init__(self, tensor: torch.Tensor) -> None:
-        if tensor.device.type != "cpu":
-            raise TypeError(
-                f"the gradstream backend takes CPU tensors, got one on {tensor.device}: "
-                "use .cpu(), or the gloo/nccl backend for device tensors"
-            )
-        self.tensor = tensor
-        self.flat = tensor.detach().reshape(-1) if tensor.is_contiguous() else None
-        work = self.flat if self.flat is not None else tensor.detach().contiguous().reshape(-1)
-        self.torch = work
-        if tensor.dtype in _WIRE:
-            wire = work.view(_WIRE[tensor.dtype][0])
-        elif work.numel() * work.element_size() % 2 == 0:
-            # Other dtypes (int64 buffers, ...) only move as bits (broadcast, gather).
-            wire = work.view(torch.uint8).view(torch.float16)
-        else:
-            raise TypeError(
-                f"the gradstream backend moves {tensor.dtype} tensors of an even byte "
-                f"count only, got {work.numel() * work.element_size()} bytes"
-            )
-        # Through DLPack, not .numpy(): that marks the tensor's storage unresizable for
-        # good, and FSDP frees its unsharded parameters by resizing their storage to 0.
-        self.wire: np.ndarray = np.from_dlpack(wire)
-
-    def done(self) -> None:
-        if self.flat is None:
-            self.tensor.copy_(self.torch.view(self.tensor.shape))
-
-
-def _bounds(length: int, parts: int) -> list[tuple[int, int]]:
-    return [(i * length // parts, (i + 1) * length // parts) for i in range(parts)]
-
-
-_REDUCE = {
-    dist.ReduceOp.SUM: "sum",
-    dist.ReduceOp.AVG: "avg",
-    dist.ReduceOp.MIN: "min",
-    dist.ReduceOp.MAX: "max",
-    dist.ReduceOp.PRODUCT: "product",
-}
-
-
-def _op_name(op: Any) -> str:
-    for known, name in _REDUCE.items():
-        if op == known:
-            return name
-    raise SettingError(
-        "op", f"the gradstream backend reduces with SUM, AVG, MIN, MAX or PRODUCT, not {op}"
-    )
 
 
 class _Work(_BaseWork):
@@ -440,13 +328,7 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch 
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> _Work:
         op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        flats = [_Flat(t) for t in tensors]
-        for f in flats:
-            if f.tensor.dtype not in _WIRE:
-                raise TypeError(
-                    f"the gradstream backend reduces float32, float64, float16 and bfloat16 "
-                    f"tensors, not {f.tensor.dtype}"
-                )
+        flats = [_Flat(t).reducible() for t in tensors]
 
         async def body() -> None:
             for f in flats:
@@ -535,12 +417,7 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch 
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any, result: Any
     ) -> _Work:
         op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        works = [_Flat(t.detach().clone()) for t in inputs]
-        for work in works:
-            if work.tensor.dtype not in _WIRE:
-                raise TypeError(
-                    f"the gradstream backend reduces float tensors, not {work.tensor.dtype}"
-                )
+        works = [_Flat(t.detach().clone()).reducible() for t in inputs]
         if len(works) != len(outputs):
             raise ValueError(f"{len(outputs)} output tensors for {len(inputs)} inputs")
 
@@ -789,32 +666,8 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch 
         return int(super().rank())
 
 
-def _others(flats: list[_Flat], rank: int) -> dict[int, _Flat]:
-    return {k: f for k, f in enumerate(flats) if k != rank}
-
-
 def _channel(key: Key) -> str:
     return f"tag {key[2]}" if key[1] == P2P else "a collective"
-
-
-def _rows(tensor: torch.Tensor, splits: list[int], parts: int, what: str) -> list[_Flat]:
-    """``tensor`` cut along its first dimension into ``splits`` rows each (equal parts
-    when ``splits`` is empty), each a ``_Flat`` of its rows."""
-    rows = tensor.shape[0] if tensor.dim() else 0
-    if not splits:
-        if rows % parts:
-            raise ValueError(
-                f"all_to_all_single: the {what}'s {rows} rows do not split equally among "
-                f"{parts} ranks: pass {what}_split_sizes"
-            )
-        splits = [rows // parts] * parts
-    if len(splits) != parts or sum(splits) != rows:
-        raise ValueError(
-            f"all_to_all_single: {what}_split_sizes {list(splits)} must be {parts} numbers "
-            f"adding up to the {what}'s {rows} rows"
-        )
-    starts = np.cumsum([0, *splits[:-1]])
-    return [_Flat(tensor.narrow(0, int(a), int(n))) for a, n in zip(starts, splits, strict=True)]
 
 
 async def _queued(turns: list[asyncio.Lock]) -> None:
@@ -822,16 +675,3 @@ async def _queued(turns: list[asyncio.Lock]) -> None:
     for turn in turns:
         async with turn:
             pass
-
-
-def _combine(mine: torch.Tensor, got: torch.Tensor, dtype: torch.dtype, op: str) -> None:
-    """``mine = mine (op) got``, in ``dtype`` (got holds its bits)."""
-    other = got.view(dtype)
-    if op in ("sum", "avg"):
-        mine.add_(other)
-    elif op == "min":
-        torch.minimum(mine, other, out=mine)
-    elif op == "max":
-        torch.maximum(mine, other, out=mine)
-    else:
-        mine.mul_(other)

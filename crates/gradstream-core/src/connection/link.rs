@@ -189,7 +189,7 @@ impl Link {
                 moved: 0,
                 budget: None,
                 direct: None,
-                parked: false,
+                parked: None,
             },
             mode,
             peer,
@@ -215,25 +215,20 @@ impl Link {
     }
 
     /// Drive the link's reads and writes as system calls on its socket, from whichever
-    /// thread polls its transfers, while the `Direct` returned is on (the one in use
-    /// already, if on); with `park`, the socket is taken off tokio's reactor meanwhile
-    /// (a blocking caller's link: tokio's thread is not woken by its every event), and
-    /// put back by the first poll that is not direct. The socket, which the caller waits
-    /// for; None for a TLS link, and once the socket is closed.
+    /// thread polls its transfers, while the `Direct` returned is on; with `park`, the
+    /// socket is taken off tokio's reactor meanwhile (a blocking caller's link: tokio's
+    /// thread is not woken by its every event), and put back by the first poll that is
+    /// not direct. The socket, which the caller waits for; None for a TLS link, and once
+    /// the socket is closed.
     pub fn go_direct(&mut self, park: bool) -> Option<(std::os::fd::RawFd, Direct)> {
-        self.stream.fd?;
-        let direct = match &self.stream.direct {
-            Some(direct) if direct.is_on() => direct.clone(),
-            _ => {
-                let direct = Direct::default();
-                self.stream.direct = Some(direct.clone());
-                direct
-            }
-        };
+        let fd = self.stream.fd?;
+        let direct = Direct::default();
+        self.stream.direct = Some(direct.clone());
         if park {
             self.stream.park();
         }
-        Some((self.stream.fd?, direct))
+        // `park` closes the socket should the reactor refuse to let it go.
+        self.stream.fd.map(|_| (fd, direct))
     }
 
     /// Reads and writes through tokio from now on (`go_direct` undone).

@@ -65,49 +65,10 @@ pub(super) struct Counted {
     pub(super) fd: Option<RawFd>,
     /// While on, reads and writes are system calls on `fd` (`Link::go_direct`).
     pub(super) direct: Option<Direct>,
-    /// `inner` is a `Parked` TCP stream, off tokio's reactor (`park`).
-    pub(super) parked: bool,
-}
-
-/// A plain TCP stream taken off tokio's reactor (`Counted::park`): a caller's thread
-/// drives it directly, and tokio's thread is not woken by its every event. Never polled
-/// itself: `Counted` puts the stream back on the reactor first (`unpark`).
-struct Parked(std::net::TcpStream);
-
-fn parked() -> std::io::Error {
-    std::io::Error::other("a parked stream was polled: Counted unparks it first")
-}
-
-impl AsyncRead for Parked {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-        _: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Err(parked()))
-    }
-}
-
-impl AsyncWrite for Parked {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-        _: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Poll::Ready(Err(parked()))
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        true
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Err(parked()))
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Err(parked()))
-    }
+    /// The plain TCP stream while it is off tokio's reactor (`park`): a caller's thread
+    /// drives it directly (`inner` is `Gone` meanwhile, never polled: the stream is put
+    /// back on the reactor first, `unpark`).
+    pub(super) parked: Option<std::net::TcpStream>,
 }
 
 impl Counted {
@@ -116,7 +77,7 @@ impl Counted {
     /// (docs/guides/connections.md "Closing").
     pub(super) fn release(&mut self) {
         self.fd = None;
-        self.parked = false;
+        self.parked = None;
         self.inner = Box::new(Gone);
     }
 
@@ -125,21 +86,17 @@ impl Counted {
     /// refuse (it never does), the socket is closed, as `release` does.
     pub(super) fn park(&mut self) {
         let any: &dyn std::any::Any = self.inner.as_ref();
-        if self.parked || !any.is::<tokio::net::TcpStream>() {
+        if self.parked.is_some() || !any.is::<tokio::net::TcpStream>() {
             return;
         }
         let inner: Box<dyn Duplex> = std::mem::replace(&mut self.inner, Box::new(Gone));
         let inner: Box<dyn std::any::Any> = inner;
-        let parked = inner
+        self.parked = inner
             .downcast::<tokio::net::TcpStream>()
             .ok()
             .and_then(|tcp| tcp.into_std().ok());
-        match parked {
-            Some(std) => {
-                self.inner = Box::new(Parked(std));
-                self.parked = true;
-            }
-            None => self.release(),
+        if self.parked.is_none() {
+            self.release();
         }
     }
 
@@ -147,7 +104,7 @@ impl Counted {
     /// Within a runtime's context (every poll of a link is); an error when not, or when
     /// the reactor refuses it (the socket is then closed, as `release` does).
     fn unpark(&mut self) -> std::io::Result<()> {
-        if !self.parked {
+        if self.parked.is_none() {
             return Ok(());
         }
         if tokio::runtime::Handle::try_current().is_err() {
@@ -155,14 +112,10 @@ impl Counted {
                 "a connection's stream was polled outside the tokio runtime",
             ));
         }
-        self.parked = false;
-        let inner: Box<dyn Duplex> = std::mem::replace(&mut self.inner, Box::new(Gone));
-        let inner: Box<dyn std::any::Any> = inner;
-        let registered = match inner.downcast::<Parked>() {
-            Ok(parked) => tokio::net::TcpStream::from_std(parked.0),
-            Err(_) => Err(parked()),
+        let Some(parked) = self.parked.take() else {
+            return Ok(());
         };
-        match registered {
+        match tokio::net::TcpStream::from_std(parked) {
             Ok(tcp) => {
                 self.inner = Box::new(tcp);
                 Ok(())
@@ -419,7 +372,8 @@ impl AsyncWrite for Counted {
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
+        // A parked stream is written by `write_direct`, a vectored sendmsg.
+        self.parked.is_some() || self.inner.is_write_vectored()
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {

@@ -254,15 +254,20 @@ class MLP(torch.nn.Module):
 def train(rank: int, group: object) -> dict[str, np.ndarray]:
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(MLP(), process_group=group)
+    steps(model, rank, 4)
+    return {k: v.detach().numpy().copy() for k, v in model.module.state_dict().items()}
+
+
+def steps(model: torch.nn.Module, rank: int, count: int) -> None:
+    """``count`` SGD steps on this rank's own batches (seeded by the rank)."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     data = torch.Generator().manual_seed(100 + rank)
-    for _ in range(4):
+    for _ in range(count):
         x = torch.randn(8, 16, generator=data)
         y = torch.randn(8, 4, generator=data)
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         optimizer.step()
-    return {k: v.detach().numpy().copy() for k, v in model.module.state_dict().items()}
 
 
 def ddp(rank: int, size: int, folder: str) -> None:
@@ -293,14 +298,7 @@ def sharded(rank: int, group: object, version: int) -> dict[str, np.ndarray]:
         fully_shard(model, mesh=mesh)
     else:
         model = FullyShardedDataParallel(model, process_group=group, device_id=torch.device("cpu"))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    data = torch.Generator().manual_seed(100 + rank)
-    for _ in range(3):
-        x = torch.randn(8, 16, generator=data)
-        y = torch.randn(8, 4, generator=data)
-        optimizer.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        optimizer.step()
+    steps(model, rank, 3)
     if version == 2:
         return {k: v.full_tensor().detach().numpy().copy() for k, v in model.named_parameters()}
     with FullyShardedDataParallel.summon_full_params(model):

@@ -191,7 +191,9 @@ def layout_support(impl: str) -> str | None:
 # case without it (section 7): "caller_thread" (small transfers tried on the caller's
 # thread), "handover" (an asyncio stream's plain socket driven natively). The direct read
 # (values read from the socket straight into out=) was one until 0.3.0's run: 0.81-1.01 x
-# the whole-payload read in every row, so it went (docs/performance.md).
+# the whole-payload read in every row, so it went (docs/performance.md); so did the asyncio
+# connection's caller-thread try (1.06 x tokio, 2026-12-06): "caller_thread" now covers the
+# socket path and the blocking face's connections.
 DRIVERS = ("caller_thread", "handover")
 
 
@@ -208,6 +210,10 @@ def drivers_off(session: Any, off: tuple[str, ...]) -> Any:
         _handover.socket_to_write = lambda writer: None
     if "caller_thread" in off:
         session._engine = session._engine.with_drivers(False)
+        # A connection uses the session's twin with the connection defaults (a fresh
+        # engine, with every driver): it is turned off there too.
+        twin = type(session)._for_connection(session, "gradstream")
+        twin._engine = twin._engine.with_drivers(False)
     return session
 
 

@@ -390,9 +390,15 @@ DRIVER_RATIOS = (
         "round_trips_per_s",
     ),
     (
-        "driver caller_thread, connection: round trips / without it (tokio)",
+        "driver caller_thread, asyncio connection: round trips / without it (tokio)",
         "pingpong_connection",
         "pingpong_connection_tokio",
+        "round_trips_per_s",
+    ),
+    (
+        "driver caller_thread, blocking connection: round trips / without it (tokio)",
+        "pingpong_sync_connection",
+        "pingpong_sync_connection_tokio",
         "round_trips_per_s",
     ),
     (

@@ -134,6 +134,7 @@ SEALED_ROWS = (
     "pingpong_connection_tokio",
     "pingpong_raw_ack",
     "pingpong_sync_connection",
+    "pingpong_sync_connection_tokio",
     "pingpong_asyncio_ack",
 )
 # An accepted ack's bytes on the wire (docs/spec/protocol.md: 56 bytes, no reason).
@@ -232,10 +233,12 @@ def _sync_dial(port: int, session: Any) -> Any:
     return gradstream.sync.connect(("127.0.0.1", port), session=session)
 
 
-def _sync_initiator(out: Any, ctl: Any, port: int, g: F32, seconds: float) -> None:
+def _sync_initiator(
+    out: Any, ctl: Any, port: int, g: F32, seconds: float, off: tuple[str, ...] = ()
+) -> None:
     """Side A through a blocking connection: send (returns once acknowledged), then
     receive the echo (acknowledging it)."""
-    conn = _sync_dial(port, _conn_session(()))
+    conn = _sync_dial(port, _conn_session(off))
     last: list[Any] = [g]
 
     def step() -> None:
@@ -250,10 +253,10 @@ def _sync_initiator(out: Any, ctl: Any, port: int, g: F32, seconds: float) -> No
     conn.close()
 
 
-def _sync_echo(out: Any, _: Any, port: int) -> None:
+def _sync_echo(out: Any, _: Any, port: int, off: tuple[str, ...] = ()) -> None:
     import gradstream.sync
 
-    with gradstream.sync.listen(("127.0.0.1", port), session=_conn_session(())) as listener:
+    with gradstream.sync.listen(("127.0.0.1", port), session=_conn_session(off)) as listener:
         with listener.accept() as conn:
             for got in conn:  # until side A closes
                 conn.send(got)
@@ -411,7 +414,7 @@ def bench_small(cfg: Config, res: Results, only: frozenset[str] | None = None) -
             ),
         ),
     ]
-    sync_port = free_port()
+    sync_port, sync_tokio_port = free_port(), free_port()
     plans += [
         Planned(
             "pingpong_sync_connection",
@@ -422,6 +425,19 @@ def bench_small(cfg: Config, res: Results, only: frozenset[str] | None = None) -
                 "pingpong_sync_connection",
                 ("ping", _sync_initiator, (sync_port, g, seconds)),
                 ("echo", _sync_echo, (sync_port,)),
+                per_turn=1,
+                connect=False,
+            ),
+        ),
+        Planned(
+            "pingpong_sync_connection_tokio",
+            "small",
+            f"blocking gradstream.sync connection without caller_thread, {g.size:,} values "
+            f"({sealed_len:,} wire bytes)",
+            Contestant(
+                "pingpong_sync_connection_tokio",
+                ("ping", _sync_initiator, (sync_tokio_port, g, seconds, ("caller_thread",))),
+                ("echo", _sync_echo, (sync_tokio_port, ("caller_thread",))),
                 per_turn=1,
                 connect=False,
             ),

@@ -110,6 +110,7 @@ PING_PONG_ROWS = {
     # the handover
     "pingpong_native_tokio",
     "pingpong_connection_tokio",
+    "pingpong_sync_connection_tokio",
     "pingpong_streams",
     "pingpong_streams_generic",
 }
@@ -279,9 +280,14 @@ RATIO_ROWS: dict[str, tuple[str, str, float | None]] = {
         "pingpong_native_tokio",
         1.1,
     ),
-    "driver caller_thread, connection: round trips / without it (tokio)": (
+    "driver caller_thread, asyncio connection: round trips / without it (tokio)": (
         "pingpong_connection",
         "pingpong_connection_tokio",
+        1.1,
+    ),
+    "driver caller_thread, blocking connection: round trips / without it (tokio)": (
+        "pingpong_sync_connection",
+        "pingpong_sync_connection_tokio",
         1.1,
     ),
     "driver handover, small: round trips / without it (generic asyncio)": (

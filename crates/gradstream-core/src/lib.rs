@@ -55,6 +55,8 @@ mod rules;
 pub mod seal;
 pub mod session;
 pub mod shape;
+#[cfg(target_os = "linux")]
+pub mod shm;
 #[cfg(feature = "tokio")]
 pub mod stream;
 mod template;

@@ -1,0 +1,227 @@
+//! Bytes both ways through `ShmStream`s on a socket pair, rings smaller than what moves
+//! (so writes wait for credits and wrap), and hostile peers: a raw socket end that sets up
+//! a ring of its own, then lies in its control messages.
+
+use std::io::Write;
+use std::os::fd::AsFd;
+
+use rustix::fs::{MemfdFlags, SealFlags};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::*;
+
+const RING: usize = 64 << 10;
+
+fn pair() -> (tokio::net::UnixStream, std::os::unix::net::UnixStream) {
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    ours.set_nonblocking(true).unwrap();
+    (tokio::net::UnixStream::from_std(ours).unwrap(), theirs)
+}
+
+/// Deterministic bytes, different per `seed`.
+fn bytes(len: usize, seed: u32) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect()
+}
+
+/// `bytes` written as two slices of vectored writes until all of it went.
+async fn write_all_vectored(to: &mut (impl tokio::io::AsyncWrite + Unpin), bytes: &[u8]) {
+    let mut done = 0;
+    while done < bytes.len() {
+        let mid = done.max(bytes.len() / 2);
+        let slices = [
+            std::io::IoSlice::new(&bytes[done..mid]),
+            std::io::IoSlice::new(&bytes[mid..]),
+        ];
+        done += to.write_vectored(&slices).await.unwrap();
+    }
+}
+
+async fn opened() -> (ShmStream, ShmStream) {
+    let (a, b) = tokio::net::UnixStream::pair().unwrap();
+    let limits = RingLimits::default();
+    let (a, b) = tokio::join!(
+        ShmStream::open(a, RING, &limits),
+        ShmStream::open(b, RING, &limits)
+    );
+    (a.unwrap(), b.unwrap())
+}
+
+#[tokio::test]
+async fn bytes_go_both_ways_at_once_through_rings_smaller_than_them() {
+    let (a, b) = opened().await;
+    let (mut a_read, mut a_write) = tokio::io::split(a);
+    let (mut b_read, mut b_write) = tokio::io::split(b);
+    let there = bytes(1 << 20, 1);
+    let back = bytes(700_001, 2);
+    let (t, k) = (there.clone(), back.clone());
+    let writes = async move {
+        // Pieces of uneven sizes, every other one as two slices of a vectored write.
+        let sizes = [1usize, 10, 4096, 65_536, 100_000];
+        let (mut at, mut i) = (0, 0);
+        while at < t.len() {
+            let end = (at + sizes[i % sizes.len()]).min(t.len());
+            if i % 2 == 0 {
+                a_write.write_all(&t[at..end]).await.unwrap();
+            } else {
+                write_all_vectored(&mut a_write, &t[at..end]).await;
+            }
+            (at, i) = (end, i + 1);
+        }
+        a_write.shutdown().await.unwrap();
+        b_write.write_all(&k).await.unwrap();
+        b_write.shutdown().await.unwrap();
+    };
+    let reads = async move {
+        let mut got_there = Vec::new();
+        let mut got_back = Vec::new();
+        let (x, y) = tokio::join!(
+            b_read.read_to_end(&mut got_there),
+            a_read.read_to_end(&mut got_back)
+        );
+        x.unwrap();
+        y.unwrap();
+        (got_there, got_back)
+    };
+    let ((), (got_there, got_back)) = tokio::join!(writes, reads);
+    assert!(got_there == there, "the bytes one way differ");
+    assert!(got_back == back, "the bytes the other way differ");
+}
+
+/// A hostile end: sets up a sealed ring of `len` bytes (or what `fd_of` makes), then
+/// writes `then` raw on the socket.
+fn hostile_setup(theirs: &std::os::unix::net::UnixStream, said: u64, seals: SealFlags) {
+    let fd = rustix::fs::memfd_create("hostile", MemfdFlags::ALLOW_SEALING).unwrap();
+    rustix::fs::ftruncate(&fd, RING as u64).unwrap();
+    rustix::fs::fcntl_add_seals(&fd, seals).unwrap();
+    let mut setup = [0u8; 16];
+    setup[..8].copy_from_slice(b"gsring1\0");
+    setup[8..].copy_from_slice(&said.to_le_bytes());
+    assert_eq!(send_with_fd(theirs, &setup, fd.as_fd()).unwrap(), 16);
+}
+
+fn control(kind: u32, n: u64) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    out[..4].copy_from_slice(&kind.to_le_bytes());
+    out[8..].copy_from_slice(&n.to_le_bytes());
+    out
+}
+
+async fn read_error(mut stream: ShmStream) -> String {
+    let mut buf = vec![0u8; 1024];
+    let error = stream.read(&mut buf).await.expect_err("a lie was believed");
+    error.to_string()
+}
+
+#[tokio::test]
+async fn a_peer_that_announces_more_than_its_ring_holds_is_refused() {
+    let (ours, mut theirs) = pair();
+    hostile_setup(&theirs, RING as u64, SealFlags::SHRINK | SealFlags::GROW);
+    theirs.write_all(&control(1, RING as u64 - 10)).unwrap();
+    theirs.write_all(&control(1, 11)).unwrap();
+    let stream = ShmStream::open(ours, RING, &RingLimits::default())
+        .await
+        .unwrap();
+    let error = read_error(stream).await;
+    assert!(error.contains("11 more bytes announced"), "{error}");
+}
+
+#[tokio::test]
+async fn a_peer_that_releases_bytes_never_written_is_refused() {
+    let (ours, mut theirs) = pair();
+    hostile_setup(&theirs, RING as u64, SealFlags::SHRINK | SealFlags::GROW);
+    theirs.write_all(&control(2, 1)).unwrap();
+    let stream = ShmStream::open(ours, RING, &RingLimits::default())
+        .await
+        .unwrap();
+    let error = read_error(stream).await;
+    assert!(
+        error.contains("1 bytes released of 0 outstanding"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn unknown_or_malformed_control_messages_are_refused() {
+    for (message, says) in [
+        (control(3, 1), "a message of kind 3"),
+        (control(1, 0), "0 more bytes announced"),
+        (
+            {
+                let mut m = control(1, 1);
+                m[5] = 1;
+                m
+            },
+            "control message",
+        ),
+    ] {
+        let (ours, mut theirs) = pair();
+        hostile_setup(&theirs, RING as u64, SealFlags::SHRINK | SealFlags::GROW);
+        theirs.write_all(&message).unwrap();
+        let stream = ShmStream::open(ours, RING, &RingLimits::default())
+            .await
+            .unwrap();
+        let error = read_error(stream).await;
+        assert!(error.contains(says), "{error}");
+    }
+}
+
+#[tokio::test]
+async fn a_setup_that_lies_about_its_ring_or_has_none_is_refused() {
+    let limits = RingLimits::default();
+    // A size that is not the ring's.
+    let (ours, theirs) = pair();
+    hostile_setup(
+        &theirs,
+        2 * RING as u64,
+        SealFlags::SHRINK | SealFlags::GROW,
+    );
+    let error = ShmStream::open(ours, RING, &limits)
+        .await
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(error.contains("said to be"), "{error}");
+    // An unsealed ring.
+    let (ours, theirs) = pair();
+    hostile_setup(&theirs, RING as u64, SealFlags::WRITE);
+    let error = ShmStream::open(ours, RING, &limits)
+        .await
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(error.contains("without F_SEAL_SHRINK"), "{error}");
+    // No descriptor at all, and another protocol's bytes.
+    for (setup, says) in [
+        (*b"gsring1\0\0\0\x01\0\0\0\0\0", "without a descriptor"),
+        (*b"GET / HTTP/1.1\r\n", "setup message"),
+    ] {
+        let (ours, mut theirs) = pair();
+        theirs.write_all(&setup).unwrap();
+        let error = ShmStream::open(ours, RING, &limits)
+            .await
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(error.contains(says), "{error}");
+    }
+    // The end of the connection before a setup.
+    let (ours, theirs) = pair();
+    drop(theirs);
+    let error = ShmStream::open(ours, RING, &limits)
+        .await
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        error.contains("end of the connection") || error.contains("Broken pipe"),
+        "{error}"
+    );
+}

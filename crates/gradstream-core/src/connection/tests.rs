@@ -233,3 +233,72 @@ async fn a_fixed_test_nonce_is_the_hellos_nonce() {
         Hello::with_nonce(Role::Client, false, nonce, limits).to_bytes()
     );
 }
+
+/// One side of a Unix-domain connection whose bytes move through shared-memory rings
+/// (`crate::shm::ShmStream`): the hello and authentication on the socket, then the rings,
+/// then a link as over TCP (the same-host transport, issue 24, before it has addresses).
+#[cfg(target_os = "linux")]
+async fn shm_link(socket: tokio::net::UnixStream, role: crate::protocol::Role) -> Link {
+    use crate::shm::{RingLimits, ShmStream};
+    let mut socket = socket;
+    let established = handshake::handshake(
+        &mut socket,
+        role,
+        false,
+        Some(KEY),
+        Limits::default(),
+        None,
+        None,
+    )
+    .await
+    .expect("shakes hands");
+    let stream = ShmStream::open(socket, 64 << 10, &RingLimits::default())
+        .await
+        .expect("opens the rings");
+    let nowhere = std::net::SocketAddr::from(([0, 0, 0, 0], 0));
+    let who = link::Peer::without_certificate(nowhere, established.authenticated);
+    Link::sealed(Box::new(stream), established, who)
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_sealed_round_trip_each_way_runs_over_shared_memory_rings() {
+    use crate::protocol::Role;
+    let config = SessionConfig::new("t", 65536);
+    let (a, b) = tokio::net::UnixStream::pair().expect("a socket pair");
+    // Larger than the 64 KiB rings: sends wait for credits and the rings wrap.
+    let grad: Vec<f32> = (0..300_000).map(|i| i as f32 * 0.25 - 7.0).collect();
+    let client = async {
+        let mut link = shm_link(a, Role::Client).await;
+        assert!(link.peer().authenticated);
+        let p = Progress::default();
+        let sent = link.send_gradient(&config, (&grad).into(), Waits::default(), &p);
+        assert_eq!(sent.await.expect("acknowledged"), 5);
+        let back = link
+            .recv_gradient(config.receiver(), Waits::default(), &p)
+            .await;
+        link.acknowledge().await.expect("acknowledges");
+        link.close().await;
+        values(back.expect("receives"))
+    };
+    let server = async {
+        let mut link = shm_link(b, Role::Server).await;
+        let p = Progress::default();
+        let ended = link
+            .recv_gradient(config.receiver(), Waits::default(), &p)
+            .await;
+        let got = values(ended.expect("receives"));
+        link.acknowledge().await.expect("acknowledges");
+        let sent = link.send_gradient(&config, (&got).into(), Waits::default(), &p);
+        assert_eq!(sent.await.expect("acknowledged"), 5);
+        let end = link
+            .recv_gradient(config.receiver(), Waits::default(), &p)
+            .await;
+        assert!(matches!(end, Ok(Ended::BeforeFirstByte(_))));
+        assert!(link.is_closed());
+        got
+    };
+    let (back, got) = tokio::join!(client, server);
+    assert_eq!(got, grad);
+    assert_eq!(back, grad);
+}

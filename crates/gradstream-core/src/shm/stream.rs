@@ -77,6 +77,8 @@ pub struct ShmStream {
     finished: bool,
     /// The peer's end of the socket closed: no more messages, not even credits.
     closed: bool,
+    /// The peer reads no more (a credit's write failed): credits are no longer sent.
+    credits_unread: bool,
 }
 
 impl ShmStream {
@@ -169,6 +171,7 @@ impl ShmStream {
             peer_finished: false,
             finished: false,
             closed: false,
+            credits_unread: false,
         })
     }
 
@@ -186,6 +189,27 @@ impl ShmStream {
             }
         }
         Poll::Ready(Ok(()))
+    }
+
+    /// `poll_flush_outbox` for a reader: a peer gone (its end of the socket closed, so
+    /// the credits would reach nobody) is not the reader's error: what it announced is
+    /// still read to the end.
+    fn poll_flush_credits(&mut self, cx: &mut Context<'_>) -> std::io::Result<()> {
+        match self.poll_flush_outbox(cx) {
+            Poll::Ready(Err(e))
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+                ) =>
+            {
+                // Its messages still in the socket are read to its end (`take_messages`).
+                self.outbox.clear();
+                self.credits_unread = true;
+                Ok(())
+            }
+            Poll::Ready(Err(e)) => Err(e),
+            _ => Ok(()),
+        }
     }
 
     /// Take every control message the socket holds now (the socket watched for more).
@@ -271,7 +295,10 @@ impl ShmStream {
     /// what the peer announced (it may be waiting for the room).
     fn credit(&mut self) {
         let owed = self.consumed - self.credited;
-        if owed > 0 && (owed >= self.peer.len() as u64 / 4 || self.consumed == self.announced) {
+        if owed > 0
+            && !self.credits_unread
+            && (owed >= self.peer.len() as u64 / 4 || self.consumed == self.announced)
+        {
             self.outbox.extend_from_slice(&message(CREDIT, owed));
             self.credited = self.consumed;
         }
@@ -286,7 +313,7 @@ impl AsyncRead for ShmStream {
     ) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
         // Credits owed go out first; one the socket has no room for yet stays queued.
-        let _ = this.poll_flush_outbox(cx)?;
+        this.poll_flush_credits(cx)?;
         this.take_messages(cx)?;
         let unread = this.announced - this.consumed;
         if unread == 0 {
@@ -303,7 +330,7 @@ impl AsyncRead for ShmStream {
         buf.advance(n);
         this.consumed += n as u64;
         this.credit();
-        let _ = this.poll_flush_outbox(cx)?;
+        this.poll_flush_credits(cx)?;
         Poll::Ready(Ok(()))
     }
 }

@@ -225,3 +225,31 @@ async fn a_setup_that_lies_about_its_ring_or_has_none_is_refused() {
         "{error}"
     );
 }
+
+#[tokio::test]
+async fn what_a_peer_announced_before_it_went_away_is_read_to_the_end() {
+    let (mut a, mut b) = opened().await;
+    let sent = bytes(RING, 3);
+    // A whole ring in pieces, announced, then the writer's end dropped: the reader's
+    // credits then reach nobody, and every byte still comes out, then the end.
+    for piece in sent.chunks(10_000) {
+        a.write_all(piece).await.unwrap();
+    }
+    a.flush().await.unwrap();
+    drop(a);
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 1000];
+    loop {
+        let n = b.read(&mut buf).await.expect("reads what was announced");
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(
+        got == sent,
+        "{} of {} bytes came out",
+        got.len(),
+        sent.len()
+    );
+}

@@ -25,10 +25,18 @@ pub struct RingLimits {
 }
 
 impl Default for RingLimits {
+    /// The default ring's size: what a peer with the defaults passes.
     fn default() -> Self {
-        Self { max_len: 64 << 20 }
+        Self {
+            max_len: DEFAULT_RING_LEN,
+        }
     }
 }
+
+/// `statfs.f_type` of tmpfs, where a memfd of ordinary pages lives. A hugetlbfs memfd
+/// (`MFD_HUGETLB`) is refused: its pages come from a pool that may be empty, and a page
+/// that cannot be had is a SIGBUS on access.
+const TMPFS_MAGIC: u64 = 0x0102_1994;
 
 /// A peer's ring refused: `seen` says how.
 fn refused(seen: impl Into<String>) -> GradientStreamError {
@@ -56,26 +64,30 @@ unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
-    fn new(fd: BorrowedFd<'_>, len: usize, writable: bool) -> Result<Self> {
+    /// Map `len` bytes of `fd` shared, read-only unless `writable`; `populate` faults
+    /// every page in now (this side's own ring, which it will write anyway).
+    ///
+    /// # Safety
+    ///
+    /// `fd` must be a tmpfs memfd of exactly `len` bytes sealed with `F_SEAL_SHRINK` and
+    /// `F_SEAL_FUTURE_WRITE` or about to be (this side's own, before it passes it on):
+    /// then no page of the mapping can vanish or be punched out under a reader (no
+    /// SIGBUS).
+    unsafe fn new(fd: BorrowedFd<'_>, len: usize, writable: bool, populate: bool) -> Result<Self> {
         let protection = if writable {
             ProtFlags::READ | ProtFlags::WRITE
         } else {
             ProtFlags::READ
         };
+        let flags = if populate {
+            MapFlags::SHARED | MapFlags::POPULATE
+        } else {
+            MapFlags::SHARED
+        };
         // SAFETY: a fresh mapping at an address the kernel picks (no existing memory is
-        // replaced) of `len` bytes of `fd`, whose size is `len` and sealed against
-        // shrinking by the callers (so no page of it can vanish: no SIGBUS).
-        let at = unsafe {
-            rustix::mm::mmap(
-                std::ptr::null_mut(),
-                len,
-                protection,
-                MapFlags::SHARED | MapFlags::POPULATE,
-                fd,
-                0,
-            )
-        }
-        .map_err(std::io::Error::from)?;
+        // replaced) of `len` bytes of `fd`, which the caller guarantees (see above).
+        let at = unsafe { rustix::mm::mmap(std::ptr::null_mut(), len, protection, flags, fd, 0) }
+            .map_err(std::io::Error::from)?;
         let at = NonNull::new(at.cast::<u8>()).ok_or_else(|| {
             GradientStreamError::Io(std::io::Error::other("mmap returned a null mapping"))
         })?;
@@ -123,9 +135,15 @@ impl OwnRing {
         let fd =
             rustix::fs::memfd_create("gradstream-ring", flags).map_err(std::io::Error::from)?;
         rustix::fs::ftruncate(&fd, len as u64).map_err(std::io::Error::from)?;
-        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW)
             .map_err(std::io::Error::from)?;
-        let map = Mapping::new(fd.as_fd(), len, true)?;
+        // SAFETY: our memfd of `len` bytes, sealed against shrinking; against writes
+        // other than through this mapping just below.
+        let map = unsafe { Mapping::new(fd.as_fd(), len, true, true) }?;
+        // Mapped: from now on the descriptor the peer gets can neither write the ring,
+        // nor map it writable, nor punch holes in it, nor add or remove seals.
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::FUTURE_WRITE | SealFlags::SEAL)
+            .map_err(std::io::Error::from)?;
         Ok(Self { fd, map })
     }
 
@@ -176,12 +194,23 @@ impl PeerRing {
         if kind != FileType::RegularFile {
             return Err(refused(format!("a descriptor of another kind ({kind:?})")));
         }
+        let filesystem = rustix::fs::fstatfs(&fd).map_err(std::io::Error::from)?;
+        if filesystem.f_type as u64 != TMPFS_MAGIC {
+            return Err(refused(format!(
+                "a file on another filesystem than tmpfs (type {:#x}), where memfds live (a \
+                 hugetlbfs memfd's pages may be missing)",
+                filesystem.f_type
+            )));
+        }
         // The seals first: once the size is sealed it is read once and holds.
         let seals = rustix::fs::fcntl_get_seals(&fd)
             .map_err(|_| refused("a file that cannot carry seals (not a memfd)"))?;
         for (seal, name) in [
             (SealFlags::SHRINK, "F_SEAL_SHRINK"),
             (SealFlags::GROW, "F_SEAL_GROW"),
+            // Without it the peer could punch holes (fallocate, MADV_REMOVE) that cost a
+            // page each to read back, or a SIGBUS where no page can be had.
+            (SealFlags::FUTURE_WRITE, "F_SEAL_FUTURE_WRITE"),
         ] {
             if !seals.contains(seal) {
                 return Err(refused(format!("a memfd without {name}")));
@@ -195,7 +224,11 @@ impl PeerRing {
                 limits.max_len
             )));
         }
-        let map = Mapping::new(fd.as_fd(), len, false)?;
+        // Not populated: the pages are the peer's, faulted in as they are read (a peer
+        // cannot make this side hold its ring's memory before it sends anything).
+        // SAFETY: checked above: a tmpfs memfd of `len` bytes, sealed against shrinking
+        // and hole punching.
+        let map = unsafe { Mapping::new(fd.as_fd(), len, false, false) }?;
         Ok(Self { map })
     }
 
@@ -214,10 +247,12 @@ impl PeerRing {
         assert!(out.len() <= self.map.len, "a read larger than the ring");
         let mut to = 0;
         for (at, n) in pieces(self.map.len, offset, out.len()) {
-            // SAFETY: `at + n <= len` (`pieces`), inside the read-only mapping; `out` is
-            // a distinct allocation of at least `to + n` bytes. The mapping's bytes may
-            // change under the copy (another process writes them): they are plain bytes
-            // with no invariant, copied once and checked only in `out`.
+            // SAFETY: `at + n <= len` (`pieces`), inside the read-only mapping, whose pages
+            // cannot vanish (the seals `adopt` checked); `out` is a distinct allocation of
+            // at least `to + n` bytes. Another process may write those bytes during the
+            // copy: a race outside this process, which the compiler cannot see into (an
+            // opaque memcpy over shared memory), whose only effect is which bytes land in
+            // `out`. They are read once, here, and checked (CRC) only in `out`.
             unsafe {
                 std::ptr::copy_nonoverlapping(
                     self.map.at.as_ptr().add(at),

@@ -2,19 +2,23 @@
 //! what one side writes is copied into its own ring and announced on the socket (`DATA n`);
 //! the other copies it out of its mapping of that ring and releases the room (`CREDIT n`).
 //! The socket carries only these 16-byte control messages (and `FIN`, the end of one
-//! direction), and the two rings' descriptors at the start (`ShmStream::open`). Everything above it (the hello, frames, acks) runs on
-//! it as on TCP.
+//! direction), and the two rings' descriptors at the start (`ShmStream::open`).
+//! Everything above it (the hello, frames, acks) runs on it as on TCP.
 //!
 //! A peer's messages are checked against what it can have done: it cannot announce more
-//! bytes than its ring holds unread, nor release more than this side wrote; either is a
-//! `Protocol` error and the stream is of no more use. The bytes themselves are the peer's
-//! to get wrong: they are copied out once and checked by the codec (CRC, seal) in the copy.
+//! bytes than the room this side has released to it, nor release more than this side
+//! wrote; either is a `Protocol` error and the stream is of no more use. The bytes
+//! themselves are the peer's to get wrong: they are copied out once and checked by the
+//! codec (CRC, seal) in the copy. What this side owes the peer (announcements, credits,
+//! its FIN) is kept as counts and put on the socket when it has room, so a peer that
+//! stops reading costs at most three messages of memory.
 
 use std::io::IoSlice;
 use std::pin::Pin;
-use std::task::{ready, Context, Poll};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::UnixStream;
 
 use super::{recv_with_fd, send_with_fd, OwnRing, PeerRing, RingLimits};
@@ -30,6 +34,10 @@ const CREDIT: u32 = 2;
 /// announced, then the end of the stream. The socket stays open for the credits of what
 /// the other way still carries (a half-closed stream, as TCP's).
 const FIN: u32 = 3;
+/// Control messages read from the socket at a time, and at most in one poll (then the
+/// task is woken to go on: a peer's flood of messages does not hold a runtime thread).
+const INBOX_MESSAGES: usize = 64;
+const MESSAGES_PER_POLL: usize = 4096;
 
 fn protocol(expected: &str, seen: String) -> GradientStreamError {
     GradientStreamError::Protocol {
@@ -39,11 +47,35 @@ fn protocol(expected: &str, seen: String) -> GradientStreamError {
     }
 }
 
+/// A `GradientStreamError` carried through `std::io` (the AsyncRead/AsyncWrite traits).
 fn io_error(error: GradientStreamError) -> std::io::Error {
     match error {
         GradientStreamError::Io(io) => io,
         other => std::io::Error::new(std::io::ErrorKind::InvalidData, other),
     }
+}
+
+/// `io_error` undone.
+fn from_io(error: std::io::Error) -> GradientStreamError {
+    if error
+        .get_ref()
+        .is_some_and(|inner| inner.is::<GradientStreamError>())
+    {
+        if let Some(inner) = error.into_inner() {
+            if let Ok(ours) = inner.downcast::<GradientStreamError>() {
+                return *ours;
+            }
+        }
+        return GradientStreamError::Io(std::io::Error::other("a lost error"));
+    }
+    GradientStreamError::Io(error)
+}
+
+fn gone(error: &std::io::Error) -> bool {
+    matches!(
+        error.kind(),
+        std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+    )
 }
 
 /// A control message: `kind` (u32 LE), 4 zero bytes, `n` (u64 LE).
@@ -54,37 +86,81 @@ fn message(kind: u32, n: u64) -> [u8; MESSAGE_LEN] {
     out
 }
 
+/// The tasks waiting on the stream: a reader and a writer may be two tasks (halves of a
+/// `tokio::io::split`), and either one may take the message the other waits for, so the
+/// socket's readiness wakes both.
+#[derive(Default)]
+struct Waiting {
+    read: Mutex<Option<Waker>>,
+    write: Mutex<Option<Waker>>,
+}
+
+impl Waiting {
+    fn set(slot: &Mutex<Option<Waker>>, waker: &Waker) {
+        let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
+        if !slot.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            *slot = Some(waker.clone());
+        }
+    }
+}
+
+impl Wake for Waiting {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        for slot in [&self.read, &self.write] {
+            let waker = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(waker) = waker {
+                waker.wake();
+            }
+        }
+    }
+}
+
 /// The byte stream (see the module).
 pub struct ShmStream {
     socket: UnixStream,
     own: OwnRing,
     peer: PeerRing,
-    /// Bytes written into `own`, in all; and those the peer released (`CREDIT`).
+    /// Bytes written into `own`, in all; those not announced yet; those the peer
+    /// released (`CREDIT`).
     written: u64,
+    unannounced: u64,
     released: u64,
-    /// Bytes the peer announced (`DATA`), in all; those copied out; those released.
+    /// Bytes the peer announced (`DATA`), in all; those copied out; those released to
+    /// it in credits put on the wire.
     announced: u64,
     consumed: u64,
     credited: u64,
-    /// A control message being read, and how much of it has arrived.
-    inbox: [u8; MESSAGE_LEN],
+    /// Messages being sent: `wire[sent..built]`.
+    wire: [u8; 3 * MESSAGE_LEN],
+    sent: usize,
+    built: usize,
+    /// Control messages read, and how many bytes of them.
+    inbox: [u8; INBOX_MESSAGES * MESSAGE_LEN],
     inbox_len: usize,
-    /// Control messages not yet taken by the socket.
-    outbox: Vec<u8>,
+    /// This side's FIN: asked for (`poll_shutdown`), and put on the wire.
+    finishing: bool,
+    fin_built: bool,
     /// The peer said `FIN`: it writes no more.
     peer_finished: bool,
-    /// This side said `FIN` (queued in the outbox).
-    finished: bool,
-    /// The peer's end of the socket closed: no more messages, not even credits.
+    /// The peer's end of the socket closed (or was reset): no more messages.
     closed: bool,
-    /// The peer reads no more (a credit's write failed): credits are no longer sent.
-    credits_unread: bool,
+    /// It closed mid-message: the stream ends in an error once what came is read.
+    truncated: bool,
+    /// The peer reads no more (a write to it failed): nothing more is put on the wire.
+    deaf: bool,
+    waiting: Arc<Waiting>,
+    both: Waker,
 }
 
 impl ShmStream {
     /// Make this side's ring of `ring_len` bytes, pass it to the peer and adopt the peer's
     /// (checked against `limits`); both sides call this at once on the two ends of a
-    /// connected socket.
+    /// connected socket, after anything that must come first (the hello and
+    /// authentication: a peer that has not proved itself costs no ring).
     pub async fn open(socket: UnixStream, ring_len: usize, limits: &RingLimits) -> Result<Self> {
         let own = OwnRing::create(ring_len)?;
         let mut setup = [0u8; MESSAGE_LEN];
@@ -94,7 +170,7 @@ impl ShmStream {
         while sent < MESSAGE_LEN {
             socket.writable().await?;
             let fd = own.fd();
-            match socket.try_io(tokio::io::Interest::WRITABLE, || {
+            match socket.try_io(Interest::WRITABLE, || {
                 if sent == 0 {
                     send_with_fd(&socket, &setup, fd)
                 } else {
@@ -112,7 +188,7 @@ impl ShmStream {
         let mut fd = None;
         while filled < MESSAGE_LEN {
             socket.readable().await?;
-            let read = socket.try_io(tokio::io::Interest::READABLE, || {
+            let read = socket.try_io(Interest::READABLE, || {
                 recv_with_fd(&socket, &mut got[filled..]).map_err(io_error)
             });
             match read {
@@ -133,7 +209,7 @@ impl ShmStream {
                     filled += n;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(from_io(e)),
             }
         }
         if &got[..8] != SETUP_MAGIC {
@@ -149,86 +225,137 @@ impl ShmStream {
             ));
         };
         let peer = PeerRing::adopt(fd, limits)?;
-        let said = u64::from_le_bytes(got[8..].try_into().unwrap_or([0; 8]));
+        let mut said = [0u8; 8];
+        said.copy_from_slice(&got[8..]);
+        let said = u64::from_le_bytes(said);
         if said != peer.len() as u64 {
             return Err(protocol(
                 "the size the setup says",
                 format!("a ring of {} bytes said to be {said}", peer.len()),
             ));
         }
+        let waiting = Arc::new(Waiting::default());
         Ok(Self {
             socket,
             own,
             peer,
             written: 0,
+            unannounced: 0,
             released: 0,
             announced: 0,
             consumed: 0,
             credited: 0,
-            inbox: [0; MESSAGE_LEN],
+            wire: [0; 3 * MESSAGE_LEN],
+            sent: 0,
+            built: 0,
+            inbox: [0; INBOX_MESSAGES * MESSAGE_LEN],
             inbox_len: 0,
-            outbox: Vec::new(),
+            finishing: false,
+            fin_built: false,
             peer_finished: false,
-            finished: false,
             closed: false,
-            credits_unread: false,
+            truncated: false,
+            deaf: false,
+            both: Waker::from(waiting.clone()),
+            waiting,
         })
     }
 
-    /// Send what the outbox holds, as far as the socket takes it now; Pending (the socket
-    /// watched for room) while some is left.
-    fn poll_flush_outbox(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        while !self.outbox.is_empty() {
-            ready!(self.socket.poll_write_ready(cx))?;
-            match self.socket.try_write(&self.outbox) {
-                Ok(n) => {
-                    self.outbox.drain(..n);
-                }
+    /// What this side owes the peer, as messages, when the wire is free: its
+    /// announcements, a credit (once a quarter of the peer's ring was copied out, or all
+    /// it announced: it may be waiting for the room), then its FIN after its last bytes.
+    fn build(&mut self) {
+        if self.sent < self.built {
+            return;
+        }
+        let (mut at, wire) = (0, &mut self.wire);
+        let mut push = |kind, n| {
+            wire[at..at + MESSAGE_LEN].copy_from_slice(&message(kind, n));
+            at += MESSAGE_LEN;
+        };
+        if self.unannounced > 0 {
+            push(DATA, self.unannounced);
+            self.unannounced = 0;
+        }
+        let owed = self.consumed - self.credited;
+        let quarter = self.peer.len() as u64 / 4;
+        if owed > 0 && (owed >= quarter || self.consumed == self.announced) {
+            push(CREDIT, owed);
+            self.credited = self.consumed;
+        }
+        if self.finishing && !self.fin_built {
+            push(FIN, 0);
+            self.fin_built = true;
+        }
+        (self.sent, self.built) = (0, at);
+    }
+
+    /// Put what is owed on the socket, as far as it takes it now: Ready once all went,
+    /// Pending (the socket watched for room, for both waiting tasks) while some is left.
+    /// A peer that reads no more (`deaf`) is told nothing more.
+    fn poll_send(&mut self) -> Poll<std::io::Result<()>> {
+        let both = self.both.clone();
+        let mut cx = Context::from_waker(&both);
+        loop {
+            self.build();
+            if self.sent == self.built || self.deaf {
+                return Poll::Ready(Ok(()));
+            }
+            if self.socket.poll_write_ready(&mut cx).is_pending() {
+                return Poll::Pending;
+            }
+            let pending = &self.wire[self.sent..self.built];
+            let socket = &self.socket;
+            match socket.try_io(Interest::WRITABLE, || {
+                rustix::net::send(socket, pending, rustix::net::SendFlags::NOSIGNAL)
+                    .map_err(std::io::Error::from)
+            }) {
+                Ok(n) => self.sent += n,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) if gone(&e) => {
+                    self.deaf = true;
+                    return Poll::Ready(Err(e));
+                }
                 Err(e) => return Poll::Ready(Err(e)),
             }
         }
-        Poll::Ready(Ok(()))
     }
 
-    /// `poll_flush_outbox` for a reader: a peer gone (its end of the socket closed, so
-    /// the credits would reach nobody) is not the reader's error: what it announced is
-    /// still read to the end.
-    fn poll_flush_credits(&mut self, cx: &mut Context<'_>) -> std::io::Result<()> {
-        match self.poll_flush_outbox(cx) {
-            Poll::Ready(Err(e))
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
-                ) =>
-            {
-                // Its messages still in the socket are read to its end (`take_messages`).
-                self.outbox.clear();
-                self.credits_unread = true;
-                Ok(())
-            }
-            Poll::Ready(Err(e)) => Err(e),
-            _ => Ok(()),
-        }
-    }
-
-    /// Take every control message the socket holds now (the socket watched for more).
-    fn take_messages(&mut self, cx: &mut Context<'_>) -> std::io::Result<()> {
+    /// Take the control messages the socket holds now, at most `MESSAGES_PER_POLL` (the
+    /// socket watched for more, for both waiting tasks).
+    fn take_messages(&mut self) -> std::io::Result<()> {
+        let both = self.both.clone();
+        let mut cx = Context::from_waker(&both);
+        let mut taken = 0;
         while !self.closed {
-            if self.socket.poll_read_ready(cx).is_pending() {
+            if taken >= MESSAGES_PER_POLL {
+                self.both.wake_by_ref();
+                return Ok(());
+            }
+            if self.socket.poll_read_ready(&mut cx).is_pending() {
                 return Ok(());
             }
             let at = self.inbox_len;
             match self.socket.try_read(&mut self.inbox[at..]) {
-                Ok(0) => self.closed = true,
+                Ok(0) => {
+                    self.closed = true;
+                    self.truncated = self.inbox_len > 0;
+                }
                 Ok(n) => {
                     self.inbox_len += n;
-                    if self.inbox_len == MESSAGE_LEN {
-                        self.inbox_len = 0;
-                        self.apply(self.inbox).map_err(io_error)?;
+                    let whole = self.inbox_len / MESSAGE_LEN * MESSAGE_LEN;
+                    for start in (0..whole).step_by(MESSAGE_LEN) {
+                        let mut one = [0u8; MESSAGE_LEN];
+                        one.copy_from_slice(&self.inbox[start..start + MESSAGE_LEN]);
+                        self.apply(one).map_err(io_error)?;
+                        taken += 1;
                     }
+                    self.inbox.copy_within(whole..self.inbox_len, 0);
+                    self.inbox_len -= whole;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                // A reset ends the messages; what the peer announced is still read.
+                Err(e) if gone(&e) => self.closed = true,
                 Err(e) => return Err(e),
             }
         }
@@ -247,26 +374,23 @@ impl ShmStream {
                 format!("{message:02x?}"),
             ));
         }
-        if self.peer_finished {
+        if self.peer_finished && kind != CREDIT {
             // Nothing follows a FIN but credits for this side's bytes.
-            if kind != CREDIT {
-                return Err(protocol(
-                    "nothing but credits after the peer's FIN",
-                    format!("a message of kind {kind}"),
-                ));
-            }
+            return Err(protocol(
+                "nothing but credits after the peer's FIN",
+                format!("a message of kind {kind}"),
+            ));
         }
         match kind {
             FIN if n == 0 => self.peer_finished = true,
             DATA => {
-                let unread = self.announced - self.consumed;
-                if n == 0 || n > self.peer.len() as u64 - unread {
+                // The peer may have written up to its ring's size past what this side
+                // released to it.
+                let room = self.credited + self.peer.len() as u64 - self.announced;
+                if n == 0 || n > room {
                     return Err(protocol(
-                        "at most what the peer's ring holds unread",
-                        format!(
-                            "{n} more bytes announced with {unread} of its {} unread",
-                            self.peer.len()
-                        ),
+                        "at most the room this side released in the peer's ring",
+                        format!("{n} more bytes announced with room for {room}"),
                     ));
                 }
                 self.announced += n;
@@ -290,19 +414,6 @@ impl ShmStream {
         }
         Ok(())
     }
-
-    /// Release what was copied out once it is a quarter of the peer's ring, or all of
-    /// what the peer announced (it may be waiting for the room).
-    fn credit(&mut self) {
-        let owed = self.consumed - self.credited;
-        if owed > 0
-            && !self.credits_unread
-            && (owed >= self.peer.len() as u64 / 4 || self.consumed == self.announced)
-        {
-            self.outbox.extend_from_slice(&message(CREDIT, owed));
-            self.credited = self.consumed;
-        }
-    }
 }
 
 impl AsyncRead for ShmStream {
@@ -312,16 +423,25 @@ impl AsyncRead for ShmStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
-        // Credits owed go out first; one the socket has no room for yet stays queued.
-        this.poll_flush_credits(cx)?;
-        this.take_messages(cx)?;
+        Waiting::set(&this.waiting.read, cx.waker());
+        // Credits owed go out first; a peer that reads no more is not the reader's error.
+        if let Poll::Ready(Err(e)) = this.poll_send() {
+            if !gone(&e) {
+                return Poll::Ready(Err(e));
+            }
+        }
+        this.take_messages()?;
         let unread = this.announced - this.consumed;
         if unread == 0 {
-            // The peer's end: Ready with nothing read. Else the socket is watched.
-            return if this.peer_finished || this.closed {
-                Poll::Ready(Ok(()))
+            return if this.truncated {
+                Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the peer closed the same-host socket in the middle of a control message",
+                )))
+            } else if this.peer_finished || this.closed {
+                Poll::Ready(Ok(())) // the end: nothing read
             } else {
-                Poll::Pending
+                Poll::Pending // the socket is watched (take_messages)
             };
         }
         let n = buf.remaining().min(unread as usize);
@@ -329,8 +449,9 @@ impl AsyncRead for ShmStream {
         this.peer.copy_out(offset, buf.initialize_unfilled_to(n));
         buf.advance(n);
         this.consumed += n as u64;
-        this.credit();
-        this.poll_flush_credits(cx)?;
+        // The bytes are the caller's now: a failure to send the credit shows at the next
+        // call, never in place of them.
+        let _ = this.poll_send();
         Poll::Ready(Ok(()))
     }
 }
@@ -350,9 +471,12 @@ impl AsyncWrite for ShmStream {
         bufs: &[IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         let this = self.get_mut();
-        let _ = this.poll_flush_outbox(cx)?;
-        this.take_messages(cx)?;
-        if this.closed || this.finished {
+        Waiting::set(&this.waiting.write, cx.waker());
+        if let Poll::Ready(Err(e)) = this.poll_send() {
+            return Poll::Ready(Err(e));
+        }
+        this.take_messages()?;
+        if this.closed || this.finishing || this.deaf {
             // No reader left for what it would write, or a write after shutdown.
             return Poll::Ready(Err(std::io::ErrorKind::BrokenPipe.into()));
         }
@@ -363,20 +487,18 @@ impl AsyncWrite for ShmStream {
         }
         let mut moved = 0usize;
         for buf in bufs {
-            let n = buf.len().min((room as usize) - moved);
-            this.own
-                .write_at((this.written % this.own.len() as u64) as usize, &buf[..n]);
+            let n = buf.len().min(room as usize - moved);
+            let at = (this.written % this.own.len() as u64) as usize;
+            this.own.write_at(at, &buf[..n]);
             this.written += n as u64;
             moved += n;
             if moved as u64 == room {
                 break;
             }
         }
-        if moved > 0 {
-            this.outbox.extend_from_slice(&message(DATA, moved as u64));
-        }
+        this.unannounced += moved as u64;
         // Announced as far as the socket takes it now; the rest by the next poll.
-        let _ = this.poll_flush_outbox(cx)?;
+        let _ = this.poll_send();
         Poll::Ready(Ok(moved))
     }
 
@@ -385,15 +507,19 @@ impl AsyncWrite for ShmStream {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        self.get_mut().poll_flush_outbox(cx)
+        let this = self.get_mut();
+        Waiting::set(&this.waiting.write, cx.waker());
+        match this.poll_send() {
+            Poll::Ready(Ok(())) if this.deaf => {
+                Poll::Ready(Err(std::io::ErrorKind::BrokenPipe.into()))
+            }
+            other => other,
+        }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
-        if !this.finished {
-            this.finished = true;
-            this.outbox.extend_from_slice(&message(FIN, 0));
-        }
-        this.poll_flush_outbox(cx)
+        this.finishing = true;
+        Pin::new(this).poll_flush(cx)
     }
 }

@@ -123,7 +123,11 @@ async fn read_error(mut stream: ShmStream) -> String {
 #[tokio::test]
 async fn a_peer_that_announces_more_than_its_ring_holds_is_refused() {
     let (ours, mut theirs) = pair();
-    hostile_setup(&theirs, RING as u64, SealFlags::SHRINK | SealFlags::GROW);
+    hostile_setup(
+        &theirs,
+        RING as u64,
+        SealFlags::SHRINK | SealFlags::GROW | SealFlags::FUTURE_WRITE,
+    );
     theirs.write_all(&control(1, RING as u64 - 10)).unwrap();
     theirs.write_all(&control(1, 11)).unwrap();
     let stream = ShmStream::open(ours, RING, &RingLimits::default())
@@ -136,7 +140,11 @@ async fn a_peer_that_announces_more_than_its_ring_holds_is_refused() {
 #[tokio::test]
 async fn a_peer_that_releases_bytes_never_written_is_refused() {
     let (ours, mut theirs) = pair();
-    hostile_setup(&theirs, RING as u64, SealFlags::SHRINK | SealFlags::GROW);
+    hostile_setup(
+        &theirs,
+        RING as u64,
+        SealFlags::SHRINK | SealFlags::GROW | SealFlags::FUTURE_WRITE,
+    );
     theirs.write_all(&control(2, 1)).unwrap();
     let stream = ShmStream::open(ours, RING, &RingLimits::default())
         .await
@@ -163,7 +171,11 @@ async fn unknown_or_malformed_control_messages_are_refused() {
         ),
     ] {
         let (ours, mut theirs) = pair();
-        hostile_setup(&theirs, RING as u64, SealFlags::SHRINK | SealFlags::GROW);
+        hostile_setup(
+            &theirs,
+            RING as u64,
+            SealFlags::SHRINK | SealFlags::GROW | SealFlags::FUTURE_WRITE,
+        );
         theirs.write_all(&message).unwrap();
         let stream = ShmStream::open(ours, RING, &RingLimits::default())
             .await
@@ -181,7 +193,7 @@ async fn a_setup_that_lies_about_its_ring_or_has_none_is_refused() {
     hostile_setup(
         &theirs,
         2 * RING as u64,
-        SealFlags::SHRINK | SealFlags::GROW,
+        SealFlags::SHRINK | SealFlags::GROW | SealFlags::FUTURE_WRITE,
     );
     let error = ShmStream::open(ours, RING, &limits)
         .await
@@ -250,6 +262,66 @@ async fn what_a_peer_announced_before_it_went_away_is_read_to_the_end() {
         got == sent,
         "{} of {} bytes came out",
         got.len(),
+        sent.len()
+    );
+}
+
+#[tokio::test]
+async fn a_reader_and_a_writer_in_two_tasks_each_get_the_message_the_other_took() {
+    // The reader of `b` waits for data while its writer, in another task, waits for room
+    // in a full ring: the peer's messages arrive in either one's poll, and both go on.
+    let (mut a, b) = opened().await;
+    let (mut b_read, mut b_write) = tokio::io::split(b);
+    let reader = tokio::spawn(async move {
+        let mut got = Vec::new();
+        b_read.read_to_end(&mut got).await.map(|_| got)
+    });
+    tokio::task::yield_now().await;
+    let big = bytes(3 * RING, 4);
+    let expected = big.clone();
+    let writer = tokio::spawn(async move {
+        b_write.write_all(&big).await?;
+        b_write.shutdown().await
+    });
+    tokio::task::yield_now().await;
+    let small = bytes(100, 5);
+    a.write_all(&small).await.unwrap();
+    a.shutdown().await.unwrap();
+    let mut got = Vec::new();
+    a.read_to_end(&mut got).await.unwrap();
+    assert!(got == expected, "the writer's bytes differ");
+    let wait = std::time::Duration::from_secs(10);
+    let read = tokio::time::timeout(wait, reader)
+        .await
+        .expect("the reader was woken");
+    assert_eq!(read.unwrap().unwrap(), small);
+    tokio::time::timeout(wait, writer)
+        .await
+        .expect("the writer was woken")
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_peer_that_closes_with_credits_unread_still_gets_its_bytes_read() {
+    // The reader's credits sit unread in the peer's socket when it closes: the reader's
+    // socket then reports a reset, after the messages that came before it.
+    let (mut a, mut b) = opened().await;
+    let sent = bytes(RING, 6);
+    b.write_all(&sent).await.unwrap();
+    let mut first = vec![0u8; RING / 4];
+    a.read_exact(&mut first).await.unwrap();
+    b.shutdown().await.unwrap();
+    drop(b);
+    let mut rest = Vec::new();
+    a.read_to_end(&mut rest)
+        .await
+        .expect("reads what was announced");
+    first.extend_from_slice(&rest);
+    assert!(
+        first == sent,
+        "{} of {} bytes came out",
+        first.len(),
         sent.len()
     );
 }

@@ -40,7 +40,7 @@ fn refusal(got: crate::error::Result<PeerRing>) -> String {
 }
 
 fn sealed() -> SealFlags {
-    SealFlags::SHRINK | SealFlags::GROW
+    SealFlags::SHRINK | SealFlags::GROW | SealFlags::FUTURE_WRITE
 }
 
 #[test]
@@ -58,12 +58,22 @@ fn bytes_written_in_a_ring_come_out_of_the_peers_mapping_wrapping_at_its_end() {
 }
 
 #[test]
-fn an_own_ring_cannot_be_resized_or_unsealed() {
-    let own = OwnRing::create(LEN).unwrap();
+fn an_own_ring_cannot_be_resized_written_or_punched_through_the_descriptor_passed() {
+    let mut own = OwnRing::create(LEN).unwrap();
     let seals = rustix::fs::fcntl_get_seals(own.fd()).unwrap();
-    assert!(seals.contains(SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL));
-    assert!(rustix::fs::ftruncate(own.fd(), 4096).is_err());
-    assert!(rustix::fs::ftruncate(own.fd(), (2 * LEN) as u64).is_err());
+    assert!(seals.contains(sealed() | SealFlags::SEAL));
+    let theirs = passed(own.fd());
+    assert!(rustix::fs::ftruncate(&theirs, 4096).is_err());
+    assert!(rustix::fs::ftruncate(&theirs, (2 * LEN) as u64).is_err());
+    assert!(rustix::io::pwrite(&theirs, b"x", 0).is_err());
+    let punch = rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE;
+    assert!(rustix::fs::fallocate(&theirs, punch, 0, LEN as u64).is_err());
+    // This side still writes through its own mapping.
+    own.write_at(0, b"still ours");
+    let peer = PeerRing::adopt(theirs, &RingLimits::default()).unwrap();
+    let mut out = [0u8; 10];
+    peer.copy_out(0, &mut out);
+    assert_eq!(&out, b"still ours");
 }
 
 #[test]
@@ -84,10 +94,28 @@ fn a_memfd_without_the_size_seals_is_refused() {
     // Sealed only against writes: still resizable, refused.
     let error = refusal(PeerRing::adopt(memfd(LEN, SealFlags::WRITE), &limits));
     assert!(error.contains("without F_SEAL_SHRINK"), "{error}");
+    // Fixed in size but open to hole punching.
+    let error = refusal(PeerRing::adopt(
+        memfd(LEN, SealFlags::SHRINK | SealFlags::GROW),
+        &limits,
+    ));
+    assert!(error.contains("without F_SEAL_FUTURE_WRITE"), "{error}");
+}
+
+#[test]
+fn a_hugetlbfs_memfd_is_refused_whatever_its_seals() {
+    // Its pages come from a pool (none here): a page that cannot be had is a SIGBUS.
+    let flags = MemfdFlags::ALLOW_SEALING | MemfdFlags::HUGETLB;
+    let fd = rustix::fs::memfd_create("huge", flags).expect("a hugetlbfs memfd");
+    rustix::fs::ftruncate(&fd, 2 << 20).unwrap();
+    let _ = rustix::fs::fcntl_add_seals(&fd, sealed());
+    let error = refusal(PeerRing::adopt(fd, &RingLimits { max_len: 4 << 20 }));
+    assert!(error.contains("another filesystem than tmpfs"), "{error}");
 }
 
 #[test]
 fn a_ring_past_this_sides_limit_is_refused_before_it_is_mapped() {
+    assert_eq!(RingLimits::default().max_len, DEFAULT_RING_LEN);
     let limits = RingLimits { max_len: LEN };
     PeerRing::adopt(memfd(LEN, sealed()), &limits).unwrap();
     let error = refusal(PeerRing::adopt(memfd(2 * LEN, sealed()), &limits));
@@ -111,13 +139,21 @@ fn descriptors_of_other_kinds_are_refused() {
     let (socket, _other) = UnixStream::pair().unwrap();
     let error = refusal(PeerRing::adopt(OwnedFd::from(socket), &limits));
     assert!(error.contains("another kind"), "{error}");
-    // A regular file that is not a memfd cannot carry seals.
-    let path = std::env::temp_dir().join(format!("gradstream-ring-{}", std::process::id()));
-    let file = std::fs::File::create(&path).unwrap();
-    file.set_len(LEN as u64).unwrap();
-    std::fs::remove_file(&path).unwrap();
-    let error = refusal(PeerRing::adopt(OwnedFd::from(file), &limits));
-    assert!(error.contains("cannot carry seals"), "{error}");
+    // Regular files that are not memfds, on tmpfs (without the seals: this kernel lets
+    // a tmpfs file report seals, none of them set) and on the temporary directory's disk.
+    for folder in [std::path::PathBuf::from("/dev/shm"), std::env::temp_dir()] {
+        let path = folder.join(format!("gradstream-ring-{}", std::process::id()));
+        let file = std::fs::File::create(&path).unwrap();
+        file.set_len(LEN as u64).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let error = refusal(PeerRing::adopt(OwnedFd::from(file), &limits));
+        let named = [
+            "cannot carry seals",
+            "without F_SEAL_SHRINK",
+            "another filesystem",
+        ];
+        assert!(named.iter().any(|says| error.contains(says)), "{error}");
+    }
 }
 
 #[test]

@@ -54,6 +54,8 @@ pub const FAILURE_TABLE: usize = 4096;
 pub enum Source {
     V4(std::net::Ipv4Addr),
     V6(u64),
+    /// A same-host peer (a Unix-domain connection): its user.
+    Uid(u32),
 }
 
 impl Source {
@@ -76,6 +78,7 @@ impl fmt::Display for Source {
                 let address = std::net::Ipv6Addr::from(u128::from(*prefix) << 64);
                 write!(f, "{address}/64")
             }
+            Self::Uid(uid) => write!(f, "uid {uid}"),
         }
     }
 }
@@ -86,6 +89,9 @@ impl fmt::Display for Source {
 pub struct Heard {
     first: AtomicBool,
     bytes: AtomicUsize,
+    /// The handshake succeeded (what fails after it, a same-host peer's rings, is no
+    /// failed authentication).
+    shaken: AtomicBool,
 }
 
 impl Heard {
@@ -109,6 +115,15 @@ impl Heard {
     pub fn bytes(&self) -> usize {
         self.bytes.load(Ordering::Relaxed)
     }
+
+    /// The handshake succeeded.
+    pub fn shook_hands(&self) {
+        self.shaken.store(true, Ordering::Relaxed);
+    }
+
+    pub fn has_shaken_hands(&self) -> bool {
+        self.shaken.load(Ordering::Relaxed)
+    }
 }
 
 /// Why a listener closed a connection itself, before or during its handshake (the
@@ -126,6 +141,8 @@ pub enum Shed {
     Evicted,
     /// It sent nothing within `hello_timeout`.
     Silent { hello_timeout: Duration },
+    /// A same-host peer of another user than the listener admits.
+    Uid { uid: u32, allowed: u32 },
     /// Its source failed authentication too often (online guessing).
     Guessing {
         source: Source,
@@ -166,6 +183,12 @@ impl fmt::Display for Shed {
                 f,
                 "sent nothing within hello_timeout ({:.3} s)",
                 s(hello_timeout)
+            ),
+            Self::Uid { uid, allowed } => write!(
+                f,
+                "a process of uid {uid}, where this listener admits uid {allowed} only: closed \
+                 at once (listen with allowed_uid=None to admit any user that can open the \
+                 socket file)"
             ),
             Self::Guessing {
                 source,

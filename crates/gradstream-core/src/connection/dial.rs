@@ -2,6 +2,7 @@
 //!
 //! Uses `handshake`, `link`, `tls`; used by the bindings.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,6 +10,10 @@ use tokio::net::TcpStream;
 
 use super::handshake::handshake;
 use super::link::{Link, Peer};
+#[cfg(target_os = "linux")]
+use super::link::{LocalPeer, PeerAddress};
+#[cfg(target_os = "linux")]
+use super::listener::LocalSettings;
 use super::{buffered, Protocol};
 use crate::error::{GradientStreamError, Result};
 use crate::frame::Limits;
@@ -25,6 +30,10 @@ pub struct DialSettings {
     pub handshake_timeout: Duration,
     /// What this side accepts, told to the peer in its hello.
     pub limits: Limits,
+    /// A same-host connection's rule for the listener's user, and its rings
+    /// (`connect_unix`).
+    #[cfg(target_os = "linux")]
+    pub local: LocalSettings,
     /// Tests only (the recorded sessions of docs/spec/protocol.md, replayed byte for
     /// byte): this side's hello nonce, instead of a fresh random one, and with it the
     /// scalar of its SPAKE2 element (`auth::ScalarSeed::for_test`). A fixed nonce gives
@@ -37,16 +46,77 @@ pub struct DialSettings {
 
 /// Connect to `host:port` and do the handshake the settings say.
 pub async fn connect(host: &str, port: u16, settings: &DialSettings) -> Result<Link> {
-    let limit = settings.handshake_timeout;
-    match tokio::time::timeout(limit, establish(host, port, settings)).await {
+    within(settings.handshake_timeout, establish(host, port, settings)).await
+}
+
+/// `dialling` within `limit`; as the reference, a wait that ran out is a
+/// StreamTimeoutError.
+async fn within(limit: Duration, dialling: impl Future<Output = Result<Link>>) -> Result<Link> {
+    match tokio::time::timeout(limit, dialling).await {
         Ok(done) => done,
-        // As the reference: a wait that ran out, a StreamTimeoutError.
         Err(_) => Err(GradientStreamError::Timeout {
             timeout: limit.as_secs_f64(),
             received: 0,
             total: None,
         }),
     }
+}
+
+/// Connect to a Unix-domain listener at `path` (`Listener::bind_unix`): the hello and
+/// authentication on the socket, then the shared-memory rings, all within
+/// `handshake_timeout`. TLS and the seed protocol are refused, as the listener does.
+#[cfg(target_os = "linux")]
+pub async fn connect_unix(path: &std::path::Path, settings: &DialSettings) -> Result<Link> {
+    if settings.tls.is_some() || settings.protocol == Protocol::Seed {
+        return Err(GradientStreamError::Io(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "a unix: connection takes neither TLS nor protocol='seed': the kernel is the only \
+             party between two processes of one host (an authkey still applies)",
+        )));
+    }
+    within(settings.handshake_timeout, establish_unix(path, settings)).await
+}
+
+#[cfg(target_os = "linux")]
+async fn establish_unix(path: &std::path::Path, settings: &DialSettings) -> Result<Link> {
+    let mut unix = tokio::net::UnixStream::connect(path).await?;
+    let credentials = unix.peer_cred()?;
+    // Anyone who could write the socket's directory could have put a listener there.
+    if let Some(allowed) = settings.local.allowed_uid {
+        if credentials.uid() != allowed {
+            return Err(GradientStreamError::Io(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                format!(
+                    "the listener at unix:{} is a process of uid {}, not of uid {allowed}: \
+                     nothing was sent (connect with allowed_uid={} if that user is the one \
+                     you meant)",
+                    path.display(),
+                    credentials.uid(),
+                    credentials.uid()
+                ),
+            )));
+        }
+    }
+    let peer = LocalPeer {
+        path: path.to_path_buf(),
+        pid: credentials.pid().and_then(|pid| u32::try_from(pid).ok()),
+        uid: credentials.uid(),
+        gid: credentials.gid(),
+    };
+    let established = handshake(
+        &mut unix,
+        Role::Client,
+        false,
+        settings.authkey.as_deref(),
+        settings.limits,
+        None,
+        settings.test_nonce,
+    )
+    .await?;
+    let rings = settings.local.rings;
+    let stream = crate::shm::ShmStream::open(unix, rings.len, &rings.limits).await?;
+    let who = Peer::without_certificate(PeerAddress::Local(peer), established.authenticated);
+    Ok(Link::sealed(Box::new(stream), established, who))
 }
 
 async fn establish(host: &str, port: u16, settings: &DialSettings) -> Result<Link> {

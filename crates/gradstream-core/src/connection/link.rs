@@ -54,10 +54,47 @@ fn tcp_fd(stream: &dyn Duplex) -> Option<std::os::fd::RawFd> {
         .filter(|_| cfg!(target_os = "linux"))
 }
 
+/// A same-host peer (a Unix-domain connection): the socket's path and the peer process's
+/// credentials, from the kernel (`SO_PEERCRED`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalPeer {
+    pub path: std::path::PathBuf,
+    /// None when the kernel does not say (a peer in another pid namespace).
+    pub pid: Option<u32>,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// Where a peer is: an address over TCP, or a process of this host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PeerAddress {
+    Tcp(SocketAddr),
+    /// A same-host peer (the same-host transport is Linux's: memfd rings).
+    #[cfg(target_os = "linux")]
+    Local(LocalPeer),
+}
+
+impl PeerAddress {
+    /// The TCP address, which errors name (a same-host peer is "the peer").
+    pub fn socket(&self) -> Option<SocketAddr> {
+        match self {
+            Self::Tcp(address) => Some(*address),
+            #[cfg(target_os = "linux")]
+            Self::Local(_) => None,
+        }
+    }
+}
+
+impl From<SocketAddr> for PeerAddress {
+    fn from(address: SocketAddr) -> Self {
+        Self::Tcp(address)
+    }
+}
+
 /// Who is at the other end.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Peer {
-    pub address: SocketAddr,
+    pub address: PeerAddress,
     /// The subject of the client certificate this side verified (mutual TLS), if any.
     pub tls_subject: Option<String>,
     /// The peer proved the authkey, or presented a certificate this side verified.
@@ -67,9 +104,9 @@ pub struct Peer {
 impl Peer {
     /// A peer that presented no certificate this side verified (every client's view,
     /// and a listener's without mutual TLS): authenticated or not by other means.
-    pub fn without_certificate(address: SocketAddr, authenticated: bool) -> Self {
+    pub fn without_certificate(address: impl Into<PeerAddress>, authenticated: bool) -> Self {
         Self {
-            address,
+            address: address.into(),
             tls_subject: None,
             authenticated,
         }
@@ -444,7 +481,7 @@ impl Link {
         GradientStreamError::Delivery {
             detail,
             reason,
-            peer: Some(self.peer.address),
+            peer: self.peer.address.socket(),
         }
     }
 
@@ -569,7 +606,7 @@ impl Link {
             _ if is_io(&error) => self.fail(error).await,
             _ if untouched => Err(error),
             Some(first) => {
-                let address = self.peer.address;
+                let address = self.peer.address.socket();
                 self.refuse(message_instead(error, first, address)).await
             }
             None => self.fail(error).await,
@@ -607,7 +644,7 @@ fn is_io(error: &GradientStreamError) -> bool {
 fn message_instead(
     error: GradientStreamError,
     first: Option<[u8; HEADER_LEN]>,
-    peer: SocketAddr,
+    peer: Option<SocketAddr>,
 ) -> GradientStreamError {
     let is_message = |head: &[u8; HEADER_LEN]| {
         [Kind::Hello, Kind::Auth, Kind::Ack]
@@ -621,7 +658,7 @@ fn message_instead(
                 "{}: both sides wait for the other (one transfer at a time on a connection)",
                 describe(&head)
             ),
-            peer: Some(peer),
+            peer,
         },
         None => error,
     }

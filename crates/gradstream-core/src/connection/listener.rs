@@ -10,6 +10,8 @@
 //! Uses `admission`, `handshake`, `link`, `tls`; used by the bindings.
 
 use std::net::SocketAddr;
+#[cfg(target_os = "linux")]
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -17,16 +19,22 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
+#[cfg(target_os = "linux")]
+use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::{AbortHandle, JoinHandle, JoinSet};
 
 use super::admission::{Admission, FailureTable, Gone, Heard, PendingTable, Shed, Source};
 use super::handshake::handshake;
-use super::link::{Link, Peer};
+#[cfg(target_os = "linux")]
+use super::link::LocalPeer;
+use super::link::{Link, Peer, PeerAddress};
 use super::{buffered, Protocol};
 use crate::error::{GradientStreamError, Result};
 use crate::frame::Limits;
 use crate::protocol::{Role, HELLO_LEN};
+#[cfg(target_os = "linux")]
+use crate::shm::{RingLimits, ShmStream, DEFAULT_RING_LEN};
 use crate::tls::TlsAcceptor;
 
 /// How a listener admits peers: settings, shared by its handshakes.
@@ -43,9 +51,71 @@ pub struct ListenSettings {
     pub admission: Admission,
     /// What this side accepts, told to each peer in its hello.
     pub limits: Limits,
+    /// A Unix-domain listener's rule for its peers and its rings (`bind_unix`).
+    #[cfg(target_os = "linux")]
+    pub local: LocalSettings,
     /// Tests only: this side's hello nonce (see `DialSettings::test_nonce`); `None`.
     #[doc(hidden)]
     pub test_nonce: Option<[u8; 32]>,
+}
+
+/// The shared-memory rings of a same-host connection (`crate::shm`): this side's size,
+/// and the most of a peer's it maps.
+#[cfg(target_os = "linux")]
+#[derive(Clone, Copy, Debug)]
+pub struct Rings {
+    pub len: usize,
+    pub limits: RingLimits,
+}
+
+#[cfg(target_os = "linux")]
+impl Default for Rings {
+    fn default() -> Self {
+        Self {
+            len: DEFAULT_RING_LEN,
+            limits: RingLimits::default(),
+        }
+    }
+}
+
+/// Who a Unix-domain listener admits, and its rings.
+#[cfg(target_os = "linux")]
+#[derive(Clone, Copy, Debug)]
+pub struct LocalSettings {
+    /// The only user whose processes are admitted (the kernel's `SO_PEERCRED`); None:
+    /// any user who can open the socket file (made with mode 0600: the owner's).
+    pub allowed_uid: Option<u32>,
+    pub rings: Rings,
+}
+
+#[cfg(target_os = "linux")]
+impl Default for LocalSettings {
+    /// This process's own user only.
+    fn default() -> Self {
+        Self {
+            allowed_uid: Some(rustix::process::getuid().as_raw()),
+            rings: Rings::default(),
+        }
+    }
+}
+
+/// Where a listener is bound.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Bound {
+    Tcp(SocketAddr),
+    #[cfg(target_os = "linux")]
+    Unix(PathBuf),
+}
+
+impl Bound {
+    /// The TCP port bound (0 for a Unix-domain socket).
+    pub fn port(&self) -> u16 {
+        match self {
+            Self::Tcp(address) => address.port(),
+            #[cfg(target_os = "linux")]
+            Self::Unix(_) => 0,
+        }
+    }
 }
 
 /// Why a peer was dropped.
@@ -63,7 +133,7 @@ pub enum Event {
     /// A peer through the handshake.
     Connected(Link),
     /// A peer dropped, and why.
-    Refused { address: SocketAddr, why: Refusal },
+    Refused { address: PeerAddress, why: Refusal },
 }
 
 /// The accept loop's task, shared by the listener and its `Stopper`.
@@ -72,7 +142,7 @@ type Accepting = Arc<std::sync::Mutex<Option<JoinHandle<()>>>>;
 /// A bound listener: its events arrive in `next`; dropping it stops accepting.
 pub struct Listener {
     events: mpsc::Receiver<Event>,
-    address: SocketAddr,
+    address: Bound,
     accepting: Accepting,
 }
 
@@ -100,17 +170,48 @@ impl Listener {
         // channel takes: a setting past it must not panic the listener).
         let depth = settings.admission.max_pending_handshakes.clamp(1, 1 << 16);
         let (sender, events) = mpsc::channel(depth);
-        let accepting = tokio::spawn(accept_loop(tcp, settings, sender));
+        let accepting = tokio::spawn(accept_loop(Incoming::Tcp(tcp), settings, sender));
         Ok(Self {
             events,
-            address,
+            address: Bound::Tcp(address),
             accepting: Arc::new(std::sync::Mutex::new(Some(accepting))),
         })
     }
 
-    /// The address actually bound (its port, for port 0).
-    pub fn address(&self) -> SocketAddr {
-        self.address
+    /// Listen on a Unix-domain socket at `path`, for processes of this host: the same
+    /// hello, authkey, seals and acks as over TCP, the payloads through shared memory
+    /// (`crate::shm`), peers of `settings.local.allowed_uid` only. The listener holds
+    /// `PATH.lock` (`flock`): a second listener at the path is an error, a socket file
+    /// left by a dead one is replaced, any other file is an error and left alone. The
+    /// socket file's mode is set before it listens: 0600 when only this process's user is
+    /// admitted, else 0666 (the uid check decides). It is removed when the listener stops
+    /// accepting (`Stopper::stop` returns after it; a dropped listener's goes with its
+    /// accept task). TLS and the seed protocol are refused: the kernel is the only party
+    /// between the two processes, and the seed's frames have no hello to set rings up.
+    pub async fn bind_unix(path: &Path, settings: ListenSettings) -> Result<Self> {
+        if settings.tls.is_some() || settings.protocol == Protocol::Seed {
+            return Err(GradientStreamError::Io(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "a unix: listener takes neither TLS nor protocol='seed': the kernel is the \
+                 only party between two processes of one host (the peer's uid is checked, \
+                 and an authkey still applies)",
+            )));
+        }
+        let (unix, file) = bind_unix_socket(path, backlog(&settings), settings.local.allowed_uid)?;
+        let depth = settings.admission.max_pending_handshakes.clamp(1, 1 << 16);
+        let (sender, events) = mpsc::channel(depth);
+        let incoming = Incoming::Unix(unix, file);
+        let accepting = tokio::spawn(accept_loop(incoming, settings, sender));
+        Ok(Self {
+            events,
+            address: Bound::Unix(path.to_path_buf()),
+            accepting: Arc::new(std::sync::Mutex::new(Some(accepting))),
+        })
+    }
+
+    /// Where it is bound (the port actually bound, for port 0).
+    pub fn address(&self) -> &Bound {
+        &self.address
     }
 
     /// What stops the accept loop from anywhere (the next `next` then ends).
@@ -165,7 +266,7 @@ impl Drop for Over {
 }
 
 /// What the pending table holds of a handshake: what drops it, and its peer's address.
-type Handle = (AbortHandle, SocketAddr);
+type Handle = (AbortHandle, PeerAddress);
 
 /// The kernel's backlog for these settings: what the listener could take at once (the
 /// kernel caps it at net.core.somaxconn).
@@ -204,7 +305,7 @@ async fn bind_tcp(host: &str, port: u16, backlog: u32) -> Result<TcpListener> {
 
 /// The listener's own refusal of `address`, for the log: never waits (a full event
 /// queue drops it), so that a flood cannot slow the accepts.
-fn tell(events: &mpsc::Sender<Event>, address: SocketAddr, why: Shed) {
+fn tell(events: &mpsc::Sender<Event>, address: PeerAddress, why: Shed) {
     let _ = events.try_send(Event::Refused {
         address,
         why: Refusal::Shed(why),
@@ -238,7 +339,7 @@ impl Closing {
     ) {
         tell(events, arrived.address, why);
         let Ok(permit) = self.0.clone().try_acquire_owned() else {
-            discard_pending(&arrived.stream);
+            discard_pending(|b| arrived.stream.try_read(b));
             return;
         };
         tasks.spawn(async move {
@@ -255,10 +356,236 @@ impl Closing {
     }
 }
 
+/// What a listener accepts on.
+enum Incoming {
+    Tcp(TcpListener),
+    /// A Unix-domain socket, and its file (removed when accepting stops: the listener
+    /// closed or dropped).
+    #[cfg(target_os = "linux")]
+    Unix(UnixListener, SocketFile),
+}
+
+impl Incoming {
+    async fn accept(&self) -> std::io::Result<(Accepted, PeerAddress)> {
+        match self {
+            Self::Tcp(tcp) => {
+                let (stream, address) = tcp.accept().await?;
+                Ok((Accepted::Tcp(stream), PeerAddress::Tcp(address)))
+            }
+            #[cfg(target_os = "linux")]
+            Self::Unix(unix, file) => {
+                let (stream, _) = unix.accept().await?;
+                let credentials = stream.peer_cred()?;
+                let peer = LocalPeer {
+                    path: file.path.clone(),
+                    pid: credentials.pid().and_then(|pid| u32::try_from(pid).ok()),
+                    uid: credentials.uid(),
+                    gid: credentials.gid(),
+                };
+                Ok((Accepted::Unix(stream), PeerAddress::Local(peer)))
+            }
+        }
+    }
+}
+
+/// A connection taken from the kernel.
+enum Accepted {
+    Tcp(TcpStream),
+    #[cfg(target_os = "linux")]
+    Unix(UnixStream),
+}
+
+impl Accepted {
+    fn try_read(&self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Self::Tcp(tcp) => tcp.try_read(buf),
+            #[cfg(target_os = "linux")]
+            Self::Unix(unix) => unix.try_read(buf),
+        }
+    }
+}
+
+/// `Accepted`'s reads and writes are its stream's (for the gentle close of a refusal).
+macro_rules! each_stream {
+    ($self:ident, $stream:ident => $body:expr) => {
+        match $self.get_mut() {
+            Accepted::Tcp($stream) => $body,
+            #[cfg(target_os = "linux")]
+            Accepted::Unix($stream) => $body,
+        }
+    };
+}
+
+impl AsyncRead for Accepted {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        each_stream!(self, s => Pin::new(s).poll_read(cx, buf))
+    }
+}
+
+impl AsyncWrite for Accepted {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        each_stream!(self, s => Pin::new(s).poll_write(cx, buf))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        each_stream!(self, s => Pin::new(s).poll_flush(cx))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        each_stream!(self, s => Pin::new(s).poll_shutdown(cx))
+    }
+}
+
+/// The caps' source of a peer: its address over TCP, its user on this host.
+fn source_of(address: &PeerAddress) -> Source {
+    match address {
+        PeerAddress::Tcp(address) => Source::of(address.ip()),
+        #[cfg(target_os = "linux")]
+        PeerAddress::Local(peer) => Source::Uid(peer.uid),
+    }
+}
+
+/// A same-host peer of a user the listener does not admit.
+fn not_allowed(address: &PeerAddress, settings: &ListenSettings) -> Option<Shed> {
+    match address {
+        #[cfg(target_os = "linux")]
+        PeerAddress::Local(peer) => match settings.local.allowed_uid {
+            Some(allowed) if allowed != peer.uid => Some(Shed::Uid {
+                uid: peer.uid,
+                allowed,
+            }),
+            _ => None,
+        },
+        _ => {
+            let _ = settings;
+            None
+        }
+    }
+}
+
+/// A Unix-domain listener's socket file and the lock that makes it the listener's: the
+/// socket file is removed when the listener goes, then the lock released (its file,
+/// `PATH.lock`, stays: removing it would let two listeners lock two files at once).
+#[cfg(target_os = "linux")]
+struct SocketFile {
+    path: PathBuf,
+    _lock: std::os::fd::OwnedFd,
+}
+
+#[cfg(target_os = "linux")]
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        // The lock is still held: nobody else can have bound a socket at the path.
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// `PATH.lock`, locked (`flock`, exclusive) for as long as the returned descriptor is
+/// open: the listener at `path` is whoever holds it. Opened without following a
+/// symlink, made with mode 0600.
+#[cfg(target_os = "linux")]
+fn lock_socket_path(path: &Path) -> Result<std::os::fd::OwnedFd> {
+    use rustix::fs::{FlockOperation, Mode, OFlags};
+    let mut name = path.as_os_str().to_owned();
+    name.push(".lock");
+    let flags = OFlags::CREATE | OFlags::RDWR | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+    let lock = rustix::fs::open(std::path::Path::new(&name), flags, Mode::RUSR | Mode::WUSR)
+        .map_err(std::io::Error::from)?;
+    match rustix::fs::flock(&lock, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(lock),
+        Err(rustix::io::Errno::WOULDBLOCK) => Err(GradientStreamError::Io(std::io::Error::new(
+            std::io::ErrorKind::AddrInUse,
+            format!(
+                "a listener is already at unix:{} (close it, or choose another path)",
+                path.display()
+            ),
+        ))),
+        Err(e) => Err(std::io::Error::from(e).into()),
+    }
+}
+
+/// Bind and listen on a Unix-domain socket at `path`, holding its lock (`PATH.lock`): a
+/// listener already there is an error at once; a socket file without one (its listener
+/// died) is replaced; any other file is left alone and is an error. The socket file's
+/// mode is set before it listens (no peer can connect in between): 0600 when only this
+/// process's user is admitted (`allowed_uid`), else 0666, the uid check then deciding.
+#[cfg(target_os = "linux")]
+fn bind_unix_socket(
+    path: &Path,
+    backlog: u32,
+    allowed_uid: Option<u32>,
+) -> Result<(UnixListener, SocketFile)> {
+    use rustix::fs::{FileType, Mode, OFlags};
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileTypeExt;
+    let lock = lock_socket_path(path)?;
+    if let Ok(found) = std::fs::symlink_metadata(path) {
+        if !found.file_type().is_socket() {
+            return Err(GradientStreamError::Io(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                format!(
+                    "unix:{} exists and is not a socket: it is left alone (choose another path)",
+                    path.display()
+                ),
+            )));
+        }
+        // The lock is ours: nobody listens there (a socket file left by a dead listener).
+        std::fs::remove_file(path)?;
+    }
+    let flags = SocketFlags::CLOEXEC | SocketFlags::NONBLOCK;
+    let socket = rustix::net::socket_with(AddressFamily::UNIX, SocketType::STREAM, flags, None)
+        .map_err(std::io::Error::from)?;
+    let address = SocketAddrUnix::new(path).map_err(std::io::Error::from)?;
+    rustix::net::bind(&socket, &address).map_err(std::io::Error::from)?;
+    let file = SocketFile {
+        path: path.to_path_buf(),
+        _lock: lock,
+    };
+    let own = rustix::process::getuid().as_raw();
+    let mode = if allowed_uid == Some(own) {
+        Mode::RUSR | Mode::WUSR
+    } else {
+        Mode::RUSR | Mode::WUSR | Mode::RGRP | Mode::WGRP | Mode::ROTH | Mode::WOTH
+    };
+    // The mode of the socket just bound, not of what a symlink put at the path since
+    // would point to: the path opened without following (O_PATH), checked to be a
+    // socket, and changed through its descriptor's /proc entry (chmod has no
+    // descriptor-only form for an O_PATH descriptor).
+    let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let bound = rustix::fs::open(path, flags, Mode::empty()).map_err(std::io::Error::from)?;
+    let kind = FileType::from_raw_mode(
+        rustix::fs::fstat(&bound)
+            .map_err(std::io::Error::from)?
+            .st_mode,
+    );
+    if kind != FileType::Socket {
+        return Err(GradientStreamError::Io(std::io::Error::other(format!(
+            "unix:{} was replaced while the listener set it up ({kind:?}): listen in a \
+             directory only you can write",
+            path.display()
+        ))));
+    }
+    let by_descriptor = format!("/proc/self/fd/{}", bound.as_raw_fd());
+    rustix::fs::chmod(by_descriptor.as_str(), mode).map_err(std::io::Error::from)?;
+    let backlog = i32::try_from(backlog).unwrap_or(i32::MAX);
+    rustix::net::listen(&socket, backlog).map_err(std::io::Error::from)?;
+    let listener = UnixListener::from_std(std::os::unix::net::UnixListener::from(socket))?;
+    Ok((listener, file))
+}
+
 /// A connection taken from the kernel, waiting for its handshake to begin.
 struct Arrived {
-    stream: TcpStream,
-    address: SocketAddr,
+    stream: Accepted,
+    address: PeerAddress,
     /// Its accept: `hello_timeout` runs from here, waiting included.
     accepted: Instant,
 }
@@ -281,6 +608,7 @@ impl Starter<'_> {
         heard: Arc<Heard>,
     ) -> Handle {
         let address = arrived.address;
+        let handle_address = address.clone();
         let task = handshake_task(
             Shaking {
                 stream: arrived.stream,
@@ -295,7 +623,7 @@ impl Starter<'_> {
             self.finished.clone(),
             self.events.clone(),
         );
-        (self.tasks.spawn(task), address)
+        (self.tasks.spawn(task), handle_address)
     }
 }
 
@@ -305,7 +633,7 @@ impl Starter<'_> {
 /// handshake silent past `EVICTION_GRACE` if need be) or keeps it waiting, in a bounded
 /// queue, until a handshake ends or a silent one's grace does (docs/guides/limits.md "A
 /// listener under a flood").
-async fn accept_loop(tcp: TcpListener, settings: ListenSettings, events: mpsc::Sender<Event>) {
+async fn accept_loop(incoming: Incoming, settings: ListenSettings, events: mpsc::Sender<Event>) {
     let connections = Arc::new(Semaphore::new(
         settings.max_connections.clamp(1, Semaphore::MAX_PERMITS),
     ));
@@ -338,7 +666,7 @@ async fn accept_loop(tcp: TcpListener, settings: ListenSettings, events: mpsc::S
             }
             Some(_) = handshaking.join_next(), if !handshaking.is_empty() => continue,
             () = sleep_until(wake), if wake.is_some() => None,
-            accepted = tcp.accept() => match accepted {
+            accepted = incoming.accept() => match accepted {
                 Ok((stream, address)) => Some(Arrived { stream, address, accepted: Instant::now() }),
                 Err(_) => {
                     // Out of descriptors, or a peer gone before its accept: wait, go on.
@@ -360,12 +688,15 @@ async fn accept_loop(tcp: TcpListener, settings: ListenSettings, events: mpsc::S
             // A handshake ended, or a silent one's grace did: room for what waits.
             None => pending.place(now, start),
             Some(arrived) => {
-                let source = Source::of(arrived.address.ip());
-                let refused = failures.refused(source, now).or_else(|| {
-                    (connections.available_permits() == 0).then_some(Shed::Full {
-                        max_connections: settings.max_connections,
-                    })
-                });
+                let source = source_of(&arrived.address);
+                let refused = failures
+                    .refused(source, now)
+                    .or_else(|| not_allowed(&arrived.address, &settings))
+                    .or_else(|| {
+                        (connections.available_permits() == 0).then_some(Shed::Full {
+                            max_connections: settings.max_connections,
+                        })
+                    });
                 if let Some(why) = refused {
                     closing.shed(arrived, why, &events, &mut handshaking);
                     continue;
@@ -397,8 +728,8 @@ async fn sleep_until(at: Option<Instant>) {
 
 /// One accepted peer on its way through the handshake.
 struct Shaking {
-    stream: TcpStream,
-    address: SocketAddr,
+    stream: Accepted,
+    address: PeerAddress,
     accepted: Instant,
     ticket: u64,
     source: Source,
@@ -440,7 +771,7 @@ async fn handshake_task(
             // The handshake first: a peer that waited past its `hello_timeout` for a place
             // and whose hello is already here is read before its silence is judged.
             biased;
-            admitted = admit(stream, address, &settings, &heard) => Some(admitted),
+            admitted = admit(stream, address.clone(), &settings, &heard) => Some(admitted),
             () = silent_since(&heard, accepted, hello_timeout) => None,
         }
     })
@@ -453,6 +784,7 @@ async fn handshake_task(
     };
     let failed_authentication = match &why {
         Ok(_) => false,
+        Err(_) if heard.has_shaken_hands() => false,
         Err(why) => failed_authentication(settings.authkey.is_some(), why, heard.bytes()),
     };
     if let Some(done) = over.done.as_mut() {
@@ -513,9 +845,58 @@ async fn silent_since(heard: &Heard, accepted: Instant, limit: Duration) {
     }
 }
 
-/// TLS, the hello and authentication for one accepted peer; what the peer sends is
-/// counted in `heard`.
+/// TLS, the hello and authentication for one accepted peer (then, for a same-host
+/// peer, the rings); what the peer sends is counted in `heard`.
 async fn admit(
+    stream: Accepted,
+    address: PeerAddress,
+    settings: &ListenSettings,
+    heard: &Heard,
+) -> Result<Link> {
+    match (stream, address) {
+        (Accepted::Tcp(tcp), PeerAddress::Tcp(address)) => {
+            admit_tcp(tcp, address, settings, heard).await
+        }
+        #[cfg(target_os = "linux")]
+        (Accepted::Unix(unix), PeerAddress::Local(peer)) => {
+            admit_local(unix, peer, settings, heard).await
+        }
+        #[cfg(target_os = "linux")]
+        _ => Err(GradientStreamError::Io(std::io::Error::other(
+            "a stream and an address of different kinds",
+        ))),
+    }
+}
+
+/// The hello and authentication of a same-host peer on its socket, then the rings
+/// (`ShmStream::open`): a peer costs no ring before it has shaken hands.
+#[cfg(target_os = "linux")]
+async fn admit_local(
+    mut unix: UnixStream,
+    peer: LocalPeer,
+    settings: &ListenSettings,
+    heard: &Heard,
+) -> Result<Link> {
+    let shaken = handshake(
+        &mut Watched::new(&mut unix, heard),
+        Role::Server,
+        false,
+        settings.authkey.as_deref(),
+        settings.limits,
+        None,
+        settings.test_nonce,
+    )
+    .await;
+    let established = shaken.inspect_err(|_| discard_pending(|b| unix.try_read(b)))?;
+    heard.shook_hands();
+    let rings = settings.local.rings;
+    let stream = ShmStream::open(unix, rings.len, &rings.limits).await?;
+    let who = Peer::without_certificate(PeerAddress::Local(peer), established.authenticated);
+    Ok(Link::sealed(Box::new(stream), established, who))
+}
+
+/// TLS, the hello and authentication for one peer over TCP.
+async fn admit_tcp(
     tcp: TcpStream,
     address: SocketAddr,
     settings: &ListenSettings,
@@ -541,7 +922,7 @@ async fn admit(
                 settings.test_nonce,
             )
             .await;
-            let established = shaken.inspect_err(|_| discard_pending(&stream))?;
+            let established = shaken.inspect_err(|_| discard_pending(|b| stream.try_read(b)))?;
             let who = Peer::without_certificate(address, established.authenticated);
             Ok(Link::sealed(Box::new(stream), established, who))
         }
@@ -561,7 +942,7 @@ async fn admit(
             )
             .await?;
             let who = Peer {
-                address,
+                address: address.into(),
                 authenticated: established.authenticated || tls_subject.is_some(),
                 tls_subject,
             };
@@ -619,10 +1000,10 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<'_, S> {
 /// Drop what a refused peer already sent (at most 64 KiB, without waiting for more), so
 /// that closing ends the connection with a FIN, not a reset that would destroy the hello
 /// still on its way to the peer.
-fn discard_pending(stream: &TcpStream) {
+fn discard_pending(try_read: impl Fn(&mut [u8]) -> std::io::Result<usize>) {
     let mut sink = [0u8; 4096];
     for _ in 0..16 {
-        match stream.try_read(&mut sink) {
+        match try_read(&mut sink) {
             Ok(0) | Err(_) => return,
             Ok(_) => {}
         }

@@ -13,7 +13,11 @@ pub mod link;
 pub mod listener;
 mod tap;
 
+#[cfg(target_os = "linux")]
+pub use dial::connect_unix;
 pub use dial::{connect, DialSettings};
+#[cfg(target_os = "linux")]
+pub use listener::{LocalSettings, Rings};
 
 /// The ack digest of a transfer whose frames pass in `pieces` of any size, as a
 /// connection's tap computes it (for the golden tests of the bindings).
@@ -26,8 +30,8 @@ pub fn digest_of_stream(transfer: &[u8; 16], pieces: &[&[u8]]) -> [u8; 32] {
     tap.finish()
 }
 pub use admission::{Admission, Shed, Source, FAILURE_TABLE};
-pub use link::{Link, Peer, ReadBudget, Received};
-pub use listener::{Event, ListenSettings, Listener, Refusal, Stopper};
+pub use link::{Link, LocalPeer, Peer, PeerAddress, ReadBudget, Received};
+pub use listener::{Bound, Event, ListenSettings, Listener, Refusal, Stopper};
 
 /// What a connection speaks: a local setting of each side, never negotiated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -28,6 +28,8 @@ fn listen_settings(authkey: Option<&[u8]>, limits: Limits) -> ListenSettings {
             ..Admission::default()
         },
         limits,
+        #[cfg(target_os = "linux")]
+        local: LocalSettings::default(),
         test_nonce: None,
     }
 }
@@ -39,6 +41,8 @@ fn dial_settings(authkey: Option<&[u8]>) -> DialSettings {
         authkey: authkey.map(<[u8]>::to_vec),
         handshake_timeout: Duration::from_secs(5),
         limits: Limits::default(),
+        #[cfg(target_os = "linux")]
+        local: LocalSettings::default(),
         test_nonce: None,
     }
 }
@@ -234,71 +238,171 @@ async fn a_fixed_test_nonce_is_the_hellos_nonce() {
     );
 }
 
-/// One side of a Unix-domain connection whose bytes move through shared-memory rings
-/// (`crate::shm::ShmStream`): the hello and authentication on the socket, then the rings,
-/// then a link as over TCP (the same-host transport, issue 24, before it has addresses).
+/// A fresh path for a Unix-domain socket in the temporary directory.
 #[cfg(target_os = "linux")]
-async fn shm_link(socket: tokio::net::UnixStream, role: crate::protocol::Role) -> Link {
-    use crate::shm::{RingLimits, ShmStream};
-    let mut socket = socket;
-    let established = handshake::handshake(
-        &mut socket,
-        role,
-        false,
-        Some(KEY),
-        Limits::default(),
-        None,
-        None,
-    )
-    .await
-    .expect("shakes hands");
-    let stream = ShmStream::open(socket, 64 << 10, &RingLimits::default())
-        .await
-        .expect("opens the rings");
-    let nowhere = std::net::SocketAddr::from(([0, 0, 0, 0], 0));
-    let who = link::Peer::without_certificate(nowhere, established.authenticated);
-    Link::sealed(Box::new(stream), established, who)
+fn socket_path(name: &str) -> std::path::PathBuf {
+    let unique = format!(
+        "gs-{}-{name}-{:?}",
+        std::process::id(),
+        std::time::Instant::now()
+    );
+    std::env::temp_dir().join(unique.replace([' ', ':', '.'], "_"))
 }
 
 #[cfg(target_os = "linux")]
 #[tokio::test]
-async fn a_sealed_round_trip_each_way_runs_over_shared_memory_rings() {
-    use crate::protocol::Role;
+async fn a_unix_listener_and_dialler_move_gradients_through_shared_memory() {
+    use std::os::unix::fs::PermissionsExt;
+    let path = socket_path("round");
     let config = SessionConfig::new("t", 65536);
-    let (a, b) = tokio::net::UnixStream::pair().expect("a socket pair");
-    // Larger than the 64 KiB rings: sends wait for credits and the rings wrap.
-    let grad: Vec<f32> = (0..300_000).map(|i| i as f32 * 0.25 - 7.0).collect();
+    let mut listener = Listener::bind_unix(&path, listen_settings(Some(KEY), Limits::default()))
+        .await
+        .expect("binds");
+    assert_eq!(listener.address(), &Bound::Unix(path.clone()));
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "the socket file is the owner's alone");
+    let grad: Vec<f32> = (0..3_000_000).map(|i| (i % 977) as f32 - 3.5).collect();
     let client = async {
-        let mut link = shm_link(a, Role::Client).await;
+        let mut link = connect_unix(&path, &dial_settings(Some(KEY)))
+            .await
+            .expect("connects");
         assert!(link.peer().authenticated);
+        let PeerAddress::Local(server) = &link.peer().address else {
+            panic!("not a same-host peer: {:?}", link.peer().address);
+        };
+        assert_eq!(server.pid, Some(std::process::id()));
+        assert_eq!(server.uid, rustix::process::getuid().as_raw());
         let p = Progress::default();
         let sent = link.send_gradient(&config, (&grad).into(), Waits::default(), &p);
-        assert_eq!(sent.await.expect("acknowledged"), 5);
-        let back = link
-            .recv_gradient(config.receiver(), Waits::default(), &p)
-            .await;
-        link.acknowledge().await.expect("acknowledges");
+        assert_eq!(sent.await.expect("acknowledged"), 46);
         link.close().await;
-        values(back.expect("receives"))
     };
     let server = async {
-        let mut link = shm_link(b, Role::Server).await;
-        let p = Progress::default();
+        let mut link = next_link(&mut listener).await;
+        assert!(matches!(&link.peer().address, PeerAddress::Local(p) if p.path == path));
         let ended = link
-            .recv_gradient(config.receiver(), Waits::default(), &p)
+            .recv_gradient(config.receiver(), Waits::default(), &Progress::default())
             .await;
         let got = values(ended.expect("receives"));
         link.acknowledge().await.expect("acknowledges");
-        let sent = link.send_gradient(&config, (&got).into(), Waits::default(), &p);
-        assert_eq!(sent.await.expect("acknowledged"), 5);
-        let end = link
-            .recv_gradient(config.receiver(), Waits::default(), &p)
-            .await;
-        assert!(matches!(end, Ok(Ended::BeforeFirstByte(_))));
-        assert!(link.is_closed());
         got
     };
-    let (back, got) = tokio::join!(client, server);
-    assert_eq!(got, grad);
-    assert_eq!(back, grad);
+    let ((), got) = tokio::join!(client, server);
+    assert!(got == grad, "the gradient differs");
+    listener.stopper().stop().await;
+    assert!(!path.exists(), "the socket file outlived its listener");
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_unix_listener_admits_its_own_user_only_unless_told_otherwise() {
+    let path = socket_path("uid");
+    let mut settings = listen_settings(None, Limits::default());
+    let own = rustix::process::getuid().as_raw();
+    settings.local.allowed_uid = Some(own.wrapping_add(1));
+    let mut listener = Listener::bind_unix(&path, settings).await.expect("binds");
+    let dial = dial_settings(None);
+    let dialled = connect_unix(&path, &dial);
+    let refused = listener.next();
+    let (dialled, refused) = tokio::join!(dialled, refused);
+    assert!(dialled.is_err(), "a refused peer got a link");
+    match refused {
+        Some(Event::Refused {
+            address: PeerAddress::Local(peer),
+            why: Refusal::Shed(why),
+        }) => {
+            assert_eq!(peer.uid, own);
+            let text = why.to_string();
+            assert!(
+                text.contains(&format!(
+                    "uid {own}, where this listener admits uid {}",
+                    own.wrapping_add(1)
+                )),
+                "{text}"
+            );
+        }
+        _ => panic!("expected the listener's refusal of the uid"),
+    }
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_unix_listener_replaces_a_stale_socket_file_and_nothing_else() {
+    let settings = || listen_settings(None, Limits::default());
+    // A socket file nobody listens on (its listener died): replaced.
+    let stale = socket_path("stale");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    assert!(stale.exists());
+    let listener = Listener::bind_unix(&stale, settings())
+        .await
+        .expect("replaces it");
+    // A live one: an error, and the live listener keeps its file.
+    let error = Listener::bind_unix(&stale, settings())
+        .await
+        .err()
+        .expect("in use")
+        .to_string();
+    assert!(error.contains("a listener is already at unix:"), "{error}");
+    assert!(stale.exists());
+    drop(listener);
+    // A file of another kind: left alone.
+    let file = socket_path("file");
+    std::fs::write(&file, b"precious").unwrap();
+    let error = Listener::bind_unix(&file, settings())
+        .await
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(error.contains("is not a socket"), "{error}");
+    assert_eq!(std::fs::read(&file).unwrap(), b"precious");
+    std::fs::remove_file(&file).unwrap();
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn tls_and_the_seed_protocol_are_refused_on_unix_sockets() {
+    let path = socket_path("seed");
+    let mut settings = listen_settings(None, Limits::default());
+    settings.protocol = Protocol::Seed;
+    let error = Listener::bind_unix(&path, settings)
+        .await
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(error.contains("neither TLS nor protocol='seed'"), "{error}");
+    let mut dial = dial_settings(None);
+    dial.protocol = Protocol::Seed;
+    let error = connect_unix(&path, &dial)
+        .await
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(error.contains("neither TLS nor protocol='seed'"), "{error}");
+    assert!(!path.exists());
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_unix_dialler_refuses_a_listener_of_another_user_before_sending_anything() {
+    use std::os::unix::fs::PermissionsExt;
+    let path = socket_path("squat");
+    let own = rustix::process::getuid().as_raw();
+    let mut settings = listen_settings(None, Limits::default());
+    settings.local.allowed_uid = None; // any user: the file is open to all
+    let listener = Listener::bind_unix(&path, settings).await.expect("binds");
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o666, "another user could not connect");
+    let mut dial = dial_settings(None);
+    dial.local.allowed_uid = Some(own.wrapping_add(1));
+    let error = connect_unix(&path, &dial)
+        .await
+        .err()
+        .expect("refused")
+        .to_string();
+    let says = format!(
+        "is a process of uid {own}, not of uid {}",
+        own.wrapping_add(1)
+    );
+    assert!(error.contains(&says), "{error}");
+    drop(listener);
 }

@@ -1,7 +1,7 @@
-//! Shared memory for the same-host transport (issue 24, design in `docs/spec/same-host.md`
-//! once the transport is wired): each side of a Unix-domain connection writes the payloads
-//! it sends into a ring of its own, a memfd of fixed size, and passes the ring's descriptor
-//! to the peer once, with `SCM_RIGHTS`; the socket then carries everything else.
+//! Shared memory for the same-host transport (docs/spec/same-host.md): each side of a
+//! Unix-domain connection writes the payloads it sends into a ring of its own, a memfd of
+//! fixed size, and passes the ring's descriptor to the peer once, with `SCM_RIGHTS`; the
+//! socket then carries everything else.
 //!
 //! The rules a receiver holds a peer's ring to, whatever the peer does:
 //! - the size cannot change under it: the ring must carry `F_SEAL_SHRINK` and

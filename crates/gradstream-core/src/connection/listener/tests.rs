@@ -21,6 +21,8 @@ fn settings() -> ListenSettings {
             ..Admission::default()
         },
         limits: Limits::default(),
+        #[cfg(target_os = "linux")]
+        local: LocalSettings::default(),
         test_nonce: None,
     }
 }
@@ -32,6 +34,8 @@ fn dial(key: &[u8]) -> DialSettings {
         authkey: Some(key.to_vec()),
         handshake_timeout: Duration::from_secs(5),
         limits: Limits::default(),
+        #[cfg(target_os = "linux")]
+        local: LocalSettings::default(),
         test_nonce: None,
     }
 }

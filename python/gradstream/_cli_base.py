@@ -177,12 +177,19 @@ def count_of(n: int, what: str) -> str:
 def describe_peer(peer: Peer) -> str:
     """`10.0.0.7:51234`, with what vouches for it: `(subject "O=lab,CN=worker-1",
     authenticated)` under mutual TLS, `(authenticated)` with an authkey. The subject is
-    quoted as JSON, so that no text in a certificate reads as more of the line."""
-    host, port = peer.address
+    quoted as JSON, so that no text in a certificate reads as more of the line. A
+    same-host peer: `unix:PATH (pid 123, uid 1000)`."""
     vouched = []
+    if peer.pid is not None:
+        vouched.append(f"pid {peer.pid}")
+    if peer.uid is not None:
+        vouched.append(f"uid {peer.uid}")
     if peer.tls_subject is not None:
         vouched.append(f"subject {json.dumps(peer.tls_subject, ensure_ascii=False)}")
     if peer.authenticated:
         vouched.append("authenticated")
-    where = format_address(host, port)
+    if isinstance(peer.address, str):
+        where = peer.address
+    else:
+        where = format_address(*peer.address)
     return f"{where} ({', '.join(vouched)})" if vouched else where

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import time
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Iterator
@@ -24,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _aio
-from ._address import Peer, parse_address, peer_text
+from ._address import UNIX, Address, Peer, address_of, parse_address, peer_text
 from ._checks import (
     AUTH_FAILURE_WINDOW,
     HANDSHAKE_TIMEOUT,
@@ -50,6 +51,7 @@ from ._session import GradientStreamSession, _Out, hand_back_as, lend_either, te
 from ._tls_settings import client_tls, listener_tls
 from ._torch import check_like
 from ._turns import Phase, Turns
+from .errors import SettingError
 
 if TYPE_CHECKING:
     # The session layer alone imports the extension (tests/api/test_layers.py).
@@ -111,8 +113,14 @@ class ConnectionCore:
     def __init__(self, link: Any, session: GradientStreamSession) -> None:
         self._link = link
         self._session = session
-        address, subject, authenticated = link.peer()
-        self.peer = Peer(address=tuple(address), tls_subject=subject, authenticated=authenticated)
+        address, subject, authenticated, pid, uid = link.peer()
+        self.peer = Peer(
+            address=address_of(address),
+            tls_subject=subject,
+            authenticated=authenticated,
+            pid=pid,
+            uid=uid,
+        )
         self._turns = Turns()
         self._closing = False
 
@@ -412,7 +420,7 @@ class Listener:
         self._native = native
         self._session = session
         self._protocol = protocol
-        self.address: tuple[str, int] = native.address
+        self.address: Address = native.address
         self._ready: Ready[Connection] = Ready()
         self._refusals = RefusalLog(peer_text(self.address))
         self._pump = asyncio.get_running_loop().create_task(self._take_events())
@@ -431,11 +439,11 @@ class Listener:
             if event[0] == "connection":
                 await self._arrived(event[1])
             elif event[0] == "silent":
-                self._refusals.refused(tuple(event[1]), silent_text(event[2]))
+                self._refusals.refused(address_of(event[1]), silent_text(event[2]))
             elif event[0] == "dropped":  # closed by the listener itself: its words
-                self._refusals.refused(tuple(event[1]), event[2])
+                self._refusals.refused(address_of(event[1]), event[2])
             else:
-                self._refusals.refused(tuple(event[1]), str(event[2]))
+                self._refusals.refused(address_of(event[1]), str(event[2]))
 
     async def _arrived(self, link: Any) -> None:
         # A method of its own: the pump keeps no reference to a connection it handed
@@ -559,6 +567,51 @@ class Opened:
     listener: dict[str, float]
 
 
+# `allowed_uid=`'s default: this process's own user.
+OWN_USER = "own user"
+
+
+def check_uid(allowed_uid: Any, host: str) -> int | None:
+    """``allowed_uid``: a user id, None (any user), or the default; only for a unix:
+    address (a TCP peer has no uid)."""
+    if not host.startswith(UNIX):
+        if allowed_uid is not OWN_USER:
+            raise SettingError(
+                "allowed_uid",
+                "allowed_uid is for unix: addresses: a peer over TCP has no user id "
+                "(use authkey= or TLS to know who it is)",
+            )
+        return None
+    if allowed_uid is OWN_USER:
+        return os.getuid()
+    if allowed_uid is None:
+        return None
+    if isinstance(allowed_uid, bool) or not isinstance(allowed_uid, int):
+        raise TypeError(f"allowed_uid must be an int or None, not {type(allowed_uid).__name__}")
+    if not 0 <= allowed_uid < 2**32:
+        raise SettingError("allowed_uid", f"allowed_uid must be a user id, got {allowed_uid}")
+    return allowed_uid
+
+
+def check_same_host(host: str, tls: Any, protocol: Any) -> None:
+    """A unix: address takes neither TLS nor the seed protocol: say so, naming the fix."""
+    if not host.startswith(UNIX):
+        return
+    if tls is not None:
+        raise SettingError(
+            "tls",
+            "a unix: connection takes no TLS: the kernel is the only party between two "
+            "processes of one host; a listener admits its own user only (allowed_uid=), "
+            "and authkey= still applies",
+        )
+    if protocol == "seed":
+        raise SettingError(
+            "protocol",
+            "a unix: connection speaks gradstream (its rings are set up after the hello); "
+            "protocol='seed' is for the bare frames of TCP peers",
+        )
+
+
 def listen_args(
     address: Any,
     *,
@@ -575,9 +628,12 @@ def listen_args(
     hello_timeout: Any = HELLO_TIMEOUT,
     max_auth_failures: Any = MAX_AUTH_FAILURES,
     auth_failure_window: Any = AUTH_FAILURE_WINDOW,
+    allowed_uid: Any = OWN_USER,
 ) -> Opened:
     """``listen``'s arguments, checked (both faces)."""
     host, port = parse_address(address)
+    check_same_host(host, tls, protocol)
+    uid = check_uid(allowed_uid, host)
     own = _session(session, protocol)
     args, speaks = _link_settings(
         own,
@@ -602,7 +658,7 @@ def listen_args(
     own_settings["auth_failure_window"] = check_handshake_timeout(
         auth_failure_window, "auth_failure_window"
     )
-    return Opened(host, port, own, args, speaks, own_settings)
+    return Opened(host, port, own, {**args, "allowed_uid": uid}, speaks, own_settings)
 
 
 def connect_args(
@@ -615,9 +671,12 @@ def connect_args(
     deadline: Any = None,
     protocol: Any = "gradstream",
     handshake_timeout: Any = HANDSHAKE_TIMEOUT,
+    allowed_uid: Any = OWN_USER,
 ) -> Opened:
     """``connect``'s arguments, checked (both faces)."""
     host, port = parse_address(address)
+    check_same_host(host, tls, protocol)
+    uid = check_uid(allowed_uid, host)
     own = _session(session, protocol)
     args, speaks = _link_settings(
         own,
@@ -629,7 +688,7 @@ def connect_args(
         deadline=deadline,
         handshake_timeout=handshake_timeout,
     )
-    return Opened(host, port, own, args, speaks, {})
+    return Opened(host, port, own, {**args, "allowed_uid": uid}, speaks, {})
 
 
 def listen(
@@ -648,11 +707,13 @@ def listen(
     hello_timeout: Any = HELLO_TIMEOUT,
     max_auth_failures: Any = MAX_AUTH_FAILURES,
     auth_failure_window: Any = AUTH_FAILURE_WINDOW,
+    allowed_uid: Any = OWN_USER,
 ) -> Opening[Listener]:
     """Listen on ``address`` (``"host:port"`` or ``(host, port)``; port 0 for any, see
-    ``Listener.address``); to be awaited (or ``async with``). The caps,
-    ``hello_timeout`` and the online-guessing limit: docs/guides/limits.md, "A listener
-    under a flood"."""
+    ``Listener.address``; or ``"unix:PATH"`` for processes of this host, whose user must
+    be ``allowed_uid``: this process's own by default, None for any); to be awaited (or
+    ``async with``). The caps, ``hello_timeout`` and the online-guessing limit:
+    docs/guides/limits.md, "A listener under a flood"."""
     keywords = {
         "session": session,
         "tls": tls,
@@ -667,6 +728,7 @@ def listen(
         "hello_timeout": hello_timeout,
         "max_auth_failures": max_auth_failures,
         "auth_failure_window": auth_failure_window,
+        "allowed_uid": allowed_uid,
     }
     return Opening("listen", lambda: _listen(address, keywords))
 
@@ -694,9 +756,12 @@ def connect(
     deadline: Any = None,
     protocol: Any = "gradstream",
     handshake_timeout: Any = HANDSHAKE_TIMEOUT,
+    allowed_uid: Any = OWN_USER,
 ) -> Opening[Connection]:
     """Connect to a listener at ``address`` and shake hands; to be awaited (or ``async
-    with``). ``handshake_timeout`` bounds the TCP connect, TLS and the hello together."""
+    with``). ``handshake_timeout`` bounds the TCP connect, TLS and the hello together. At
+    a ``"unix:PATH"`` address the listener must be a process of ``allowed_uid`` (this
+    process's own user by default; None: any)."""
     keywords = {
         "session": session,
         "tls": tls,
@@ -705,6 +770,7 @@ def connect(
         "deadline": deadline,
         "protocol": protocol,
         "handshake_timeout": handshake_timeout,
+        "allowed_uid": allowed_uid,
     }
     return Opening("connect", lambda: _connect(address, keywords))
 

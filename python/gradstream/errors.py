@@ -289,14 +289,17 @@ class StreamDeadlineError(StreamTimeoutError):
         return (type(self), (self.deadline, self.received, self.total))
 
 
-Address = tuple[str, int]
+# Where a peer or a listener is: ``(host, port)`` over TCP, ``"unix:PATH"`` on this host.
+Address = tuple[str, int] | str
 
 
 def _peer_text(peer: Address | None) -> str:
-    """How messages name a connection's peer: ``host:port`` (``[v6]:port``), or
-    ``the peer``."""
+    """How messages name a connection's peer: ``host:port`` (``[v6]:port``),
+    ``unix:PATH``, or ``the peer``."""
     if peer is None:
         return "the peer"
+    if isinstance(peer, str):
+        return peer
     host, port = peer
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 

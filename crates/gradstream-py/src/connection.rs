@@ -26,8 +26,8 @@ use super::stream::{progress_counters, TransferProgress};
 use super::tensors::{HeldTensors, TensorArgs};
 use gradstream_core::connection::link::Direct;
 use gradstream_core::connection::{
-    self, DialSettings, Event, Link, ListenSettings, Listener, Peer, Protocol, ReadBudget,
-    Received, Refusal, Stopper,
+    self, Bound as BoundAt, DialSettings, Event, Link, ListenSettings, Listener, LocalSettings,
+    Peer, PeerAddress, Protocol, ReadBudget, Received, Refusal, Rings, Stopper,
 };
 use gradstream_core::error::{GradientStreamError, Result};
 use gradstream_core::receiver::Ended;
@@ -60,6 +60,10 @@ pub struct LinkArgs {
     timeout: Option<f64>,
     #[pyo3(item)]
     deadline: Option<f64>,
+    /// A unix: connection's only acceptable peer user; None: any (always given, checked
+    /// by `gradstream._connection`; unused over TCP).
+    #[pyo3(item)]
+    allowed_uid: Option<u32>,
     /// Tests only, never set by `gradstream._connection`: this side's hello nonce, 32
     /// bytes (`DialSettings::test_nonce`), for the replays of recorded sessions.
     #[pyo3(item("_test_nonce"), default)]
@@ -90,6 +94,14 @@ impl LinkArgs {
             .transpose()
     }
 
+    /// A unix: connection's rule for its peer's user, and its rings.
+    fn local(&self) -> LocalSettings {
+        LocalSettings {
+            allowed_uid: self.allowed_uid,
+            rings: Rings::default(),
+        }
+    }
+
     fn waits(&self) -> Waits {
         let seconds = |s: Option<f64>| s.map(saturating_seconds);
         Waits {
@@ -102,6 +114,36 @@ impl LinkArgs {
 /// `(host, port)` of an address.
 fn address_tuple(address: SocketAddr) -> (String, u16) {
     (address.ip().to_string(), address.port())
+}
+
+/// How Python holds where a peer or a listener is: `(host, port)` over TCP, the string
+/// `"unix:PATH"` on this host (gradstream._address).
+#[derive(Clone, Debug, IntoPyObject)]
+pub enum PyAddress {
+    Tcp((String, u16)),
+    Unix(String),
+}
+
+fn unix_text(path: &std::path::Path) -> String {
+    format!("unix:{}", path.display())
+}
+
+impl From<&PeerAddress> for PyAddress {
+    fn from(address: &PeerAddress) -> Self {
+        match address {
+            PeerAddress::Tcp(address) => Self::Tcp(address_tuple(*address)),
+            PeerAddress::Local(peer) => Self::Unix(unix_text(&peer.path)),
+        }
+    }
+}
+
+impl From<&BoundAt> for PyAddress {
+    fn from(address: &BoundAt) -> Self {
+        match address {
+            BoundAt::Tcp(address) => Self::Tcp(address_tuple(*address)),
+            BoundAt::Unix(path) => Self::Unix(unix_text(path)),
+        }
+    }
 }
 
 /// A new Python `Link` for `link`, made on the loop's thread.
@@ -127,6 +169,7 @@ pub fn open_link(
     let protocol = args.protocol(py)?;
     let test_nonce = args.test_nonce(py)?;
     let waits = args.waits();
+    let local = args.local();
     let tls = match args.tls {
         Some(files) => Some(Arc::new(
             TlsConnector::new(&files.into()).map_err(|e| tls_setting_error(py, e))?,
@@ -139,11 +182,18 @@ pub fn open_link(
         authkey: args.authkey,
         handshake_timeout: saturating_seconds(args.handshake_timeout),
         limits: engine.get().config().limits,
+        local,
         test_nonce,
     };
     let engine = engine.clone().unbind();
     Ok(completions.get().spawn(async move {
-        let link = connection::connect(&host, port, &settings).await?;
+        let link = match host.strip_prefix("unix:") {
+            // `gradstream._address`: a unix: address comes as its text, port 0.
+            Some(path) if port == 0 => {
+                connection::connect_unix(std::path::Path::new(path), &settings).await?
+            }
+            _ => connection::connect(&host, port, &settings).await?,
+        };
         Ok(link_outcome(link, engine, waits))
     }))
 }
@@ -164,6 +214,7 @@ pub fn open_listener(
     let protocol = args.protocol(py)?;
     let test_nonce = args.test_nonce(py)?;
     let waits = args.waits();
+    let local = args.local();
     let tls = match args.tls {
         Some(files) => Some(Arc::new(
             TlsAcceptor::new(&files.into()).map_err(|e| tls_setting_error(py, e))?,
@@ -179,13 +230,20 @@ pub fn open_listener(
         max_connections: own.max_connections,
         admission: own.admission,
         limits: engine.get().config().limits,
+        local,
         test_nonce,
     };
     let engine = engine.clone().unbind();
     Ok(completions.get().spawn(async move {
-        let listener = Listener::bind(&host, port, settings).await?;
+        let listener = match host.strip_prefix("unix:") {
+            // `gradstream._address`: a unix: address comes as its text, port 0.
+            Some(path) if port == 0 => {
+                Listener::bind_unix(std::path::Path::new(path), settings).await?
+            }
+            _ => Listener::bind(&host, port, settings).await?,
+        };
         Ok(Outcome::Object(Box::new(move |py| {
-            let address = address_tuple(listener.address());
+            let address = PyAddress::from(listener.address());
             let stopper = Arc::new(listener.stopper());
             let listener = PyListener {
                 listener: Arc::new(AsyncMutex::new(listener)),
@@ -284,12 +342,19 @@ fn received(got: Ended, owner: Option<Py<PyAny>>, none_at_end: bool) -> Result<O
 
 #[pymethods]
 impl PyLink {
-    /// `((host, port), tls_subject, authenticated)`.
-    fn peer(&self) -> ((String, u16), Option<String>, bool) {
+    /// `(address, tls_subject, authenticated, pid, uid)`: the address `(host, port)` or
+    /// `"unix:PATH"`; pid and uid of a same-host peer (the kernel's), else None.
+    fn peer(&self) -> (PyAddress, Option<String>, bool, Option<u32>, Option<u32>) {
+        let (pid, uid) = match &self.peer.address {
+            PeerAddress::Local(local) => (local.pid, Some(local.uid)),
+            PeerAddress::Tcp(_) => (None, None),
+        };
         (
-            address_tuple(self.peer.address),
+            PyAddress::from(&self.peer.address),
             self.peer.tls_subject.clone(),
             self.peer.authenticated,
+            pid,
+            uid,
         )
     }
 
@@ -538,14 +603,14 @@ pub struct PyListener {
     stopper: Arc<Stopper>,
     engine: Py<Engine>,
     waits: Waits,
-    address: (String, u16),
+    address: PyAddress,
 }
 
 #[pymethods]
 impl PyListener {
-    /// The address bound: `(host, port)`.
+    /// The address bound: `(host, port)`, or `"unix:PATH"`.
     #[getter]
-    fn address(&self) -> (String, u16) {
+    fn address(&self) -> PyAddress {
         self.address.clone()
     }
 
@@ -585,8 +650,8 @@ impl PyListener {
 /// `("refused", (host, port), exception)`, `("silent", (host, port), seconds)` for a
 /// peer that did not finish its handshake within that long, or `("dropped", (host, port),
 /// why)` for a peer the listener closed itself (a cap, a silence, a source locked out).
-fn refused(py: Python<'_>, address: SocketAddr, why: Refusal) -> PyResult<Py<PyAny>> {
-    let address = address_tuple(address);
+fn refused(py: Python<'_>, address: PeerAddress, why: Refusal) -> PyResult<Py<PyAny>> {
+    let address = PyAddress::from(&address);
     let event = match why {
         Refusal::Failed(error) => {
             let exception = to_py_err(py, error).into_value(py);

@@ -15,7 +15,7 @@ import numpy.typing as npt
 
 from .._address import peer_text
 from .._checks import HANDSHAKE_TIMEOUT, check_seconds
-from .._connection import ConnectionCore, Timed, connect_args, set_like
+from .._connection import OWN_USER, ConnectionCore, Timed, connect_args, set_like
 from .._session import _Out, hand_back_as, lend_either
 from .._torch import check_like
 from .._turns import Phase
@@ -242,6 +242,7 @@ def connect(
     deadline: Any = None,
     protocol: Any = "gradstream",
     handshake_timeout: Any = HANDSHAKE_TIMEOUT,
+    allowed_uid: Any = OWN_USER,
 ) -> Connection:
     """Connect to a listener at ``address`` and shake hands (as ``gradstream.connect``,
     blocking); ``handshake_timeout`` bounds the TCP connect, TLS and the hello
@@ -255,6 +256,7 @@ def connect(
         deadline=deadline,
         protocol=protocol,
         handshake_timeout=handshake_timeout,
+        allowed_uid=allowed_uid,
     )
     own = waiter()
     with stopping(own):

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any
 
-from .._address import peer_text
+from .._address import Address, address_of, peer_text
 from .._checks import check_handler, check_seconds
 from .._connection import listen_args
 from .._logs import RefusalLog, log_accepted, silent_text
@@ -40,13 +40,15 @@ class Listener:
         self._native = native
         self._session = session
         self._protocol = protocol
-        self.address: tuple[str, int] = native.address
+        self.address: Address = native.address
         self._ready: queue.Queue[Connection | None] = queue.Queue()
         self._lock = threading.Lock()
         self._closed = False
         self._refusals = RefusalLog(peer_text(self.address))
         self._pump = threading.Thread(
-            target=self._take_events, name=f"gradstream-listener-{self.address[1]}", daemon=True
+            target=self._take_events,
+            name=f"gradstream-listener {peer_text(self.address)}",
+            daemon=True,
         )
         self._pump.start()
 
@@ -67,11 +69,11 @@ class Listener:
             if event[0] == "connection":
                 self._arrived(event[1])
             elif event[0] == "silent":
-                self._refusals.refused(tuple(event[1]), silent_text(event[2]))
+                self._refusals.refused(address_of(event[1]), silent_text(event[2]))
             elif event[0] == "dropped":  # closed by the listener itself: its words
-                self._refusals.refused(tuple(event[1]), event[2])
+                self._refusals.refused(address_of(event[1]), event[2])
             else:
-                self._refusals.refused(tuple(event[1]), str(event[2]))
+                self._refusals.refused(address_of(event[1]), str(event[2]))
 
     def _arrived(self, link: Any) -> None:
         connection = Connection(link, self._session)
@@ -177,7 +179,7 @@ class Server:
         self._dispatcher.start()
 
     @property
-    def address(self) -> tuple[str, int]:
+    def address(self) -> Address:
         return self._listener.address
 
     def __repr__(self) -> str:

@@ -95,7 +95,7 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch 
                 **common,
             )
         ).result()
-        _, port = listener.address
+        port = listener.address[1]  # a (host, port): listened on settings.host
         store.set(_ADDRESS.format(self.rank()), f"{settings.host}:{port}")
         addresses = [bytes(store.get(_ADDRESS.format(k))).decode() for k in range(self.size())]
         after = addresses[(self.rank() + 1) % self.size()]

@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from ._address import Peer
+from ._address import UNIX, Address, Peer
 from ._dtypes import DTYPES, width
 
 __all__ = [
@@ -29,12 +29,14 @@ __all__ = [
     "format_address",
     "format_bytes",
     "format_size",
+    "library_address",
     "one_line",
     "parse_address",
     "parse_size",
     "rate",
     "resolve",
     "say",
+    "shown",
 ]
 
 MIB = 2**20
@@ -59,14 +61,20 @@ class CliError(Exception):
 def parse_address(
     text: str, *, default_host: str | None = None, allow_port_zero: bool = False
 ) -> tuple[str, int]:
-    """Split ``HOST:PORT`` (``[v6addr]:PORT`` for IPv6) into (host, port).
+    """Split ``HOST:PORT`` (``[v6addr]:PORT`` for IPv6) into (host, port); a same-host
+    ``unix:PATH`` comes back as its text and port 0 (``library_address``).
 
     With ``default_host``, a bare ``PORT`` is accepted too. Raises ``CliError`` (status 2).
     """
 
     def bad(why: str) -> NoReturn:
         form = "[HOST:]PORT" if default_host is not None else "HOST:PORT"
-        raise CliError(f"bad address {text!r}: {why} (expected {form})", 2)
+        raise CliError(f"bad address {text!r}: {why} (expected {form} or unix:PATH)", 2)
+
+    if text.startswith(UNIX):
+        if text == UNIX:
+            bad("no path after 'unix:'")
+        return text, 0
 
     if text.startswith("["):
         end = text.find("]")
@@ -99,11 +107,28 @@ def parse_address(
 
 
 def format_address(host: str, port: int) -> str:
+    if host.startswith(UNIX):
+        return host
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def shown(address: Address) -> str:
+    """An address as the library gives it (``(host, port)`` or ``"unix:PATH"``), as the
+    CLI prints it."""
+    return address if isinstance(address, str) else format_address(*address)
+
+
+def library_address(address: tuple[str, int]) -> Address:
+    """``parse_address``'s result as ``connect`` and ``listen`` take it."""
+    host, _ = address
+    return host if host.startswith(UNIX) else address
+
+
 def resolve(host: str, port: int, *, passive: bool) -> list[tuple[Any, ...]]:
-    """getaddrinfo, its failure as a CliError naming the host."""
+    """getaddrinfo, its failure as a CliError naming the host (nothing to resolve for a
+    unix: address)."""
+    if host.startswith(UNIX):
+        return []
     try:
         return socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE if passive else 0

@@ -54,10 +54,12 @@ from ._cli_base import (
     format_address,
     format_bytes,
     format_size,
+    library_address,
     parse_address,
     rate,
     resolve,
     say,
+    shown,
 )
 from ._cli_files import (
     SET_SUFFIXES,
@@ -444,7 +446,7 @@ async def _serve(plan: RecvPlan, session: GradientStreamSession, link: LinkSetti
         try:
             caps = {} if plan.max_connections is None else {"max_connections": plan.max_connections}
             server = await serve(
-                plan.address,
+                library_address(plan.address),
                 lambda conn: _take_gradients(run, conn),
                 session=session,
                 **link.keywords(),
@@ -455,7 +457,7 @@ async def _serve(plan: RecvPlan, session: GradientStreamSession, link: LinkSetti
         except GradientStreamError as exc:
             raise CliError(f"cannot listen on {where}: {describe_transfer_error(exc)}") from exc
         try:
-            say(f"{LISTENING_PREFIX}{format_address(*server.address)}")
+            say(f"{LISTENING_PREFIX}{shown(server.address)}")
             run.watch_idle()
             await run.finished.wait()
         finally:

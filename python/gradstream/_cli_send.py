@@ -35,6 +35,7 @@ from ._cli_base import (
     describe_values,
     format_address,
     format_bytes,
+    library_address,
     parse_address,
     rate,
     resolve,
@@ -139,7 +140,9 @@ def _sending_failure(exc: BaseException) -> str:
 async def _send_all(plan: SendPlan, doing: _Doing) -> None:
     where = format_address(*plan.address)
     try:
-        conn = await connect(plan.address, session=plan.session, **plan.link.keywords())
+        conn = await connect(
+            library_address(plan.address), session=plan.session, **plan.link.keywords()
+        )
     except (GradientStreamError, OSError) as exc:
         raise _connect_failure(where, exc, plan.link) from exc
     acknowledged = ", acknowledged" if plan.link.protocol == "gradstream" else ""

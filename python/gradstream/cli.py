@@ -207,7 +207,11 @@ def _add_recv(sub: Any) -> None:
         "--authkey-file round.key",
         formatter_class=_Formatter,
     )
-    recv.add_argument("address", metavar="[HOST:]PORT", help="where to listen")
+    recv.add_argument(
+        "address",
+        metavar="[HOST:]PORT",
+        help="where to listen; unix:PATH for processes of this host (docs/guides/same-host.md)",
+    )
     recv.add_argument(
         "--out",
         required=True,
@@ -262,7 +266,7 @@ def _add_send(sub: Any) -> None:
         "  gradstream send 10.0.0.5:9000 g.npy --tls-ca ca.pem --authkey-file round.key",
         formatter_class=_Formatter,
     )
-    send.add_argument("address", metavar="HOST:PORT", help="the receiver")
+    send.add_argument("address", metavar="HOST:PORT", help="the receiver; unix:PATH on this host")
     send.add_argument(
         "files",
         nargs="+",

@@ -253,6 +253,24 @@ def _socket_ratios(res: Results) -> list[Ratio]:
             0.9,
             "gloo",
         ),
+        # Issue 24: the same-host transport against one copy in memory, and against the
+        # same connection over loopback TCP.
+        _at_least(
+            res,
+            "end to end, gs.sync unix: connection / memcpy (gradient GB/s)",
+            "e2e_native_unix",
+            "memcpy",
+            "gbps",
+            0.4,
+            "memcpy",
+        ),
+        _reported(
+            res,
+            "end to end, gs.sync unix: connection / over loopback TCP",
+            "e2e_native_unix",
+            "e2e_native_connection",
+            "gbps",
+        ),
         _reported(
             res,
             "end to end, socket path, compact / pickle protocol 5 out-of-band",

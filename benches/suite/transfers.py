@@ -161,15 +161,19 @@ def _gs_receiver(
     _run(run(), route.loop)
 
 
-def _conn_receiver(out: Any, ctl: Any, sock: socket.socket, grad: F32) -> None:
+def _conn_receiver(
+    out: Any, ctl: Any, sock: socket.socket, grad: F32, unix: str | None = None
+) -> None:
     """A blocking gs.sync connection (the defaults a gradstream connection has: compact
-    layout, sealed, acknowledged), received into a pre-faulted out= each turn. The bench's
-    socket carries the listener's port once, then the go bytes."""
+    layout, sealed, acknowledged), received into a pre-faulted out= each turn; over TCP,
+    or at ``unix`` (a "unix:PATH" address: the same-host transport). The bench's socket
+    carries the listener's port once (0 for unix), then the go bytes."""
     import gradstream
     from gradstream import sync as gsync
 
-    with gsync.listen("127.0.0.1:0") as listener:
-        sock.sendall(struct.pack("<H", listener.address[1]))
+    with gsync.listen(unix or "127.0.0.1:0") as listener:
+        port = 0 if unix else listener.address[1]
+        sock.sendall(struct.pack("<H", port))
         with listener.accept(timeout=60) as conn:
             for rep in turns(ctl):
                 dest = prefaulted(grad)
@@ -181,14 +185,14 @@ def _conn_receiver(out: Any, ctl: Any, sock: socket.socket, grad: F32) -> None:
                 del got, dest
 
 
-def _conn_sender(out: Any, _: Any, sock: socket.socket, grad: F32) -> None:
+def _conn_sender(out: Any, _: Any, sock: socket.socket, grad: F32, unix: str | None = None) -> None:
     from gradstream import sync as gsync
 
     head = bytearray(2)
     if recv_exactly(sock, memoryview(head)) != 2:
         raise ChildError("no listener port from the receiver")
     (port,) = struct.unpack("<H", head)
-    with gsync.connect(("127.0.0.1", port)) as conn:
+    with gsync.connect(unix or ("127.0.0.1", port)) as conn:
         rep = 0
         while recv_go(sock):
             t0 = now_ns()
@@ -442,6 +446,7 @@ GS_ROWS = (
 # What each kind of row has that the others do not (the "keep every peer honest" notes).
 STREAMS_NOTE = "open_connection(sock=) at both ends (start_server's transport)"
 CONNECTION_NOTE = "the torch backend's path; t1 before the ack goes back"
+UNIX_NOTE = "two processes of this machine; its ratio is against memcpy, the TCP row beside it"
 PICKLE_NOTES = {
     False: "handicap: dumps makes a new bytes and loads a new array (no out=); "
     "the receive buffer is reused",
@@ -510,6 +515,17 @@ def plan_transfers(cfg: Config, grad: F32, available: dict[str, str | None]) -> 
         f"native gs.sync connection (connection defaults: compact, sealed, ack), {label}, into out="
     )
     plans.append(Planned("e2e_native_connection", "e2e", name, c, CONNECTION_NOTE))
+
+    # The same over the same-host transport (issue 24): a Unix socket, shared-memory rings.
+    unix = f"unix:{tempfile.gettempdir()}/gradstream-bench-{os.urandom(6).hex()}.sock"
+    c = Contestant(
+        "e2e_native_unix",
+        ("recv", _conn_receiver, (grad, unix)),
+        ("send", _conn_sender, (grad, unix)),
+        per_turn=2,
+    )
+    name = f"native gs.sync unix: connection (shared-memory rings), {label}, into out="
+    plans.append(Planned("e2e_native_unix", "e2e", name, c, UNIX_NOTE))
 
     name = f"torch.distributed gloo send/recv, {label}"
     if importlib.util.find_spec("torch") is None:

@@ -93,6 +93,7 @@ TIMED_ROWS = {
     *(f"e2e_native_streams_{layout}_generic" for layout in LAYOUTS),
     # issue 23's point-to-point rows: a gs.sync connection, larger chunks
     "e2e_native_connection",
+    "e2e_native_unix",  # issue 24: the same-host transport
     "e2e_native_socket_compact_chunk262144",
     "e2e_native_socket_compact_chunk1048576",
 }
@@ -215,6 +216,16 @@ RATIO_ROWS: dict[str, tuple[str, str, float | None]] = {
         "e2e_native_connection",
         "e2e_gloo",
         0.9,
+    ),
+    "end to end, gs.sync unix: connection / memcpy (gradient GB/s)": (
+        "e2e_native_unix",
+        "memcpy",
+        0.4,
+    ),
+    "end to end, gs.sync unix: connection / over loopback TCP": (
+        "e2e_native_unix",
+        "e2e_native_connection",
+        REPORTED,
     ),
     "end to end, socket path, compact / pickle protocol 5 out-of-band": (
         "e2e_native_socket_compact",

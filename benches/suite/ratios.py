@@ -350,6 +350,17 @@ def _small_ratios(res: Results) -> list[Ratio]:
             0.5,
             "raw + ack",
         ),
+        # Issue 24: a blocking unix: connection against a raw Unix-socket ping-pong.
+        _at_least(
+            res,
+            "small-gradient round trips, blocking unix: Connection / raw Unix-socket "
+            "ping-pong with an ack",
+            "pingpong_sync_unix",
+            "pingpong_raw_unix_ack",
+            attr,
+            0.5,
+            "raw Unix + ack",
+        ),
         _at_least(
             res,
             "small-gradient round trips, asyncio Connection / pure-asyncio ping-pong with an ack",

@@ -8,8 +8,10 @@ socket's rate, so a blocking baseline would measure asyncio, not gradstream)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -136,6 +138,8 @@ SEALED_ROWS = (
     "pingpong_sync_connection",
     "pingpong_sync_connection_tokio",
     "pingpong_asyncio_ack",
+    "pingpong_sync_unix",
+    "pingpong_raw_unix_ack",
 )
 # An accepted ack's bytes on the wire (docs/spec/protocol.md: 56 bytes, no reason).
 ACK_LEN = 56
@@ -221,24 +225,52 @@ def _aio_ack_echo(out: Any, _: Any, sock: socket.socket, wire_len: int) -> None:
     asyncio.run(run())
 
 
-def _sync_dial(port: int, session: Any) -> Any:
+def _where(place: int | str) -> Any:
+    """A port of 127.0.0.1, or a "unix:PATH" address, as connect and listen take it."""
+    return place if isinstance(place, str) else ("127.0.0.1", place)
+
+
+def _sync_dial(place: int | str, session: Any) -> Any:
     """A blocking connection to the echo side's listener, retried while it starts."""
     import gradstream.sync
 
     for _ in range(200):
         try:
-            return gradstream.sync.connect(("127.0.0.1", port), session=session)
+            return gradstream.sync.connect(_where(place), session=session)
         except OSError:
             time.sleep(0.05)
-    return gradstream.sync.connect(("127.0.0.1", port), session=session)
+    return gradstream.sync.connect(_where(place), session=session)
+
+
+def _unix_ack_initiator(out: Any, ctl: Any, path: str, wire_len: int, seconds: float) -> None:
+    """``_ack_initiator`` over a Unix-domain socket at ``path`` (the echo side listens)."""
+    sock = socket.socket(socket.AF_UNIX)
+    for _ in range(200):
+        try:
+            sock.connect(path)
+            break
+        except OSError:
+            time.sleep(0.05)
+    else:
+        sock.connect(path)
+    _ack_initiator(out, ctl, sock, wire_len, seconds)
+
+
+def _unix_ack_echo(out: Any, ctl: Any, path: str, wire_len: int) -> None:
+    with socket.socket(socket.AF_UNIX) as listening:
+        listening.bind(path)
+        listening.listen(1)
+        sock, _ = listening.accept()
+    _ack_echo(out, ctl, sock, wire_len)
+    os.unlink(path)
 
 
 def _sync_initiator(
-    out: Any, ctl: Any, port: int, g: F32, seconds: float, off: tuple[str, ...] = ()
+    out: Any, ctl: Any, place: int | str, g: F32, seconds: float, off: tuple[str, ...] = ()
 ) -> None:
-    """Side A through a blocking connection: send (returns once acknowledged), then
-    receive the echo (acknowledging it)."""
-    conn = _sync_dial(port, _conn_session(off))
+    """Side A through a blocking connection (over TCP to a port, or at a "unix:PATH"):
+    send (returns once acknowledged), then receive the echo (acknowledging it)."""
+    conn = _sync_dial(place, _conn_session(off))
     last: list[Any] = [g]
 
     def step() -> None:
@@ -253,10 +285,10 @@ def _sync_initiator(
     conn.close()
 
 
-def _sync_echo(out: Any, _: Any, port: int, off: tuple[str, ...] = ()) -> None:
+def _sync_echo(out: Any, _: Any, place: int | str, off: tuple[str, ...] = ()) -> None:
     import gradstream.sync
 
-    with gradstream.sync.listen(("127.0.0.1", port), session=_conn_session(off)) as listener:
+    with gradstream.sync.listen(_where(place), session=_conn_session(off)) as listener:
         with listener.accept() as conn:
             for got in conn:  # until side A closes
                 conn.send(got)
@@ -415,6 +447,10 @@ def bench_small(cfg: Config, res: Results, only: frozenset[str] | None = None) -
         ),
     ]
     sync_port, sync_tokio_port = free_port(), free_port()
+    # Issue 24: the same-host transport, against a raw Unix socket.
+    folder = tempfile.gettempdir()
+    unix = f"unix:{folder}/gradstream-bench-{os.urandom(6).hex()}.sock"
+    raw_unix = f"{folder}/gradstream-bench-raw-{os.urandom(6).hex()}.sock"
     plans += [
         Planned(
             "pingpong_sync_connection",
@@ -438,6 +474,32 @@ def bench_small(cfg: Config, res: Results, only: frozenset[str] | None = None) -
                 "pingpong_sync_connection_tokio",
                 ("ping", _sync_initiator, (sync_tokio_port, g, seconds, ("caller_thread",))),
                 ("echo", _sync_echo, (sync_tokio_port, ("caller_thread",))),
+                per_turn=1,
+                connect=False,
+            ),
+        ),
+        Planned(
+            "pingpong_sync_unix",
+            "small",
+            f"blocking gradstream.sync unix: connection (shared-memory rings), {g.size:,} "
+            f"values ({sealed_len:,} wire bytes)",
+            Contestant(
+                "pingpong_sync_unix",
+                ("ping", _sync_initiator, (unix, g, seconds)),
+                ("echo", _sync_echo, (unix,)),
+                per_turn=1,
+                connect=False,
+            ),
+        ),
+        Planned(
+            "pingpong_raw_unix_ack",
+            "small",
+            f"raw Unix-socket ping-pong of {sealed_len:,} bytes, each answered by a "
+            f"{ACK_LEN}-byte ack",
+            Contestant(
+                "pingpong_raw_unix_ack",
+                ("ping", _unix_ack_initiator, (raw_unix, sealed_len, seconds)),
+                ("echo", _unix_ack_echo, (raw_unix, sealed_len)),
                 per_turn=1,
                 connect=False,
             ),
@@ -479,6 +541,7 @@ def bench_small(cfg: Config, res: Results, only: frozenset[str] | None = None) -
 # The connection rows of the issue's small-transfer targets, each beside its baseline.
 CONNECTION_ROWS = (
     ("pingpong_sync_connection", "pingpong_raw_ack", 0.5),
+    ("pingpong_sync_unix", "pingpong_raw_unix_ack", 0.5),
     ("pingpong_connection", "pingpong_asyncio_ack", 1.0),
 )
 

@@ -112,6 +112,8 @@ PING_PONG_ROWS = {
     "pingpong_native_tokio",
     "pingpong_connection_tokio",
     "pingpong_sync_connection_tokio",
+    "pingpong_sync_unix",
+    "pingpong_raw_unix_ack",
     "pingpong_streams",
     "pingpong_streams_generic",
 }
@@ -268,6 +270,8 @@ RATIO_ROWS: dict[str, tuple[str, str, float | None]] = {
     ),
     "small-gradient round trips, blocking gradstream.sync Connection / raw blocking "
     "ping-pong with an ack": ("pingpong_sync_connection", "pingpong_raw_ack", 0.5),
+    "small-gradient round trips, blocking unix: Connection / raw Unix-socket ping-pong with "
+    "an ack": ("pingpong_sync_unix", "pingpong_raw_unix_ack", 0.5),
     "small-gradient round trips, asyncio Connection / pure-asyncio ping-pong with an ack": (
         "pingpong_connection",
         "pingpong_asyncio_ack",

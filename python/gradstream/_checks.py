@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import math
 import operator
+import os
 from typing import Any, Literal
 
+from ._address import UNIX
 from ._tls_settings import TLS
 from .errors import SettingError
 
@@ -186,3 +188,51 @@ def check_count(value: Any, name: str, least: int = 1, most: int | None = None) 
 def check_max_values(value: Any) -> int | None:
     """``recv_tensors``' ``max_values``: None, or an int of at least 0."""
     return None if value is None else check_count(value, "max_values", least=0)
+
+
+# `allowed_uid=`'s default: this process's own user.
+OWN_USER = "own user"
+
+
+def check_uid(allowed_uid: Any, host: str) -> int | None:
+    """``allowed_uid``: a user id, None (any user), or the default; only for a unix:
+    address (a TCP peer has no uid)."""
+    if not host.startswith(UNIX):
+        if allowed_uid is not OWN_USER:
+            raise SettingError(
+                "allowed_uid",
+                "allowed_uid is for unix: addresses: a peer over TCP has no user id "
+                "(use authkey= or TLS to know who it is)",
+            )
+        return None
+    if allowed_uid is OWN_USER:
+        return os.getuid()
+    if allowed_uid is None:
+        return None
+    if isinstance(allowed_uid, bool) or not isinstance(allowed_uid, int):
+        raise TypeError(f"allowed_uid must be an int or None, not {type(allowed_uid).__name__}")
+    if not 0 <= allowed_uid < 2**32:
+        raise SettingError("allowed_uid", f"allowed_uid must be a user id, got {allowed_uid}")
+    return allowed_uid
+
+
+def check_same_host(host: str, tls: Any, protocol: Any, allowed_uid: Any) -> int | None:
+    """What a ``unix:`` address allows, checked: neither TLS nor the seed protocol (said
+    so, naming the fix); the peer's user it admits (``check_uid``)."""
+    uid = check_uid(allowed_uid, host)
+    if not host.startswith(UNIX):
+        return uid
+    if tls is not None:
+        raise SettingError(
+            "tls",
+            "a unix: connection takes no TLS: the kernel is the only party between two "
+            "processes of one host; a listener admits its own user only (allowed_uid=), "
+            "and authkey= still applies",
+        )
+    if protocol == "seed":
+        raise SettingError(
+            "protocol",
+            "a unix: connection speaks gradstream (its rings are set up after the hello); "
+            "protocol='seed' is for the bare frames of TCP peers",
+        )
+    return uid

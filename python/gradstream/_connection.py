@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import os
 import time
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Iterator
@@ -25,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _aio
-from ._address import UNIX, Address, Peer, address_of, parse_address, peer_text
+from ._address import Address, Peer, address_of, parse_address, peer_text
 from ._checks import (
     AUTH_FAILURE_WINDOW,
     HANDSHAKE_TIMEOUT,
@@ -35,6 +34,7 @@ from ._checks import (
     MAX_CONNECTIONS,
     MAX_PENDING_HANDSHAKES,
     MAX_PENDING_PER_SOURCE,
+    OWN_USER,
     check_authkey,
     check_count,
     check_handler,
@@ -42,6 +42,7 @@ from ._checks import (
     check_max_values,
     check_plain_seed,
     check_protocol,
+    check_same_host,
     check_seconds,
     connection_waits,
 )
@@ -51,7 +52,6 @@ from ._session import GradientStreamSession, _Out, hand_back_as, lend_either, te
 from ._tls_settings import client_tls, listener_tls
 from ._torch import check_like
 from ._turns import Phase, Turns
-from .errors import SettingError
 
 if TYPE_CHECKING:
     # The session layer alone imports the extension (tests/api/test_layers.py).
@@ -567,51 +567,6 @@ class Opened:
     listener: dict[str, float]
 
 
-# `allowed_uid=`'s default: this process's own user.
-OWN_USER = "own user"
-
-
-def check_uid(allowed_uid: Any, host: str) -> int | None:
-    """``allowed_uid``: a user id, None (any user), or the default; only for a unix:
-    address (a TCP peer has no uid)."""
-    if not host.startswith(UNIX):
-        if allowed_uid is not OWN_USER:
-            raise SettingError(
-                "allowed_uid",
-                "allowed_uid is for unix: addresses: a peer over TCP has no user id "
-                "(use authkey= or TLS to know who it is)",
-            )
-        return None
-    if allowed_uid is OWN_USER:
-        return os.getuid()
-    if allowed_uid is None:
-        return None
-    if isinstance(allowed_uid, bool) or not isinstance(allowed_uid, int):
-        raise TypeError(f"allowed_uid must be an int or None, not {type(allowed_uid).__name__}")
-    if not 0 <= allowed_uid < 2**32:
-        raise SettingError("allowed_uid", f"allowed_uid must be a user id, got {allowed_uid}")
-    return allowed_uid
-
-
-def check_same_host(host: str, tls: Any, protocol: Any) -> None:
-    """A unix: address takes neither TLS nor the seed protocol: say so, naming the fix."""
-    if not host.startswith(UNIX):
-        return
-    if tls is not None:
-        raise SettingError(
-            "tls",
-            "a unix: connection takes no TLS: the kernel is the only party between two "
-            "processes of one host; a listener admits its own user only (allowed_uid=), "
-            "and authkey= still applies",
-        )
-    if protocol == "seed":
-        raise SettingError(
-            "protocol",
-            "a unix: connection speaks gradstream (its rings are set up after the hello); "
-            "protocol='seed' is for the bare frames of TCP peers",
-        )
-
-
 def listen_args(
     address: Any,
     *,
@@ -632,8 +587,7 @@ def listen_args(
 ) -> Opened:
     """``listen``'s arguments, checked (both faces)."""
     host, port = parse_address(address)
-    check_same_host(host, tls, protocol)
-    uid = check_uid(allowed_uid, host)
+    uid = check_same_host(host, tls, protocol, allowed_uid)
     own = _session(session, protocol)
     args, speaks = _link_settings(
         own,
@@ -675,8 +629,7 @@ def connect_args(
 ) -> Opened:
     """``connect``'s arguments, checked (both faces)."""
     host, port = parse_address(address)
-    check_same_host(host, tls, protocol)
-    uid = check_uid(allowed_uid, host)
+    uid = check_same_host(host, tls, protocol, allowed_uid)
     own = _session(session, protocol)
     args, speaks = _link_settings(
         own,

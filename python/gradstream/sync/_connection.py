@@ -14,8 +14,8 @@ import numpy as np
 import numpy.typing as npt
 
 from .._address import peer_text
-from .._checks import HANDSHAKE_TIMEOUT, check_seconds
-from .._connection import OWN_USER, ConnectionCore, Timed, connect_args, set_like
+from .._checks import HANDSHAKE_TIMEOUT, OWN_USER, check_seconds
+from .._connection import ConnectionCore, Timed, connect_args, set_like
 from .._session import _Out, hand_back_as, lend_either
 from .._torch import check_like
 from .._turns import Phase

@@ -19,23 +19,26 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
-#[cfg(target_os = "linux")]
-use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::{AbortHandle, JoinHandle, JoinSet};
 
+mod accepted;
+#[cfg(target_os = "linux")]
+mod local;
+
 use super::admission::{Admission, FailureTable, Gone, Heard, PendingTable, Shed, Source};
 use super::handshake::handshake;
-#[cfg(target_os = "linux")]
-use super::link::LocalPeer;
 use super::link::{Link, Peer, PeerAddress};
 use super::{buffered, Protocol};
 use crate::error::{GradientStreamError, Result};
 use crate::frame::Limits;
 use crate::protocol::{Role, HELLO_LEN};
-#[cfg(target_os = "linux")]
-use crate::shm::{RingLimits, ShmStream, DEFAULT_RING_LEN};
 use crate::tls::TlsAcceptor;
+use accepted::{not_allowed, source_of, Accepted, Incoming};
+#[cfg(target_os = "linux")]
+use local::{admit_local, bind_unix_socket};
+#[cfg(target_os = "linux")]
+pub use local::{LocalSettings, Rings};
 
 /// How a listener admits peers: settings, shared by its handshakes.
 #[derive(Clone)]
@@ -57,46 +60,6 @@ pub struct ListenSettings {
     /// Tests only: this side's hello nonce (see `DialSettings::test_nonce`); `None`.
     #[doc(hidden)]
     pub test_nonce: Option<[u8; 32]>,
-}
-
-/// The shared-memory rings of a same-host connection (`crate::shm`): this side's size,
-/// and the most of a peer's it maps.
-#[cfg(target_os = "linux")]
-#[derive(Clone, Copy, Debug)]
-pub struct Rings {
-    pub len: usize,
-    pub limits: RingLimits,
-}
-
-#[cfg(target_os = "linux")]
-impl Default for Rings {
-    fn default() -> Self {
-        Self {
-            len: DEFAULT_RING_LEN,
-            limits: RingLimits::default(),
-        }
-    }
-}
-
-/// Who a Unix-domain listener admits, and its rings.
-#[cfg(target_os = "linux")]
-#[derive(Clone, Copy, Debug)]
-pub struct LocalSettings {
-    /// The only user whose processes are admitted (the kernel's `SO_PEERCRED`); None:
-    /// any user who can open the socket file (made with mode 0600: the owner's).
-    pub allowed_uid: Option<u32>,
-    pub rings: Rings,
-}
-
-#[cfg(target_os = "linux")]
-impl Default for LocalSettings {
-    /// This process's own user only.
-    fn default() -> Self {
-        Self {
-            allowed_uid: Some(rustix::process::getuid().as_raw()),
-            rings: Rings::default(),
-        }
-    }
 }
 
 /// Where a listener is bound.
@@ -354,232 +317,6 @@ impl Closing {
             drop(permit);
         });
     }
-}
-
-/// What a listener accepts on.
-enum Incoming {
-    Tcp(TcpListener),
-    /// A Unix-domain socket, and its file (removed when accepting stops: the listener
-    /// closed or dropped).
-    #[cfg(target_os = "linux")]
-    Unix(UnixListener, SocketFile),
-}
-
-impl Incoming {
-    async fn accept(&self) -> std::io::Result<(Accepted, PeerAddress)> {
-        match self {
-            Self::Tcp(tcp) => {
-                let (stream, address) = tcp.accept().await?;
-                Ok((Accepted::Tcp(stream), PeerAddress::Tcp(address)))
-            }
-            #[cfg(target_os = "linux")]
-            Self::Unix(unix, file) => {
-                let (stream, _) = unix.accept().await?;
-                let credentials = stream.peer_cred()?;
-                let peer = LocalPeer {
-                    path: file.path.clone(),
-                    pid: credentials.pid().and_then(|pid| u32::try_from(pid).ok()),
-                    uid: credentials.uid(),
-                    gid: credentials.gid(),
-                };
-                Ok((Accepted::Unix(stream), PeerAddress::Local(peer)))
-            }
-        }
-    }
-}
-
-/// A connection taken from the kernel.
-enum Accepted {
-    Tcp(TcpStream),
-    #[cfg(target_os = "linux")]
-    Unix(UnixStream),
-}
-
-impl Accepted {
-    fn try_read(&self, buf: &mut [u8]) -> std::io::Result<usize> {
-        match self {
-            Self::Tcp(tcp) => tcp.try_read(buf),
-            #[cfg(target_os = "linux")]
-            Self::Unix(unix) => unix.try_read(buf),
-        }
-    }
-}
-
-/// `Accepted`'s reads and writes are its stream's (for the gentle close of a refusal).
-macro_rules! each_stream {
-    ($self:ident, $stream:ident => $body:expr) => {
-        match $self.get_mut() {
-            Accepted::Tcp($stream) => $body,
-            #[cfg(target_os = "linux")]
-            Accepted::Unix($stream) => $body,
-        }
-    };
-}
-
-impl AsyncRead for Accepted {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        each_stream!(self, s => Pin::new(s).poll_read(cx, buf))
-    }
-}
-
-impl AsyncWrite for Accepted {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        each_stream!(self, s => Pin::new(s).poll_write(cx, buf))
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        each_stream!(self, s => Pin::new(s).poll_flush(cx))
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        each_stream!(self, s => Pin::new(s).poll_shutdown(cx))
-    }
-}
-
-/// The caps' source of a peer: its address over TCP, its user on this host.
-fn source_of(address: &PeerAddress) -> Source {
-    match address {
-        PeerAddress::Tcp(address) => Source::of(address.ip()),
-        #[cfg(target_os = "linux")]
-        PeerAddress::Local(peer) => Source::Uid(peer.uid),
-    }
-}
-
-/// A same-host peer of a user the listener does not admit.
-fn not_allowed(address: &PeerAddress, settings: &ListenSettings) -> Option<Shed> {
-    match address {
-        #[cfg(target_os = "linux")]
-        PeerAddress::Local(peer) => match settings.local.allowed_uid {
-            Some(allowed) if allowed != peer.uid => Some(Shed::Uid {
-                uid: peer.uid,
-                allowed,
-            }),
-            _ => None,
-        },
-        _ => {
-            let _ = settings;
-            None
-        }
-    }
-}
-
-/// A Unix-domain listener's socket file and the lock that makes it the listener's: the
-/// socket file is removed when the listener goes, then the lock released (its file,
-/// `PATH.lock`, stays: removing it would let two listeners lock two files at once).
-#[cfg(target_os = "linux")]
-struct SocketFile {
-    path: PathBuf,
-    _lock: std::os::fd::OwnedFd,
-}
-
-#[cfg(target_os = "linux")]
-impl Drop for SocketFile {
-    fn drop(&mut self) {
-        // The lock is still held: nobody else can have bound a socket at the path.
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
-/// `PATH.lock`, locked (`flock`, exclusive) for as long as the returned descriptor is
-/// open: the listener at `path` is whoever holds it. Opened without following a
-/// symlink, made with mode 0600.
-#[cfg(target_os = "linux")]
-fn lock_socket_path(path: &Path) -> Result<std::os::fd::OwnedFd> {
-    use rustix::fs::{FlockOperation, Mode, OFlags};
-    let mut name = path.as_os_str().to_owned();
-    name.push(".lock");
-    let flags = OFlags::CREATE | OFlags::RDWR | OFlags::CLOEXEC | OFlags::NOFOLLOW;
-    let lock = rustix::fs::open(std::path::Path::new(&name), flags, Mode::RUSR | Mode::WUSR)
-        .map_err(std::io::Error::from)?;
-    match rustix::fs::flock(&lock, FlockOperation::NonBlockingLockExclusive) {
-        Ok(()) => Ok(lock),
-        Err(rustix::io::Errno::WOULDBLOCK) => Err(GradientStreamError::Io(std::io::Error::new(
-            std::io::ErrorKind::AddrInUse,
-            format!(
-                "a listener is already at unix:{} (close it, or choose another path)",
-                path.display()
-            ),
-        ))),
-        Err(e) => Err(std::io::Error::from(e).into()),
-    }
-}
-
-/// Bind and listen on a Unix-domain socket at `path`, holding its lock (`PATH.lock`): a
-/// listener already there is an error at once; a socket file without one (its listener
-/// died) is replaced; any other file is left alone and is an error. The socket file's
-/// mode is set before it listens (no peer can connect in between): 0600 when only this
-/// process's user is admitted (`allowed_uid`), else 0666, the uid check then deciding.
-#[cfg(target_os = "linux")]
-fn bind_unix_socket(
-    path: &Path,
-    backlog: u32,
-    allowed_uid: Option<u32>,
-) -> Result<(UnixListener, SocketFile)> {
-    use rustix::fs::{FileType, Mode, OFlags};
-    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::FileTypeExt;
-    let lock = lock_socket_path(path)?;
-    if let Ok(found) = std::fs::symlink_metadata(path) {
-        if !found.file_type().is_socket() {
-            return Err(GradientStreamError::Io(std::io::Error::new(
-                std::io::ErrorKind::AddrInUse,
-                format!(
-                    "unix:{} exists and is not a socket: it is left alone (choose another path)",
-                    path.display()
-                ),
-            )));
-        }
-        // The lock is ours: nobody listens there (a socket file left by a dead listener).
-        std::fs::remove_file(path)?;
-    }
-    let flags = SocketFlags::CLOEXEC | SocketFlags::NONBLOCK;
-    let socket = rustix::net::socket_with(AddressFamily::UNIX, SocketType::STREAM, flags, None)
-        .map_err(std::io::Error::from)?;
-    let address = SocketAddrUnix::new(path).map_err(std::io::Error::from)?;
-    rustix::net::bind(&socket, &address).map_err(std::io::Error::from)?;
-    let file = SocketFile {
-        path: path.to_path_buf(),
-        _lock: lock,
-    };
-    let own = rustix::process::getuid().as_raw();
-    let mode = if allowed_uid == Some(own) {
-        Mode::RUSR | Mode::WUSR
-    } else {
-        Mode::RUSR | Mode::WUSR | Mode::RGRP | Mode::WGRP | Mode::ROTH | Mode::WOTH
-    };
-    // The mode of the socket just bound, not of what a symlink put at the path since
-    // would point to: the path opened without following (O_PATH), checked to be a
-    // socket, and changed through its descriptor's /proc entry (chmod has no
-    // descriptor-only form for an O_PATH descriptor).
-    let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    let bound = rustix::fs::open(path, flags, Mode::empty()).map_err(std::io::Error::from)?;
-    let kind = FileType::from_raw_mode(
-        rustix::fs::fstat(&bound)
-            .map_err(std::io::Error::from)?
-            .st_mode,
-    );
-    if kind != FileType::Socket {
-        return Err(GradientStreamError::Io(std::io::Error::other(format!(
-            "unix:{} was replaced while the listener set it up ({kind:?}): listen in a \
-             directory only you can write",
-            path.display()
-        ))));
-    }
-    let by_descriptor = format!("/proc/self/fd/{}", bound.as_raw_fd());
-    rustix::fs::chmod(by_descriptor.as_str(), mode).map_err(std::io::Error::from)?;
-    let backlog = i32::try_from(backlog).unwrap_or(i32::MAX);
-    rustix::net::listen(&socket, backlog).map_err(std::io::Error::from)?;
-    let listener = UnixListener::from_std(std::os::unix::net::UnixListener::from(socket))?;
-    Ok((listener, file))
 }
 
 /// A connection taken from the kernel, waiting for its handshake to begin.
@@ -866,33 +603,6 @@ async fn admit(
             "a stream and an address of different kinds",
         ))),
     }
-}
-
-/// The hello and authentication of a same-host peer on its socket, then the rings
-/// (`ShmStream::open`): a peer costs no ring before it has shaken hands.
-#[cfg(target_os = "linux")]
-async fn admit_local(
-    mut unix: UnixStream,
-    peer: LocalPeer,
-    settings: &ListenSettings,
-    heard: &Heard,
-) -> Result<Link> {
-    let shaken = handshake(
-        &mut Watched::new(&mut unix, heard),
-        Role::Server,
-        false,
-        settings.authkey.as_deref(),
-        settings.limits,
-        None,
-        settings.test_nonce,
-    )
-    .await;
-    let established = shaken.inspect_err(|_| discard_pending(|b| unix.try_read(b)))?;
-    heard.shook_hands();
-    let rings = settings.local.rings;
-    let stream = ShmStream::open(unix, rings.len, &rings.limits).await?;
-    let who = Peer::without_certificate(PeerAddress::Local(peer), established.authenticated);
-    Ok(Link::sealed(Box::new(stream), established, who))
 }
 
 /// TLS, the hello and authentication for one peer over TCP.

@@ -430,7 +430,12 @@ impl AsyncRead for ShmStream {
                 return Poll::Ready(Err(e));
             }
         }
-        this.take_messages()?;
+        // Announcements are read only when what is known unread does not fill `buf`: a
+        // frame read in pieces (its header, then its payload) costs no system call for
+        // the pieces already announced.
+        if this.announced - this.consumed < buf.remaining() as u64 {
+            this.take_messages()?;
+        }
         let unread = this.announced - this.consumed;
         if unread == 0 {
             return if this.truncated {

@@ -325,3 +325,19 @@ async fn a_peer_that_closes_with_credits_unread_still_gets_its_bytes_read() {
         sent.len()
     );
 }
+
+#[tokio::test]
+async fn a_descriptor_that_comes_after_the_setups_first_byte_is_refused() {
+    let (ours, mut theirs) = pair();
+    let fd = rustix::fs::memfd_create("late", MemfdFlags::ALLOW_SEALING).unwrap();
+    let mut setup = [0u8; 16];
+    setup[..8].copy_from_slice(b"gsring1\0");
+    setup[8..].copy_from_slice(&(RING as u64).to_le_bytes());
+    theirs.write_all(&setup[..8]).unwrap();
+    let opening =
+        tokio::spawn(async move { ShmStream::open(ours, RING, &RingLimits::default()).await });
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert_eq!(send_with_fd(&theirs, &setup[8..], fd.as_fd()).unwrap(), 8);
+    let error = opening.await.unwrap().err().expect("refused").to_string();
+    assert!(error.contains("a descriptor later in the setup"), "{error}");
+}

@@ -341,3 +341,114 @@ async fn a_descriptor_that_comes_after_the_setups_first_byte_is_refused() {
     let error = opening.await.unwrap().err().expect("refused").to_string();
     assert!(error.contains("a descriptor later in the setup"), "{error}");
 }
+
+/// What is verified is what is returned: a hostile sender announces a gradient's frames
+/// in its ring, then keeps rewriting them through its own writable mapping (made before
+/// it sealed the ring against new writes), flipping each payload byte to garbage and
+/// back. The reader copies out of the ring before it checks a CRC, so every receive ends
+/// in a refused frame or in exactly the values sent; never in values that passed a check
+/// and then changed under it (a reader that checked the shared bytes and then copied
+/// them would hand back garbage here).
+#[test]
+fn a_sender_rewriting_its_ring_after_announcing_cannot_change_what_is_received() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let session = crate::GradientStreamSession::new("scribbled", 1024);
+    let gradient: Vec<f32> = (0..4096).map(|i| (i as f32).sin()).collect();
+    let frames = session.config().encode_frames(&gradient[..]).unwrap();
+    assert!(
+        frames.len() < RING,
+        "the frames fit the ring in one announcement"
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (mut exact, mut refused) = (0, 0);
+    for _ in 0..40 {
+        let (ours, mut theirs) = runtime.block_on(async { pair() });
+        let fd = rustix::fs::memfd_create("scribbler", MemfdFlags::ALLOW_SEALING).unwrap();
+        rustix::fs::ftruncate(&fd, RING as u64).unwrap();
+        // SAFETY: a fresh memfd of RING bytes, mapped shared for this test's writes; it
+        // is sealed against shrinking before any reader maps it, and unmapped below
+        // after the scribbler stopped.
+        let at = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                RING,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::SHARED,
+                &fd,
+                0,
+            )
+        }
+        .unwrap() as usize;
+        // SAFETY: `at` maps RING bytes, writable, and `frames` is shorter.
+        unsafe { std::ptr::copy_nonoverlapping(frames.as_ptr(), at as *mut u8, frames.len()) };
+        rustix::fs::fcntl_add_seals(
+            &fd,
+            SealFlags::SHRINK | SealFlags::GROW | SealFlags::FUTURE_WRITE,
+        )
+        .unwrap();
+        let mut setup = [0u8; 16];
+        setup[..8].copy_from_slice(b"gsring1\0");
+        setup[8..].copy_from_slice(&(RING as u64).to_le_bytes());
+        send_with_fd(&theirs, &setup, fd.as_fd()).unwrap();
+        theirs.write_all(&control(1, frames.len() as u64)).unwrap();
+        theirs.write_all(&control(3, 0)).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let scribbler = {
+            let stop = Arc::clone(&stop);
+            let (len, original) = (frames.len(), frames.clone());
+            std::thread::spawn(move || {
+                let mut round = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    // Past the first frame's header, so most rewrites land in payloads.
+                    let i = 16 + (round.wrapping_mul(7919) % (len - 16));
+                    let garbage = original[i] ^ 0x5a;
+                    // SAFETY: `i < len <= RING`; the mapping lives until this thread
+                    // is joined. Volatile: the other process's reads race these writes
+                    // by design, and the compiler must not elide or merge them.
+                    unsafe {
+                        let byte = (at as *mut u8).add(i);
+                        std::ptr::write_volatile(byte, garbage);
+                        std::hint::spin_loop();
+                        std::ptr::write_volatile(byte, original[i]);
+                    }
+                    round += 1;
+                }
+            })
+        };
+        let got = runtime.block_on(async {
+            let mut stream = ShmStream::open(ours, RING, &RingLimits::default()).await?;
+            session.receive_from(&mut stream).await
+        });
+        stop.store(true, Ordering::Relaxed);
+        scribbler.join().unwrap();
+        // SAFETY: mapped above with this length; the scribbler, its only other user,
+        // was joined.
+        unsafe { rustix::mm::munmap(at as *mut std::ffi::c_void, RING).unwrap() };
+        match got {
+            Ok(values) => {
+                assert!(
+                    values
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .eq(gradient.iter().map(|v| v.to_bits())),
+                    "a receive returned values other than those sent"
+                );
+                exact += 1;
+            }
+            Err(error) => {
+                let text = error.to_string().to_lowercase();
+                assert!(
+                    text.contains("checksum") || text.contains("frame") || text.contains("chunk"),
+                    "a rewrite was refused for another reason: {text}"
+                );
+                refused += 1;
+            }
+        }
+    }
+    eprintln!("{exact} receives exact, {refused} refused");
+}

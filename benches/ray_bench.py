@@ -134,7 +134,13 @@ def _define_actors() -> dict[str, Any]:
 
     @ray.remote(num_cpus=0, enable_tensor_transport=True)
     class GsReceiver(_Receiver):
-        pass
+        def opened(self) -> tuple[int, int]:
+            """Connections this process's transport opened: in all, and to a maker's
+            Unix socket (one node only: Ray's node id decides)."""
+            from ray.experimental.rdt.util import get_tensor_transport_manager
+
+            endpoint = get_tensor_transport_manager(gsray.TRANSPORT).endpoint
+            return endpoint.connections_opened, endpoint.unix_connections_opened
 
     @ray.remote(num_cpus=0)
     class OsMaker(_Maker):
@@ -426,9 +432,17 @@ def drive(section: str, address: str, node_ip: str, quick: bool, out: Path) -> i
                 samples[key].append(seconds)
         what = "warm-up" if turn == 0 else f"round {turn}"
         _say(f"{prefix}: transfer {what}: " + ", ".join(f"{k} {v:.3f} s" for k, v in took.items()))
+    # Which way GRADSTREAM went: across nodes never a Unix socket (the second node
+    # shares this filesystem, so only Ray's node id keeps it off), on one node always.
+    opened, unix = ray.get(pairs["gs"][1].opened.remote())
+    result["placement"]["transfer gs connections (all, unix)"] = [opened, unix]
+    if opened < 1 or (unix != 0 if two_nodes else unix != opened):
+        raise AssertionError(
+            f"{prefix}: GRADSTREAM opened {opened} connections, {unix} of them Unix sockets"
+        )
     link = "the veth" if two_nodes else "loopback"
     names = {
-        "gs": GS,
+        "gs": GS if two_nodes else f"{GS}, through the maker's Unix socket",
         "os": OS,
         "gloo": "Ray gloo transport (torch tensors)",
         "raw": f"raw TCP over {link}, no Ray (the link's limit)",

@@ -293,6 +293,14 @@ class StreamDeadlineError(StreamTimeoutError):
 Address = tuple[str, int] | str
 
 
+def _peer_of(peer: Address | None) -> Address | None:
+    """A peer as errors keep it: ``(host, port)`` of plain types (a numpy or pickled
+    tuple's items made ``str``/``int``), or a ``"unix:PATH"`` as it is."""
+    if peer is None or isinstance(peer, str):
+        return peer
+    return (str(peer[0]), int(peer[1]))
+
+
 def _peer_text(peer: Address | None) -> str:
     """How messages name a connection's peer: ``host:port`` (``[v6]:port``),
     ``unix:PATH``, or ``the peer``."""
@@ -320,7 +328,7 @@ class ProtocolError(GradientStreamError):
     def __init__(self, expected: str, seen: str, peer: Address | None = None) -> None:
         self.expected = expected
         self.seen = seen
-        self.peer = None if peer is None else (str(peer[0]), int(peer[1]))
+        self.peer = _peer_of(peer)
         super().__init__(
             f"protocol error with {_peer_text(self.peer)}: expected {expected}, got {seen}"
         )
@@ -338,7 +346,7 @@ class AuthenticationError(GradientStreamError):
 
     def __init__(self, detail: str, peer: Address | None = None) -> None:
         self.detail = detail
-        self.peer = None if peer is None else (str(peer[0]), int(peer[1]))
+        self.peer = _peer_of(peer)
         super().__init__(f"authentication with {_peer_text(self.peer)} failed: {detail}")
 
     def __reduce__(self) -> tuple[type, tuple[str, Address | None]]:
@@ -355,7 +363,7 @@ class TlsError(GradientStreamError):
 
     def __init__(self, detail: str, peer: Address | None = None) -> None:
         self.detail = detail
-        self.peer = None if peer is None else (str(peer[0]), int(peer[1]))
+        self.peer = _peer_of(peer)
         super().__init__(f"TLS with {_peer_text(self.peer)} failed: {detail}")
 
     def __reduce__(self) -> tuple[type, tuple[str, Address | None]]:
@@ -373,7 +381,7 @@ class DeliveryError(GradientStreamError):
 
     def __init__(self, detail: str, peer: Address | None = None, reason: str | None = None) -> None:
         self.detail = detail
-        self.peer = None if peer is None else (str(peer[0]), int(peer[1]))
+        self.peer = _peer_of(peer)
         self.reason = reason
         super().__init__(f"gradient not delivered to {_peer_text(self.peer)}: {detail}")
 
@@ -392,7 +400,7 @@ class ObjectUnavailableError(GradientStreamError):
 
     def __init__(self, object_id: str, peer: Address | None, detail: str) -> None:
         self.object_id = object_id
-        self.peer = None if peer is None else (str(peer[0]), int(peer[1]))
+        self.peer = _peer_of(peer)
         self.detail = detail
         super().__init__(
             f"object {object_id} cannot be fetched from {_peer_text(self.peer)}: {detail}"

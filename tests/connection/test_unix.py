@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import pickle
 import shutil
 import socket
 import stat
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -198,3 +200,23 @@ def test_a_listener_told_another_user_admits_that_users_processes() -> None:
         _, status = os.waitpid(child, 0)
         assert os.waitstatus_to_exitcode(status) == 0
     shutil.rmtree(folder)  # the socket file went; its lock file (g.sock.lock) stays
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda peer: gs.ProtocolError("a hello", "noise", peer),
+        lambda peer: gs.AuthenticationError("wrong key", peer),
+        lambda peer: gs.TlsError("no certificate", peer),
+        lambda peer: gs.DeliveryError("not acknowledged", peer, "refused"),
+        lambda peer: gs.ObjectUnavailableError("obj", peer, "gone"),
+    ],
+    ids=["protocol", "authentication", "tls", "delivery", "object"],
+)
+def test_errors_keep_a_unix_peer_as_its_address(make: Any) -> None:
+    error = make("unix:/run/g.sock")
+    assert error.peer == "unix:/run/g.sock"
+    assert "unix:/run/g.sock" in str(error)
+    again = pickle.loads(pickle.dumps(error))
+    assert (again.peer, str(again)) == (error.peer, str(error))
+    assert make(("::1", 7)).peer == ("::1", 7)

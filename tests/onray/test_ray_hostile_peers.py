@@ -30,7 +30,7 @@ from ray.experimental.rdt import CommunicatorMetadata
 import gradstream as gs
 import gradstream.ray as gsray
 from gradstream.ray import _control, _loop, _settings
-from gradstream.ray._endpoint import Endpoint
+from gradstream.ray._endpoint import Address, Endpoint
 from gradstream.ray._ps import _ParameterServer, params_reply
 from gradstream.ray._rdt import GradstreamMetadata, GradstreamTransport
 from support.aio import apoll
@@ -71,7 +71,7 @@ def raw(text: str) -> Tensors:
 
 async def connect(address: Any, **keywords: Any) -> gs.Connection:
     keywords.setdefault("handshake_timeout", 5)
-    return await gs.connect(tuple(address), **keywords)
+    return await gs.connect(address if isinstance(address, str) else tuple(address), **keywords)
 
 
 async def answer(conn: gs.Connection, seconds: float = 5.0) -> str:
@@ -168,19 +168,26 @@ def fetcher(**keywords: Any) -> Iterator[Endpoint]:
 HELD = np.arange(6, dtype=F32)
 
 
-@pytest.fixture(scope="module")
-def endpoint() -> Iterator[tuple[Endpoint, tuple[str, int]]]:
-    """A process's endpoint (this process's), serving one object, ``"held"``."""
+@pytest.fixture(scope="module", params=["tcp", "unix"])
+def endpoint(request: pytest.FixtureRequest) -> Iterator[tuple[Endpoint, Address]]:
+    """A process's endpoint (this process's), serving one object, ``"held"``; strangers
+    come to its TCP listener, or to its Unix socket (receivers of its node)."""
     served = Endpoint(settings(timeout=5))
-    address = served.offer("held", [HELD])
-    yield served, address
+    tcp, local = served.offer("held", [HELD])
+    assert local is not None and local.startswith("unix:")
+    yield served, (tcp if request.param == "tcp" else local)
     _loop.call(served.close())
 
 
-def _fetch_held(address: tuple[str, int]) -> None:
-    """A receiver that follows the protocol still gets the object."""
+def _fetch_held(address: Address) -> None:
+    """A receiver that follows the protocol still gets the object (at a Unix socket:
+    through it, its TCP stand-in being a port nobody listens on)."""
     with fetcher() as other:
-        (array,) = other.fetch(address, "held")
+        if isinstance(address, str):
+            (array,) = other.fetch(("127.0.0.1", 1), "held", local=address)
+            assert other.unix_connections_opened == 1
+        else:
+            (array,) = other.fetch(address, "held")
     assert array.tobytes() == HELD.tobytes()
 
 
@@ -210,7 +217,7 @@ BAD_REQUESTS: dict[str, Tensors] = {
 
 @pytest.mark.parametrize("request_", BAD_REQUESTS.values(), ids=BAD_REQUESTS.keys())
 def test_a_malformed_request_ends_its_connection_and_the_endpoint_goes_on(
-    endpoint: tuple[Endpoint, tuple[str, int]], request_: Tensors
+    endpoint: tuple[Endpoint, Address], request_: Tensors
 ) -> None:
     _, address = endpoint
 
@@ -224,7 +231,7 @@ def test_a_malformed_request_ends_its_connection_and_the_endpoint_goes_on(
 
 
 def test_a_gradient_instead_of_a_request_is_refused(
-    endpoint: tuple[Endpoint, tuple[str, int]],
+    endpoint: tuple[Endpoint, Address],
 ) -> None:
     _, address = endpoint
 
@@ -245,7 +252,7 @@ def test_a_gradient_instead_of_a_request_is_refused(
     ids=["plain", "ray-like", "128-chars"],
 )
 def test_an_unknown_id_is_answered_missing_naming_it(
-    endpoint: tuple[Endpoint, tuple[str, int]], object_id: str
+    endpoint: tuple[Endpoint, Address], object_id: str
 ) -> None:
     _, address = endpoint
 
@@ -259,7 +266,7 @@ def test_an_unknown_id_is_answered_missing_naming_it(
 
 
 def test_a_request_carrying_tensors_is_refused_before_they_are_sent(
-    endpoint: tuple[Endpoint, tuple[str, int]],
+    endpoint: tuple[Endpoint, Address],
 ) -> None:
     _, address = endpoint
 
@@ -274,7 +281,7 @@ def test_a_request_carrying_tensors_is_refused_before_they_are_sent(
 
 def test_idle_strangers_cannot_lock_receivers_out() -> None:
     served = Endpoint(settings(timeout=0.5, connect_timeout=1.5))
-    address = served.offer("held", [HELD])
+    address, _ = served.offer("held", [HELD])
 
     async def crowd() -> list[gs.Connection]:
         return [await connect(address) for _ in range(256)]

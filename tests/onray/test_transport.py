@@ -334,3 +334,106 @@ def test_a_maker_that_dies_mid_reply_is_object_unavailable_error() -> None:
         assert caught.value.detail.startswith("the connection failed: ")
     finally:
         proxy.close()
+
+
+# ------------------------------------------------------------ one node: Unix sockets
+
+
+def test_a_maker_of_the_same_node_is_fetched_through_its_unix_socket(cluster: str) -> None:
+    maker, taker = Maker.remote(), Taker.remote()
+    try:
+        array = special(np.float32, (70_001,))
+        for _ in range(2):
+            assert ray.get(taker.describe.remote(maker.make.remote(array))) == describe(array)
+        # One connection, kept, and it was the maker's Unix socket.
+        assert ray.get(taker.opened.remote()) == 1
+        assert ray.get(taker.opened_unix.remote()) == 1
+    finally:
+        ray.kill(maker)
+        ray.kill(taker)
+
+
+def _endpoint(**keywords: Any) -> Any:
+    from gradstream.ray._endpoint import Endpoint
+
+    return Endpoint(gsray.RaySettings.checked(host="127.0.0.1", timeout=5, **keywords))
+
+
+def _closed(endpoint: Any) -> None:
+    from gradstream.ray import _loop
+
+    _loop.call(endpoint.close())
+
+
+@pytest.mark.parametrize("node", ["this", "another"])
+def test_the_unix_socket_is_used_only_for_a_maker_ray_places_on_this_node(
+    cluster: str, node: str
+) -> None:
+    """A path that resolves proves nothing (the benchmark's second Ray node shares this
+    filesystem): only Ray's node id sends a fetch to the maker's Unix socket."""
+    from ray.experimental.rdt import CommunicatorMetadata
+
+    from gradstream.ray._rdt import GradstreamTransport
+
+    served, receiver = _endpoint(), _endpoint()
+    try:
+        array = special(np.float64, (1000,))
+        meta = GradstreamTransport().offer("obj-local", [array], [(array.shape, array.dtype)])
+        served_tcp, served_local = served.offer("obj-local", [array])
+        assert served_local is not None and meta.node == ray.get_runtime_context().get_node_id()
+        meta.address, meta.local = served_tcp, served_local
+        if node == "another":
+            meta.node = "f" * len(meta.node)
+        rdt = GradstreamTransport()
+        rdt._endpoint = receiver
+        (got,) = rdt.recv_multiple_tensors("obj-local", meta, CommunicatorMetadata())
+        assert got.tobytes() == array.tobytes()
+        assert receiver.connections_opened == 1
+        assert receiver.unix_connections_opened == (1 if node == "this" else 0)
+    finally:
+        _closed(served)
+        _closed(receiver)
+
+
+def test_same_node_tcp_neither_listens_nor_connects_on_a_unix_socket(cluster: str) -> None:
+    served, receiver = _endpoint(same_node="tcp"), _endpoint(same_node="tcp")
+    unix_maker = _endpoint()
+    try:
+        array = special(np.float32, (100,))
+        tcp, local = served.offer("obj", [array])
+        assert local is None
+        # Told of a Unix socket anyway: this side's setting keeps it on TCP.
+        _, other_local = unix_maker.offer("obj", [array])
+        assert other_local is not None
+        (got,) = receiver.fetch(tcp, "obj", local=other_local)
+        assert got.tobytes() == array.tobytes()
+        assert (receiver.connections_opened, receiver.unix_connections_opened) == (1, 0)
+    finally:
+        for endpoint in (served, receiver, unix_maker):
+            _closed(endpoint)
+
+
+def test_a_unix_socket_that_cannot_be_reached_falls_back_to_tcp(cluster: str) -> None:
+    served, receiver = _endpoint(), _endpoint()
+    try:
+        array = special(np.float32, (100,))
+        tcp, local = served.offer("obj", [array])
+        assert local is not None
+        (got,) = receiver.fetch(tcp, "obj", local="unix:/nonexistent/gradstream.sock")
+        assert got.tobytes() == array.tobytes()
+        assert (receiver.connections_opened, receiver.unix_connections_opened) == (1, 0)
+    finally:
+        _closed(served)
+        _closed(receiver)
+
+
+def test_an_endpoint_removes_its_socket_directory_when_closed(cluster: str) -> None:
+    import os
+
+    served = _endpoint()
+    _, local = served.offer("obj", [np.ones(3, np.float32)])
+    assert local is not None
+    path = local.removeprefix("unix:")
+    assert os.path.exists(path) and oct(os.stat(os.path.dirname(path)).st_mode & 0o777) == "0o700"
+    _closed(served)
+    assert not os.path.exists(os.path.dirname(path))

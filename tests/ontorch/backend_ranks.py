@@ -374,13 +374,21 @@ def lost_peer(rank: int, size: int, folder: str) -> None:
     os._exit(0)
 
 
-def secured(rank: int, size: int, folder: str, key: str) -> None:
-    """TLS (mutual) and a configured authkey; ``key`` "mismatch": the last rank's differs."""
+def secured(rank: int, size: int, folder: str, key: str, same_host: str) -> None:
+    """TLS (mutual) and a configured authkey; ``key`` "mismatch": the last rank's differs.
+    ``same_host`` as ``configure`` takes it: "tcp" keeps TLS between these ranks of one
+    host, "unix" meets on Unix sockets under the authkey alone. Records where the ring's
+    connections go (``routes``: the next rank's, the previous one's peer address)."""
     from support.certs import Certificates
 
     certs = Certificates(__import__("pathlib").Path(folder) / "certs")
     authkey = b"k" * 32 if key == "same" or rank != size - 1 else b"x" * 32
-    gst.configure(listen_tls=certs.mutual_server, connect_tls=certs.mutual_client, authkey=authkey)
+    gst.configure(
+        listen_tls=certs.mutual_server,
+        connect_tls=certs.mutual_client,
+        authkey=authkey,
+        same_host=same_host,  # type: ignore[arg-type]
+    )
     outcome: dict[str, object] = {}
     started = time.monotonic()
     try:
@@ -388,6 +396,13 @@ def secured(rank: int, size: int, folder: str, key: str) -> None:
         t = values(rank, 1000, torch.float32)
         dist.all_reduce(t)
         outcome["sum"] = bits(t).tolist()
+        group = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+        outcome["routes"] = [str(group._next.peer.address), str(group._prev.peer.address)]
+        outcome["tls"] = [group._next.peer.tls_subject, group._prev.peer.tls_subject]
+        own = group._socket_dir
+        dist.destroy_process_group()
+        # Its socket's directory goes with the group (None: it had none).
+        outcome["socket_left"] = None if own is None else os.path.exists(own.address[5:])
     except Exception as exc:
         outcome["error"] = type(exc).__name__
         outcome["message"] = str(exc)
@@ -413,5 +428,6 @@ if __name__ == "__main__":
         ddp(*args)
     elif scenario in ("die", "stall"):
         failure(*args, scenario)
-    else:
-        secured(*args, scenario.split("-")[1])
+    else:  # secured-KEY-SAME_HOST
+        _, key, same_host = scenario.split("-")
+        secured(*args, key, same_host)

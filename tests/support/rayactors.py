@@ -73,6 +73,9 @@ class Taker:
     def opened(self) -> int:
         return int(transport().endpoint.connections_opened)
 
+    def opened_unix(self) -> int:
+        return int(transport().endpoint.unix_connections_opened)
+
 
 def _describe(value: Any) -> Any:
     """A value with each array replaced by (dtype name, shape, its bytes in C order)."""

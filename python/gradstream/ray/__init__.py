@@ -49,6 +49,7 @@ def register(
     layout: Any = _UNSET,
     compression: Any = _UNSET,
     chunk_size: Any = _UNSET,
+    same_node: Any = _UNSET,
 ) -> RaySettings:
     """Set the ``GRADSTREAM`` tensor transport's settings for this job: in the driver,
     before the actors use it (``import gradstream.ray`` already makes the name
@@ -60,8 +61,10 @@ def register(
     before a transfer fails; default 60), ``deadline`` (seconds one transfer may take;
     default 300), ``connect_timeout`` (TCP, TLS and the hello together; default 10),
     ``host`` (where each process listens; default, the address Ray uses for its node),
-    and the session's ``layout`` (default ``"compact"``), ``compression`` and
-    ``chunk_size``.
+    the session's ``layout`` (default ``"compact"``), ``compression`` and
+    ``chunk_size``, and ``same_node`` (``"unix"``, the default: a receiver fetches from a
+    maker of its own Ray node through the same-host transport, shared memory under the
+    job's authkey and without TLS; ``"tcp"``: as from another node).
 
     The settings reach the job's processes through Ray's KV store, written by this call
     once Ray is up, or else by the driver's first call of a decorated method; without a
@@ -82,6 +85,7 @@ def register(
             "layout": layout,
             "compression": compression,
             "chunk_size": chunk_size,
+            "same_node": same_node,
         }.items()
         if value is not _UNSET
     }

@@ -7,6 +7,12 @@ connection it keeps open for the next object from the same process. Each request
 each reply is a tensor set on a gradstream connection: sealed to it, CRC-checked chunk
 by chunk, acknowledged, and under TLS / authkey when the settings say so.
 
+A maker listens twice: on TCP at its node's address, and on a Unix socket
+(``"unix:PATH"``, docs/guides/same-host.md) for receivers of its own Ray node, whose
+payloads then move through shared memory. Which one a receiver uses is decided from
+Ray's node ids (``_rdt``), never from whether a path happens to exist: two Ray nodes
+may share one filesystem.
+
 All network work runs on this process's loop (``_loop``); ``offer``, ``withdraw`` and
 ``fetch`` are called from Ray's threads.
 """
@@ -16,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import sys
 import threading
 from typing import Any
 
@@ -25,12 +32,14 @@ import numpy.typing as npt
 from .. import _connection
 from .._connection import Connection
 from .._dtypes import DTYPES
+from .._local_socket import SocketDirectory
 from ..errors import (
     DeliveryError,
     FrameError,
     IncompleteStreamError,
     ObjectUnavailableError,
     ProtocolError,
+    SettingError,
     StreamIOError,
     StreamTimeoutError,
 )
@@ -39,7 +48,8 @@ from ._settings import RaySettings
 
 log = logging.getLogger("gradstream.ray")
 
-Address = tuple[str, int]
+Address = tuple[str, int] | str
+"""A maker's TCP address, or its ``"unix:PATH"`` for receivers of its node."""
 Arrays = list[npt.NDArray[Any]]
 
 _REQUEST = "a fetch request"
@@ -66,28 +76,38 @@ class Endpoint:
         self._objects: dict[str, Arrays] = {}
         self._objects_lock = threading.Lock()
         self._server: Any = None
-        self._address: Address | None = None
+        self._address: tuple[str, int] | None = None
+        # Where receivers of this node connect ("unix:PATH"), and its directory (this
+        # process's own, removed at close).
+        self._local: str | None = None
+        self._local_server: Any = None
+        self._local_dir: SocketDirectory | None = None
         # What receivers are told to connect to, when it is not the listener's own
         # address (a NAT or forwarding proxy in between; the tests' tampering proxy).
-        self.advertised: Address | None = None
+        self.advertised: tuple[str, int] | None = None
         self._start_lock = threading.Lock()
         self._pool: dict[Address, Connection] = {}
         self._turns: dict[Address, asyncio.Lock] = {}
         # The fetches under way, by object (two threads may fetch the same one).
         self._fetches: dict[str, set[concurrent.futures.Future[Arrays]]] = {}
         self._fetches_lock = threading.Lock()
-        # Connections this endpoint opened to others (each kept for the next fetch).
+        # Connections this endpoint opened to others (each kept for the next fetch),
+        # and how many of them were Unix-socket connections to makers of this node.
         self.connections_opened = 0
+        self.unix_connections_opened = 0
 
     # --- the side that made the object ------------------------------------------------
 
-    def offer(self, object_id: str, arrays: Arrays) -> Address:
-        """Serve ``arrays`` as ``object_id`` until ``withdraw``; the address to fetch it
-        from."""
+    def offer(self, object_id: str, arrays: Arrays) -> tuple[tuple[str, int], str | None]:
+        """Serve ``arrays`` as ``object_id`` until ``withdraw``; the TCP address to fetch
+        it from, and the ``"unix:PATH"`` for receivers of this node (None: there is none,
+        or receivers were told to go through ``advertised``)."""
         address = self.address()
         with self._objects_lock:
             self._objects[object_id] = arrays
-        return self.advertised or address
+        if self.advertised is not None:
+            return self.advertised, None
+        return address, self._local
 
     def withdraw(self, object_id: str) -> None:
         with self._objects_lock:
@@ -98,14 +118,14 @@ class Endpoint:
         with self._objects_lock:
             return len(self._objects)
 
-    def address(self) -> Address:
-        """The listener's address, listening first if this is the first call."""
+    def address(self) -> tuple[str, int]:
+        """The TCP listener's address, listening first if this is the first call."""
         with self._start_lock:
             if self._address is None:
                 self._address = _loop.call(self._listen())
             return self._address
 
-    async def _listen(self) -> Address:
+    async def _listen(self) -> tuple[str, int]:
         host = self.settings.host or node_host()
         # A request is an empty tensor: a peer that sends more is refused at its
         # manifest, before its tensors move. Every receiver process keeps a connection
@@ -116,9 +136,36 @@ class Endpoint:
             max_connections=_MAX_CONNECTIONS,
             **self.settings.link_keywords(max_values=1),
         )
-        address: Address = self._server.address
+        address: tuple[str, int] = self._server.address
         log.info("gradstream.ray endpoint listening on %s:%d", *address)
+        if self.settings.same_node == "unix" and sys.platform == "linux":
+            await self._listen_locally()
         return address
+
+    async def _listen_locally(self) -> None:
+        """Listen on a Unix socket too, in a directory of this process's own (mode
+        0700), for receivers of this node. TLS is not used there (the kernel is the only
+        party between two processes of one host): the job's authkey and the socket's
+        uid check are (docs/guides/ray.md, "One node"). Where it cannot listen, receivers
+        use TCP, and the log says why."""
+        try:
+            directory = SocketDirectory("gradstream-ray-")
+        except (OSError, ValueError) as exc:
+            log.warning("gradstream.ray: no Unix socket for this node's receivers: %s", exc)
+            return
+        keywords = self.settings.link_keywords(max_values=1)
+        keywords["tls"] = None
+        try:
+            self._local_server = await _connection.serve(
+                directory.address, self._serve, max_connections=_MAX_CONNECTIONS, **keywords
+            )
+        except (OSError, StreamIOError) as exc:
+            directory.remove()
+            log.warning("gradstream.ray: no Unix socket for this node's receivers: %s", exc)
+            return
+        self._local_dir = directory
+        self._local = directory.address
+        log.info("gradstream.ray endpoint listening on %s for this node", self._local)
 
     async def _serve(self, conn: Connection) -> None:
         """One receiver's connection: a request, its reply, until the receiver closes."""
@@ -151,14 +198,25 @@ class Endpoint:
 
     # --- the side that receives it ----------------------------------------------------
 
-    def fetch(self, address: Address, object_id: str, max_values: int | None = None) -> Arrays:
-        """The arrays of ``object_id`` from the endpoint at ``address`` (blocking); a
-        reply of more than ``max_values`` values in all is refused from its manifest (a
-        ``TensorSetError``), before any of its values is decoded or held."""
+    def fetch(
+        self,
+        address: tuple[str, int],
+        object_id: str,
+        max_values: int | None = None,
+        local: str | None = None,
+    ) -> Arrays:
+        """The arrays of ``object_id`` from the endpoint at ``address`` (blocking), or at
+        ``local`` (its ``"unix:PATH"``: the caller established that the maker is on this
+        node) when the settings allow it; a reply of more than ``max_values`` values in
+        all is refused from its manifest (a ``TensorSetError``), before any of its values
+        is decoded or held."""
+        tcp = (str(address[0]), int(address[1]))
+        peer: Address = tcp
+        if local is not None and self.settings.same_node == "unix":
+            peer = local
         # Scheduled and recorded under one lock: an abort finds every fetch begun.
         with self._fetches_lock:
-            peer = (str(address[0]), int(address[1]))
-            future = _loop.submit(self._fetch(peer, object_id, max_values))
+            future = _loop.submit(self._fetch(peer, object_id, max_values, tcp))
             self._fetches.setdefault(object_id, set()).add(future)
         try:
             return future.result()
@@ -180,19 +238,21 @@ class Endpoint:
         for future in under_way:
             future.cancel()
 
-    async def _fetch(self, address: Address, object_id: str, max_values: int | None) -> Arrays:
+    async def _fetch(
+        self, address: Address, object_id: str, max_values: int | None, tcp: tuple[str, int]
+    ) -> Arrays:
         # One request at a time per connection: fetches from one maker take turns.
         async with self._turns.setdefault(address, asyncio.Lock()):
-            return await self._fetch_in_turn(address, object_id, max_values)
+            return await self._fetch_in_turn(address, object_id, max_values, tcp)
 
     async def _fetch_in_turn(
-        self, address: Address, object_id: str, max_values: int | None
+        self, address: Address, object_id: str, max_values: int | None, tcp: tuple[str, int]
     ) -> Arrays:
         for retry in (False, True):
             conn = self._pool.get(address)
             pooled = conn is not None and not conn.closed
             if conn is None or conn.closed:
-                conn = await self._connect(address, object_id)
+                conn = await self._connect(address, object_id, tcp)
             try:
                 await conn.send_tensors(_control.message("fetch", id=object_id))
                 reply = await conn.recv_tensors(max_values=max_values)
@@ -229,14 +289,32 @@ class Endpoint:
                 raise
         raise AssertionError("unreachable: the second try returns or raises")
 
-    async def _connect(self, address: Address, object_id: str) -> Connection:
+    async def _connect(self, address: Address, object_id: str, tcp: tuple[str, int]) -> Connection:
+        """A new connection for fetches from the maker at ``address`` (kept under it);
+        a maker of this node whose Unix socket cannot be reached (a process of another
+        user, or in another mount namespace) is asked over ``tcp`` instead."""
         try:
-            conn = await _connection.connect(address, **self.settings.link_keywords())
+            conn = None
+            if isinstance(address, str):
+                conn = await self._connect_locally(address)
+            if conn is None:
+                conn = await _connection.connect(tcp, **self.settings.link_keywords())
         except StreamIOError as exc:  # refused, reset, or no answer in connect_timeout
             # Its maker is gone (the actor died or restarted) or cannot be reached.
-            raise ObjectUnavailableError(object_id, address, f"cannot connect: {exc}") from exc
+            raise ObjectUnavailableError(object_id, tcp, f"cannot connect: {exc}") from exc
         self._pool[address] = conn
         self.connections_opened += 1
+        return conn
+
+    async def _connect_locally(self, path: str) -> Connection | None:
+        """A connection to a maker of this node at ``"unix:PATH"``, without TLS (see
+        ``_listen_locally``); None, logged, where there is none to be had."""
+        try:
+            conn = await _connection.connect(path, **{**self.settings.link_keywords(), "tls": None})
+        except (StreamIOError, SettingError) as exc:
+            log.warning("gradstream.ray: cannot connect to %s (%s): fetching over TCP", path, exc)
+            return None
+        self.unix_connections_opened += 1
         return conn
 
     async def _drop(self, address: Address, conn: Connection) -> None:
@@ -270,6 +348,10 @@ class Endpoint:
         self._pool.clear()
         if self._server is not None:
             await self._server.close()
+        if self._local_server is not None:
+            await self._local_server.close()
+        if self._local_dir is not None:
+            self._local_dir.remove()
 
 
 def _ended(exc: FrameError) -> bool:

@@ -55,9 +55,12 @@ TRANSPORT = "GRADSTREAM"
 
 @dataclasses.dataclass
 class GradstreamMetadata(TensorTransportMetadata):
-    """Ray's metadata of one object, plus where its maker serves it."""
+    """Ray's metadata of one object, plus where its maker serves it: its TCP address;
+    its Unix socket (``"unix:PATH"``) and Ray node id, for receivers of that node."""
 
     address: tuple[str, int] | None = None
+    local: str | None = None
+    node: str | None = None
 
 
 class GradstreamTransport(TensorTransportManager):
@@ -100,11 +103,19 @@ class GradstreamTransport(TensorTransportManager):
         self, obj_id: str, rdt_object: list[Any]
     ) -> GradstreamMetadata:
         check_arrays(rdt_object)
-        address = self.endpoint.offer(obj_id, list(rdt_object))
+        return self.offer(
+            obj_id, list(rdt_object), [(array.shape, array.dtype) for array in rdt_object]
+        )
+
+    def offer(self, obj_id: str, arrays: list[Any], tensor_meta: list[Any]) -> GradstreamMetadata:
+        """Serve ``arrays`` as ``obj_id``; Ray's metadata of them, with where to fetch."""
+        address, local = self.endpoint.offer(obj_id, arrays)
         return GradstreamMetadata(
-            tensor_meta=[(array.shape, array.dtype) for array in rdt_object],
+            tensor_meta=tensor_meta,
             tensor_device="cpu",
             address=address,
+            local=local,
+            node=None if local is None else _node_id(),
         )
 
     def get_communicator_metadata(
@@ -128,8 +139,13 @@ class GradstreamTransport(TensorTransportManager):
         recorded = _recorded(tensor_transport_metadata)
         # Bounded by what Ray recorded: a larger reply is refused from its manifest.
         most = sum(math.prod(shape) for shape, _ in recorded)
+        # The maker's Unix socket only when Ray says it runs on this node: a path that
+        # resolves proves nothing (two Ray nodes may share a filesystem).
+        local = getattr(tensor_transport_metadata, "local", None)
+        if local is not None and getattr(tensor_transport_metadata, "node", None) != _node_id():
+            local = None
         try:
-            arrays = self.endpoint.fetch(address, obj_id, max_values=most)
+            arrays = self.endpoint.fetch(address, obj_id, max_values=most, local=local)
         except TensorSetError as exc:
             # Below this side's own limit, a refused set is the maker's doing (larger
             # than Ray recorded, or malformed): it did not serve the object. An object
@@ -160,6 +176,11 @@ class GradstreamTransport(TensorTransportManager):
 
     def abort_transport(self, obj_id: str, communicator_metadata: CommunicatorMetadata) -> None:
         self.endpoint.abort(obj_id)
+
+
+def _node_id() -> str:
+    """This process's Ray node (the raylet it belongs to)."""
+    return str(ray.get_runtime_context().get_node_id())
 
 
 def _recorded(meta: TensorTransportMetadata) -> list[tuple[tuple[int, ...], np.dtype[Any]]]:

@@ -51,6 +51,10 @@ class RaySettings:
     layout: Literal["seed", "compact"] | None = DEFAULT_LAYOUT
     compression: Literal["lz4", "zstd"] | None = None
     chunk_size: int = 65536
+    # How a receiver fetches from a maker of its own Ray node: "unix", through the
+    # same-host transport (shared memory; no TLS there, the authkey still); "tcp", as
+    # from any other node.
+    same_node: Literal["unix", "tcp"] = "unix"
 
     @classmethod
     def checked(
@@ -65,6 +69,7 @@ class RaySettings:
         layout: Any = DEFAULT_LAYOUT,
         compression: Any = None,
         chunk_size: Any = 65536,
+        same_node: Any = "unix",
     ) -> RaySettings:
         if host is not None and (not isinstance(host, str) or not host):
             raise SettingError("host", f"host must be a non-empty str or None, got {host!r}")
@@ -78,6 +83,8 @@ class RaySettings:
                 "gradstream.ray needs TLS(cert=, key=, ca=): every process both listens "
                 "and connects (mutual TLS)",
             )
+        if same_node not in ("unix", "tcp"):
+            raise SettingError("same_node", f'same_node must be "unix" or "tcp", got {same_node!r}')
         key = check_authkey(authkey)
         settings = cls(
             host=host,
@@ -89,6 +96,7 @@ class RaySettings:
             layout=layout,
             compression=compression,
             chunk_size=chunk_size,
+            same_node=same_node,
         )
         session = settings.session()  # the session's checks: layout, compression, chunk_size
         # As the session reads them: compression True is "lz4" (a layout left unset stays

@@ -70,12 +70,7 @@ class GradstreamTorchTransport(_rdt.GradstreamTransport):
         self, obj_id: str, rdt_object: list[Any]
     ) -> _rdt.GradstreamMetadata:
         arrays = [_array(tensor, k) for k, tensor in enumerate(rdt_object)]
-        address = self.endpoint.offer(obj_id, arrays)
-        return _rdt.GradstreamMetadata(
-            tensor_meta=[(tuple(t.shape), t.dtype) for t in rdt_object],
-            tensor_device="cpu",
-            address=address,
-        )
+        return self.offer(obj_id, arrays, [(tuple(t.shape), t.dtype) for t in rdt_object])
 
     def recv_multiple_tensors(
         self,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -18,6 +19,7 @@ from torch._C._distributed_c10d import Work as _BaseWork
 from torch.futures import Future
 
 from .._connection import Connection, connect, listen
+from .._local_socket import SocketDirectory, host_identity
 from ..errors import (
     DeliveryError,
     GradientDtypeError,
@@ -33,6 +35,9 @@ from ._options import _session, options
 
 _KEY = "gradstream/authkey"
 _ADDRESS = "gradstream/address/{}"
+# A rank's host identity and Unix socket ("IDENTITY unix:PATH"), or "" for none.
+_LOCAL = "gradstream/local/{}"
+log = logging.getLogger("gradstream.torch")
 
 
 class _Work(_BaseWork):
@@ -64,6 +69,7 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch 
         self._prev: Connection | None = None
         self._turn: asyncio.Lock | None = None
         self._links: Links | None = None
+        self._socket_dir: SocketDirectory | None = None
         if size > 1:
             self._open(store)
 
@@ -95,17 +101,46 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch 
                 **common,
             )
         ).result()
+        listeners = [listener]
+        # Ranks of this host meet on a Unix socket (shared memory), without TLS: the
+        # kernel is the only party between them; the authkey still admits them.
+        identity = host_identity() if settings.same_host == "unix" else None
+        local = ""
+        if identity is not None:
+            try:
+                self._socket_dir = SocketDirectory("gradstream-torch-")
+                listeners.append(
+                    _loop.submit(
+                        listen(self._socket_dir.address, session=_session(), **room, **common)
+                    ).result()
+                )
+                local = f"{identity} {self._socket_dir.address}"
+            except (OSError, ValueError, StreamIOError) as exc:
+                log.warning("gradstream backend: rank %d has no Unix socket: %s", self.rank(), exc)
+                if self._socket_dir is not None:
+                    self._socket_dir.remove()
+                    self._socket_dir = None
+        store.set(_LOCAL.format(self.rank()), local)
         port = listener.address[1]  # a (host, port): listened on settings.host
         store.set(_ADDRESS.format(self.rank()), f"{settings.host}:{port}")
-        addresses = [bytes(store.get(_ADDRESS.format(k))).decode() for k in range(self.size())]
+        addresses = [
+            _route(
+                bytes(store.get(_ADDRESS.format(k))).decode(),
+                bytes(store.get(_LOCAL.format(k))).decode(),
+                identity,
+            )
+            for k in range(self.size())
+        ]
         after = addresses[(self.rank() + 1) % self.size()]
 
         def dial(address: str) -> Awaitable[Connection]:
+            if address.startswith("unix:"):
+                return connect(address, session=_session(), **common)
             return connect(address, session=_session(), tls=settings.connect_tls, **common)
 
         async def both() -> tuple[Connection, Connection]:
             n, r = self.size(), self.rank()
-            links = self._links = Links(r, n, listener, addresses, dial, self._seconds)
+            links = self._links = Links(r, n, listeners, addresses, dial, self._seconds)
             try:
                 return await asyncio.wait_for(
                     asyncio.gather(
@@ -657,13 +692,26 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch 
                 self._failed = StreamIOError("the gradstream process group was aborted")
             await links.close()
 
-        _loop.submit(close()).result(timeout=3 * self._seconds)
+        try:
+            _loop.submit(close()).result(timeout=3 * self._seconds)
+        finally:
+            if self._socket_dir is not None:
+                self._socket_dir.remove()
 
     def size(self) -> int:
         return int(super().size())
 
     def rank(self) -> int:
         return int(super().rank())
+
+
+def _route(address: str, local: str, identity: str | None) -> str:
+    """Where to reach a rank: its Unix socket if it published one and shares this
+    rank's host identity (kernel, namespaces and user), else its TCP ``address``."""
+    their_identity, _, path = local.partition(" ")
+    if identity is not None and their_identity == identity and path.startswith("unix:"):
+        return path
+    return address
 
 
 def _channel(key: Key) -> str:

@@ -41,7 +41,8 @@ def _hello(sender: int, receiver: int, kind: int, tag: int) -> np.ndarray:
 
 
 class Links:
-    """A rank's connections to the others, by channel: the listener's pump, the
+    """A rank's connections to the others, by channel: its listeners' pumps (TCP, and
+    a Unix socket for ranks of its host), the
     connections that arrived (``inbound``) and those this rank opened (``outbound``),
     and a lock per direction and channel (``turn``) that keeps its messages in the order
     they were called. Made, used and closed on the backend's loop."""
@@ -50,14 +51,14 @@ class Links:
         self,
         rank: int,
         size: int,
-        listener: Listener,
+        listeners: list[Listener],
         addresses: list[str],
         dial: Callable[[str], Awaitable[Connection]],
         seconds: float,
     ) -> None:
         self._rank = rank
         self._size = size
-        self._listener = listener
+        self._listeners = listeners
         self._addresses = addresses
         self._dial = dial
         self._seconds = seconds
@@ -66,7 +67,8 @@ class Links:
         self._turns: dict[tuple[bool, Key], asyncio.Lock] = {}
         self._greeting: set[asyncio.Task[None]] = set()
         self._closed = False
-        self._pump = asyncio.get_running_loop().create_task(self._admit())
+        loop = asyncio.get_running_loop()
+        self._pumps = [loop.create_task(self._admit(listener)) for listener in listeners]
 
     def turn(self, outgoing: bool, key: Key) -> asyncio.Lock:
         """The lock of one direction of a channel (FIFO: its calls in call order)."""
@@ -109,8 +111,8 @@ class Links:
             arrival = self._arrivals[key] = asyncio.get_running_loop().create_future()
         return arrival
 
-    async def _admit(self) -> None:
-        async for conn in self._listener:
+    async def _admit(self, listener: Listener) -> None:
+        async for conn in listener:
             task = asyncio.ensure_future(self._identify(conn))
             self._greeting.add(task)
             task.add_done_callback(self._greeting.discard)
@@ -157,8 +159,9 @@ class Links:
         """Stop listening and close every connection; a ``recv`` still waiting for its
         connection fails as shut down."""
         self._closed = True
-        await self._listener.close()
-        for task in [self._pump, *self._greeting]:
+        for listener in self._listeners:
+            await listener.close()
+        for task in [*self._pumps, *self._greeting]:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task

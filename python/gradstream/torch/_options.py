@@ -4,22 +4,26 @@ when a group is made, and the session every connection of a group uses."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Literal
 
 from .._session import GradientStreamSession
+from ..errors import SettingError
 
 
 @dataclasses.dataclass(frozen=True)
 class Options:
     """What ``configure`` set: the host every rank listens on (and publishes), the TLS
     of its listener (``listen_tls``) and of its connection to the next rank
-    (``connect_tls``), and the authkey (None: a random one from rank 0, through the
-    store)."""
+    (``connect_tls``), the authkey (None: a random one from rank 0, through the
+    store), and how ranks of one host meet (``same_host``: ``"unix"``, through the
+    same-host transport, without TLS and under the authkey; ``"tcp"``, as ranks of
+    different hosts do)."""
 
     host: str = "127.0.0.1"
     listen_tls: Any = None
     connect_tls: Any = None
     authkey: bytes | None = None
+    same_host: Literal["unix", "tcp"] = "unix"
 
 
 _options = [Options()]
@@ -31,15 +35,19 @@ def configure(
     listen_tls: Any = None,
     connect_tls: Any = None,
     authkey: bytes | None = None,
+    same_host: Literal["unix", "tcp"] | None = None,
 ) -> Options:
     """Set the options of the groups made from now on (before ``init_process_group``);
     what is not given keeps its default. Returns them."""
+    if same_host not in (None, "unix", "tcp"):
+        raise SettingError("same_host", f'same_host must be "unix" or "tcp", got {same_host!r}')
     now = _options[0]
     _options[0] = Options(
         host=now.host if host is None else host,
         listen_tls=now.listen_tls if listen_tls is None else listen_tls,
         connect_tls=now.connect_tls if connect_tls is None else connect_tls,
         authkey=now.authkey if authkey is None else bytes(authkey),
+        same_host=now.same_host if same_host is None else same_host,
     )
     return _options[0]
 

@@ -71,6 +71,9 @@ GRADIENT_BYTES = 256 * MIB
 ELEMENTS = GRADIENT_BYTES // 4
 WORKERS = 3
 TARGET = 1.5
+# Issue 24: one node, through the maker's Unix socket, against the object store's
+# zero-copy get (one memcpy in all).
+ONE_NODE_TARGET = 0.5
 LR = 0.01
 # The row names say the layout of the settings measured: register()'s default.
 GS = "GRADSTREAM transport (compact layout, the default)"
@@ -350,7 +353,7 @@ def drive(section: str, address: str, node_ip: str, quick: bool, out: Path) -> i
     import gradstream.ray as gsray
 
     repeats = 3 if quick else 7
-    steps = 3 if quick else 7  # the first is not counted
+    steps = 3 if quick else 6  # the first is not counted: 5 rounds, each held to TARGET
     two_nodes = section == "cross"
     a, b = ("nodeA", "nodeB") if two_nodes else (None, None)
     prefix = "across nodes" if two_nodes else "one node"
@@ -530,6 +533,15 @@ def drive(section: str, address: str, node_ip: str, quick: bool, out: Path) -> i
                 f"{prefix}: parameter-server step {step}: gs {gs_seconds:.3f} s, "
                 f"os {os_seconds:.3f} s"
             )
+        # Across nodes, the workers reached the server over TCP, never its Unix socket.
+        routes = ray.get(
+            gs_server.__ray_call__.remote(
+                lambda self: [str(c.peer.address) for c in self._steps.members.values()]
+            )
+        )
+        result["placement"]["ps gs routes"] = routes
+        if len(routes) != WORKERS or any(r.startswith("unix:") for r in routes):
+            raise AssertionError(f"{prefix}: the server's workers came in on {routes}")
         gs_params = ray.get(gs_server.params.remote())
         os_params = ray.get(os_server.get.remote())
         same = bool(np.array_equal(gs_params, os_params)) and agree
@@ -643,7 +655,8 @@ def _ratios(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             TARGET,
         ),
         (
-            "across nodes, parameter-server step: object-store server time / gradstream's",
+            "across nodes, parameter-server step: object-store server time / gradstream's, "
+            "the lowest of the rounds (each round: the two servers' steps back to back)",
             "cross.ps.os",
             "cross.ps.gs",
             TARGET,
@@ -658,7 +671,7 @@ def _ratios(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             "one node, 256 MiB actor to actor: object-store time / GRADSTREAM time",
             "one.transfer.os",
             "one.transfer.gs",
-            None,
+            ONE_NODE_TARGET,
         ),
     ]
     ratios = []
@@ -668,6 +681,10 @@ def _ratios(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         measured = None
         if num in rows and den in rows:
             measured = rows[num]["seconds"] / rows[den]["seconds"]
+            if ".ps." in num:
+                # Held in every round, not in the median: the rounds' ratios, lowest.
+                pairs = zip(rows[num]["samples"], rows[den]["samples"], strict=True)
+                measured = min(theirs / ours for theirs, ours in pairs)
         verdict = (
             "not measured"
             if measured is None

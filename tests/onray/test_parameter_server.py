@@ -337,3 +337,36 @@ def test_bad_settings_fail_the_server_with_the_setting_named(
 def test_a_client_rank_must_be_a_count(cluster: str) -> None:
     with pytest.raises(gs.SettingError, match="rank must be an int of at least 0"):
         gsray.ParameterClient(None, -1)
+
+
+def _routes(ps: Any) -> list[str]:
+    """The server's members' peer addresses, as it sees them."""
+    return list(
+        ray.get(
+            ps.__ray_call__.remote(
+                lambda self: [str(c.peer.address) for c in self._steps.members.values()]
+            )
+        )
+    )
+
+
+@pytest.mark.parametrize("same_node", ["unix", "tcp"])
+def test_workers_of_the_servers_node_connect_through_its_unix_socket(
+    cluster: str, same_node: str
+) -> None:
+    params = np.random.default_rng(5).standard_normal(5000, dtype=np.float32)
+    ps = start(params, 2, same_node=same_node)
+    workers = [Worker.remote(ps, rank, SEED) for rank in range(2)]
+    try:
+        want = expected_steps(params, SEED, [[0, 1]] * 2, (5000,))
+        for step in range(2):
+            for got, _ in ray.get([w.step.remote(step, (5000,)) for w in workers]):
+                assert bits(got) == bits(want[step])
+        routes = _routes(ps)
+        assert len(routes) == 2
+        assert all(r.startswith("unix:") == (same_node == "unix") for r in routes), routes
+        where = ray.get(ps.same_node.remote())
+        assert (where is None) == (same_node == "tcp")
+    finally:
+        for actor in [*workers, ps]:
+            ray.kill(actor)

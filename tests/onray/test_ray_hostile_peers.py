@@ -824,6 +824,7 @@ class FakeServer:
         self.contact = _Remote((address, settings()))
         self.workers = _Remote(workers)
         self.failure = _Remote(None)
+        self.same_node = _Remote(None)
 
 
 @contextlib.contextmanager

@@ -1,7 +1,8 @@
 """A parameter server on Ray that sums its workers' gradients as they stream in.
 
 The server is a Ray actor whose event-loop thread (``_loop``) owns a gradstream listener.
-Each worker's ``ParameterClient`` opens one connection to it, says its rank, and then,
+Each worker's ``ParameterClient`` opens one connection to it (through its Unix socket
+when Ray places the worker on the server's node), says its rank, and then,
 every step, sends its gradient (an array, or a named tensor set) and waits for the new
 parameters on the same connection: sealed, CRC-checked and acknowledged both ways.
 
@@ -23,6 +24,7 @@ import contextlib
 import dataclasses
 import errno
 import logging
+import sys
 import threading
 import traceback
 from collections.abc import Callable, Mapping
@@ -33,8 +35,10 @@ import numpy.typing as npt
 import ray
 
 from .. import _connection
+from .._address import Address
 from .._connection import Connection
 from .._dtypes import DTYPES
+from .._local_socket import SocketDirectory
 from ..errors import (
     GradientSizeError,
     GradientStreamError,
@@ -43,6 +47,7 @@ from ..errors import (
     StreamIOError,
     StreamTimeoutError,
     WorkerLostError,
+    _peer_text,
 )
 from . import _control, _loop
 from ._endpoint import node_host
@@ -171,6 +176,9 @@ class _Steps:
         # Set to end a connection's handler (the server then closes it).
         self.released: dict[Connection, asyncio.Event] = {}
         self.server: Any = None
+        # The Unix socket for workers of this node, and its directory (None: none).
+        self.local_server: Any = None
+        self.local_dir: SocketDirectory | None = None
         self.task: asyncio.Task[None] | None = None
 
     async def start(self, host: str) -> tuple[str, int]:
@@ -181,9 +189,33 @@ class _Steps:
         self.server = await _connection.serve(
             (host, 0), self.admit, max_connections=2 * self.workers + 64, **keywords
         )
+        if self.settings.same_node == "unix" and sys.platform == "linux":
+            await self.listen_locally(keywords)
         self.task = asyncio.create_task(self.run())
         address: tuple[str, int] = self.server.address
         return address
+
+    async def listen_locally(self, keywords: dict[str, Any]) -> None:
+        """Listen on a Unix socket too, for workers of the server's own Ray node (as the
+        tensor transport's makers do: docs/guides/ray.md, "One node"); where it cannot,
+        they use TCP, and the log says why."""
+        try:
+            directory = SocketDirectory("gradstream-ps-")
+        except (OSError, ValueError) as exc:
+            log.warning("parameter server: no Unix socket for this node's workers: %s", exc)
+            return
+        try:
+            self.local_server = await _connection.serve(
+                directory.address,
+                self.admit,
+                max_connections=2 * self.workers + 64,
+                **{**keywords, "tls": None},
+            )
+        except (OSError, StreamIOError) as exc:
+            directory.remove()
+            log.warning("parameter server: no Unix socket for this node's workers: %s", exc)
+            return
+        self.local_dir = directory
 
     async def admit(self, conn: Connection) -> None:
         """A worker's connection: its join, answered; then it stays until released."""
@@ -214,7 +246,7 @@ class _Steps:
             self.joined.notify_all()
         if old is not None:
             await self.drop(old)
-        log.info("parameter server: worker %d joined from %s:%d", rank, *peer)
+        log.info("parameter server: worker %d joined from %s", rank, _peer_text(peer))
         await released.wait()
 
     async def member(self, rank: int) -> Connection:
@@ -384,6 +416,10 @@ class _Steps:
         await self.release_all()
         if self.server is not None:
             await self.server.close()
+        if self.local_server is not None:
+            await self.local_server.close()
+        if self.local_dir is not None:
+            self.local_dir.remove()
 
 
 def params_reply(report: StepReport, params: Params) -> dict[str, Any]:
@@ -459,6 +495,14 @@ class _ParameterServer:
         waits = dataclasses.replace(self._settings, timeout=self._settings.timeout * (workers + 1))
         return self._address, waits
 
+    def same_node(self) -> tuple[str, str] | None:
+        """The server's Ray node id and Unix socket (``"unix:PATH"``), for workers of
+        that node; None when it has none."""
+        local = self._steps.local_dir
+        if local is None:
+            return None
+        return str(ray.get_runtime_context().get_node_id()), local.address
+
     def workers(self) -> int:
         """How many workers the server sums (a ``ParameterClient`` bounds the server's
         replies with it)."""
@@ -496,9 +540,20 @@ class ParameterClient:
         self._server = server
         self.rank = rank
         self.last_report: StepReport | None = None
-        (address, settings), workers = ray.get([server.contact.remote(), server.workers.remote()])
-        self._address: tuple[str, int] = address
+        (address, settings), workers, same_node = ray.get(
+            [server.contact.remote(), server.workers.remote(), server.same_node.remote()]
+        )
+        self._address: Address = address
+        self._tcp: tuple[str, int] = address
         self._settings: RaySettings = settings
+        # A server on this worker's Ray node is reached through its Unix socket (Ray's
+        # node id decides, never whether the path exists).
+        if (
+            same_node is not None
+            and settings.same_node == "unix"
+            and same_node[0] == ray.get_runtime_context().get_node_id()
+        ):
+            self._address = same_node[1]
         self._workers: int = workers
         self._conn: Connection | None = None
         # Join now: the server counts this rank from the first step whose turn reaches
@@ -528,7 +583,7 @@ class ParameterClient:
         naming the server's reason."""
         conn = self._conn
         if conn is None or conn.closed:
-            conn = await _connection.connect(self._address, **self._settings.link_keywords())
+            conn = await self._connect()
             try:
                 await conn.send_tensors(_control.message("join", rank=self.rank))
                 # The answer is a message alone: a set holding values is refused from its
@@ -547,6 +602,24 @@ class ParameterClient:
                 raise
             self._conn = conn
         return conn
+
+    async def _connect(self) -> Connection:
+        """A new connection to the server: through its Unix socket when it is on this
+        node (no TLS there: the authkey admits), else, or where that socket cannot be
+        reached (logged), over TCP."""
+        if isinstance(self._address, str):
+            keywords = {**self._settings.link_keywords(), "tls": None}
+            try:
+                return await _connection.connect(self._address, **keywords)
+            except (StreamIOError, SettingError) as exc:
+                log.warning(
+                    "parameter client %d: cannot connect to %s (%s): using TCP",
+                    self.rank,
+                    self._address,
+                    exc,
+                )
+                self._address = self._tcp
+        return await _connection.connect(self._address, **self._settings.link_keywords())
 
     async def _push(self, gradient: Any) -> Params:
         conn = await self._connection()

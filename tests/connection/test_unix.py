@@ -15,6 +15,7 @@ import socket
 import stat
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -220,3 +221,49 @@ def test_errors_keep_a_unix_peer_as_its_address(make: Any) -> None:
     again = pickle.loads(pickle.dumps(error))
     assert (again.peer, str(again)) == (error.peer, str(error))
     assert make(("::1", 7)).peer == ("::1", 7)
+
+
+def _rings_mapped() -> int:
+    """Mappings of a gradstream ring (this side's own, or a peer's) in this process."""
+    with open("/proc/self/maps") as maps:
+        return sum("memfd:gradstream-ring" in line for line in maps)
+
+
+_DYING_SENDER = """
+import sys, numpy as np, gradstream.sync as gs
+with gs.connect(sys.argv[1], authkey=sys.argv[2].encode()) as conn:
+    print("connected", flush=True)
+    conn.send(np.ones(64 << 20, np.float32))  # 256 MiB: far more than the rings hold
+"""
+
+
+def test_a_peer_killed_mid_transfer_leaves_no_ring_behind(path: str) -> None:
+    import subprocess
+    import sys
+
+    assert _rings_mapped() == 0
+    with gss.listen(path, authkey=KEY) as listener:
+        child = subprocess.Popen(
+            [sys.executable, "-c", _DYING_SENDER, path, KEY.decode()],
+            stdout=subprocess.PIPE,
+        )
+        try:
+            with listener.accept() as conn:
+                assert child.stdout is not None and child.stdout.readline() == b"connected\n"
+                # Both rings mapped here: ours, and the sender's, which it filled and
+                # waits on (nobody reads).
+                deadline = time.monotonic() + 10
+                while _rings_mapped() < 2 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert _rings_mapped() == 2
+                time.sleep(0.2)
+                child.kill()
+                child.wait()
+                with pytest.raises(gs.GradientStreamError):
+                    conn.recv()
+            # The connection closed: neither ring is left, the dead peer's included
+            # (this process held the last mapping of it).
+            assert _rings_mapped() == 0
+        finally:
+            child.kill()
+            child.wait()

@@ -267,3 +267,11 @@ def test_a_peer_killed_mid_transfer_leaves_no_ring_behind(path: str) -> None:
         finally:
             child.kill()
             child.wait()
+
+
+def test_errors_of_a_unix_connection_name_its_path(path: str) -> None:
+    with gss.listen(path, authkey=KEY):
+        with pytest.raises(gs.AuthenticationError) as caught:
+            gss.connect(path, authkey=b"another key of sixteen bytes")
+    assert caught.value.peer == path
+    assert path in str(caught.value)

@@ -112,21 +112,21 @@ pub enum GradientStreamError {
     Protocol {
         expected: String,
         seen: String,
-        peer: Option<SocketAddr>,
+        peer: Option<PeerAt>,
     },
 
     /// The authkey check failed (a wrong or missing key, or a message changed on the way).
     #[error("authentication with {} failed: {detail}", peer_text(peer))]
     Authentication {
         detail: String,
-        peer: Option<SocketAddr>,
+        peer: Option<PeerAt>,
     },
 
     /// The TLS handshake failed, or the peer's certificate was refused.
     #[error("TLS with {} failed: {detail}", peer_text(peer))]
     Tls {
         detail: String,
-        peer: Option<SocketAddr>,
+        peer: Option<PeerAt>,
     },
 
     /// A gradient (or tensor set) sent on a connection was not acknowledged: the peer
@@ -136,13 +136,40 @@ pub enum GradientStreamError {
     Delivery {
         detail: String,
         reason: Option<String>,
-        peer: Option<SocketAddr>,
+        peer: Option<PeerAt>,
     },
 }
 
-/// How messages name a connection's peer: `host:port` (`[v6]:port`), or `the peer`.
-fn peer_text(peer: &Option<SocketAddr>) -> String {
-    peer.map_or_else(|| "the peer".to_string(), |p| p.to_string())
+/// Where a connection's peer is, as errors name it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PeerAt {
+    /// A TCP peer: its address.
+    Tcp(SocketAddr),
+    /// A peer of this host: the path of the Unix socket the connection was made at
+    /// (docs/spec/same-host.md).
+    Unix(std::path::PathBuf),
+}
+
+impl From<SocketAddr> for PeerAt {
+    fn from(address: SocketAddr) -> Self {
+        Self::Tcp(address)
+    }
+}
+
+impl fmt::Display for PeerAt {
+    /// `host:port` (`[v6]:port`), or `unix:PATH`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Tcp(address) => address.fmt(f),
+            Self::Unix(path) => write!(f, "unix:{}", path.display()),
+        }
+    }
+}
+
+/// How messages name a connection's peer: where it is, or `the peer`.
+fn peer_text(peer: &Option<PeerAt>) -> String {
+    peer.as_ref()
+        .map_or_else(|| "the peer".to_string(), ToString::to_string)
 }
 
 /// What the Arrow IPC reader or writer refused, and in which chunk (where the original
@@ -419,7 +446,8 @@ impl GradientStreamError {
     #[doc(hidden)]
     pub fn samples() -> Vec<Self> {
         let io = |code| Self::Io(std::io::Error::from_raw_os_error(code));
-        let samples = vec![
+        let samples =
+            vec![
             Self::arrow("'value' column is not Float32"),
             Self::arrow("Arrow IPC block missing 'value' column").in_chunk(4),
             Self::ChecksumMismatch {
@@ -491,7 +519,7 @@ impl GradientStreamError {
             Self::Protocol {
                 expected: "a gradstream hello".into(),
                 seen: "an HTTP request (\"GET / HTTP/1.1\")".into(),
-                peer: Some(SocketAddr::from(([127, 0, 0, 1], 7000))),
+                peer: Some(SocketAddr::from(([127, 0, 0, 1], 7000)).into()),
             },
             Self::Protocol {
                 expected: "an ack".into(),
@@ -500,16 +528,20 @@ impl GradientStreamError {
             },
             Self::Authentication {
                 detail: "the peer's tag does not match this side's authkey".into(),
-                peer: Some("[::1]:41000".parse().expect("a literal address")),
+                peer: Some(PeerAt::Unix("/run/user/1000/trainer.sock".into())),
+            },
+            Self::Authentication {
+                detail: "the peer's tag does not match this side's authkey".into(),
+                peer: Some(PeerAt::Tcp("[::1]:41000".parse().expect("a literal address"))),
             },
             Self::Tls {
                 detail: "invalid peer certificate: UnknownIssuer".into(),
-                peer: Some(SocketAddr::from(([10, 0, 0, 5], 443))),
+                peer: Some(SocketAddr::from(([10, 0, 0, 5], 443)).into()),
             },
             Self::Delivery {
                 detail: "the peer refused it: chunk 1 failed its CRC check".into(),
                 reason: Some("chunk 1 failed its CRC check".into()),
-                peer: Some(SocketAddr::from(([127, 0, 0, 1], 7000))),
+                peer: Some(SocketAddr::from(([127, 0, 0, 1], 7000)).into()),
             },
             Self::Delivery {
                 detail: "the connection closed before the peer acknowledged it".into(),

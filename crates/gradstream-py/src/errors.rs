@@ -11,7 +11,7 @@ use pyo3::types::PyType;
 
 use pyo3::exceptions::PyValueError;
 
-use gradstream_core::error::{ArrowIpcDetail, GradientStreamError};
+use gradstream_core::error::{ArrowIpcDetail, GradientStreamError, PeerAt};
 
 static ARROW_IPC: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static CHECKSUM: PyOnceLock<Py<PyType>> = PyOnceLock::new();
@@ -111,21 +111,21 @@ fn instantiate(py: Python<'_>, err: GradientStreamError) -> PyResult<PyErr> {
         } => PROTOCOL.import(py, MODULE, "ProtocolError")?.call1((
             expected,
             seen,
-            peer_tuple(peer),
+            peer_object(py, peer)?,
         ))?,
         GradientStreamError::Authentication { detail, peer } => AUTHENTICATION
             .import(py, MODULE, "AuthenticationError")?
-            .call1((detail, peer_tuple(peer)))?,
+            .call1((detail, peer_object(py, peer)?))?,
         GradientStreamError::Tls { detail, peer } => TLS
             .import(py, MODULE, "TlsError")?
-            .call1((detail, peer_tuple(peer)))?,
+            .call1((detail, peer_object(py, peer)?))?,
         GradientStreamError::Delivery {
             detail,
             reason,
             peer,
         } => DELIVERY.import(py, MODULE, "DeliveryError")?.call1((
             detail,
-            peer_tuple(peer),
+            peer_object(py, peer)?,
             reason,
         ))?,
         // The core adds variants; each needs its class here (the samples test sees one
@@ -138,9 +138,18 @@ fn instantiate(py: Python<'_>, err: GradientStreamError) -> PyResult<PyErr> {
     Ok(PyErr::from_value(instance))
 }
 
-/// A peer's address as Python's socket module gives it: `(host, port)`.
-fn peer_tuple(peer: Option<std::net::SocketAddr>) -> Option<(String, u16)> {
-    peer.map(|p| (p.ip().to_string(), p.port()))
+/// A peer as the errors' `peer` holds it: `(host, port)` as Python's socket module
+/// gives it, or `"unix:PATH"`.
+fn peer_object(py: Python<'_>, peer: Option<PeerAt>) -> PyResult<Option<Bound<'_, PyAny>>> {
+    Ok(match peer {
+        None => None,
+        Some(PeerAt::Tcp(p)) => Some((p.ip().to_string(), p.port()).into_pyobject(py)?.into_any()),
+        Some(PeerAt::Unix(path)) => Some(
+            format!("unix:{}", path.display())
+                .into_pyobject(py)?
+                .into_any(),
+        ),
+    })
 }
 
 /// `StreamIOError(errno, strerror)` (which fills `.errno` and `.strerror`), or

@@ -2,6 +2,7 @@
 //!
 //! Uses `handshake`, `link`, `tls`; used by the bindings.
 
+use crate::error::PeerAt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -103,13 +104,14 @@ async fn establish_unix(path: &std::path::Path, settings: &DialSettings) -> Resu
         uid: credentials.uid(),
         gid: credentials.gid(),
     };
+    let at = PeerAt::Unix(peer.path.clone());
     let established = handshake(
         &mut unix,
         Role::Client,
         false,
         settings.authkey.as_deref(),
         settings.limits,
-        None,
+        Some(&at),
         settings.test_nonce,
     )
     .await?;
@@ -124,7 +126,8 @@ async fn establish(host: &str, port: u16, settings: &DialSettings) -> Result<Lin
     // Frames go out whole; Nagle would hold each one's tail for the peer's delayed ack.
     tcp.set_nodelay(true)?;
     let address = tcp.peer_addr()?;
-    let peer = Some(address);
+    let at = PeerAt::from(address);
+    let peer = Some(&at);
     if let Protocol::Seed = settings.protocol {
         let who = Peer::without_certificate(address, false);
         return Ok(Link::seed(Box::new(tcp), who));

@@ -5,7 +5,7 @@
 //!
 //! Uses `protocol` (the messages) and `frame::Limits`; used by `dial` and `listener`.
 
-use std::net::SocketAddr;
+use crate::error::PeerAt;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -61,11 +61,11 @@ async fn read_message<R: AsyncRead + Unpin>(
 }
 
 /// The ProtocolError of a message cut short in its first 16 bytes.
-fn cut_short(ended: &Ended, kind: Kind, peer: Option<SocketAddr>) -> GradientStreamError {
+fn cut_short(ended: &Ended, kind: Kind, peer: Option<&PeerAt>) -> GradientStreamError {
     GradientStreamError::Protocol {
         expected: kind.expected().to_string(),
         seen: describe(&ended.0),
-        peer,
+        peer: peer.cloned(),
     }
 }
 
@@ -73,7 +73,7 @@ fn cut_short(ended: &Ended, kind: Kind, peer: Option<SocketAddr>) -> GradientStr
 /// only a TLS alert record, sent): the listener dropped it, and its log says why; the
 /// likely reason by whether this side speaks TLS (a TLS 1.3 client learns only now that
 /// its certificate was refused). `None` for any other end.
-fn dropped(ended: &Ended, tls: bool, peer: Option<SocketAddr>) -> Option<GradientStreamError> {
+fn dropped(ended: &Ended, tls: bool, peer: Option<&PeerAt>) -> Option<GradientStreamError> {
     if !(ended.0.is_empty() || ended.0.starts_with(&[0x15, 0x03])) {
         return None;
     }
@@ -83,7 +83,7 @@ fn dropped(ended: &Ended, tls: bool, peer: Option<SocketAddr>) -> Option<Gradien
                      a client certificate signed by its ca (give tls=TLS(cert=, key=, ca=)), \
                      or refused this side's"
                 .into(),
-            peer,
+            peer: peer.cloned(),
         }
     } else {
         GradientStreamError::Protocol {
@@ -91,7 +91,7 @@ fn dropped(ended: &Ended, tls: bool, peer: Option<SocketAddr>) -> Option<Gradien
             seen: "the end of the connection: the listener dropped this side before its \
                    hello (a TLS listener drops a plaintext client; its log says why)"
                 .into(),
-            peer,
+            peer: peer.cloned(),
         }
     })
 }
@@ -106,7 +106,7 @@ pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     tls: bool,
     authkey: Option<&[u8]>,
     limits: Limits,
-    peer: Option<SocketAddr>,
+    peer: Option<&PeerAt>,
     test_nonce: Option<[u8; 32]>,
 ) -> Result<Established> {
     let mine = match test_nonce {
@@ -151,7 +151,7 @@ pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
                 ended.0.len(),
                 HELLO_LEN - START_LEN
             ),
-            peer,
+            peer: peer.cloned(),
         });
     }
     let theirs = Hello::parse(&theirs_bytes, role.peer(), peer)?;

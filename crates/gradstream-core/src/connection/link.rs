@@ -11,6 +11,7 @@
 //! Uses `handshake` (`Established`), `tap`, `protocol` (ids, acks), `seal`, `stream`
 //! and `tensors::stream`; used by `dial`, `listener` and the bindings.
 
+use crate::error::PeerAt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -75,13 +76,14 @@ pub enum PeerAddress {
 }
 
 impl PeerAddress {
-    /// The TCP address, which errors name (a same-host peer is "the peer").
-    pub fn socket(&self) -> Option<SocketAddr> {
-        match self {
-            Self::Tcp(address) => Some(*address),
+    /// Where the peer is, as errors name it: its TCP address, or the path of the Unix
+    /// socket the connection was made at.
+    pub fn at(&self) -> Option<PeerAt> {
+        Some(match self {
+            Self::Tcp(address) => PeerAt::Tcp(*address),
             #[cfg(target_os = "linux")]
-            Self::Local(_) => None,
-        }
+            Self::Local(local) => PeerAt::Unix(local.path.clone()),
+        })
     }
 }
 
@@ -481,7 +483,7 @@ impl Link {
         GradientStreamError::Delivery {
             detail,
             reason,
-            peer: self.peer.address.socket(),
+            peer: self.peer.address.at(),
         }
     }
 
@@ -606,8 +608,9 @@ impl Link {
             _ if is_io(&error) => self.fail(error).await,
             _ if untouched => Err(error),
             Some(first) => {
-                let address = self.peer.address.socket();
-                self.refuse(message_instead(error, first, address)).await
+                let address = self.peer.address.at();
+                self.refuse(message_instead(error, first, address.as_ref()))
+                    .await
             }
             None => self.fail(error).await,
         }
@@ -644,7 +647,7 @@ fn is_io(error: &GradientStreamError) -> bool {
 fn message_instead(
     error: GradientStreamError,
     first: Option<[u8; HEADER_LEN]>,
-    peer: Option<SocketAddr>,
+    peer: Option<&PeerAt>,
 ) -> GradientStreamError {
     let is_message = |head: &[u8; HEADER_LEN]| {
         [Kind::Hello, Kind::Auth, Kind::Ack]
@@ -658,7 +661,7 @@ fn message_instead(
                 "{}: both sides wait for the other (one transfer at a time on a connection)",
                 describe(&head)
             ),
-            peer,
+            peer: peer.cloned(),
         },
         None => error,
     }

@@ -9,6 +9,7 @@
 //!
 //! Uses `admission`, `handshake`, `link`, `tls`; used by the bindings.
 
+use crate::error::PeerAt;
 use std::net::SocketAddr;
 #[cfg(target_os = "linux")]
 use std::path::{Path, PathBuf};
@@ -613,7 +614,8 @@ async fn admit_tcp(
     heard: &Heard,
 ) -> Result<Link> {
     tcp.set_nodelay(true)?;
-    let peer = Some(address);
+    let at = PeerAt::from(address);
+    let peer = Some(&at);
     if let Protocol::Seed = settings.protocol {
         let who = Peer::without_certificate(address, false);
         return Ok(Link::seed(Box::new(tcp), who));

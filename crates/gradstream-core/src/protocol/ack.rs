@@ -6,7 +6,7 @@
 //!
 //! Uses `describe` and `ids`, and ring's SHA-256; used by the connection driver.
 
-use std::net::SocketAddr;
+use crate::error::PeerAt;
 
 use ring::digest::{Context, SHA256};
 
@@ -79,7 +79,7 @@ impl Ack {
     /// a peer that started a transfer while this side waits for its ack), zeros, a
     /// verdict of 0 or 1, a reason of at most 1024 bytes and only on a refusal. The bytes
     /// still to read: the rest of the head and the reason.
-    pub fn check_start(start: &[u8; START_LEN], peer: Option<SocketAddr>) -> Result<usize> {
+    pub fn check_start(start: &[u8; START_LEN], peer: Option<&PeerAt>) -> Result<usize> {
         if let Err(foreign) = check_start(start, Kind::Ack, peer) {
             return Err(match frame_text(start) {
                 Some(fields) => protocol_error(
@@ -123,7 +123,7 @@ impl Ack {
 
     /// A whole ack, whose first 16 bytes `check_start` passed: a refusal's digest must be
     /// zero and its reason UTF-8.
-    pub fn parse(bytes: &[u8], peer: Option<SocketAddr>) -> Result<Ack> {
+    pub fn parse(bytes: &[u8], peer: Option<&PeerAt>) -> Result<Ack> {
         let start: &[u8; START_LEN] = bytes
             .get(..START_LEN)
             .and_then(|s| s.try_into().ok())
@@ -164,12 +164,12 @@ impl Ack {
 
     /// The sender's check of the ack to transfer `counter`, whose frames it digested into
     /// `digest`: a `DeliveryError` for another counter, a refusal or another digest.
-    pub fn confirm(&self, counter: u64, digest: &[u8; 32], peer: Option<SocketAddr>) -> Result<()> {
+    pub fn confirm(&self, counter: u64, digest: &[u8; 32], peer: Option<&PeerAt>) -> Result<()> {
         let undelivered = |detail: String, reason: Option<String>| {
             Err(GradientStreamError::Delivery {
                 detail,
                 reason,
-                peer,
+                peer: peer.cloned(),
             })
         };
         match &self.verdict {
@@ -333,13 +333,13 @@ mod tests {
             checksum: 9,
         };
         assert_eq!(
-            Ack::check_start(&header.to_bytes(), Some(PEER)),
+            Ack::check_start(&header.to_bytes(), Some(&PeerAt::Tcp(PEER))),
             Err(protocol_error(
                 "an ack",
                 "a frame header (chunk 0 of 3, payload_len 4104, checksum 0x00000009): the \
                  peer started a transfer while this side waited for its ack; open a second \
                  connection for the other direction",
-                Some(PEER)
+                Some(&PeerAt::Tcp(PEER))
             ))
         );
     }

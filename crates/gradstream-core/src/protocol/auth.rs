@@ -16,7 +16,7 @@
 //! Uses `describe` and `hello`, ring (HMAC, SHA-256/512, the system RNG), `spake2` and
 //! curve25519-dalek; used by the connection driver and the bindings.
 
-use std::net::SocketAddr;
+use crate::error::PeerAt;
 
 use curve25519_dalek::edwards::CompressedEdwardsY;
 use curve25519_dalek::traits::IsIdentity;
@@ -168,7 +168,7 @@ impl Exchange {
         role: Role,
         client_hello: &[u8; HELLO_LEN],
         server_hello: &[u8; HELLO_LEN],
-        peer: Option<SocketAddr>,
+        peer: Option<&PeerAt>,
     ) -> Result<Confirmation> {
         if peer_element == &self.element {
             return Err(authentication_error(
@@ -220,7 +220,7 @@ impl Confirmation {
         &self,
         role_of_peer: Role,
         peer_tag: &[u8; 32],
-        peer: Option<SocketAddr>,
+        peer: Option<&PeerAt>,
     ) -> Result<()> {
         hmac::verify(&self.key, &self.tagged(role_of_peer), peer_tag).map_err(|_| {
             authentication_error(
@@ -234,7 +234,7 @@ impl Confirmation {
 
 /// The element a peer's key exchange message carries, once its magic, its 12 zero bytes
 /// and its point (a point of Ed25519's prime-order group, not the identity) are checked.
-pub fn parse_pake(bytes: &[u8; PAKE_LEN], peer: Option<SocketAddr>) -> Result<[u8; ELEMENT_LEN]> {
+pub fn parse_pake(bytes: &[u8; PAKE_LEN], peer: Option<&PeerAt>) -> Result<[u8; ELEMENT_LEN]> {
     let mut start = [0u8; START_LEN];
     start.copy_from_slice(&bytes[..START_LEN]);
     check_start(&start, Kind::Pake, peer)?;
@@ -246,7 +246,7 @@ pub fn parse_pake(bytes: &[u8; PAKE_LEN], peer: Option<SocketAddr>) -> Result<[u
     }
 }
 
-fn bad_point(element: &[u8; ELEMENT_LEN], peer: Option<SocketAddr>) -> GradientStreamError {
+fn bad_point(element: &[u8; ELEMENT_LEN], peer: Option<&PeerAt>) -> GradientStreamError {
     protocol_error(
         "a point of Ed25519's prime-order group in a key exchange message",
         format!("bytes {}", hex(element)),
@@ -263,7 +263,7 @@ pub fn auth_message(tag: [u8; 32]) -> [u8; AUTH_LEN] {
 }
 
 /// The tag a peer's auth message carries, once its magic and its 12 zero bytes are checked.
-pub fn parse_auth(bytes: &[u8; AUTH_LEN], peer: Option<SocketAddr>) -> Result<[u8; 32]> {
+pub fn parse_auth(bytes: &[u8; AUTH_LEN], peer: Option<&PeerAt>) -> Result<[u8; 32]> {
     let mut start = [0u8; START_LEN];
     start.copy_from_slice(&bytes[..START_LEN]);
     check_start(&start, Kind::Auth, peer)?;
@@ -274,7 +274,7 @@ pub fn parse_auth(bytes: &[u8; AUTH_LEN], peer: Option<SocketAddr>) -> Result<[u
 
 /// Check that both sides agree on using an authkey: `has_key` this side's, `peer_auth`
 /// the `auth` of the peer's hello.
-pub fn check_modes(has_key: bool, peer_auth: bool, peer: Option<SocketAddr>) -> Result<()> {
+pub fn check_modes(has_key: bool, peer_auth: bool, peer: Option<&PeerAt>) -> Result<()> {
     match (has_key, peer_auth) {
         (true, false) => Err(authentication_error(
             "this side requires an authkey and the peer's hello offers none",
@@ -292,7 +292,7 @@ pub fn check_modes(has_key: bool, peer_auth: bool, peer: Option<SocketAddr>) -> 
 /// message belongs (it refused this side's hello, its element, or its tag: its authkey,
 /// and said so in its own log). A client whose tag the listener refused learns it so: a
 /// listener answers only a tag it verified.
-pub fn closed_instead(peer: Option<SocketAddr>) -> GradientStreamError {
+pub fn closed_instead(peer: Option<&PeerAt>) -> GradientStreamError {
     authentication_error(
         "the peer closed the connection instead of authenticating: it refused this side's \
          hello or authkey",
@@ -300,10 +300,10 @@ pub fn closed_instead(peer: Option<SocketAddr>) -> GradientStreamError {
     )
 }
 
-fn authentication_error(detail: &str, peer: Option<SocketAddr>) -> GradientStreamError {
+fn authentication_error(detail: &str, peer: Option<&PeerAt>) -> GradientStreamError {
     GradientStreamError::Authentication {
         detail: detail.to_string(),
-        peer,
+        peer: peer.cloned(),
     }
 }
 

@@ -8,7 +8,7 @@
 //! Uses `error` and `frame` (a frame header's fields); used by `hello`, `auth`, `ack` and
 //! the connection driver.
 
-use std::net::SocketAddr;
+use crate::error::PeerAt;
 use std::ops::Range;
 
 use crate::error::{GradientStreamError, Result};
@@ -196,12 +196,12 @@ pub(crate) fn frame_text(bytes: &[u8]) -> Option<String> {
 pub(crate) fn protocol_error(
     expected: impl Into<String>,
     seen: impl Into<String>,
-    peer: Option<SocketAddr>,
+    peer: Option<&PeerAt>,
 ) -> GradientStreamError {
     GradientStreamError::Protocol {
         expected: expected.into(),
         seen: seen.into(),
-        peer,
+        peer: peer.cloned(),
     }
 }
 
@@ -211,7 +211,7 @@ pub(crate) fn protocol_error(
 pub(crate) fn check_start(
     start: &[u8; START_LEN],
     kind: Kind,
-    peer: Option<SocketAddr>,
+    peer: Option<&PeerAt>,
 ) -> Result<()> {
     if start[..4] != kind.magic() {
         return Err(protocol_error(kind.expected(), describe(start), peer));
@@ -230,7 +230,7 @@ pub(crate) fn check_zeros(
     message: &[u8],
     range: Range<usize>,
     kind: Kind,
-    peer: Option<SocketAddr>,
+    peer: Option<&PeerAt>,
 ) -> Result<()> {
     let reserved = &message[range.clone()];
     if reserved.iter().all(|&b| b == 0) {

@@ -6,7 +6,7 @@
 //! Uses `describe`, `frame` (the limits) and ring's system RNG; used by `auth`, `ids` and
 //! the connection driver.
 
-use std::net::SocketAddr;
+use crate::error::PeerAt;
 
 use ring::rand::{SecureRandom, SystemRandom};
 
@@ -127,7 +127,7 @@ impl Hello {
     /// Check a peer's first 16 bytes before reading more: a hello's magic (else a
     /// `ProtocolError` naming what they are), its zeros, version 2 (else which side to
     /// upgrade) and length 80.
-    pub fn check_start(first: &[u8; START_LEN], peer: Option<SocketAddr>) -> Result<()> {
+    pub fn check_start(first: &[u8; START_LEN], peer: Option<&PeerAt>) -> Result<()> {
         check_start(first, Kind::Hello, peer)?;
         let version = u16::from_le_bytes([first[12], first[13]]);
         if version != VERSION {
@@ -158,7 +158,7 @@ impl Hello {
     pub fn parse(
         bytes: &[u8; HELLO_LEN],
         expected_role: Role,
-        peer: Option<SocketAddr>,
+        peer: Option<&PeerAt>,
     ) -> Result<Hello> {
         let mut first = [0u8; START_LEN];
         first.copy_from_slice(&bytes[..START_LEN]);
@@ -204,7 +204,7 @@ impl Hello {
 
     /// A sender's check, on the peer's hello, that the peer accepts a gradient of
     /// `values` values: a `DeliveryError` before a byte is sent, if not.
-    pub fn check_gradient_len(&self, values: usize, peer: Option<SocketAddr>) -> Result<()> {
+    pub fn check_gradient_len(&self, values: usize, peer: Option<&PeerAt>) -> Result<()> {
         if u64::try_from(values).unwrap_or(u64::MAX) > self.max_gradient_len {
             return Err(undeliverable(
                 format!(
@@ -224,7 +224,7 @@ impl Hello {
         &self,
         chunk_index: usize,
         payload_len: usize,
-        peer: Option<SocketAddr>,
+        peer: Option<&PeerAt>,
     ) -> Result<()> {
         if u64::try_from(payload_len).unwrap_or(u64::MAX) > u64::from(self.max_payload_len) {
             return Err(undeliverable(
@@ -240,11 +240,11 @@ impl Hello {
     }
 }
 
-fn undeliverable(detail: String, peer: Option<SocketAddr>) -> GradientStreamError {
+fn undeliverable(detail: String, peer: Option<&PeerAt>) -> GradientStreamError {
     GradientStreamError::Delivery {
         detail,
         reason: None,
-        peer,
+        peer: peer.cloned(),
     }
 }
 
@@ -254,13 +254,13 @@ mod tests {
     use crate::protocol::testing::{client_hello, hex, server_hello, PEER};
 
     fn refusal(bytes: &[u8; HELLO_LEN], expected_role: Role) -> (String, String) {
-        match Hello::parse(bytes, expected_role, Some(PEER)) {
+        match Hello::parse(bytes, expected_role, Some(&PeerAt::Tcp(PEER))) {
             Err(GradientStreamError::Protocol {
                 expected,
                 seen,
                 peer,
             }) => {
-                assert_eq!(peer, Some(PEER));
+                assert_eq!(peer, Some(PeerAt::Tcp(PEER)));
                 (expected, seen)
             }
             other => panic!("not a ProtocolError: {other:?}"),
@@ -421,11 +421,11 @@ mod tests {
         assert!(Hello::check_start(&first, None).is_ok());
         first.copy_from_slice(b"GET / HTTP/1.1\r\n");
         assert_eq!(
-            Hello::check_start(&first, Some(PEER)),
+            Hello::check_start(&first, Some(&PeerAt::Tcp(PEER))),
             Err(protocol_error(
                 "a gradstream hello",
                 "an HTTP request ('GET / HTTP/1.1'...)",
-                Some(PEER)
+                Some(&PeerAt::Tcp(PEER))
             ))
         );
     }
@@ -440,12 +440,12 @@ mod tests {
         assert!(hello.check_gradient_len(10, None).is_ok());
         assert!(hello.check_payload_len(0, 100, None).is_ok());
         assert_eq!(
-            hello.check_gradient_len(11, Some(PEER)),
+            hello.check_gradient_len(11, Some(&PeerAt::Tcp(PEER))),
             Err(undeliverable(
                 "the gradient holds 11 values, above the peer's max_gradient_len 10; nothing \
                  was sent"
                     .into(),
-                Some(PEER)
+                Some(&PeerAt::Tcp(PEER))
             ))
         );
         assert_eq!(

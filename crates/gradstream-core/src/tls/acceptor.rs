@@ -4,7 +4,7 @@
 //!
 //! Uses `files`, `subject` and the notes' helpers; used by the connection driver.
 
-use std::net::SocketAddr;
+use crate::error::PeerAt;
 use std::sync::Arc;
 
 use rustls::server::{NoServerSessionStorage, WebPkiClientVerifier};
@@ -65,7 +65,7 @@ impl TlsAcceptor {
     pub async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
         stream: S,
-        peer: Option<SocketAddr>,
+        peer: Option<&PeerAt>,
     ) -> Result<(TlsStream<S>, Option<String>)> {
         let tls = self
             .inner

@@ -4,7 +4,7 @@
 //!
 //! Uses `files`, the notes' helpers and `tensors::ascii` (how messages quote); used by the connection driver.
 
-use std::net::SocketAddr;
+use crate::error::PeerAt;
 use std::sync::Arc;
 
 use rustls::client::Resumption;
@@ -55,7 +55,7 @@ impl TlsConnector {
         &self,
         host: &str,
         stream: S,
-        peer: Option<SocketAddr>,
+        peer: Option<&PeerAt>,
     ) -> Result<TlsStream<S>> {
         let bare = host
             .strip_prefix('[')

@@ -24,7 +24,7 @@ pub mod subject;
 #[cfg(test)]
 mod testing;
 
-use std::net::SocketAddr;
+use crate::error::PeerAt;
 use std::sync::Arc;
 
 use rustls::crypto::CryptoProvider;
@@ -60,13 +60,10 @@ fn provider() -> Arc<CryptoProvider> {
 }
 
 /// A `Tls` error.
-pub(crate) fn tls_error(
-    detail: impl Into<String>,
-    peer: Option<SocketAddr>,
-) -> GradientStreamError {
+pub(crate) fn tls_error(detail: impl Into<String>, peer: Option<&PeerAt>) -> GradientStreamError {
     GradientStreamError::Tls {
         detail: detail.into(),
-        peer,
+        peer: peer.cloned(),
     }
 }
 
@@ -110,7 +107,7 @@ fn described(error: &rustls::Error) -> String {
 
 /// An error of a TLS stream's read or write: `Tls` with what rustls said when the error
 /// is rustls's (a fatal alert the peer sent, a corrupt record), else `Io`.
-pub fn from_io(error: std::io::Error, peer: Option<SocketAddr>) -> GradientStreamError {
+pub fn from_io(error: std::io::Error, peer: Option<&PeerAt>) -> GradientStreamError {
     match rustls_error(&error) {
         Some(e) => tls_error(described(e), peer),
         None => GradientStreamError::Io(error),
@@ -122,7 +119,7 @@ pub fn from_io(error: std::io::Error, peer: Option<SocketAddr>) -> GradientStrea
 fn handshake_error(
     error: std::io::Error,
     side: Side,
-    peer: Option<SocketAddr>,
+    peer: Option<&PeerAt>,
 ) -> GradientStreamError {
     let broke_off = |what: String| {
         format!(
@@ -155,7 +152,7 @@ fn rustls_error(error: &std::io::Error) -> Option<&rustls::Error> {
 
 /// Refuse a handshake that did not settle on `gradstream/1` (rustls refuses a peer that
 /// offers only other protocols; one that offers none would otherwise pass).
-fn check_alpn(agreed: Option<&[u8]>, peer: Option<SocketAddr>) -> crate::error::Result<()> {
+fn check_alpn(agreed: Option<&[u8]>, peer: Option<&PeerAt>) -> crate::error::Result<()> {
     match agreed {
         Some(ALPN) => Ok(()),
         None => Err(tls_error(

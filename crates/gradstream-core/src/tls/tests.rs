@@ -33,8 +33,8 @@ async fn handshake(server: &TlsFiles, client: &TlsFiles, host: &str) -> (Accepte
     let connector = TlsConnector::new(client).unwrap();
     let (a, b) = duplex(1 << 16);
     tokio::join!(
-        acceptor.accept(a, Some(CLIENT_ADDR)),
-        connector.connect(host, b, Some(SERVER_ADDR))
+        acceptor.accept(a, Some(&PeerAt::Tcp(CLIENT_ADDR))),
+        connector.connect(host, b, Some(&PeerAt::Tcp(SERVER_ADDR)))
     )
 }
 
@@ -42,7 +42,7 @@ async fn handshake(server: &TlsFiles, client: &TlsFiles, host: &str) -> (Accepte
 fn detail<T>(result: Result<T>, peer: SocketAddr) -> String {
     match result {
         Err(GradientStreamError::Tls { detail, peer: p }) => {
-            assert_eq!(p, Some(peer));
+            assert_eq!(p, Some(PeerAt::Tcp(peer)));
             detail
         }
         Err(e) => panic!("not a TLS error: {e:?}"),
@@ -104,11 +104,13 @@ async fn a_handshake_over_loopback_tcp() {
     let (accepted, connected) = tokio::join!(
         async {
             let (tcp, peer) = listener.accept().await.unwrap();
-            acceptor.accept(tcp, Some(peer)).await
+            acceptor.accept(tcp, Some(&PeerAt::Tcp(peer))).await
         },
         async {
             let tcp = tokio::net::TcpStream::connect(address).await.unwrap();
-            connector.connect("127.0.0.1", tcp, Some(address)).await
+            connector
+                .connect("127.0.0.1", tcp, Some(&PeerAt::Tcp(address)))
+                .await
         }
     );
     let (server, subject) = accepted.unwrap();
@@ -170,7 +172,7 @@ async fn mutual_tls_refuses_a_client_without_a_certificate_on_both_sides() {
     let read = client
         .read(&mut byte)
         .await
-        .map_err(|e| from_io(e, Some(SERVER_ADDR)));
+        .map_err(|e| from_io(e, Some(&PeerAt::Tcp(SERVER_ADDR))));
     assert_eq!(
         detail(read, SERVER_ADDR),
         "the listener requires a client certificate (mutual TLS): give tls=TLS(cert=, key=, \
@@ -196,7 +198,7 @@ async fn mutual_tls_refuses_a_client_certificate_of_another_ca() {
         .unwrap()
         .read(&mut byte)
         .await
-        .map_err(|e| from_io(e, Some(SERVER_ADDR)));
+        .map_err(|e| from_io(e, Some(&PeerAt::Tcp(SERVER_ADDR))));
     assert_eq!(detail(read, SERVER_ADDR), "received fatal alert: UnknownCA");
 }
 
@@ -238,8 +240,10 @@ async fn a_client_without_alpn_is_refused() {
         let (a, b) = duplex(1 << 16);
         let name = ServerName::try_from("localhost").unwrap();
         let raw = raw_client(&pki, alpn);
-        let (server, _client) =
-            tokio::join!(acceptor.accept(a, Some(CLIENT_ADDR)), raw.connect(name, b));
+        let (server, _client) = tokio::join!(
+            acceptor.accept(a, Some(&PeerAt::Tcp(CLIENT_ADDR))),
+            raw.connect(name, b)
+        );
         assert_eq!(detail(server, CLIENT_ADDR), server_says);
     }
 }
@@ -259,7 +263,7 @@ async fn a_server_without_alpn_is_refused() {
     let (a, b) = duplex(1 << 16);
     let (_server, client) = tokio::join!(
         raw.accept(a),
-        connector.connect("localhost", b, Some(SERVER_ADDR))
+        connector.connect("localhost", b, Some(&PeerAt::Tcp(SERVER_ADDR)))
     );
     assert_eq!(
         detail(client, SERVER_ADDR),
@@ -285,7 +289,10 @@ async fn a_plaintext_peer_at_a_tls_listener_is_refused() {
         let (a, mut b) = duplex(1 << 16);
         b.write_all(&first).await.unwrap();
         drop(b);
-        let text = detail(acceptor.accept(a, Some(CLIENT_ADDR)).await, CLIENT_ADDR);
+        let text = detail(
+            acceptor.accept(a, Some(&PeerAt::Tcp(CLIENT_ADDR))).await,
+            CLIENT_ADDR,
+        );
         if first.is_empty() {
             assert!(
                 text.starts_with("the client broke off the TLS handshake"),
@@ -304,7 +311,9 @@ async fn hosts_that_are_not_names_are_refused_before_a_byte_is_sent() {
     let (_a, b) = duplex(64);
     assert_eq!(
         detail(
-            connector.connect("not a host!", b, Some(SERVER_ADDR)).await,
+            connector
+                .connect("not a host!", b, Some(&PeerAt::Tcp(SERVER_ADDR)))
+                .await,
             SERVER_ADDR
         ),
         "\"not a host!\" is not a DNS name or an IP address"

@@ -13,7 +13,8 @@ impl Link {
             return Ok(());
         };
         let hello = &keys.established.peer_hello;
-        let peer = self.peer.address.socket();
+        let at = self.peer.address.at();
+        let peer = at.as_ref();
         hello.check_gradient_len(values, peer)?;
         // Measured as this side will send it: sealed.
         let sealed = SessionConfig {
@@ -124,7 +125,8 @@ impl Link {
         digest: [u8; 32],
         clock: &Clock,
     ) -> Result<usize> {
-        let peer = self.peer.address.socket();
+        let at = self.peer.address.at();
+        let peer = at.as_ref();
         let sent = match sent {
             Ok(n) => n,
             // A stall is the caller's to see as such; anything else (a reset, a closed
@@ -175,7 +177,8 @@ impl Link {
 
     /// The peer's next ack: its first 16 bytes checked, then the rest they announce.
     pub(super) async fn read_ack(&mut self) -> Result<Ack> {
-        let peer = self.peer.address.socket();
+        let at = self.peer.address.at();
+        let peer = at.as_ref();
         let ended = |link: &Self| {
             link.delivery(
                 "the connection ended before the peer acknowledged the transfer".into(),

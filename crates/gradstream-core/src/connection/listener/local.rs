@@ -2,6 +2,7 @@
 //! its settings and rings, the socket file it holds (bound under `PATH.lock`, its mode set
 //! before it listens) and a same-host peer's admission (the hello, then the rings).
 
+use crate::error::PeerAt;
 use std::path::{Path, PathBuf};
 
 use tokio::net::{UnixListener, UnixStream};
@@ -165,13 +166,14 @@ pub(super) async fn admit_local(
     settings: &ListenSettings,
     heard: &Heard,
 ) -> Result<Link> {
+    let at = PeerAt::Unix(peer.path.clone());
     let shaken = handshake(
         &mut Watched::new(&mut unix, heard),
         Role::Server,
         false,
         settings.authkey.as_deref(),
         settings.limits,
-        None,
+        Some(&at),
         settings.test_nonce,
     )
     .await;

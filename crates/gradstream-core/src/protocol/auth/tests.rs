@@ -110,7 +110,7 @@ fn refused(result: Result<()>) {
         result,
         Err(authentication_error(
             "the peer's tag does not match: another authkey, or a message changed on the way",
-            Some(PEER)
+            Some(&PeerAt::Tcp(PEER))
         ))
     );
 }
@@ -123,14 +123,14 @@ fn another_key_is_refused_on_both_sides() {
         hellos(),
         hellos(),
     );
-    refused(c.verify(Role::Server, &s.tag(Role::Server), Some(PEER)));
-    refused(s.verify(Role::Client, &c.tag(Role::Client), Some(PEER)));
+    refused(c.verify(Role::Server, &s.tag(Role::Server), Some(&PeerAt::Tcp(PEER))));
+    refused(s.verify(Role::Client, &c.tag(Role::Client), Some(&PeerAt::Tcp(PEER))));
 }
 
 #[test]
 fn a_reflected_tag_is_refused() {
     let (c, _) = confirmations(AUTHKEY, AUTHKEY, hellos(), hellos());
-    refused(c.verify(Role::Server, &c.tag(Role::Client), Some(PEER)));
+    refused(c.verify(Role::Server, &c.tag(Role::Client), Some(&PeerAt::Tcp(PEER))));
 }
 
 #[test]
@@ -139,10 +139,12 @@ fn a_reflected_element_is_refused() {
     let own = element(&client);
     let (c, s) = hellos();
     assert_eq!(
-        client.finish(&own, Role::Client, &c, &s, Some(PEER)).err(),
+        client
+            .finish(&own, Role::Client, &c, &s, Some(&PeerAt::Tcp(PEER)))
+            .err(),
         Some(authentication_error(
             "the peer's key exchange message is this side's own, sent back",
-            Some(PEER)
+            Some(&PeerAt::Tcp(PEER))
         ))
     );
 }
@@ -154,8 +156,16 @@ fn a_hello_changed_on_the_way_is_refused() {
     let mut edited = s;
     edited[60] ^= 1;
     let (client, server) = confirmations(AUTHKEY, AUTHKEY, (c, edited), (c, s));
-    refused(server.verify(Role::Client, &client.tag(Role::Client), Some(PEER)));
-    refused(client.verify(Role::Server, &server.tag(Role::Server), Some(PEER)));
+    refused(server.verify(
+        Role::Client,
+        &client.tag(Role::Client),
+        Some(&PeerAt::Tcp(PEER)),
+    ));
+    refused(client.verify(
+        Role::Server,
+        &server.tag(Role::Server),
+        Some(&PeerAt::Tcp(PEER)),
+    ));
 }
 
 #[test]
@@ -176,11 +186,11 @@ fn points_outside_the_prime_order_group_are_protocol_errors() {
     not_a_point[0] = 2; // y = 2: x^2 is not a square
     for bad in [identity, order_two, not_a_point] {
         assert_eq!(
-            parse_pake(&message(bad), Some(PEER)),
+            parse_pake(&message(bad), Some(&PeerAt::Tcp(PEER))),
             Err(protocol_error(
                 "a point of Ed25519's prime-order group in a key exchange message",
                 format!("bytes {}", hex(&bad)),
-                Some(PEER)
+                Some(&PeerAt::Tcp(PEER))
             ))
         );
     }
@@ -211,21 +221,21 @@ fn malformed_messages_are_protocol_errors() {
     );
     // A tag where the element belongs, and a hello where a tag belongs.
     assert_eq!(
-        parse_pake(&auth_message([7; 32]), Some(PEER)).err(),
+        parse_pake(&auth_message([7; 32]), Some(&PeerAt::Tcp(PEER))).err(),
         Some(protocol_error(
             "a key exchange message",
             format!("an authentication message (47534155{})", "0".repeat(24)),
-            Some(PEER)
+            Some(&PeerAt::Tcp(PEER))
         ))
     );
     let mut hello_instead = [0u8; AUTH_LEN];
     hello_instead.copy_from_slice(&client_hello().to_bytes()[..AUTH_LEN]);
     assert_eq!(
-        parse_auth(&hello_instead, Some(PEER)),
+        parse_auth(&hello_instead, Some(&PeerAt::Tcp(PEER))),
         Err(protocol_error(
             "an authentication message",
             "a hello of version 2 (80 bytes)",
-            Some(PEER)
+            Some(&PeerAt::Tcp(PEER))
         ))
     );
 }
@@ -243,7 +253,7 @@ fn both_sides_must_agree_on_an_authkey() {
         )
     );
     assert_eq!(
-        check_modes(false, true, Some(PEER)).map_err(|e| e.to_string()),
+        check_modes(false, true, Some(&PeerAt::Tcp(PEER))).map_err(|e| e.to_string()),
         Err(
             "authentication with 127.0.0.1:7000 failed: the peer requires an authkey \
              and this side has none (give authkey=)"

@@ -378,10 +378,10 @@ def test_the_unix_socket_is_used_only_for_a_maker_ray_places_on_this_node(
     served, receiver = _endpoint(), _endpoint()
     try:
         array = special(np.float64, (1000,))
-        meta = GradstreamTransport().offer("obj-local", [array], [(array.shape, array.dtype)])
-        served_tcp, served_local = served.offer("obj-local", [array])
-        assert served_local is not None and meta.node == ray.get_runtime_context().get_node_id()
-        meta.address, meta.local = served_tcp, served_local
+        maker = GradstreamTransport()
+        maker._endpoint = served  # not the driver's own endpoint, which nobody closes
+        meta = maker.offer("obj-local", [array], [(array.shape, array.dtype)])
+        assert meta.local is not None and meta.node == ray.get_runtime_context().get_node_id()
         if node == "another":
             meta.node = "f" * len(meta.node)
         rdt = GradstreamTransport()

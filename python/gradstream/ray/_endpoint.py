@@ -212,7 +212,9 @@ class Endpoint:
         is decoded or held."""
         tcp = (str(address[0]), int(address[1]))
         peer: Address = tcp
-        if local is not None and self.settings.same_node == "unix":
+        # Never a plain TCP connection without the TLS the settings ask for: a "local"
+        # address that is not a Unix socket's is ignored.
+        if local is not None and local.startswith("unix:") and self.settings.same_node == "unix":
             peer = local
         # Scheduled and recorded under one lock: an abort finds every fetch begun.
         with self._fetches_lock:
@@ -292,29 +294,36 @@ class Endpoint:
     async def _connect(self, address: Address, object_id: str, tcp: tuple[str, int]) -> Connection:
         """A new connection for fetches from the maker at ``address`` (kept under it);
         a maker of this node whose Unix socket cannot be reached (a process of another
-        user, or in another mount namespace) is asked over ``tcp`` instead."""
+        user, or in another mount namespace: refused, not there) is asked over ``tcp``
+        instead. One that does not answer in ``connect_timeout`` is not asked again: it
+        is stuck, and TCP would only double the wait."""
+        tried = ""
         try:
-            conn = None
             if isinstance(address, str):
-                conn = await self._connect_locally(address)
-            if conn is None:
-                conn = await _connection.connect(tcp, **self.settings.link_keywords())
+                try:
+                    conn = await _connection.connect(
+                        address, **{**self.settings.link_keywords(), "tls": None}
+                    )
+                except StreamTimeoutError:
+                    raise
+                except (StreamIOError, SettingError) as exc:
+                    tried = f" (its Unix socket {address}: {exc})"
+                    log.warning(
+                        "gradstream.ray: cannot connect to %s (%s): using TCP", address, exc
+                    )
+                else:
+                    self.unix_connections_opened += 1
+                    self._pool[address] = conn
+                    self.connections_opened += 1
+                    return conn
+            conn = await _connection.connect(tcp, **self.settings.link_keywords())
         except StreamIOError as exc:  # refused, reset, or no answer in connect_timeout
             # Its maker is gone (the actor died or restarted) or cannot be reached.
-            raise ObjectUnavailableError(object_id, tcp, f"cannot connect: {exc}") from exc
+            raise ObjectUnavailableError(
+                object_id, address, f"cannot connect: {exc}{tried}"
+            ) from exc
         self._pool[address] = conn
         self.connections_opened += 1
-        return conn
-
-    async def _connect_locally(self, path: str) -> Connection | None:
-        """A connection to a maker of this node at ``"unix:PATH"``, without TLS (see
-        ``_listen_locally``); None, logged, where there is none to be had."""
-        try:
-            conn = await _connection.connect(path, **{**self.settings.link_keywords(), "tls": None})
-        except (StreamIOError, SettingError) as exc:
-            log.warning("gradstream.ray: cannot connect to %s (%s): fetching over TCP", path, exc)
-            return None
-        self.unix_connections_opened += 1
         return conn
 
     async def _drop(self, address: Address, conn: Connection) -> None:

@@ -551,6 +551,7 @@ class ParameterClient:
         if (
             same_node is not None
             and settings.same_node == "unix"
+            and str(same_node[1]).startswith("unix:")
             and same_node[0] == ray.get_runtime_context().get_node_id()
         ):
             self._address = same_node[1]
@@ -611,6 +612,8 @@ class ParameterClient:
             keywords = {**self._settings.link_keywords(), "tls": None}
             try:
                 return await _connection.connect(self._address, **keywords)
+            except StreamTimeoutError:
+                raise  # a server that does not answer: TCP would only double the wait
             except (StreamIOError, SettingError) as exc:
                 log.warning(
                     "parameter client %d: cannot connect to %s (%s): using TCP",

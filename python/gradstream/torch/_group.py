@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import Work as _BaseWork
 from torch.futures import Future
 
-from .._connection import Connection, connect, listen
+from .._connection import Connection, Listener, connect, listen
 from .._local_socket import SocketDirectory, host_identity
 from ..errors import (
     DeliveryError,
@@ -102,6 +102,29 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch 
             )
         ).result()
         listeners = [listener]
+        try:
+            self._join(store, settings, listeners, room, common)
+        except BaseException:
+            # Nothing of a group that could not be made stays open or on disk.
+            for opened in listeners:
+                _loop.submit(opened.close()).result()
+            if self._socket_dir is not None:
+                self._socket_dir.remove()
+                self._socket_dir = None
+            raise
+
+    def _join(
+        self,
+        store: Any,
+        settings: Any,
+        listeners: list[Listener],
+        room: dict[str, int],
+        common: dict[str, Any],
+    ) -> None:
+        """The rest of ``_open``: the Unix socket for ranks of this host, the addresses
+        through the store, and the ring's two connections (``_open`` closes what was
+        opened should this fail)."""
+        listener = listeners[0]
         # Ranks of this host meet on a Unix socket (shared memory), without TLS: the
         # kernel is the only party between them; the authkey still admits them.
         identity = host_identity() if settings.same_host == "unix" else None

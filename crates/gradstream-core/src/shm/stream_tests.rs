@@ -351,7 +351,7 @@ async fn a_descriptor_that_comes_after_the_setups_first_byte_is_refused() {
 /// them would hand back garbage here).
 #[test]
 fn a_sender_rewriting_its_ring_after_announcing_cannot_change_what_is_received() {
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Arc;
 
     let session = crate::GradientStreamSession::new("scribbled", 1024);
@@ -384,7 +384,9 @@ fn a_sender_rewriting_its_ring_after_announcing_cannot_change_what_is_received()
             )
         }
         .unwrap() as usize;
-        // SAFETY: `at` maps RING bytes, writable, and `frames` is shorter.
+        // SAFETY: `at` maps RING bytes, writable, and `frames` is shorter; the mapping
+        // is fresh from the kernel, so it cannot overlap `frames` (on the heap), and no
+        // other thread knows of it yet.
         unsafe { std::ptr::copy_nonoverlapping(frames.as_ptr(), at as *mut u8, frames.len()) };
         rustix::fs::fcntl_add_seals(
             &fd,
@@ -398,28 +400,40 @@ fn a_sender_rewriting_its_ring_after_announcing_cannot_change_what_is_received()
         theirs.write_all(&control(1, frames.len() as u64)).unwrap();
         theirs.write_all(&control(3, 0)).unwrap();
         let stop = Arc::new(AtomicBool::new(false));
+        let rounds = Arc::new(AtomicUsize::new(0));
         let scribbler = {
-            let stop = Arc::clone(&stop);
+            let (stop, rounds) = (Arc::clone(&stop), Arc::clone(&rounds));
             let (len, original) = (frames.len(), frames.clone());
             std::thread::spawn(move || {
                 let mut round = 0usize;
                 while !stop.load(Ordering::Relaxed) {
-                    // Past the first frame's header, so most rewrites land in payloads.
+                    // Past the first frame's header, so most rewrites land in payloads;
+                    // each bad byte stays for a stretch that varies from round to round.
                     let i = 16 + (round.wrapping_mul(7919) % (len - 16));
                     let garbage = original[i] ^ 0x5a;
-                    // SAFETY: `i < len <= RING`; the mapping lives until this thread
-                    // is joined. Volatile: the other process's reads race these writes
-                    // by design, and the compiler must not elide or merge them.
+                    // SAFETY: `i < len <= RING`, and the mapping lives until this thread
+                    // is joined. These writes race the reader's copy out of its own
+                    // read-only mapping of the same memfd, by design: to the reader that
+                    // memory is the peer's, outside its control, and `PeerRing` only
+                    // ever reads it through raw pointers into memory of its own.
+                    // Volatile, so the compiler neither elides nor merges them.
                     unsafe {
                         let byte = (at as *mut u8).add(i);
                         std::ptr::write_volatile(byte, garbage);
-                        std::hint::spin_loop();
+                        for _ in 0..(round % 64) {
+                            std::hint::spin_loop();
+                        }
                         std::ptr::write_volatile(byte, original[i]);
                     }
                     round += 1;
+                    rounds.store(round, Ordering::Relaxed);
                 }
             })
         };
+        // The receive starts once the scribbler runs.
+        while rounds.load(Ordering::Relaxed) < 1000 {
+            std::hint::spin_loop();
+        }
         let got = runtime.block_on(async {
             let mut stream = ShmStream::open(ours, RING, &RingLimits::default()).await?;
             session.receive_from(&mut stream).await
@@ -451,4 +465,9 @@ fn a_sender_rewriting_its_ring_after_announcing_cannot_change_what_is_received()
         }
     }
     eprintln!("{exact} receives exact, {refused} refused");
+    // The rewrites did meet receives: otherwise this test showed nothing.
+    assert!(
+        refused > 0,
+        "no rewrite landed during a receive ({exact} exact)"
+    );
 }

@@ -1,7 +1,11 @@
 """The torch.distributed backend against gloo, in the same run (issue 23, section 4):
-all-reduce of float32 across 2 and 3 processes (plain and over mutual TLS when trustme
-imports), and DDP steps/s of a ~50M-parameter MLP. Each contestant runs in fresh
-processes, the rounds interleaved; the figures are the best of the rounds.
+all-reduce of float32 across 2 and 3 processes, and DDP steps/s of a ~50M-parameter MLP.
+The ranks share this host, so the backend's default ("gradstream") meets on Unix
+sockets, its bytes through shared memory (issue 24); "gradstream-tcp" is the same over
+loopback TCP (``configure(same_host="tcp")``), as ranks of different hosts meet, and
+"gradstream-tls" over mutual TLS (TCP: there is no TLS on a Unix socket) when trustme
+imports. Each contestant runs in fresh processes, the rounds interleaved; the figures
+are the best of the rounds.
 
     python benches/torch_backend.py [--mib 256] [--ranks 2 3] [--rounds 3] [--ddp-steps 5]
                                     [--no-tls] [--no-ddp] [--json FILE]
@@ -38,7 +42,9 @@ def _rank(args: list[str]) -> None:
 
             certs = pathlib.Path(folder).parent / "certs"
             tls = gs.TLS(cert=certs / "server.pem", key=certs / "server.key", ca=certs / "ca.pem")
-            gst.configure(listen_tls=tls, connect_tls=tls)
+            gst.configure(listen_tls=tls, connect_tls=tls, same_host="tcp")
+        elif backend == "gradstream-tcp":
+            gst.configure(same_host="tcp")
     dist.init_process_group(
         backend.split("-")[0],
         init_method=f"file://{folder}/store",
@@ -117,7 +123,7 @@ def main() -> int:
     parser.add_argument("--no-ddp", action="store_true")
     parser.add_argument("--json", help="also write the rows to this file")
     options = parser.parse_args()
-    backends = ["gloo", "gradstream"]
+    backends = ["gloo", "gradstream", "gradstream-tcp"]
     with tempfile.TemporaryDirectory() as root:
         if not options.no_tls:
             try:
@@ -138,7 +144,7 @@ def main() -> int:
                     )
                     key = ("allreduce", backend, size)
                     best[key] = min(best.get(key, seconds), seconds)
-                    if not options.no_ddp and backend != "gradstream-tls" and size == 2:
+                    if not options.no_ddp and backend in ("gloo", "gradstream") and size == 2:
                         steps = _run("ddp", backend, size, 0, options.ddp_steps, root)
                         key = ("ddp", backend, size)
                         best[key] = min(best.get(key, min(steps)), min(steps))

@@ -28,6 +28,10 @@ def test_tls_and_authkey_protect_the_transport_and_the_parameter_server(
     assert report["actor_to_actor"] is True
     assert report["to_driver"] is True
     assert report["parameter_server"] is True
+    # Over TLS, not through a Unix socket (same_node="tcp" in the driver).
+    assert report["taker_unix"] == 0
+    assert len(report["server_routes"]) == 1
+    assert not report["server_routes"][0].startswith("unix:")
     refused = {
         "plaintext": "ProtocolError",  # the TLS side's answer is no hello
         "tls-without-key": "AuthenticationError",

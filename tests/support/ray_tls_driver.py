@@ -59,7 +59,9 @@ def main() -> None:
     tls = gs.TLS(cert=folder / "server.pem", key=folder / "server.key", ca=folder / "ca.pem")
     # The test's certificate names 127.0.0.1 and localhost: listen there, whatever
     # address Ray gives this node (the machine's own one, in some runs).
-    gsray.register(tls=tls, authkey=KEY, timeout=15, host="127.0.0.1")
+    # same_node="tcp": these processes share a node, and TLS is what is tested here (a
+    # Unix socket would carry them without it, under the authkey).
+    gsray.register(tls=tls, authkey=KEY, timeout=15, host="127.0.0.1", same_node="tcp")
     from support.rayactors import Maker, Taker, Worker, describe, update
 
     maker, taker = Maker.remote(), Taker.remote()
@@ -69,17 +71,23 @@ def main() -> None:
         == describe(array),
         "to_driver": ray.get(maker.make.remote(array)).tobytes() == array.tobytes(),
     }
+    report["taker_unix"] = ray.get(taker.opened_unix.remote())
     endpoint = tuple(ray.get(maker.advertise.remote(None)))
     report["endpoint_strangers"] = asyncio.run(probe(endpoint, tls))
 
     params = np.zeros(1000, np.float32)
     ps = gsray.ParameterServer.options(num_cpus=0).remote(
-        params, update, workers=1, tls=tls, authkey=KEY, host="127.0.0.1"
+        params, update, workers=1, tls=tls, authkey=KEY, host="127.0.0.1", same_node="tcp"
     )
     worker = Worker.remote(ps, 0, 3)
     got = ray.get(worker.push.remote(np.ones(1000, np.float32)), timeout=60)
     report["parameter_server"] = (
         got.tobytes() == update(params, np.ones(1000, np.float32), 1).tobytes()
+    )
+    report["server_routes"] = ray.get(
+        ps.__ray_call__.remote(
+            lambda self: [str(c.peer.address) for c in self._steps.members.values()]
+        )
     )
     address, _ = ray.get(ps.contact.remote())
     report["server_strangers"] = asyncio.run(probe(tuple(address), tls))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -13,13 +14,24 @@ import numpy as np
 RANKS = pathlib.Path(__file__).with_name("backend_ranks.py")
 
 
-def launch(scenario: str, size: int, folder: pathlib.Path, seconds: float = 90.0) -> list[int]:
-    """Run ``size`` ranks of ``scenario``; their exit codes."""
+def launch(
+    scenario: str,
+    size: int,
+    folder: pathlib.Path,
+    seconds: float = 90.0,
+    same_host: str | None = None,
+) -> list[int]:
+    """Run ``size`` ranks of ``scenario``; their exit codes. ``same_host`` is what the
+    ranks give ``configure(same_host=)`` (None: the default, Unix sockets on one host)."""
+    env = dict(os.environ)
+    if same_host is not None:
+        env["GRADSTREAM_TEST_SAME_HOST"] = same_host
     children = [
         subprocess.Popen(
             [sys.executable, str(RANKS), scenario, str(rank), str(size), str(folder)],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
+            env=env,
         )
         for rank in range(size)
     ]

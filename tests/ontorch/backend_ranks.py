@@ -43,6 +43,9 @@ def bits(t: torch.Tensor) -> np.ndarray:
 def init(
     rank: int, size: int, folder: str, seconds: float = 20.0, backend: str = "gradstream"
 ) -> None:
+    same_host = os.environ.get("GRADSTREAM_TEST_SAME_HOST")  # backend_launch.launch's
+    if same_host is not None:
+        gst.configure(same_host=same_host)  # type: ignore[arg-type]
     dist.init_process_group(
         backend,
         init_method=f"file://{folder}/store",
@@ -52,9 +55,16 @@ def init(
     )
 
 
+def route() -> np.ndarray:
+    """Where this rank's ring connection to the next rank goes (its peer's address, as
+    text bytes): a "unix:" path or a TCP address."""
+    group = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+    return np.frombuffer(str(group._next.peer.address).encode(), np.uint8)
+
+
 def collectives(rank: int, size: int, folder: str) -> None:
     init(rank, size, folder)
-    seen: dict[str, np.ndarray] = {}
+    seen: dict[str, np.ndarray] = {"route": route()}
     for name, dtype in DTYPES.items():
         for length in LENGTHS:
             for op_name, op in OPS.items():
@@ -114,7 +124,7 @@ def pairs(rank: int, size: int, folder: str) -> None:
     """Send/recv between every two ranks, tags, the collectives made of pairs and the
     coalesced ones; last, a receive of the wrong size (which fails the group)."""
     init(rank, size, folder)
-    seen: dict[str, np.ndarray] = {}
+    seen: dict[str, np.ndarray] = {"route": route()}
     others = [k for k in range(size) if k != rank]
     if rank == 0:  # rank 1's listener, open for the group's life, refuses a stranger
         import gradstream.sync

@@ -22,10 +22,17 @@ def text(seen: dict, key: str) -> str:  # type: ignore[type-arg]
     return bytes(seen[key]).decode()
 
 
-@pytest.mark.parametrize("size", [2, 3])
-def test_pairs_equal_the_reference(tmp_path: pathlib.Path, size: int) -> None:
-    assert launch("pairs", size, tmp_path) == [0] * size
+@pytest.mark.parametrize(
+    "size, same_host", [(2, None), (3, None), (3, "tcp")], ids=["2-unix", "3-unix", "3-tcp"]
+)
+def test_pairs_equal_the_reference(
+    tmp_path: pathlib.Path, size: int, same_host: str | None
+) -> None:
+    # The ranks share this host: Unix sockets by default, loopback TCP as other hosts'.
+    assert launch("pairs", size, tmp_path, same_host=same_host) == [0] * size
     seen = [arrays(tmp_path, rank) for rank in range(size)]
+    for rank in range(size):
+        assert bytes(seen[rank]["route"]).decode().startswith("unix:") == (same_host is None)
     for rank in range(size):
         got = seen[rank]
         for k in range(size):

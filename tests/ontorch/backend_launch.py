@@ -10,8 +10,22 @@ import sys
 from typing import Any
 
 import numpy as np
+import pytest
 
 RANKS = pathlib.Path(__file__).with_name("backend_ranks.py")
+
+# The ranks share this host: Unix sockets by default (same_host None), loopback TCP as
+# ranks of other hosts meet ("tcp"); a suite runs on 2 and 3 ranks, and on 3 over TCP.
+SIZES_AND_PATHS = pytest.mark.parametrize(
+    "size, same_host", [(2, None), (3, None), (3, "tcp")], ids=["2-unix", "3-unix", "3-tcp"]
+)
+
+
+def went_as_asked(seen: list[dict[str, np.ndarray]], same_host: str | None) -> bool:
+    """Every rank's ring connection went the way ``same_host`` says (its ``route``)."""
+    return all(
+        bytes(got["route"]).decode().startswith("unix:") == (same_host is None) for got in seen
+    )
 
 
 def launch(

@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from backend_launch import arrays, launch  # noqa: E402
+from backend_launch import SIZES_AND_PATHS, arrays, launch, went_as_asked  # noqa: E402
 from backend_ranks import DTYPES, bits, values  # noqa: E402
 from test_backend_collectives import ring_reduce  # noqa: E402
 
@@ -22,17 +22,13 @@ def text(seen: dict, key: str) -> str:  # type: ignore[type-arg]
     return bytes(seen[key]).decode()
 
 
-@pytest.mark.parametrize(
-    "size, same_host", [(2, None), (3, None), (3, "tcp")], ids=["2-unix", "3-unix", "3-tcp"]
-)
+@SIZES_AND_PATHS
 def test_pairs_equal_the_reference(
     tmp_path: pathlib.Path, size: int, same_host: str | None
 ) -> None:
-    # The ranks share this host: Unix sockets by default, loopback TCP as other hosts'.
     assert launch("pairs", size, tmp_path, same_host=same_host) == [0] * size
     seen = [arrays(tmp_path, rank) for rank in range(size)]
-    for rank in range(size):
-        assert bytes(seen[rank]["route"]).decode().startswith("unix:") == (same_host is None)
+    assert went_as_asked(seen, same_host)
     for rank in range(size):
         got = seen[rank]
         for k in range(size):

@@ -274,6 +274,21 @@ def _define_actors() -> dict[str, Any]:
     }
 
 
+def _gloo_on_node_interface() -> None:
+    """Point gloo at the interface holding this Ray node's address (GLOO_SOCKET_IFNAME,
+    read when the actor's group is made): left alone, gloo takes the address its host
+    name resolves to, 127.0.0.1 here, and the two namespaces' ranks cannot meet."""
+    import ray
+
+    ip = str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+    shown = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True)
+    for line in shown.stdout.splitlines():
+        fields = line.split()
+        if len(fields) > 3 and fields[3].split("/")[0] == ip:
+            os.environ["GLOO_SOCKET_IFNAME"] = fields[1].split("@")[0]
+            return
+
+
 def _gloo_actors() -> tuple[Any, Any]:
     """Ray's gloo transport (torch tensors over ray.util.collective), when torch imports."""
     import ray
@@ -282,6 +297,7 @@ def _gloo_actors() -> tuple[Any, Any]:
     @ray.remote(num_cpus=0, enable_tensor_transport=True)
     class GlooMaker:
         def __init__(self, elements: int, seed: int) -> None:
+            _gloo_on_node_interface()
             self.tensor = torch.from_numpy(make_array(elements, seed))
 
         @ray.method(tensor_transport="gloo")
@@ -291,6 +307,7 @@ def _gloo_actors() -> tuple[Any, Any]:
     @ray.remote(num_cpus=0, enable_tensor_transport=True)
     class GlooReceiver:
         def __init__(self, elements: int, seed: int) -> None:
+            _gloo_on_node_interface()
             self.expected = torch.from_numpy(make_array(elements, seed))
 
         def take(self, tensor: Any) -> tuple[float, bool]:

@@ -42,22 +42,20 @@ each worker had them (and for the object-store server, when the gradients were a
 node and when its update was done), and both servers' parameters are compared bit for
 bit at the end (the same gradients, the same sum order, the same update).
 
-The two nodes, their namespace and their teardown: ``ray_nodes``.
+The two nodes, their namespace and their teardown: ``ray_nodes``; the machine's facts,
+the ratios and the printed report: ``ray_report``.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import platform
 import signal
 import socket
 import statistics
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -65,15 +63,12 @@ from typing import Any
 import numpy as np
 
 from ray_nodes import HEAD_IP, NODE_IP, Clusters, namespaces_unavailable
+from ray_report import machine, print_result, ratios
 
 MIB = 1 << 20
 GRADIENT_BYTES = 256 * MIB
 ELEMENTS = GRADIENT_BYTES // 4
 WORKERS = 3
-TARGET = 1.5
-# Issue 24: one node, through the maker's Unix socket, against the object store's
-# zero-copy get (one memcpy in all).
-ONE_NODE_TARGET = 0.5
 LR = 0.01
 # The row names say the layout of the settings measured: register()'s default.
 GS = "GRADSTREAM transport (compact layout, the default)"
@@ -370,7 +365,7 @@ def drive(section: str, address: str, node_ip: str, quick: bool, out: Path) -> i
     import gradstream.ray as gsray
 
     repeats = 3 if quick else 7
-    steps = 3 if quick else 6  # the first is not counted: 5 rounds, each held to TARGET
+    steps = 3 if quick else 6  # the first is not counted: 5 rounds, each held to the target
     two_nodes = section == "cross"
     a, b = ("nodeA", "nodeB") if two_nodes else (None, None)
     prefix = "across nodes" if two_nodes else "one node"
@@ -634,129 +629,6 @@ def _drive_child(
     return result
 
 
-def _machine() -> dict[str, Any]:
-    import ray
-
-    import gradstream
-
-    try:
-        import torch
-
-        torch_version: str | None = torch.__version__
-    except ImportError:
-        torch_version = None
-    mem = None
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem = int(line.split()[1]) * 1024
-    return {
-        "nproc": len(os.sched_getaffinity(0)),
-        "memory_bytes": mem,
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "ray": ray.__version__,
-        "torch": torch_version,
-        "gradstream": gradstream.__version__,
-        "loadavg_start": os.getloadavg(),
-    }
-
-
-def _ratios(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    wanted = [
-        (
-            "across nodes, 256 MiB actor to actor: object-store time / GRADSTREAM time",
-            "cross.transfer.os",
-            "cross.transfer.gs",
-            TARGET,
-        ),
-        (
-            "across nodes, parameter-server step: object-store server time / gradstream's, "
-            "the lowest of the rounds (each round: the two servers' steps back to back)",
-            "cross.ps.os",
-            "cross.ps.gs",
-            TARGET,
-        ),
-        (
-            "across nodes, 256 MiB actor to actor: gloo time / GRADSTREAM time",
-            "cross.transfer.gloo",
-            "cross.transfer.gs",
-            None,
-        ),
-        (
-            "one node, 256 MiB actor to actor: object-store time / GRADSTREAM time",
-            "one.transfer.os",
-            "one.transfer.gs",
-            ONE_NODE_TARGET,
-        ),
-    ]
-    ratios = []
-    for name, num, den, target in wanted:
-        if num not in rows and den not in rows:
-            continue
-        measured = None
-        if num in rows and den in rows:
-            measured = rows[num]["seconds"] / rows[den]["seconds"]
-            if ".ps." in num:
-                # Held in every round, not in the median: the rounds' ratios, lowest.
-                pairs = zip(rows[num]["samples"], rows[den]["samples"], strict=True)
-                measured = min(theirs / ours for theirs, ours in pairs)
-        verdict = (
-            "not measured"
-            if measured is None
-            else "reported"
-            if target is None
-            else "met"
-            if measured >= target
-            else "NOT MET"
-        )
-        ratios.append(
-            {
-                "name": name,
-                "measured": measured,
-                "target": target,
-                "verdict": verdict,
-            }
-        )
-    return ratios
-
-
-def _print(result: dict[str, Any], elapsed: float, quick: bool) -> None:
-    m = result["machine"]
-    print()
-    print(
-        f"benches/ray_bench.py ({'--quick' if quick else 'full run'}, {elapsed:.0f} s), "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, on {m['nproc']} CPUs, "
-        f"{(m['memory_bytes'] or 0) / (1 << 30):.1f} GiB, Linux {m['kernel']}; "
-        f"Python {m['python']}, numpy {m['numpy']}, Ray {m['ray']}, "
-        f"torch {m['torch'] or 'not installed'}, gradstream {m['gradstream']}; "
-        f"load average {m['loadavg_start'][0]:.1f} at the start, "
-        f"{m['loadavg_end'][0]:.1f} at the end."
-    )
-    print(
-        "GB/s: the gradient's bytes per second, 1 GB = 1e9 bytes (a parameter-server step: "
-        f"its {WORKERS} x {GRADIENT_BYTES // MIB} MiB of gradients)."
-    )
-    print()
-    print(f"{'seconds':>8} {'GB/s':>6}  row")
-    wrap = textwrap.TextWrapper(width=100, initial_indent=" " * 17, subsequent_indent=" " * 17)
-    for row in result["rows"]:
-        samples = ", ".join(f"{s:.3f}" for s in row["samples"])
-        print(f"{row['seconds']:>8.3f} {row['gbps']:>6.2f}  {row['name']}")
-        detail = f"{row['how']} of {len(row['samples'])} ({samples} s)"
-        print(wrap.fill(detail + (f"; {row['note']}" if row["note"] else "")))
-    print()
-    print(f"{'measured':>8}  {'target':<8} {'verdict':<12} ratio (two figures of this run)")
-    for ratio in result["ratios"]:
-        measured = "-" if ratio["measured"] is None else f"{ratio['measured']:.2f}"
-        target = "reported" if ratio["target"] is None else f">= {ratio['target']:g}"
-        print(f"{measured:>8}  {target:<8} {ratio['verdict']:<12} {ratio['name']}")
-    print()
-    for note in result["notes"]:
-        print(textwrap.fill(f"note: {note}", width=100, subsequent_indent="  "))
-
-
 def _merge(result: dict[str, Any], part: dict[str, Any], section: str) -> bool:
     result["rows"] += part["rows"]
     result["notes"] += part["notes"]
@@ -827,14 +699,15 @@ def main() -> int:
     began = time.monotonic()
     # SIGTERM (a killed `make bench`) runs the teardown as Ctrl-C does.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    result: dict[str, Any] = {"machine": _machine(), "rows": [], "notes": []}
+    result: dict[str, Any] = {"machine": machine(), "rows": [], "notes": []}
     failed = _across_nodes(result, args.quick)
     failed = _one_node(result, args.quick) or failed
     result["machine"]["loadavg_end"] = os.getloadavg()
-    result["ratios"] = _ratios({row["key"]: row for row in result["rows"]})
+    result["ratios"] = ratios({row["key"]: row for row in result["rows"]})
     elapsed = time.monotonic() - began
     result["seconds"] = elapsed
-    _print(result, elapsed, args.quick)
+    per_step = f"its {WORKERS} x {GRADIENT_BYTES // MIB} MiB of gradients"
+    print_result(result, elapsed, args.quick, per_step)
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 1 if failed else 0

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import multiprocessing as mp
 import os
 import queue
+import shutil
 import signal
 import socket
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -90,6 +93,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+_socket_folder: list[str] = []
+
+
+def socket_path(name: str) -> str:
+    """A fresh Unix socket path for a contestant, in one directory of this run's own,
+    removed (with the listeners' PATH.lock files) when the run's process exits."""
+    if not _socket_folder:
+        folder = tempfile.mkdtemp(prefix="gradstream-bench-")
+        atexit.register(shutil.rmtree, folder, True)
+        _socket_folder.append(folder)
+    return os.path.join(_socket_folder[0], f"{name}-{os.urandom(4).hex()}.sock")
 
 
 @dataclass

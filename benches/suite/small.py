@@ -11,12 +11,19 @@ import asyncio
 import os
 import socket
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
-from .children import ChildError, Contestant, free_port, recv_exactly, run_rounds, turns
+from .children import (
+    ChildError,
+    Contestant,
+    free_port,
+    recv_exactly,
+    run_rounds,
+    socket_path,
+    turns,
+)
 from .config import F32, Config, SessionSpec, drivers_off, make_config, make_gradient, same_bits
 from .results import Results, Row
 from .transfers import Planned, _Link
@@ -448,9 +455,8 @@ def bench_small(cfg: Config, res: Results, only: frozenset[str] | None = None) -
     ]
     sync_port, sync_tokio_port = free_port(), free_port()
     # Issue 24: the same-host transport, against a raw Unix socket.
-    folder = tempfile.gettempdir()
-    unix = f"unix:{folder}/gradstream-bench-{os.urandom(6).hex()}.sock"
-    raw_unix = f"{folder}/gradstream-bench-raw-{os.urandom(6).hex()}.sock"
+    unix = "unix:" + socket_path("connection")
+    raw_unix = socket_path("raw")
     plans += [
         Planned(
             "pingpong_sync_connection",

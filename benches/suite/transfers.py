@@ -27,6 +27,7 @@ from .children import (
     recv_exactly,
     recv_go,
     run_rounds,
+    socket_path,
     turns,
 )
 from .config import (
@@ -517,7 +518,7 @@ def plan_transfers(cfg: Config, grad: F32, available: dict[str, str | None]) -> 
     plans.append(Planned("e2e_native_connection", "e2e", name, c, CONNECTION_NOTE))
 
     # The same over the same-host transport (issue 24): a Unix socket, shared-memory rings.
-    unix = f"unix:{tempfile.gettempdir()}/gradstream-bench-{os.urandom(6).hex()}.sock"
+    unix = "unix:" + socket_path("e2e")
     c = Contestant(
         "e2e_native_unix",
         ("recv", _conn_receiver, (grad, unix)),

@@ -120,6 +120,9 @@ def test_a_listener_admits_only_the_user_it_is_told(
 
 def test_allowed_uid_none_admits_any_user(path: str) -> None:
     with gss.listen(path, allowed_uid=None) as listener:
+        # Open to every user's processes: the uid check is what would refuse one.
+        mode = stat.S_IMODE(os.stat(file_of(path)).st_mode)
+        assert mode == 0o666, oct(mode)
         accepting = threading.Thread(target=lambda: listener.accept().close())
         accepting.start()
         gss.connect(path).close()

@@ -411,8 +411,13 @@ def secured(rank: int, size: int, folder: str, key: str, same_host: str) -> None
         outcome["tls"] = [group._next.peer.tls_subject, group._prev.peer.tls_subject]
         own = group._socket_dir
         dist.destroy_process_group()
-        # Its socket's directory goes with the group (None: it had none).
-        outcome["socket_left"] = None if own is None else os.path.exists(own.address[5:])
+        # Its socket's directory goes with the group (None: it had none); the socket
+        # file alone would go with its listener anyway.
+        outcome["socket_left"] = (
+            None
+            if own is None
+            else os.path.exists(os.path.dirname(own.address.removeprefix("unix:")))
+        )
     except Exception as exc:
         outcome["error"] = type(exc).__name__
         outcome["message"] = str(exc)

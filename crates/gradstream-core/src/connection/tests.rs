@@ -378,7 +378,11 @@ async fn tls_and_the_seed_protocol_are_refused_on_unix_sockets() {
         .expect("refused")
         .to_string();
     assert!(error.contains("neither TLS nor protocol='seed'"), "{error}");
+    // Refused before anything was made: neither the socket nor its lock file.
     assert!(!path.exists());
+    let mut lock = path.clone().into_os_string();
+    lock.push(".lock");
+    assert!(!std::path::Path::new(&lock).exists());
 }
 
 #[cfg(target_os = "linux")]

@@ -890,3 +890,26 @@ def test_a_reply_larger_than_the_parameters_and_ranks_is_refused_unread(cluster:
     )
     assert isinstance(outcomes[2], gs.DeliveryError)
     assert outcomes[2].reason == caught.value.detail
+
+
+@pytest.mark.parametrize("said", ["unix:/nonexistent/gradstream.sock", "127.0.0.1:1"])
+def test_a_server_socket_of_this_node_that_cannot_be_reached_or_is_not_unix_means_tcp(
+    cluster: str, said: str
+) -> None:
+    """A server said to be on this node at a Unix socket nobody listens on: the client
+    joins over TCP (logged); one whose "socket" is a TCP address is never dialled
+    without the settings' TLS: ignored, TCP as given."""
+    from gradstream.ray._same_node import node_id
+
+    outcomes: list[Any] = []
+    with fake_server(_control.message("joined", rank=0), [], outcomes) as address:
+        server = FakeServer(address, 2)
+        server.same_node = _Remote((node_id(), said))
+        client = gsray.ParameterClient(server, 0)
+        try:
+            assert client._address == address
+            # The join was answered, and its answer acknowledged, over that TCP address.
+            assert wait_until(lambda: bool(outcomes), 5)
+            assert not isinstance(outcomes[0], Exception), outcomes
+        finally:
+            client.close()

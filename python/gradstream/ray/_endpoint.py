@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import sys
 import threading
 from typing import Any
 
@@ -32,18 +31,17 @@ import numpy.typing as npt
 from .. import _connection
 from .._connection import Connection
 from .._dtypes import DTYPES
-from .._local_socket import SocketDirectory
 from ..errors import (
     DeliveryError,
     FrameError,
     IncompleteStreamError,
     ObjectUnavailableError,
     ProtocolError,
-    SettingError,
     StreamIOError,
     StreamTimeoutError,
 )
 from . import _control, _loop
+from ._same_node import LocalListener, connect_locally, reachable
 from ._settings import RaySettings
 
 log = logging.getLogger("gradstream.ray")
@@ -77,11 +75,8 @@ class Endpoint:
         self._objects_lock = threading.Lock()
         self._server: Any = None
         self._address: tuple[str, int] | None = None
-        # Where receivers of this node connect ("unix:PATH"), and its directory (this
-        # process's own, removed at close).
-        self._local: str | None = None
-        self._local_server: Any = None
-        self._local_dir: SocketDirectory | None = None
+        # Where receivers of this node connect ("unix:PATH"): None, none.
+        self._local: LocalListener | None = None
         # What receivers are told to connect to, when it is not the listener's own
         # address (a NAT or forwarding proxy in between; the tests' tampering proxy).
         self.advertised: tuple[str, int] | None = None
@@ -107,7 +102,7 @@ class Endpoint:
             self._objects[object_id] = arrays
         if self.advertised is not None:
             return self.advertised, None
-        return address, self._local
+        return address, None if self._local is None else self._local.address
 
     def withdraw(self, object_id: str) -> None:
         with self._objects_lock:
@@ -138,34 +133,16 @@ class Endpoint:
         )
         address: tuple[str, int] = self._server.address
         log.info("gradstream.ray endpoint listening on %s:%d", *address)
-        if self.settings.same_node == "unix" and sys.platform == "linux":
-            await self._listen_locally()
+        # Receivers of this node fetch through a Unix socket (shared memory).
+        self._local = await LocalListener.start(
+            "gradstream-ray-",
+            self._serve,
+            self.settings,
+            _MAX_CONNECTIONS,
+            max_values=1,
+            who="receivers",
+        )
         return address
-
-    async def _listen_locally(self) -> None:
-        """Listen on a Unix socket too, in a directory of this process's own (mode
-        0700), for receivers of this node. TLS is not used there (the kernel is the only
-        party between two processes of one host): the job's authkey and the socket's
-        uid check are (docs/guides/ray.md, "One node"). Where it cannot listen, receivers
-        use TCP, and the log says why."""
-        try:
-            directory = SocketDirectory("gradstream-ray-")
-        except (OSError, ValueError) as exc:
-            log.warning("gradstream.ray: no Unix socket for this node's receivers: %s", exc)
-            return
-        keywords = self.settings.link_keywords(max_values=1)
-        keywords["tls"] = None
-        try:
-            self._local_server = await _connection.serve(
-                directory.address, self._serve, max_connections=_MAX_CONNECTIONS, **keywords
-            )
-        except (OSError, StreamIOError) as exc:
-            directory.remove()
-            log.warning("gradstream.ray: no Unix socket for this node's receivers: %s", exc)
-            return
-        self._local_dir = directory
-        self._local = directory.address
-        log.info("gradstream.ray endpoint listening on %s for this node", self._local)
 
     async def _serve(self, conn: Connection) -> None:
         """One receiver's connection: a request, its reply, until the receiver closes."""
@@ -211,11 +188,7 @@ class Endpoint:
         all is refused from its manifest (a ``TensorSetError``), before any of its values
         is decoded or held."""
         tcp = (str(address[0]), int(address[1]))
-        peer: Address = tcp
-        # Never a plain TCP connection without the TLS the settings ask for: a "local"
-        # address that is not a Unix socket's is ignored.
-        if local is not None and local.startswith("unix:") and self.settings.same_node == "unix":
-            peer = local
+        peer: Address = reachable(self.settings, local) or tcp
         # Scheduled and recorded under one lock: an abort finds every fetch begun.
         with self._fetches_lock:
             future = _loop.submit(self._fetch(peer, object_id, max_values, tcp))
@@ -299,29 +272,16 @@ class Endpoint:
         is stuck, and TCP would only double the wait."""
         tried = ""
         try:
+            conn = None
             if isinstance(address, str):
-                try:
-                    conn = await _connection.connect(
-                        address, **{**self.settings.link_keywords(), "tls": None}
-                    )
-                except StreamTimeoutError:
-                    raise
-                except (StreamIOError, SettingError) as exc:
-                    tried = f" (its Unix socket {address}: {exc})"
-                    log.warning(
-                        "gradstream.ray: cannot connect to %s (%s): using TCP", address, exc
-                    )
-                else:
-                    self.unix_connections_opened += 1
-                    self._pool[address] = conn
-                    self.connections_opened += 1
-                    return conn
-            conn = await _connection.connect(tcp, **self.settings.link_keywords())
+                conn, tried = await connect_locally(address, self.settings)
+                self.unix_connections_opened += conn is not None
+            if conn is None:
+                conn = await _connection.connect(tcp, **self.settings.link_keywords())
         except StreamIOError as exc:  # refused, reset, or no answer in connect_timeout
             # Its maker is gone (the actor died or restarted) or cannot be reached.
-            raise ObjectUnavailableError(
-                object_id, address, f"cannot connect: {exc}{tried}"
-            ) from exc
+            why = f"cannot connect: {exc}" + (f" ({tried})" if tried else "")
+            raise ObjectUnavailableError(object_id, address, why) from exc
         self._pool[address] = conn
         self.connections_opened += 1
         return conn
@@ -357,10 +317,8 @@ class Endpoint:
         self._pool.clear()
         if self._server is not None:
             await self._server.close()
-        if self._local_server is not None:
-            await self._local_server.close()
-        if self._local_dir is not None:
-            self._local_dir.remove()
+        if self._local is not None:
+            await self._local.close()
 
 
 def _ended(exc: FrameError) -> bool:

@@ -24,7 +24,6 @@ import contextlib
 import dataclasses
 import errno
 import logging
-import sys
 import threading
 import traceback
 from collections.abc import Callable, Mapping
@@ -35,10 +34,9 @@ import numpy.typing as npt
 import ray
 
 from .. import _connection
-from .._address import Address
+from .._address import Address, peer_text
 from .._connection import Connection
 from .._dtypes import DTYPES
-from .._local_socket import SocketDirectory
 from ..errors import (
     GradientSizeError,
     GradientStreamError,
@@ -47,10 +45,10 @@ from ..errors import (
     StreamIOError,
     StreamTimeoutError,
     WorkerLostError,
-    _peer_text,
 )
 from . import _control, _loop
 from ._endpoint import node_host
+from ._same_node import LocalListener, connect_locally, node_id, on_this_node, reachable
 from ._settings import RaySettings
 
 log = logging.getLogger("gradstream.ray")
@@ -176,9 +174,8 @@ class _Steps:
         # Set to end a connection's handler (the server then closes it).
         self.released: dict[Connection, asyncio.Event] = {}
         self.server: Any = None
-        # The Unix socket for workers of this node, and its directory (None: none).
-        self.local_server: Any = None
-        self.local_dir: SocketDirectory | None = None
+        # The Unix socket for workers of this node (None: none).
+        self.local: LocalListener | None = None
         self.task: asyncio.Task[None] | None = None
 
     async def start(self, host: str) -> tuple[str, int]:
@@ -189,33 +186,18 @@ class _Steps:
         self.server = await _connection.serve(
             (host, 0), self.admit, max_connections=2 * self.workers + 64, **keywords
         )
-        if self.settings.same_node == "unix" and sys.platform == "linux":
-            await self.listen_locally(keywords)
+        # Workers of this node join through a Unix socket (shared memory).
+        self.local = await LocalListener.start(
+            "gradstream-ps-",
+            self.admit,
+            self.settings,
+            2 * self.workers + 64,
+            max_values=_size(self.params),
+            who="workers",
+        )
         self.task = asyncio.create_task(self.run())
         address: tuple[str, int] = self.server.address
         return address
-
-    async def listen_locally(self, keywords: dict[str, Any]) -> None:
-        """Listen on a Unix socket too, for workers of the server's own Ray node (as the
-        tensor transport's makers do: docs/guides/ray.md, "One node"); where it cannot,
-        they use TCP, and the log says why."""
-        try:
-            directory = SocketDirectory("gradstream-ps-")
-        except (OSError, ValueError) as exc:
-            log.warning("parameter server: no Unix socket for this node's workers: %s", exc)
-            return
-        try:
-            self.local_server = await _connection.serve(
-                directory.address,
-                self.admit,
-                max_connections=2 * self.workers + 64,
-                **{**keywords, "tls": None},
-            )
-        except (OSError, StreamIOError) as exc:
-            directory.remove()
-            log.warning("parameter server: no Unix socket for this node's workers: %s", exc)
-            return
-        self.local_dir = directory
 
     async def admit(self, conn: Connection) -> None:
         """A worker's connection: its join, answered; then it stays until released."""
@@ -246,7 +228,7 @@ class _Steps:
             self.joined.notify_all()
         if old is not None:
             await self.drop(old)
-        log.info("parameter server: worker %d joined from %s", rank, _peer_text(peer))
+        log.info("parameter server: worker %d joined from %s", rank, peer_text(peer))
         await released.wait()
 
     async def member(self, rank: int) -> Connection:
@@ -416,10 +398,8 @@ class _Steps:
         await self.release_all()
         if self.server is not None:
             await self.server.close()
-        if self.local_server is not None:
-            await self.local_server.close()
-        if self.local_dir is not None:
-            self.local_dir.remove()
+        if self.local is not None:
+            await self.local.close()
 
 
 def params_reply(report: StepReport, params: Params) -> dict[str, Any]:
@@ -498,10 +478,8 @@ class _ParameterServer:
     def same_node(self) -> tuple[str, str] | None:
         """The server's Ray node id and Unix socket (``"unix:PATH"``), for workers of
         that node; None when it has none."""
-        local = self._steps.local_dir
-        if local is None:
-            return None
-        return str(ray.get_runtime_context().get_node_id()), local.address
+        local = self._steps.local
+        return None if local is None else (node_id(), local.address)
 
     def workers(self) -> int:
         """How many workers the server sums (a ``ParameterClient`` bounds the server's
@@ -548,13 +526,8 @@ class ParameterClient:
         self._settings: RaySettings = settings
         # A server on this worker's Ray node is reached through its Unix socket (Ray's
         # node id decides, never whether the path exists).
-        if (
-            same_node is not None
-            and settings.same_node == "unix"
-            and str(same_node[1]).startswith("unix:")
-            and same_node[0] == ray.get_runtime_context().get_node_id()
-        ):
-            self._address = same_node[1]
+        node, local = same_node or (None, None)
+        self._address = reachable(settings, on_this_node(node, local)) or address
         self._workers: int = workers
         self._conn: Connection | None = None
         # Join now: the server counts this rank from the first step whose turn reaches
@@ -609,19 +582,10 @@ class ParameterClient:
         node (no TLS there: the authkey admits), else, or where that socket cannot be
         reached (logged), over TCP."""
         if isinstance(self._address, str):
-            keywords = {**self._settings.link_keywords(), "tls": None}
-            try:
-                return await _connection.connect(self._address, **keywords)
-            except StreamTimeoutError:
-                raise  # a server that does not answer: TCP would only double the wait
-            except (StreamIOError, SettingError) as exc:
-                log.warning(
-                    "parameter client %d: cannot connect to %s (%s): using TCP",
-                    self.rank,
-                    self._address,
-                    exc,
-                )
-                self._address = self._tcp
+            conn, _ = await connect_locally(self._address, self._settings)
+            if conn is not None:
+                return conn
+            self._address = self._tcp  # from here on: the socket cannot be reached
         return await _connection.connect(self._address, **self._settings.link_keywords())
 
     async def _push(self, gradient: Any) -> Params:

@@ -48,6 +48,7 @@ from ray.experimental.rdt.util import transport_manager_info
 
 from ..errors import ProtocolError, SettingError, TensorSetError
 from ._endpoint import Endpoint, check_arrays
+from ._same_node import node_id, on_this_node
 from ._settings import RaySettings
 
 TRANSPORT = "GRADSTREAM"
@@ -115,7 +116,7 @@ class GradstreamTransport(TensorTransportManager):
             tensor_device="cpu",
             address=address,
             local=local,
-            node=None if local is None else _node_id(),
+            node=None if local is None else node_id(),
         )
 
     def get_communicator_metadata(
@@ -141,9 +142,10 @@ class GradstreamTransport(TensorTransportManager):
         most = sum(math.prod(shape) for shape, _ in recorded)
         # The maker's Unix socket only when Ray says it runs on this node: a path that
         # resolves proves nothing (two Ray nodes may share a filesystem).
-        local = getattr(tensor_transport_metadata, "local", None)
-        if local is not None and getattr(tensor_transport_metadata, "node", None) != _node_id():
-            local = None
+        local = on_this_node(
+            getattr(tensor_transport_metadata, "node", None),
+            getattr(tensor_transport_metadata, "local", None),
+        )
         try:
             arrays = self.endpoint.fetch(address, obj_id, max_values=most, local=local)
         except TensorSetError as exc:
@@ -176,11 +178,6 @@ class GradstreamTransport(TensorTransportManager):
 
     def abort_transport(self, obj_id: str, communicator_metadata: CommunicatorMetadata) -> None:
         self.endpoint.abort(obj_id)
-
-
-def _node_id() -> str:
-    """This process's Ray node (the raylet it belongs to)."""
-    return str(ray.get_runtime_context().get_node_id())
 
 
 def _recorded(meta: TensorTransportMetadata) -> list[tuple[tuple[int, ...], np.dtype[Any]]]:

@@ -168,8 +168,9 @@ def _define_actors() -> dict[str, Any]:
     @ray.remote(num_cpus=0)
     class OsServer:
         """The object-store parameter server: the gradients come as arguments (Ray pulls
-        them to this node), are summed in rank order as gradstream's server sums them, and
-        the new parameters go back through the object store."""
+        them to this node), are summed in gradstream's server's order (the workers, all
+        of one other node, are one group: ``0 + (((0 + g0) + g1) + g2)``), and the new
+        parameters go back through the object store."""
 
         def __init__(self, params: np.ndarray) -> None:
             self.params = params.copy()
@@ -180,9 +181,12 @@ def _define_actors() -> dict[str, Any]:
 
         def step(self, *gradients: np.ndarray) -> np.ndarray:
             arrived = time.monotonic()  # every gradient is in this node's store
-            acc = np.zeros(self.params.shape, np.float32)
+            group = np.zeros(self.params.shape, np.float32)
             for gradient in gradients:
-                np.add(acc, gradient, out=acc)
+                np.add(group, gradient, out=group)
+            acc = np.zeros(self.params.shape, np.float32)
+            np.add(acc, group, out=acc)
+            del group
             self.params = sgd(self.params, acc, len(gradients))
             self.times = (arrived, time.monotonic())
             return self.params
@@ -554,6 +558,10 @@ def drive(section: str, address: str, node_ip: str, quick: bool, out: Path) -> i
         result["placement"]["ps gs routes"] = routes
         if len(routes) != WORKERS or any(r.startswith("unix:") for r in routes):
             raise AssertionError(f"{prefix}: the server's workers came in on {routes}")
+        # The workers of node B reduced there, led by rank 0 (from the second step on).
+        groups = ray.get(gs_server.__ray_call__.remote(lambda self: dict(self._steps.plan)))
+        if groups != dict.fromkeys(range(WORKERS), 0):
+            raise AssertionError(f"{prefix}: the server's groups were {groups}")
         gs_params = ray.get(gs_server.params.remote())
         os_params = ray.get(os_server.get.remote())
         same = bool(np.array_equal(gs_params, os_params)) and agree
@@ -569,9 +577,11 @@ def drive(section: str, address: str, node_ip: str, quick: bool, out: Path) -> i
         gs_at = [statistics.median(p) for p in zip(*phases["gs"], strict=True)]
         os_at = [statistics.median(p) for p in zip(*phases["os"], strict=True)]
         gs_moved = (
-            "3 gradients in (rank order, summed as they stream in), the parameters out to "
-            "each of 3 workers: 6 x 256 MiB across the veth; the workers had the new "
-            "parameters at +" + ", +".join(f"{t:.2f}" for t in gs_at) + " s"
+            "3 gradients summed on node B (two through its leader's Unix socket), the sum "
+            "in, the parameters out once to the leader, which passes them on: 2 x 256 MiB "
+            "across the veth; the workers had the new parameters at +"
+            + ", +".join(f"{t:.2f}" for t in gs_at)
+            + " s"
         )
         os_moved = (
             "3 gradients in, the parameters out once to node B (its workers share them): "

@@ -32,6 +32,7 @@ import gradstream.ray as gsray
 from gradstream.ray import _control, _loop, _settings
 from gradstream.ray._endpoint import Address, Endpoint
 from gradstream.ray._ps import _ParameterServer, params_reply
+from gradstream.ray._ps_group import plan_tensor
 from gradstream.ray._rdt import GradstreamMetadata, GradstreamTransport
 from support.aio import apoll
 from support.rayactors import Maker, transport, update, wait_until
@@ -91,6 +92,12 @@ async def join(address: Any, rank: int, **keywords: Any) -> gs.Connection:
     await conn.send_tensors(_control.message("join", rank=rank))
     await conn.recv_tensors()  # the server's answer: joined (or refused)
     return conn
+
+
+async def push(conn: gs.Connection, gradient: Any) -> None:
+    """A worker's push as ``ParameterClient`` sends it: a message, then the gradient."""
+    await conn.send_tensors(_control.message("grad"))
+    await conn.send(gradient)
 
 
 def start_ps(params: Any, workers: int, mode: str = "raise", **keywords: Any) -> Any:
@@ -661,7 +668,7 @@ def test_a_stranger_cannot_take_a_worker_s_rank(cluster: str) -> None:
             """Joins as worker 0 before the worker does, and sends a gradient of its own."""
             with contextlib.suppress(gs.GradientStreamError):
                 async with await join(address, 0, authkey=None) as conn:
-                    await conn.send(np.full(4, 1000.0, F32))
+                    await push(conn, np.full(4, 1000.0, F32))
                     await answer(conn)
 
         run(impostor())
@@ -680,11 +687,11 @@ def test_under_raise_a_worker_that_missed_its_parameters_fails_the_next_step() -
         async def scenario() -> str:
             first, second = await join(address, 0), await join(address, 1)
             async with first:
-                await first.send(np.ones(4, F32))
-                await second.send(np.ones(4, F32))
+                await push(first, np.ones(4, F32))
+                await push(second, np.ones(4, F32))
                 await second.close()  # leaves before its step-0 parameters
                 assert (await answer(first)).startswith("answered")
-                await first.send(np.ones(4, F32))
+                await push(first, np.ones(4, F32))
                 return await answer(first)
 
         assert run(scenario()) == "closed"
@@ -704,7 +711,7 @@ def test_a_worker_that_does_not_read_its_reply_holds_up_no_one(cluster: str) -> 
         async def scenario() -> tuple[Any, float]:
             deaf = await join(address, 0)
             async with deaf:
-                await deaf.send(np.ones(4, F32))  # and never reads again
+                await push(deaf, np.ones(4, F32))  # and never reads again
                 started = time.monotonic()
                 got = await client.push_async(np.ones(4, F32))
                 return got, time.monotonic() - started
@@ -750,8 +757,8 @@ def test_a_restarted_worker_can_join_again_at_once() -> None:
             await asyncio.sleep(0.5)
             new = await join(address, 1)  # and its restart joins again
             async with first, new:
-                await first.send(np.ones(4, F32))
-                await new.send(np.ones(4, F32))
+                await push(first, np.ones(4, F32))
+                await push(new, np.ones(4, F32))
                 return [await answer(first), await answer(new)]
 
         replies = run(scenario())
@@ -848,6 +855,7 @@ def fake_server(
         if not await send(conn, joined):
             return
         for reply in replies:
+            await conn.recv_tensors()  # the push's message
             await conn.recv()
             if not await send(conn, reply):
                 return
@@ -871,11 +879,14 @@ def test_a_join_answer_carrying_values_is_refused_unread(cluster: str) -> None:
 
 
 def test_a_reply_larger_than_the_parameters_and_ranks_is_refused_unread(cluster: str) -> None:
-    # Two workers: a reply holds the 4 parameters and at most 2 missing ranks.
+    # Two workers: a reply holds the 4 parameters, at most 2 missing ranks and the plan
+    # (a leader per rank).
     outcomes: list[Any] = []
-    fits = params_reply(gsray.StepReport(0, 1, (1,)), np.full(4, 7, F32))
-    too_large = params_reply(gsray.StepReport(1, 1, (1,)), np.zeros(BIG, F32))
-    with fake_server(_control.message("joined", rank=0), [fits, too_large], outcomes) as address:
+    alone = plan_tensor({}, 2)
+    fits = params_reply(gsray.StepReport(0, 1, (1,)), np.full(4, 7, F32), alone)
+    too_large = params_reply(gsray.StepReport(1, 1, (1,)), np.zeros(BIG, F32), alone)
+    joined = _control.message("joined", rank=0, skip=False)
+    with fake_server(joined, [fits, too_large], outcomes) as address:
         client = gsray.ParameterClient(FakeServer(address, 2), 0)
         try:
             assert client.push(np.ones(4, F32)).tolist() == [7.0] * 4
@@ -886,7 +897,7 @@ def test_a_reply_larger_than_the_parameters_and_ranks_is_refused_unread(cluster:
             client.close()
         assert wait_until(lambda: len(outcomes) == 3, 5)
     assert caught.value.detail == (
-        f"tensor set holds {BIG + 1} values, above this receive's max_values 6"
+        f"tensor set holds {BIG + 3} values, above this receive's max_values 8"
     )
     assert isinstance(outcomes[2], gs.DeliveryError)
     assert outcomes[2].reason == caught.value.detail
@@ -902,7 +913,7 @@ def test_a_server_socket_of_this_node_that_cannot_be_reached_or_is_not_unix_mean
     from gradstream.ray._same_node import node_id
 
     outcomes: list[Any] = []
-    with fake_server(_control.message("joined", rank=0), [], outcomes) as address:
+    with fake_server(_control.message("joined", rank=0, skip=False), [], outcomes) as address:
         server = FakeServer(address, 2)
         server.same_node = _Remote((node_id(), said))
         client = gsray.ParameterClient(server, 0)

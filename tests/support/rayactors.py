@@ -4,6 +4,7 @@ cluster's workers get ``tests/`` on their path: ``tests/onray/conftest.py``)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import threading
@@ -92,15 +93,13 @@ def describe(value: Any) -> Any:
     return _describe(value)
 
 
-@ray.remote(num_cpus=0)
-class Worker:
-    """A parameter-server worker (sync methods): its gradient for a step is a pure
-    function of (seed, step, rank), so the test computes the same one."""
+class _Pushes:
+    """A sync worker's calls: its gradient for a step is a pure function of (seed, step,
+    rank), so the test computes the same one."""
 
-    def __init__(self, server: Any, rank: int, seed: int) -> None:
-        self.rank = rank
-        self.seed = seed
-        self.client = gsray.ParameterClient(server, rank)
+    rank: int
+    seed: int
+    client: gsray.ParameterClient
 
     def step(self, step: int, shape: Any) -> tuple[Any, Any]:
         params = self.client.push(gradient(self.seed, step, self.rank, shape))
@@ -108,6 +107,16 @@ class Worker:
 
     def push(self, value: Any) -> Any:
         return self.client.push(value)
+
+
+@ray.remote(num_cpus=0)
+class Worker(_Pushes):
+    """A parameter-server worker (sync methods)."""
+
+    def __init__(self, server: Any, rank: int, seed: int) -> None:
+        self.rank = rank
+        self.seed = seed
+        self.client = gsray.ParameterClient(server, rank)
 
 
 @ray.remote(num_cpus=0)
@@ -122,6 +131,51 @@ class AsyncWorker:
     async def step(self, step: int, shape: Any) -> tuple[Any, Any]:
         params = await self.client.push_async(gradient(self.seed, step, self.rank, shape))
         return params, self.client.last_report
+
+
+@ray.remote(num_cpus=0, max_concurrency=4)  # is_stalled answers while step is in push
+class NodeWorker(_Pushes):
+    """A worker that takes itself for one on Ray node ``node`` (never the server's): this
+    one machine then holds several "nodes", whose workers reduce on their node first.
+    ``stall`` makes it, as a leader, hang for good at a point of its push ("collect":
+    once it holds its followers' gradients; "forward": once it has the server's reply,
+    before it passes it on) once ``arm`` was called, for a test to kill it there."""
+
+    def __init__(self, server: Any, rank: int, seed: int, node: str, stall: str = "") -> None:
+        import gradstream.ray._ps_group as group
+        import gradstream.ray._same_node as same_node
+
+        same_node.node_id = lambda: node  # type: ignore[assignment]
+        if stall:
+            original = getattr(group.Leader, stall)
+
+            async def stalled(*args: Any, **kwargs: Any) -> Any:
+                if stall == "forward" and self.armed:
+                    self.stalled = True
+                    await asyncio.sleep(3600)
+                got = await original(*args, **kwargs)
+                if self.armed:
+                    self.stalled = True
+                    await asyncio.sleep(3600)
+                return got
+
+            setattr(group.Leader, stall, stalled)
+        self.armed = self.stalled = False
+        self.rank = rank
+        self.seed = seed
+        self.client = gsray.ParameterClient(server, rank)
+
+    def role(self) -> tuple[list[int], bool]:
+        """The followers linked to it, and whether it has a link to a leader."""
+        leader = self.client._leader
+        links = sorted(leader._links) if leader is not None else []
+        return links, self.client._follower._link is not None
+
+    def arm(self) -> None:
+        self.armed = True
+
+    def is_stalled(self) -> bool:
+        return self.stalled
 
 
 def gradient(seed: int, step: int, rank: int, shape: Any) -> Any:
@@ -152,6 +206,26 @@ def in_place(params: Any, summed: Any, count: int) -> Any:
     """An update that writes the server's parameters in place."""
     params -= np.float32(0.5) * summed
     return params
+
+
+def grouped_sum(grads: Any, order: list[Any]) -> Any:
+    """The server's sum of ``grads`` (rank: gradient array) in ``order``: ranks and
+    groups (lists of ranks, a group summed from zeros first), added into zeros in turn."""
+    first = next(iter(grads.values()))
+    if isinstance(first, dict):
+        return {
+            name: grouped_sum({rank: g[name] for rank, g in grads.items()}, order) for name in first
+        }
+    total = np.zeros(first.shape, np.float32)
+    for item in order:
+        if isinstance(item, list):
+            item_sum = np.zeros(total.shape, np.float32)
+            for rank in item:
+                item_sum += grads[rank]
+            total += item_sum
+        else:
+            total += grads[item]
+    return total
 
 
 def expected_steps(params: Any, seed: int, ranks_per_step: list[list[int]], shape: Any) -> Any:

@@ -8,13 +8,16 @@ parameters on the same connection: sealed, CRC-checked and acknowledged both way
 
 A step (``_Steps.run_step``) receives the workers' gradients one after another in rank
 order, adding each into one float32 accumulator as its chunks arrive (``reduce_into``),
-so the sum is ``((0 + g0) + g1) + g2`` bit for bit whatever the timing; then it calls the
-user's ``update(params, summed, count)`` and sends the result to every worker that
-contributed. A worker whose gradient does not arrive (its connection closes, or it sends
-nothing for ``timeout`` seconds, or something that is not a gradient of the parameters'
-size) is lost: under ``on_worker_failure="raise"`` the step fails and every worker's
-``push`` raises ``WorkerLostError``; under ``"skip"`` the step completes with the others
-and says who was missing (``StepReport``).
+so the sum is ``((0 + g0) + g1) + g2`` bit for bit whatever the timing; the workers of
+another node send one sum through their lowest rank, taken at its turn as one term
+(``_ps_group``, docs/guides/ray.md "Workers of one node reduce there first"). Then it
+calls the user's ``update(params, summed, count)`` and sends the result to every worker
+that contributed (a group's leader passes it on). A worker whose gradient does not
+arrive (its connection closes, or it sends nothing for ``timeout`` seconds, or
+something that is not a gradient of the parameters' size) is lost: under
+``on_worker_failure="raise"`` the step fails and every worker's ``push`` raises
+``WorkerLostError``; under ``"skip"`` the step completes with the others and says who
+was missing (``StepReport``).
 """
 
 from __future__ import annotations
@@ -46,9 +49,10 @@ from ..errors import (
     StreamTimeoutError,
     WorkerLostError,
 )
-from . import _control, _loop
+from . import _control, _loop, _same_node
 from ._endpoint import node_host
-from ._same_node import LocalListener, connect_locally, node_id, on_this_node, reachable
+from ._ps_group import Follower, Leader, plan, plan_tensor, read_plan
+from ._same_node import LocalListener, connect_locally, on_this_node, reachable
 from ._settings import RaySettings
 
 log = logging.getLogger("gradstream.ray")
@@ -58,11 +62,16 @@ FAILURE_MODES = ("raise", "skip")
 _ARRAY = "params"
 # A reply's second tensor: the ranks missing from the step (float64, exact for any rank).
 _MISSING = "gradstream.ray/missing"
+# Its third: the next step's groups, each rank's leader or -1 (``_ps_group.plan``).
+_PLAN = "gradstream.ray/plan"
 # No parameter may take a name a reply uses for itself.
 _RESERVED = "gradstream.ray"
 _JOIN = "a join message"
 _REPLY = "the new parameters"
 _JOINED = "the answer to a join"
+_PUSH = "a worker's gradient or bundle"
+# take_turn reads another message (it answered a question first).
+_AGAIN = object()
 _CLOSED = "its connection closed before its gradient came (the worker died or left)"
 
 Params = npt.NDArray[Any] | dict[str, npt.NDArray[Any]]
@@ -127,10 +136,11 @@ def _zeros(params: Params) -> Params:
 
 
 class _Lost(Exception):
-    """One worker's gradient did not arrive this step; ``detail`` says why."""
+    """Rank ``rank``'s gradient did not arrive this step; ``detail`` says why."""
 
     def __init__(self, rank: int, detail: str) -> None:
         super().__init__(detail)
+        self.rank = rank
         self.detail = detail
 
 
@@ -168,6 +178,12 @@ class _Steps:
         # an exception of the user's update (the workers' push raises it).
         self.failure: Exception | None = None
         self.members: dict[int, Connection] = {}
+        # Each member's Ray node and the Unix socket it listens on for its node's
+        # followers (either None), as its join said.
+        self.placement: dict[int, tuple[str | None, str | None]] = {}
+        # This step's groups (each grouped rank's leader), sent in the last reply.
+        self.plan: dict[int, int] = {}
+        self.node: str | None = None
         # Why each rank that is not a member now was lost.
         self.lost: dict[int, str] = {}
         self.joined = asyncio.Condition()
@@ -178,7 +194,8 @@ class _Steps:
         self.local: LocalListener | None = None
         self.task: asyncio.Task[None] | None = None
 
-    async def start(self, host: str) -> tuple[str, int]:
+    async def start(self, host: str, node: str | None) -> tuple[str, int]:
+        self.node = node
         # A join is an empty tensor and a gradient holds the parameters' values: a peer
         # that sends more is refused before its values move. Every worker keeps its
         # connection, and a restarted one opens another before the old one is noticed.
@@ -208,6 +225,7 @@ class _Steps:
         if extra:
             raise ProtocolError(_JOIN, "a join carrying tensors", peer)
         rank = _control.field(body, "rank", int, peer, _JOIN)
+        where = _placement(body, peer)
         refusal = None
         if not 0 <= rank < self.workers:
             refusal = f"this server has {self.workers} workers, ranks 0 to {self.workers - 1}"
@@ -216,7 +234,7 @@ class _Steps:
         if refusal is not None:
             await conn.send_tensors(_control.message("refused", rank=rank, detail=refusal))
             return
-        await conn.send_tensors(_control.message("joined", rank=rank))
+        await conn.send_tensors(_control.message("joined", rank=rank, skip=self.skip))
         released = self.released[conn] = asyncio.Event()
         async with self.joined:
             if self.failure is not None:  # it failed while this join was answered
@@ -224,6 +242,7 @@ class _Steps:
                 return
             old = self.members.get(rank)
             self.members[rank] = conn  # the latest join wins: a restarted worker's
+            self.placement[rank] = where
             self.lost.pop(rank, None)
             self.joined.notify_all()
         if old is not None:
@@ -291,16 +310,23 @@ class _Steps:
 
     async def run_step(self, step: int) -> None:
         acc = _zeros(self.params)
+        # Who gets the reply on its connection: the workers that sent to the server, the
+        # leaders (for their groups), and followers whose gradient was lost with their
+        # leader (they asked).
         taken: list[tuple[int, Connection]] = []
+        covered: set[int] = set()  # ranks whose gradient came in a leader's bundle
+        summed = 0
         missing: list[int] = []
         for rank in range(self.workers):
+            if rank in covered:
+                continue
             if self.skip and rank in self.lost:
                 missing.append(rank)  # until it joins again
                 continue
             try:
                 conn = await self.member(rank)
                 try:
-                    await self.take(rank, conn, acc)
+                    held = await self.take_turn(step, rank, conn, acc)
                 except _Lost as lost:
                     # Under "raise", run() records the failure before it closes any
                     # connection: a worker that finds its connection closed asks the
@@ -310,7 +336,7 @@ class _Steps:
                     raise
             except _Lost as lost:
                 if not self.skip:
-                    raise WorkerLostError(step, (rank,), lost.detail) from None
+                    raise WorkerLostError(step, (lost.rank,), lost.detail) from None
                 self.lost.setdefault(rank, lost.detail)  # one that never joined, too
                 log.warning(
                     "parameter server: step %d goes on without worker %d: %s",
@@ -321,12 +347,26 @@ class _Steps:
                 missing.append(rank)
                 continue
             taken.append((rank, conn))
-        report = StepReport(step, len(taken), tuple(missing))
-        if not taken:
+            if held is None:  # its gradient went down with its leader
+                log.warning(
+                    "parameter server: step %d goes on without worker %d: its gradient "
+                    "went to its node's leader, which was lost",
+                    step,
+                    rank,
+                )
+                missing.append(rank)
+                continue
+            covered.update(held)
+            summed += 1 + len(held)
+        report = StepReport(step, summed, tuple(missing))
+        if not summed:
             raise WorkerLostError(step, tuple(missing), "every worker is lost")
-        self.params = await asyncio.to_thread(self.updated, acc, len(taken))
+        self.params = await asyncio.to_thread(self.updated, acc, summed)
         self.reports.append(report)
-        reply = params_reply(report, self.params)
+        upcoming = plan(
+            {rank: self.placement.get(rank, (None, None)) for rank in self.members}, self.node
+        )
+        reply = params_reply(report, self.params, plan_tensor(upcoming, self.workers))
         # To every worker at once, on the connection its gradient came on (a rank that
         # joined again meanwhile sends its next gradient on the new one): each send waits
         # for its worker's ack, and one after another they would add those waits up.
@@ -342,6 +382,126 @@ class _Steps:
                 await self.lose(rank, conn, why)
             elif isinstance(outcome, BaseException):
                 raise outcome
+        self.plan = upcoming
+
+    async def take_turn(
+        self, step: int, rank: int, conn: Connection, acc: Params
+    ) -> list[int] | None:
+        """Rank ``rank``'s turn: its gradient added into ``acc``, or its group's sum
+        (then the followers it holds); None when it says its gradient went to a leader
+        that was lost. A follower asking for the last step's reply gets it first."""
+        # At most one question (an orphan's) and one leader's notice before its gradient
+        # or sum: a peer repeating either is lost, not answered for ever.
+        seen: set[str] = set()
+        while True:
+            body = await self.header(rank, conn)
+            if body["kind"] in seen:
+                raise _Lost(rank, f"it sent a second {body['kind']!r} message in its turn")
+            seen.add(body["kind"])
+            try:
+                held = await self.answer(step, rank, conn, acc, body)
+            except ProtocolError as exc:  # a field of the wrong type
+                raise _Lost(rank, str(exc)) from exc
+            if held is not _AGAIN:
+                return held  # type: ignore[no-any-return]
+
+    async def answer(
+        self, step: int, rank: int, conn: Connection, acc: Params, body: dict[str, Any]
+    ) -> Any:
+        """What ``take_turn`` does with one message of rank ``rank``: ``_AGAIN`` when
+        another follows (it answered a follower's question)."""
+        kind = body["kind"]
+        peer = conn.peer.address
+        if kind == "grad":
+            await self.take(rank, conn, acc)
+            return []
+        if kind == "leading":
+            # A leader began its step: its sum comes after its followers' gradients,
+            # within another ``timeout`` (it collects them within half of one).
+            if (
+                _control.field(body, "step", int, peer, _PUSH) != step
+                or self.plan.get(rank) != rank
+            ):
+                raise _Lost(rank, f"it said it leads a group in step {body['step']}; it does not")
+            return _AGAIN
+        if kind == "bundle":
+            held = self.bundled(step, rank, body, peer)
+            await self.take(rank, conn, acc)
+            return held
+        if kind == "spoiled" and not self.skip:
+            # Under "raise" a leader adds its followers' gradients straight into its sum:
+            # one that failed halfway fails the step, named.
+            follower = self.follower(step, rank, body, peer)
+            raise _Lost(
+                follower,
+                f"its gradient failed on its way into its node's sum (leader: worker {rank})",
+            )
+        if kind == "orphan":
+            was = _control.field(body, "step", int, peer, _PUSH)
+            if was == step:
+                if not self.skip:
+                    raise _Lost(rank, "its gradient went to its node's leader, which was lost")
+                return None
+            last = self.reports[-1] if self.reports else None
+            if last is not None and was == last.step:
+                await self.answer_orphan(rank, conn, last)
+                return _AGAIN
+        raise _Lost(rank, f"it sent a {kind!r} message where its gradient was due")
+
+    async def answer_orphan(self, rank: int, conn: Connection, last: StepReport) -> None:
+        """Its leader held its gradient of step ``last`` but did not pass the reply on:
+        the reply now (the parameters have not changed since: this step's update comes
+        after every turn), and this step it sends to the server itself (a leader stays
+        one: its followers count on it)."""
+        alone = {r: leader for r, leader in self.plan.items() if r != rank}
+        if self.plan.get(rank) == rank:
+            alone[rank] = rank
+        reply = params_reply(last, self.params, plan_tensor(alone, self.workers))
+        try:
+            await conn.send_tensors(reply)
+        except (GradientStreamError, OSError) as exc:
+            raise _Lost(rank, f"it did not take step {last.step}'s parameters: {exc}") from exc
+
+    async def header(self, rank: int, conn: Connection) -> dict[str, Any]:
+        """The message that leads a worker's push: what it sends (``grad``, ``bundle``)
+        or asks (``orphan``)."""
+        try:
+            got = await conn.recv_tensors(max_values=0)
+            if not got:
+                raise _Lost(rank, _CLOSED)
+            body, extra = _control.split(got, conn.peer.address, _PUSH)
+        except (GradientStreamError, OSError) as exc:
+            closed = " (its connection closed)" if conn.closed else ""
+            raise _Lost(rank, f"{type(exc).__name__}: {exc}{closed}") from exc
+        if extra:
+            raise _Lost(rank, "it sent a message carrying tensors where its gradient was due")
+        return body
+
+    def bundled(self, step: int, rank: int, body: dict[str, Any], peer: Any) -> list[int]:
+        """The followers a leader's bundle holds: some of those the plan gave it."""
+        sent_for = _control.field(body, "step", int, peer, _PUSH)
+        ranks = given = body.get("ranks")
+        planned = [r for r, leader in sorted(self.plan.items()) if leader == rank and r != rank]
+        ints = isinstance(ranks, list) and all(
+            isinstance(r, int) and not isinstance(r, bool) for r in ranks
+        )
+        if sent_for != step or not isinstance(ranks, list) or not ints:
+            ranks = None
+        if ranks is None or ranks != sorted(set(ranks) & set(planned)):
+            raise _Lost(
+                rank,
+                f"it sent a bundle of ranks {str(given)[:80]} for step {sent_for}; "
+                f"in step {step} it leads {planned}",
+            )
+        return list(ranks)
+
+    def follower(self, step: int, rank: int, body: dict[str, Any], peer: Any) -> int:
+        """The follower a leader's ``spoiled`` message names (one the plan gave it)."""
+        sent_for = _control.field(body, "step", int, peer, _PUSH)
+        follower: int = _control.field(body, "rank", int, peer, _PUSH)
+        if sent_for != step or follower == rank or self.plan.get(follower) != rank:
+            raise _Lost(rank, f"it named worker {follower} of step {sent_for} spoiled")
+        return follower
 
     def updated(self, summed: Params, count: int) -> Params:
         """The user's update (on a thread: it may take long, and the loop serves the
@@ -402,18 +562,34 @@ class _Steps:
             await self.local.close()
 
 
-def params_reply(report: StepReport, params: Params) -> dict[str, Any]:
+def params_reply(
+    report: StepReport, params: Params, groups: npt.NDArray[np.float64]
+) -> dict[str, Any]:
     """A step's reply to its workers: the message (step, count, whether the parameters
-    are one array), the missing ranks, then the parameters (``ParameterClient._read_reply``
-    reads it)."""
+    are one array), the missing ranks, the next step's groups, then the parameters
+    (``ParameterClient._read_reply`` reads it). The same bytes for every worker: a
+    leader passes it on as it came."""
     array = not isinstance(params, dict)
     reply = _control.message("params", step=report.step, count=report.count, array=array)
     reply[_MISSING] = np.array(report.missing, np.float64)
+    reply[_PLAN] = groups
     if isinstance(params, dict):
         reply.update(params)
     else:
         reply[_ARRAY] = params
     return reply
+
+
+def _placement(body: dict[str, Any], peer: Any) -> tuple[str | None, str | None]:
+    """A join's Ray node and Unix socket for followers (either may be absent)."""
+    node, local = body.get("node"), body.get("local")
+    if node is not None and (not isinstance(node, str) or not 0 < len(node) <= 128):
+        raise ProtocolError(_JOIN, f"a join whose node is {str(node)[:80]!r}", peer)
+    if local is not None and not (
+        isinstance(local, str) and local.startswith("unix:") and len(local) <= 256
+    ):
+        raise ProtocolError(_JOIN, f"a join whose socket is {str(local)[:80]!r}", peer)
+    return node, local
 
 
 def _size(gradient: Any) -> int:
@@ -465,7 +641,9 @@ class _ParameterServer:
             on_worker_failure == "skip",
             self._settings,
         )
-        self._address = _loop.call(self._steps.start(self._settings.host or node_host()))
+        self._address = _loop.call(
+            self._steps.start(self._settings.host or node_host(), _same_node.node_id())
+        )
 
     def contact(self) -> tuple[tuple[str, int], RaySettings]:
         """Where workers connect, and how (for ``ParameterClient``): the server's settings,
@@ -479,7 +657,15 @@ class _ParameterServer:
         """The server's Ray node id and Unix socket (``"unix:PATH"``), for workers of
         that node; None when it has none."""
         local = self._steps.local
-        return None if local is None else (node_id(), local.address)
+        return None if local is None else (_same_node.node_id(), local.address)
+
+    def leader_address(self, rank: int) -> str | None:
+        """The Unix socket rank ``rank`` (a leader of its node's workers) listens on."""
+        return self.placement_of(rank)[1]
+
+    def placement_of(self, rank: int) -> tuple[str | None, str | None]:
+        """Rank ``rank``'s Ray node and Unix socket, as its last join said."""
+        return self._steps.placement.get(rank, (None, None))
 
     def workers(self) -> int:
         """How many workers the server sums (a ``ParameterClient`` bounds the server's
@@ -493,6 +679,10 @@ class _ParameterServer:
     def reports(self) -> list[StepReport]:
         """One report for each step done so far."""
         return list(self._steps.reports)
+
+    def steps_done(self) -> int:
+        """How many steps are done."""
+        return len(self._steps.reports)
 
     def failure(self) -> Exception | None:
         """Why the server stopped (a ``WorkerLostError``, or the exception the update
@@ -530,6 +720,20 @@ class ParameterClient:
         self._address = reachable(settings, on_this_node(node, local)) or address
         self._workers: int = workers
         self._conn: Connection | None = None
+        self._skip = False  # the server's on_worker_failure is "skip" (its join says)
+        # The groups of the step this worker pushes next (from the last reply; none
+        # after a join or a failed push: then it sends to the server).
+        self._plan: dict[int, int] = {}
+        self._step: int | None = None
+        # A worker not on the server's node may lead its node's group (it listens on a
+        # Unix socket for followers) or follow a leader there. Each waits for the other
+        # within a share of the server's own timeout per rank.
+        base_timeout = settings.timeout / (workers + 1)
+        self._leader: Leader | None = None
+        self._follower = Follower(rank, settings, base_timeout)
+        if not isinstance(self._address, str):
+            self._leader = Leader(settings, base_timeout)
+            _loop.call(self._leader.start())
         # Join now: the server counts this rank from the first step whose turn reaches
         # it after this (a restarted worker rejoins here), and a TLS or authkey problem
         # shows in the constructor.
@@ -559,7 +763,11 @@ class ParameterClient:
         if conn is None or conn.closed:
             conn = await self._connect()
             try:
-                await conn.send_tensors(_control.message("join", rank=self.rank))
+                leader = self._leader
+                where = {"node": _same_node.node_id()}
+                if leader is not None and leader.address is not None:
+                    where["local"] = leader.address
+                await conn.send_tensors(_control.message("join", rank=self.rank, **where))
                 # The answer is a message alone: a set holding values is refused from its
                 # manifest.
                 answer = await conn.recv_tensors(max_values=0)
@@ -571,6 +779,7 @@ class ParameterClient:
                     )
                 if body["kind"] != "joined":
                     raise ProtocolError(_JOINED, f"a {body['kind']!r} message", self._address)
+                self._skip = _control.field(body, "skip", bool, self._address, _JOINED)
             except BaseException:
                 await conn.close()
                 raise
@@ -590,27 +799,99 @@ class ParameterClient:
 
     async def _push(self, gradient: Any) -> Params:
         conn = await self._connection()
+        # The reply holds the parameters (the gradient's size), the missing ranks and
+        # the next step's plan (one value per worker each): a larger one is refused from
+        # its manifest.
+        most = _size(gradient) + 2 * self._workers
+        groups, step = self._plan, self._step
+        self._plan, self._step = {}, None  # after a failure, the next push goes direct
+        leader = groups.get(self.rank)
+        try:
+            if leader is None or step is None:
+                reply = await self._push_direct(conn, gradient, most)
+            elif leader == self.rank:
+                followers = [
+                    r for r, lead in sorted(groups.items()) if lead == leader and r != leader
+                ]
+                reply = await self._push_as_leader(conn, step, gradient, followers, most)
+            else:
+                reply = await self._push_as_follower(conn, step, gradient, leader, most)
+        except BaseException:
+            if self._leader is not None:
+                # Its followers, finding their links closed, ask the server or send to it.
+                await self._leader.drop_all()
+            raise
+        return self._read_reply(reply)
+
+    async def _push_direct(self, conn: Connection, gradient: Any, most: int) -> dict[str, Any]:
+        await conn.send_tensors(_control.message("grad"))
         if isinstance(gradient, Mapping):
             await conn.send_tensors(gradient)
         else:
             await conn.send(gradient)
-        # The reply holds the parameters (the gradient's size) and the missing ranks (at
-        # most one per worker): a larger one is refused from its manifest.
-        reply = await self._reply(conn, _size(gradient) + self._workers)
-        if not reply:
-            raise StreamIOError(
-                errno.ENOTCONN, "the parameter server closed the connection before replying"
-            )
-        return self._read_reply(reply)
+        return await self._reply(conn, most)
 
-    async def _reply(self, conn: Connection, max_values: int) -> dict[str, npt.NDArray[Any]]:
-        """The server's reply, which comes once every rank's gradient of the step was
-        taken: waited for in spans of ``timeout`` while the server, asked through Ray
-        after each silent span, still runs (a dead server is Ray's error, a failed one
-        its failure)."""
+    async def _push_as_leader(
+        self, conn: Connection, step: int, gradient: Any, followers: list[int], most: int
+    ) -> dict[str, Any]:
+        """Its group's sum (own gradient first, then the followers' in rank order) to the
+        server, and the reply on to the followers it holds."""
+        assert self._leader is not None  # only a worker with a socket is made a leader
+        # The server takes this notice in the leader's turn, which may come later: the
+        # followers' gradients are collected meanwhile.
+        leading = asyncio.ensure_future(conn.send_tensors(_control.message("leading", step=step)))
+        try:
+            total, held, spoiled = await self._leader.collect(step, followers, gradient, self._skip)
+        finally:
+            await leading
+        if spoiled is not None:
+            # Under "raise": the server fails the step naming that follower.
+            await conn.send_tensors(_control.message("spoiled", step=step, rank=spoiled))
+            return await self._reply(conn, most)
+        await conn.send_tensors(_control.message("bundle", step=step, ranks=held))
+        if isinstance(total, dict):
+            await conn.send_tensors(total)
+        else:
+            await conn.send(total)
+        del total
+        reply = await self._reply(conn, most)
+        await self._leader.forward(reply, held)
+        return reply
+
+    async def _push_as_follower(
+        self, conn: Connection, step: int, gradient: Any, leader: int, most: int
+    ) -> dict[str, Any]:
+        """The gradient to its node's leader, the reply from it; where the leader did not
+        take the gradient, to the server; where it took it and no reply came, the
+        server is asked (``_ps_group``'s rules: never counted twice)."""
+        address = await self._server.leader_address.remote(leader)
+        link = None if address is None else await self._follower.link(address)
+        if link is None or not await self._follower.hand_over(link, step, gradient):
+            return await self._push_direct(conn, gradient, most)
+        with contextlib.suppress(GradientStreamError, OSError):
+            reply = await self._reply(link, most, after=step)
+            if reply:
+                return reply
+        await self._follower.close()
+        await conn.send_tensors(_control.message("orphan", step=step))
+        return await self._reply(conn, most)
+
+    async def _reply(
+        self, conn: Connection, max_values: int, after: int | None = None
+    ) -> dict[str, npt.NDArray[Any]]:
+        """The server's reply (from the server, or from this node's leader), which comes
+        once every rank's gradient of the step was taken: waited for in spans of
+        ``timeout`` while the server, asked through Ray after each silent span, still
+        runs (a dead server is Ray's error, a failed one its failure). From a leader
+        (step ``after``): no longer once the server has done that step (the leader
+        hangs: ``StreamTimeoutError``, and the server is asked instead)."""
         while True:
             try:
                 got: dict[str, np.ndarray] = await conn.recv_tensors(max_values=max_values)
+                if not got:
+                    raise StreamIOError(
+                        errno.ENOTCONN, "the parameter server closed the connection before replying"
+                    )
                 return got
             except StreamTimeoutError:
                 if conn.closed:
@@ -618,6 +899,8 @@ class ParameterClient:
                 failure = await self._server.failure.remote()
                 if failure is not None:
                     raise failure from None
+                if after is not None and await self._server.steps_done.remote() > after:
+                    raise
 
     def _read_reply(self, reply: dict[str, npt.NDArray[Any]]) -> Params:
         """The parameters of a reply: its message, the missing ranks, then the
@@ -630,20 +913,28 @@ class ParameterClient:
         count = _control.field(body, "count", int, peer, _REPLY)
         array = _control.field(body, "array", bool, peer, _REPLY)
         names = list(reply)[1:]
-        if not names or names[0] != _MISSING or (array and names[1:] != [_ARRAY]):
+        if names[:2] != [_MISSING, _PLAN] or (array and names[2:] != [_ARRAY]):
             raise ProtocolError(_REPLY, f"a reply of the tensors {names[:4]!r}", peer)
         ranks = tensors[0]
         if ranks.ndim != 1 or not np.all((ranks >= 0) & (ranks == np.floor(ranks))):
             raise ProtocolError(_REPLY, "missing ranks that are not counts", peer)
+        groups = read_plan(tensors[1], self._workers, peer, _REPLY)
         self.last_report = StepReport(step, count, tuple(int(r) for r in ranks))
+        self._plan, self._step = groups, step + 1
         if array:
             return reply[_ARRAY]
-        return {name: reply[name] for name in names[1:]}
+        return {name: reply[name] for name in names[2:]}
 
     def close(self) -> None:
-        """Close the connection to the server."""
+        """Close the connection to the server (and to this node's other workers)."""
+        _loop.call(self._close())
+
+    async def _close(self) -> None:
+        await self._follower.close()
+        if self._leader is not None:
+            await self._leader.close()
         if self._conn is not None:
-            _loop.call(self._conn.close())
+            await self._conn.close()
             self._conn = None
 
 

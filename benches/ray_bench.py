@@ -74,7 +74,7 @@ LR = 0.01
 GS = "GRADSTREAM transport (compact layout, the default)"
 GS_PS = "gradstream.ray.ParameterServer (compact layout, the default)"
 OS = "Ray object store"
-OS_PS = "a Ray object-store server (numpy sum in rank order)"
+OS_PS = "a Ray object-store server (numpy sum in gradstream's order)"
 DRIVER_TIMEOUT = 480
 
 

@@ -188,17 +188,19 @@ def test_a_leader_killed_holding_its_followers_gradients(cluster: str, mode: str
             ray.kill(actor)
 
 
-def test_a_leader_killed_before_passing_the_reply_on_counts_its_group_once(
-    cluster: str,
+@pytest.mark.parametrize("kill", [True, False], ids=["killed", "hung"])
+def test_a_leader_lost_before_passing_the_reply_on_counts_its_group_once(
+    cluster: str, kill: bool
 ) -> None:
-    """The server took the group's sum and replied to the leader, which died before
-    passing the reply on: the followers get step 2's reply from the server (their
+    """The server took the group's sum and replied to the leader, which died (or hangs)
+    before passing the reply on: the followers get step 2's reply from the server (their
     gradients counted once), and send step 3's themselves."""
     ps, workers, before = _group_of_three("skip", stall="forward")
     try:
         refs = [w.step.remote(2, SHAPE) for w in workers]
         assert wait_until(lambda: ray.get(workers[1].is_stalled.remote(), timeout=5), 20)
-        ray.kill(workers[1])
+        if kill:
+            ray.kill(workers[1])
         want = update(before, grouped_sum(grads(2, [0, 1, 2, 3]), [0, [1, 2, 3]]), 4)
         params_got, report = ray.get(refs[0], timeout=60)
         assert params_got.tobytes() == want.tobytes()

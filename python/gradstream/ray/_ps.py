@@ -135,6 +135,10 @@ def _zeros(params: Params) -> Params:
     return np.zeros(params.shape, np.float32)
 
 
+class _LeaderGone(Exception):
+    """A follower's leader will not pass the step's reply on: the server is asked."""
+
+
 class _Lost(Exception):
     """Rank ``rank``'s gradient did not arrive this step; ``detail`` says why."""
 
@@ -680,9 +684,12 @@ class _ParameterServer:
         """One report for each step done so far."""
         return list(self._steps.reports)
 
-    def steps_done(self) -> int:
-        """How many steps are done."""
-        return len(self._steps.reports)
+    def leader_passed(self, step: int, leader: int) -> tuple[Exception | None, bool]:
+        """For a follower waiting on rank ``leader`` for step ``step``'s reply: why the
+        server stopped (or None), and whether it has done that step or lost the leader
+        (then the follower asks the server)."""
+        steps = self._steps
+        return steps.failure, len(steps.reports) > step or leader in steps.lost
 
     def failure(self) -> Exception | None:
         """Why the server stopped (a ``WorkerLostError``, or the exception the update
@@ -761,6 +768,7 @@ class ParameterClient:
         naming the server's reason."""
         conn = self._conn
         if conn is None or conn.closed:
+            self._plan, self._step = {}, None  # a join carries no plan: direct first
             conn = await self._connect()
             try:
                 leader = self._leader
@@ -842,8 +850,12 @@ class ParameterClient:
         leading = asyncio.ensure_future(conn.send_tensors(_control.message("leading", step=step)))
         try:
             total, held, spoiled = await self._leader.collect(step, followers, gradient, self._skip)
-        finally:
-            await leading
+        except BaseException:
+            leading.cancel()  # this push failed: no waiting for the server's turn
+            with contextlib.suppress(BaseException):
+                await leading
+            raise
+        await leading
         if spoiled is not None:
             # Under "raise": the server fails the step naming that follower.
             await conn.send_tensors(_control.message("spoiled", step=step, rank=spoiled))
@@ -868,23 +880,47 @@ class ParameterClient:
         link = None if address is None else await self._follower.link(address)
         if link is None or not await self._follower.hand_over(link, step, gradient):
             return await self._push_direct(conn, gradient, most)
-        with contextlib.suppress(GradientStreamError, OSError):
-            reply = await self._reply(link, most, after=step)
+        with contextlib.suppress(GradientStreamError, OSError, _LeaderGone):
+            reply = await self._from_leader(link, most, step, leader)
             if reply:
                 return reply
         await self._follower.close()
         await conn.send_tensors(_control.message("orphan", step=step))
         return await self._reply(conn, most)
 
-    async def _reply(
-        self, conn: Connection, max_values: int, after: int | None = None
+    async def _from_leader(
+        self, link: Connection, most: int, step: int, leader: int
     ) -> dict[str, npt.NDArray[Any]]:
+        """The reply as the leader passes it on; asked after each quarter of the server's
+        timeout whether the server stopped (its failure raised), lost the leader or did
+        the step (the leader hangs: ``_LeaderGone``, and the caller asks the server
+        instead, within the time the server waits for it)."""
+        reply = asyncio.ensure_future(link.recv_tensors(max_values=most))
+        span = self._follower.base_timeout / 4
+        passed_before = False
+        try:
+            while True:
+                done, _ = await asyncio.wait({reply}, timeout=span)
+                if done:
+                    got: dict[str, npt.NDArray[Any]] = reply.result()
+                    return got
+                failure, passed = await self._server.leader_passed.remote(step, leader)
+                if failure is not None:
+                    raise failure
+                if passed and passed_before:  # a span after: not a reply on its way
+                    raise _LeaderGone
+                passed_before = passed
+        finally:
+            if not reply.done():
+                reply.cancel()
+                with contextlib.suppress(BaseException):
+                    await reply
+
+    async def _reply(self, conn: Connection, max_values: int) -> dict[str, npt.NDArray[Any]]:
         """The server's reply (from the server, or from this node's leader), which comes
         once every rank's gradient of the step was taken: waited for in spans of
         ``timeout`` while the server, asked through Ray after each silent span, still
-        runs (a dead server is Ray's error, a failed one its failure). From a leader
-        (step ``after``): no longer once the server has done that step (the leader
-        hangs: ``StreamTimeoutError``, and the server is asked instead)."""
+        runs (a dead server is Ray's error, a failed one its failure)."""
         while True:
             try:
                 got: dict[str, np.ndarray] = await conn.recv_tensors(max_values=max_values)
@@ -899,8 +935,6 @@ class ParameterClient:
                 failure = await self._server.failure.remote()
                 if failure is not None:
                     raise failure from None
-                if after is not None and await self._server.steps_done.remote() > after:
-                    raise
 
     def _read_reply(self, reply: dict[str, npt.NDArray[Any]]) -> Params:
         """The parameters of a reply: its message, the missing ranks, then the

@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .. import TransferProgress
 from .._connection import Connection
-from .._native import TransferProgress
 from ..errors import GradientStreamError, ProtocolError, StreamTimeoutError
 from . import _control
 from ._same_node import LocalListener, connect_locally
@@ -280,7 +280,7 @@ class Follower:
     def __init__(self, rank: int, settings: RaySettings, base_timeout: float) -> None:
         self._rank = rank
         self._settings = settings
-        self._base_timeout = base_timeout
+        self.base_timeout = base_timeout
         self._address: str | None = None
         self._link: Connection | None = None
 
@@ -298,16 +298,21 @@ class Follower:
         if conn is None:
             return None
         try:
-            await conn.send_tensors(_control.message("join", rank=self._rank))
-            body, _ = _control.split(await conn.recv_tensors(max_values=0), address, _JOINED)
+            # A leader that does not answer in time is not waited for: the server is.
+            answer = await asyncio.wait_for(self._join(conn), COLLECT_SHARE * self.base_timeout)
+            body, _ = _control.split(answer, address, _JOINED)
             if body["kind"] != "joined":
                 raise ProtocolError(_JOINED, f"a {body['kind']!r} message", address)
-        except (GradientStreamError, OSError) as exc:
+        except (GradientStreamError, OSError, TimeoutError) as exc:
             log.info("parameter server: no link to leader %s: %s", address, exc)
             await conn.close()
             return None
         self._address, self._link = address, conn
         return conn
+
+    async def _join(self, conn: Connection) -> Any:
+        await conn.send_tensors(_control.message("join", rank=self._rank))
+        return await conn.recv_tensors(max_values=0)
 
     async def hand_over(self, link: Connection, step: int, gradient: Any) -> bool:
         """Send ``gradient`` of ``step`` to the leader: True once it acknowledged it (it
@@ -317,7 +322,7 @@ class Follower:
             # message: after this long it is sent to the server instead.
             await link.send_tensors(
                 _control.message("grad", step=step),
-                deadline=COLLECT_SHARE * self._base_timeout,
+                deadline=COLLECT_SHARE * self.base_timeout,
             )
             if isinstance(gradient, Mapping):
                 await link.send_tensors(gradient)

@@ -152,6 +152,7 @@ impl Listener {
     /// accepting (`Stopper::stop` returns after it; a dropped listener's goes with its
     /// accept task). TLS and the seed protocol are refused: the kernel is the only party
     /// between the two processes, and the seed's frames have no hello to set rings up.
+    #[cfg(target_os = "linux")]
     pub async fn bind_unix(path: &Path, settings: ListenSettings) -> Result<Self> {
         if settings.tls.is_some() || settings.protocol == Protocol::Seed {
             return Err(GradientStreamError::Io(std::io::Error::new(

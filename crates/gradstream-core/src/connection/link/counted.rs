@@ -179,6 +179,7 @@ impl Direct {
         (was & WANTS_READ != 0, was & WANTS_WRITE != 0)
     }
 
+    #[cfg(target_os = "linux")] // only the direct system calls wait
     fn want(&self, what: u8) {
         self.0.fetch_or(what, Ordering::Relaxed);
     }

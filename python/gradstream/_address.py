@@ -21,7 +21,7 @@ __all__ = ["UNIX", "Address", "Peer", "address_of", "parse_address", "peer_text"
 # The prefix of a same-host address.
 UNIX = "unix:"
 # The longest path a Unix-domain socket address holds (sun_path, its NUL excluded).
-_UNIX_PATH_MOST = 107
+UNIX_PATH_MOST = 107
 
 
 def peer_text(address: Address | None) -> str:
@@ -94,11 +94,11 @@ def _unix(address: str) -> tuple[str, int]:
     if not path:
         raise SettingError("address", f"address {address!r} has no path after 'unix:'")
     size = len(os.fsencode(path))
-    if size > _UNIX_PATH_MOST or "\0" in path:
+    if size > UNIX_PATH_MOST or "\0" in path:
         raise SettingError(
             "address",
             f"address {address!r}: a Unix-domain socket's path holds at most "
-            f"{_UNIX_PATH_MOST} bytes and no NUL (this one: {size} bytes); use a shorter path",
+            f"{UNIX_PATH_MOST} bytes and no NUL (this one: {size} bytes); use a shorter path",
         )
     return UNIX + path, 0
 

@@ -14,8 +14,8 @@ import tempfile
 import threading
 import time
 
-# The longest Unix socket path the kernel takes (sun_path less its NUL).
-MAX_PATH = 107
+from ._address import UNIX_PATH_MOST
+
 # A directory left by a process that was killed (no exit handler ran) is removed by the
 # next process that makes one of the same kind, once it is older than this and nobody
 # holds its socket's lock: a directory made a moment ago may still await its listener.
@@ -36,10 +36,10 @@ class SocketDirectory:
         _sweep(prefix)
         self._directory = tempfile.mkdtemp(prefix=prefix)
         path = os.path.join(self._directory, "s.sock")
-        if len(os.fsencode(path)) > MAX_PATH:
+        if len(os.fsencode(path)) > UNIX_PATH_MOST:
             shutil.rmtree(self._directory, ignore_errors=True)
             raise ValueError(
-                f"{path} is longer than the {MAX_PATH} bytes a Unix socket path may have "
+                f"{path} is longer than the {UNIX_PATH_MOST} bytes a Unix socket path may have "
                 "(set TMPDIR to a shorter directory)"
             )
         self.address = f"unix:{path}"

@@ -370,3 +370,20 @@ def test_workers_of_the_servers_node_connect_through_its_unix_socket(
     finally:
         for actor in [*workers, ps]:
             ray.kill(actor)
+
+
+def test_silent_ranks_before_a_worker_do_not_run_out_its_sends_deadline(cluster: str) -> None:
+    """Under "skip", ranks 0 to 3 never join: the server waits `timeout` (1 s) for each
+    before it reaches rank 4, whose push has been waiting 4 s, twice the server's
+    `deadline` (2 s). Its send is held to deadline + timeout x workers, and completes."""
+    params = np.zeros(1000, np.float32)
+    ps = start(params, 5, "skip", timeout=1, deadline=2)
+    worker = Worker.remote(ps, 4, SEED)
+    try:
+        got, report = ray.get(worker.step.remote(0, (1000,)), timeout=60)
+        assert report == gsray.StepReport(step=0, count=1, missing=(0, 1, 2, 3))
+        want = update(params, gradient(SEED, 0, 4, (1000,)), 1)
+        assert got.tobytes() == want.tobytes()
+    finally:
+        ray.kill(worker)
+        ray.kill(ps)

@@ -651,10 +651,14 @@ class _ParameterServer:
 
     def contact(self) -> tuple[tuple[str, int], RaySettings]:
         """Where workers connect, and how (for ``ParameterClient``): the server's settings,
-        with a ``timeout`` that covers the other ranks' turns, for a worker's send may
-        stand still that long while the server takes the gradients before it."""
+        with a ``timeout`` and a ``deadline`` that cover the other ranks' turns, for a
+        worker's send may stand still that long while the server takes the gradients
+        before it (each rank before it may be silent for ``timeout`` before it is lost)."""
         workers = self._steps.workers
-        waits = dataclasses.replace(self._settings, timeout=self._settings.timeout * (workers + 1))
+        own = self._settings
+        waits = dataclasses.replace(
+            own, timeout=own.timeout * (workers + 1), deadline=own.deadline + own.timeout * workers
+        )
         return self._address, waits
 
     def same_node(self) -> tuple[str, str] | None:

@@ -16,7 +16,8 @@ except ImportError as exc:  # pragma: no cover - the test environment has Ray
 
 from ..errors import ObjectUnavailableError, WorkerLostError
 from . import _rdt
-from ._ps import ParameterClient, ParameterServer, StepReport
+from ._ps import ParameterServer, StepReport
+from ._ps_client import ParameterClient
 from ._settings import RaySettings
 
 TRANSPORT = _rdt.TRANSPORT

@@ -106,7 +106,7 @@ def _zero_plus(gradient: Any, into: npt.NDArray[np.float32] | None) -> Any:
     return into
 
 
-def _add_set(total: dict[str, Any], got: dict[str, npt.NDArray[Any]]) -> None:
+def add_set(total: dict[str, Any], got: dict[str, npt.NDArray[Any]]) -> None:
     for name, tensor in got.items():
         np.add(total[name], tensor.astype(np.float32, copy=False), out=total[name])
 
@@ -207,9 +207,9 @@ class Leader:
                     return total, held, rank  # part of it is in the sum
                 continue
             if isinstance(got, dict):
-                await asyncio.to_thread(_add_set, total, got)
+                await asyncio.to_thread(add_set, total, got)
             elif scratch is not None:
-                await asyncio.to_thread(_add_and_clear, total, scratch)
+                await asyncio.to_thread(add_and_clear, total, scratch)
             held.append(rank)
         return total, held, None
 
@@ -269,7 +269,7 @@ class Leader:
             await self._listener.close()
 
 
-def _add_and_clear(total: npt.NDArray[Any], scratch: npt.NDArray[Any]) -> None:
+def add_and_clear(total: npt.NDArray[Any], scratch: npt.NDArray[Any]) -> None:
     np.add(total, scratch, out=total)
     scratch.fill(-0.0)
 

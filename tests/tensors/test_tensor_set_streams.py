@@ -96,6 +96,19 @@ def test_bytes_left_over(impl):
     got = outcome(lambda: s.decode_tensors(empty + b"x" * 20))
     assert_error(got, FrameError, "20 bytes left over after the last chunk", notes=[])
     assert got.offset == len(empty)
+    # Rule 9's order: bytes left over come before the last gradient's shape rule (here
+    # its first frame says 1 chunk, so its second frame is left over and the gradient
+    # holds 1 value for a gradient_shape of [2]).
+    one = session(impl, 1)
+    edited = bytearray(one.encode_tensors({"z": raw((2,), "float16", 3)}))
+    (first, _), (second, _) = frames_of(bytes(edited))[1:]
+    struct.pack_into("<I", edited, first + 4, 1)  # total_chunks
+    got = outcome(lambda: s.decode_tensors(bytes(edited)))
+    left = len(edited) - second
+    assert_error(
+        got, FrameError, f"{left} bytes left over after the last chunk", notes=[note_of("z", 1, 1)]
+    )
+    assert got.offset == second - first
     # A stream reads nothing past the set: the rest is there for the next read.
 
     async def main() -> bytes:

@@ -56,9 +56,9 @@ pub struct TensorSetReceiver {
     transfer: Option<TransferId>,
     /// The tensors received and checked, in order.
     outputs: Vec<Output>,
-    /// The set's last tensor, complete, its arrival check left to `finish` (so that
-    /// `decode_tensors` can refuse bytes after it first, as decode_frames would).
-    last: Option<Output>,
+    /// The set's last tensor, complete, its checks left to `finish` (so that
+    /// `decode_tensors` can refuse bytes after it first, as decode_frames' rule 9 does).
+    last: Option<LastTensor>,
     /// Bytes taken since the current gradient (manifest or tensor) began.
     offset: u64,
     /// Frames of the tensors taken so far, and the sum of the total_chunks of every
@@ -289,19 +289,32 @@ impl TensorSetReceiver {
         if !done {
             return Ok(false);
         }
-        let values = self.frames.take().map(FrameReceiver::finish).transpose()?;
-        self.take_tensor(values.unwrap_or_default())
+        let Some(frames) = self.frames.take() else {
+            return Ok(true);
+        };
+        if self.is_last_tensor() {
+            // Its shape rule (decoding-rules.md rule 9) comes after the left-over check.
+            self.last = Some(LastTensor::Read(Box::new(frames)));
+            return Ok(true);
+        }
+        self.take_tensor(frames.finish()?)
+    }
+
+    /// The tensor being read is the manifest's last.
+    fn is_last_tensor(&self) -> bool {
+        let n = self.entries.as_ref().map_or(0, Vec::len);
+        self.outputs.len() + 1 >= n
     }
 
     /// A tensor complete: checked against its entry, and the next one's receiver; the
     /// last one is kept for `finish` to check.
     fn take_tensor(&mut self, values: Output) -> Result<bool> {
-        let entries = self.entries.as_deref().unwrap_or_default();
-        let k = self.outputs.len();
-        if k + 1 >= entries.len() {
-            self.last = Some(values);
+        if self.is_last_tensor() {
+            self.last = Some(LastTensor::Ended(values));
             return Ok(true);
         }
+        let entries = self.entries.as_deref().unwrap_or_default();
+        let k = self.outputs.len();
         as_declared(&entries[k], &values, self.config.bf16_as_f32)?;
         self.outputs.push(values);
         let next = self.tensor_receiver(k + 1, &entries[k + 1]);
@@ -358,8 +371,13 @@ impl TensorSetReceiver {
         if self.frames.is_some() {
             return self.end_of_stream(0);
         }
+        let last = match self.last.take() {
+            Some(LastTensor::Read(frames)) => Some(frames.finish().map_err(|e| self.annotate(e))?),
+            Some(LastTensor::Ended(values)) => Some(values),
+            None => None,
+        };
         let entries = self.entries.take().unwrap_or_default();
-        if let Some(last) = self.last.take() {
+        if let Some(last) = last {
             if let Some(entry) = entries.last() {
                 as_declared(entry, &last, self.config.bf16_as_f32).map_err(|e| {
                     e.noted(note(
@@ -374,6 +392,14 @@ impl TensorSetReceiver {
         }
         Ok(entries.into_iter().zip(self.outputs).collect())
     }
+}
+
+/// The set's last tensor before `finish`: its frames all read (their gradient's own
+/// end checks still to run), or its gradient as a stream that ended gave it.
+#[derive(Debug)]
+enum LastTensor {
+    Read(Box<FrameReceiver>),
+    Ended(Output),
 }
 
 /// Rule 3's end: the tensor came back in its entry's dtype (as this session hands it

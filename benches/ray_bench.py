@@ -117,6 +117,16 @@ def _define_actors() -> dict[str, Any]:
             ok = array.shape == self.expected.shape and bool(np.array_equal(array, self.expected))
             return arrived, ok
 
+        def copy_new(self) -> float:
+            """Seconds numpy takes here to copy the array into a new one (its pages
+            faulted in as they are written): the least any receiver that hands back a new
+            array of its own pays, with no transfer and no Ray call in it."""
+            start = time.monotonic()
+            fresh = self.expected.copy()
+            took = time.monotonic() - start
+            del fresh
+            return took
+
     class _Maker:
         def __init__(self, elements: int, seed: int) -> None:
             self.array = make_array(elements, seed)
@@ -435,6 +445,7 @@ def drive(section: str, address: str, node_ip: str, quick: bool, out: Path) -> i
                 "Ray gloo transport / ray.util.collective: skipped, torch is not installed"
             )
     samples: dict[str, list[float]] = {key: [] for key in pairs}
+    copies: list[float] = []  # one node: the receiving actor's copy into a new array
     # Rounds: gradstream, the object store, raw TCP[, gloo], then again.
     for turn in range(repeats + 1):  # turn 0 warms up: connections, listeners, workers
         took = {}
@@ -446,9 +457,11 @@ def drive(section: str, address: str, node_ip: str, quick: bool, out: Path) -> i
                     raise
                 result["notes"].append(f"Ray gloo transport: failed ({exc!r})")
                 del pairs["gloo"], samples["gloo"]
+        if not two_nodes:
+            took["copy"] = ray.get(pairs["gs"][1].copy_new.remote())
         if turn:
             for key, seconds in took.items():
-                samples[key].append(seconds)
+                (copies if key == "copy" else samples[key]).append(seconds)
         what = "warm-up" if turn == 0 else f"round {turn}"
         _say(f"{prefix}: transfer {what}: " + ", ".join(f"{k} {v:.3f} s" for k, v in took.items()))
     # Which way GRADSTREAM went: across nodes never a Unix socket (the second node
@@ -482,6 +495,18 @@ def drive(section: str, address: str, node_ip: str, quick: bool, out: Path) -> i
         )
         if key == "raw":
             result["rows"][-1]["note"] = raw_note
+    if copies:
+        result["rows"].append(
+            _row(
+                f"{section}.transfer.copy",
+                f"{prefix}, {GRADIENT_BYTES // MIB} MiB: numpy copy into a new array inside "
+                "the receiving actor (no transfer, no Ray call: the floor of a receiver "
+                "that hands back a new array)",
+                copies,
+                GRADIENT_BYTES,
+                "best",
+            )
+        )
     save()
     for maker, receiver in pairs.values():
         ray.kill(maker)

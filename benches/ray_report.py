@@ -78,6 +78,23 @@ def ratios(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             "one.transfer.gs",
             ONE_NODE_TARGET,
         ),
+        # What limits the row above: the object store hands back a view of memory it
+        # keeps; a receiver that hands back a new array pays at least numpy's copy into
+        # one, its pages faulted in. Both shown, no target.
+        (
+            "one node: object-store transfer time / a numpy copy into a new array in the "
+            "receiving actor (the best any receiver of a new array can reach)",
+            "one.transfer.os",
+            "one.transfer.copy",
+            None,
+        ),
+        (
+            "one node: a numpy copy into a new array / GRADSTREAM time (how close to that "
+            "floor GRADSTREAM comes)",
+            "one.transfer.copy",
+            "one.transfer.gs",
+            None,
+        ),
     ]
     ratios = []
     for name, num, den, target in wanted:

@@ -15,7 +15,15 @@ from ray.exceptions import RayActorError, RayError
 
 import gradstream as gs
 import gradstream.ray as gsray
-from support.rayactors import AsyncWorker, Worker, expected_steps, gradient, in_place, update
+from support.rayactors import (
+    AsyncWorker,
+    Worker,
+    expected_steps,
+    gradient,
+    in_place,
+    outcomes,
+    update,
+)
 
 SEED = 11
 
@@ -98,23 +106,17 @@ def _kill_mid_step(mode: str) -> tuple[list[Any], float, Any, Any]:
     time.sleep(0.5)  # both are in push(): the server holds worker 0's gradient
     ray.kill(workers[2])
     started = time.monotonic()
-    outcomes: list[Any] = []
-    for ref in pending:
-        try:
-            outcomes.append(ray.get(ref, timeout=60))
-        except RayError as exc:
-            outcomes.append(exc)
-    return outcomes, time.monotonic() - started, ps, (workers, params, shape)
+    return outcomes(pending), time.monotonic() - started, ps, (workers, params, shape)
 
 
 def test_skip_finishes_the_step_with_the_survivors_and_names_who_was_missing(
     cluster: str,
 ) -> None:
-    outcomes, seconds, ps, (workers, params, shape) = _kill_mid_step("skip")
+    results, seconds, ps, (workers, params, shape) = _kill_mid_step("skip")
     try:
         assert seconds < 20  # a closed connection is seen at once, not after a timeout
         want = expected_steps(params, SEED, [[0, 1, 2], [0, 1, 2], [0, 1]], shape)[-1]
-        for got, report in outcomes:
+        for got, report in results:
             assert got.tobytes() == want.tobytes()
             assert report == gsray.StepReport(step=2, count=2, missing=(2,))
         # The next step goes on without it, and says so.
@@ -204,10 +206,10 @@ def test_a_tensor_set_with_other_names_loses_its_worker(cluster: str) -> None:
 
 
 def test_raise_fails_the_step_for_every_worker_with_worker_lost_error(cluster: str) -> None:
-    outcomes, seconds, ps, (workers, _, shape) = _kill_mid_step("raise")
+    results, seconds, ps, (workers, _, shape) = _kill_mid_step("raise")
     try:
         assert seconds < 20
-        for outcome in outcomes:
+        for outcome in results:
             assert isinstance(outcome, gs.WorkerLostError)
             assert (outcome.step, outcome.missing) == (2, (2,))
             assert "the worker died or left" in outcome.detail

@@ -17,7 +17,15 @@ from ray.exceptions import RayError
 import gradstream as gs
 import gradstream.ray as gsray
 from gradstream.ray._ps_group import MAX_GROUP, plan, plan_tensor, read_plan
-from support.rayactors import NodeWorker, Worker, gradient, grouped_sum, update, wait_until
+from support.rayactors import (
+    NodeWorker,
+    Worker,
+    gradient,
+    grouped_sum,
+    outcomes,
+    update,
+    wait_until,
+)
 
 SEED = 23
 SHAPE = (20_000,)
@@ -123,16 +131,6 @@ def _group_of_three(mode: str, stall: str = "") -> tuple[Any, list[Any], Any]:
     return ps, workers, want
 
 
-def _outcomes(refs: list[Any]) -> list[Any]:
-    out: list[Any] = []
-    for ref in refs:
-        try:
-            out.append(ray.get(ref, timeout=60))
-        except RayError as exc:
-            out.append(exc)
-    return out
-
-
 def _all_failed_for_want_of(got: list[Any], missing: tuple[int, ...]) -> None:
     for outcome in got:
         assert isinstance(outcome, RayError)
@@ -147,7 +145,7 @@ def test_a_leader_killed_before_its_step_its_followers_send_to_the_server(
     ps, workers, before = _group_of_three(mode)
     try:
         ray.kill(workers[1])
-        got = _outcomes([workers[r].step.remote(2, SHAPE) for r in (0, 2, 3)])
+        got = outcomes([workers[r].step.remote(2, SHAPE) for r in (0, 2, 3)])
         if mode == "raise":
             _all_failed_for_want_of(got, (1,))
             return
@@ -156,7 +154,7 @@ def test_a_leader_killed_before_its_step_its_followers_send_to_the_server(
             assert params_got.tobytes() == want.tobytes()
             assert report == gsray.StepReport(step=2, count=3, missing=(1,))
         # The next step groups the two that are left, led by rank 2.
-        got = _outcomes([workers[r].step.remote(3, SHAPE) for r in (0, 2, 3)])
+        got = outcomes([workers[r].step.remote(3, SHAPE) for r in (0, 2, 3)])
         nxt = update(want, grouped_sum(grads(3, [0, 2, 3]), [0, [2, 3]]), 3)
         assert all(params_got.tobytes() == nxt.tobytes() for params_got, _ in got)
         assert ray.get([workers[r].role.remote() for r in (2, 3)]) == [([3], False), ([], True)]
@@ -175,7 +173,7 @@ def test_a_leader_killed_holding_its_followers_gradients(cluster: str, mode: str
         refs = [w.step.remote(2, SHAPE) for w in workers]
         assert wait_until(lambda: ray.get(workers[1].is_stalled.remote(), timeout=5), 20)
         ray.kill(workers[1])
-        got = _outcomes([refs[0], refs[2], refs[3]])
+        got = outcomes([refs[0], refs[2], refs[3]])
         if mode == "raise":
             _all_failed_for_want_of(got, (1,))
             return
@@ -213,7 +211,7 @@ def test_a_leader_lost_before_passing_the_reply_on_counts_its_group_once(
             assert report == gsray.StepReport(step=2, count=4, missing=())
             nxt.append(workers[rank].step.remote(3, SHAPE))
         third = update(want, grouped_sum(grads(3, [0, 2, 3]), [0, 2, 3]), 3)
-        for params_got, report in _outcomes(nxt):
+        for params_got, report in outcomes(nxt):
             assert params_got.tobytes() == third.tobytes()
             assert report == gsray.StepReport(step=3, count=3, missing=(1,))
     finally:
@@ -226,7 +224,7 @@ def test_a_follower_killed_before_its_step_is_lost_as_any_worker(cluster: str) -
     try:
         ray.kill(workers[3])
         started = time.monotonic()
-        got = _outcomes([workers[r].step.remote(2, SHAPE) for r in (0, 1, 2)])
+        got = outcomes([workers[r].step.remote(2, SHAPE) for r in (0, 1, 2)])
         want = update(before, grouped_sum(grads(2, [0, 1, 2]), [0, [1, 2]]), 3)
         for params_got, report in got:
             assert params_got.tobytes() == want.tobytes()
@@ -246,8 +244,17 @@ def test_a_follower_killed_before_its_step_is_lost_as_any_worker(cluster: str) -
         {"kind": "orphan", "step": 99},
         {"kind": "orphan", "step": True},
         {"kind": "params", "step": 0},
+        {"kind": "leading", "step": 0},  # the rogue leads no group (alone on its node)
     ],
-    ids=["foreign-bundle", "ranks-not-a-list", "blame", "orphan-of-no-step", "bool-step", "kind"],
+    ids=[
+        "foreign-bundle",
+        "ranks-not-a-list",
+        "blame",
+        "orphan-of-no-step",
+        "bool-step",
+        "kind",
+        "leading-no-group",
+    ],
 )
 @pytest.mark.parametrize("mode", ["raise", "skip"])
 def test_a_worker_that_sends_a_false_group_message_is_lost_itself(
@@ -277,11 +284,13 @@ def test_a_worker_that_sends_a_false_group_message_is_lost_itself(
     try:
         ray.get(honest.role.remote())  # joined: its turn comes after the rogue's
         asyncio.run(rogue())
-        outcome = _outcomes([honest.step.remote(0, SHAPE)])[0]
+        outcome = outcomes([honest.step.remote(0, SHAPE)])[0]
         if mode == "raise":
             assert isinstance(outcome, RayError)
             assert isinstance(outcome.cause, gs.WorkerLostError), outcome
             assert outcome.cause.missing == (0,)
+            if message["kind"] == "leading":  # lost for what it said, not for a timeout
+                assert "it said it leads a group in step 0; it does not" in str(outcome.cause)
         else:
             params_got, report = outcome
             want = update(np.zeros(SHAPE, np.float32), grouped_sum(grads(0, [1]), [1]), 1)
@@ -354,7 +363,7 @@ def test_a_follower_too_late_for_its_leader_sends_to_the_server_counted_once(
         time.sleep(5)
         late = workers[3].step.remote(2, SHAPE)
         want = update(before, grouped_sum(grads(2, [0, 1, 2, 3]), [0, [1, 2], 3]), 4)
-        for params_got, report in _outcomes([*early, late]):
+        for params_got, report in outcomes([*early, late]):
             assert params_got.tobytes() == want.tobytes()
             assert report == gsray.StepReport(step=2, count=4, missing=())
     finally:

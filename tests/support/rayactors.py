@@ -316,6 +316,19 @@ class TamperingProxy:
         self._sock.close()
 
 
+def outcomes(refs: list[Any], timeout: float = 60) -> list[Any]:
+    """Each ref's value, or the RayError its task raised, in order."""
+    from ray.exceptions import RayError
+
+    got: list[Any] = []
+    for ref in refs:
+        try:
+            got.append(ray.get(ref, timeout=timeout))
+        except RayError as exc:
+            got.append(exc)
+    return got
+
+
 def wait_until(predicate: Any, seconds: float) -> bool:
     """Poll ``predicate`` until it holds or ``seconds`` pass."""
     end = time.monotonic() + seconds

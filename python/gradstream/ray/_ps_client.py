@@ -49,13 +49,12 @@ class ParameterClient:
         (address, settings), workers, same_node = ray.get(
             [server.contact.remote(), server.workers.remote(), server.same_node.remote()]
         )
-        self._address: Address = address
         self._tcp: tuple[str, int] = address
         self._settings: RaySettings = settings
         # A server on this worker's Ray node is reached through its Unix socket (Ray's
         # node id decides, never whether the path exists).
         node, local = same_node or (None, None)
-        self._address = reachable(settings, on_this_node(node, local)) or address
+        self._address: Address = reachable(settings, on_this_node(node, local)) or address
         self._workers: int = workers
         self._conn: Connection | None = None
         self._skip = False  # the server's on_worker_failure is "skip" (its join says)

@@ -361,6 +361,16 @@ def _small_ratios(res: Results) -> list[Ratio]:
             0.5,
             "raw Unix + ack",
         ),
+        # What limits it: the ping-pong plus the codec's own work, nothing else; the
+        # target's room for all the rest is what this floor leaves above 0.5.
+        _reported(
+            res,
+            "small-gradient round trips: the raw Unix ping-pong with an ack plus a round "
+            "trip's codec work / the raw Unix ping-pong (the most a unix: Connection can reach)",
+            "pingpong_unix_floor",
+            "pingpong_raw_unix_ack",
+            attr,
+        ),
         _at_least(
             res,
             "small-gradient round trips, asyncio Connection / pure-asyncio ping-pong with an ack",

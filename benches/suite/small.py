@@ -542,6 +542,43 @@ def bench_small(cfg: Config, res: Results, only: frozenset[str] | None = None) -
         if not all(m[3] for m in c.messages):
             row.status, row.note = "failed", "the echoed gradient differs from the sent one"
         res.add(row)
+    raw_unix_row = res.ok("pingpong_raw_unix_ack")
+    if raw_unix_row is not None and raw_unix_row.seconds is not None:
+        res.add(_unix_floor(cfg, g, raw_unix_row.seconds, sealed_len))
+
+
+def _unix_floor(cfg: Config, g: F32, raw_seconds: float, sealed_len: int) -> Row:
+    """What a blocking unix: round trip costs at least: the raw Unix-socket ping-pong with
+    acks, plus the codec's work of one round trip (each side encodes its sealed gradient
+    once and decodes the other's once), timed here in this process, in rounds, after the
+    ping-pongs. Nothing else a connection does (its acks' contents, the calls from Python)
+    is in it."""
+    import gradstream
+
+    session = gradstream.GradientStreamSession("bench", seal=True)
+
+    def codec() -> None:
+        session.decode_frames(session.encode_frames(g))
+
+    codec_rates = [_window(codec, cfg.pingpong_seconds / 4) for _ in range(cfg.repeats)]
+    codec_seconds = 1 / statistics.median(codec_rates)
+    floor = raw_seconds + 2 * codec_seconds
+    row = Row(
+        "pingpong_unix_floor",
+        "small",
+        "the raw Unix-socket ping-pong with an ack plus a round trip's codec work "
+        "(sealed encode + decode of the 1,000 values, each way; timed in-process)",
+        seconds=floor,
+        samples=[raw_seconds + 2 / r for r in codec_rates],
+    )
+    row.round_trips_per_s = 1 / floor
+    row.elements = g.size
+    row.wire_bytes = sealed_len
+    row.note = (
+        f"{1e6 * floor:,.1f} us per round trip: {1e6 * raw_seconds:,.1f} raw + 2 x "
+        f"{1e6 * codec_seconds:,.1f} codec"
+    )
+    return row
 
 
 # The connection rows of the issue's small-transfer targets, each beside its baseline.
@@ -571,6 +608,9 @@ def main(argv: list[str] | None = None) -> None:
             f"{ours} / {base}: {b / a:.3f} x (target >= {target}): "
             f"{a * 1e6:.1f} vs {b * 1e6:.1f} us per round trip"
         )
+    floor = res.ok("pingpong_unix_floor")
+    if floor is not None:
+        print(f"pingpong_unix_floor: {floor.note}")
 
 
 if __name__ == "__main__":

@@ -114,6 +114,7 @@ PING_PONG_ROWS = {
     "pingpong_sync_connection_tokio",
     "pingpong_sync_unix",
     "pingpong_raw_unix_ack",
+    "pingpong_unix_floor",  # the raw Unix ping-pong plus a round trip's codec work
     "pingpong_streams",
     "pingpong_streams_generic",
 }
@@ -272,6 +273,12 @@ RATIO_ROWS: dict[str, tuple[str, str, float | None]] = {
     "ping-pong with an ack": ("pingpong_sync_connection", "pingpong_raw_ack", 0.5),
     "small-gradient round trips, blocking unix: Connection / raw Unix-socket ping-pong with "
     "an ack": ("pingpong_sync_unix", "pingpong_raw_unix_ack", 0.5),
+    "small-gradient round trips: the raw Unix ping-pong with an ack plus a round trip's codec "
+    "work / the raw Unix ping-pong (the most a unix: Connection can reach)": (
+        "pingpong_unix_floor",
+        "pingpong_raw_unix_ack",
+        REPORTED,
+    ),
     "small-gradient round trips, asyncio Connection / pure-asyncio ping-pong with an ack": (
         "pingpong_connection",
         "pingpong_asyncio_ack",
@@ -361,6 +368,18 @@ def test_wire_bytes_follow_the_layout(tiny_run: tuple[dict[str, Any], str]) -> N
     compact = rows["e2e_native_socket_compact"]
     if compact["status"] == "ok":
         assert 1.0 < compact["wire_bytes"] / compact["gradient_bytes"] < 1.2
+
+
+def test_the_unix_floor_is_the_raw_ping_pong_and_the_codec_work(
+    tiny_run: tuple[dict[str, Any], str],
+) -> None:
+    doc, _ = tiny_run
+    rows = {row["key"]: row for row in doc["rows"]}
+    floor, raw = rows["pingpong_unix_floor"], rows["pingpong_raw_unix_ack"]
+    assert floor["status"] == raw["status"] == "ok"
+    codec = float(re.search(r"2 x ([\d.,]+) codec", floor["note"]).group(1))  # type: ignore[union-attr]
+    assert codec > 0
+    assert floor["seconds"] == pytest.approx(raw["seconds"] + 2 * codec * 1e-6, rel=0.01)
 
 
 def test_skips_are_the_expected_ones(tiny_run: tuple[dict[str, Any], str]) -> None:

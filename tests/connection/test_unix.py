@@ -7,6 +7,7 @@ and any other file left alone; TLS and the seed protocol refused with the fix na
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import pickle
@@ -16,6 +17,7 @@ import stat
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +72,10 @@ def test_gradients_go_both_ways_on_an_asyncio_unix_connection(path: str) -> None
     asyncio.run(main())
 
 
-def test_a_blocking_unix_connection_echoes_until_closed(path: str) -> None:
+@contextlib.contextmanager
+def echoing(path: str) -> Iterator[None]:
+    """A blocking listener at ``path`` whose first connection, in a thread, sends back
+    each gradient it gets until the peer closes; the thread must have ended by then."""
     with gss.listen(path) as listener:
 
         def echo() -> None:
@@ -80,13 +85,33 @@ def test_a_blocking_unix_connection_echoes_until_closed(path: str) -> None:
 
         server = threading.Thread(target=echo)
         server.start()
-        with gss.connect(path) as conn:
-            assert conn.peer.uid == os.getuid()
-            for g in gradients():
-                conn.send(g)
-                assert np.array_equal(conn.recv(), g)
+        yield
         server.join(timeout=30)
         assert not server.is_alive()
+
+
+def test_a_blocking_unix_connection_echoes_until_closed(path: str) -> None:
+    with echoing(path), gss.connect(path) as conn:
+        assert conn.peer.uid == os.getuid()
+        for g in gradients():
+            conn.send(g)
+            assert np.array_equal(conn.recv(), g)
+
+
+def test_small_and_large_transfers_take_turns_between_the_callers_thread_and_tokio(
+    path: str,
+) -> None:
+    """On a blocking unix: connection a small transfer runs on the caller's thread, its
+    socket off tokio's reactor; a large one (more than a ring: its receive goes past
+    the caller's read budget, its send is spawned) goes on in tokio, which takes the
+    socket back. Both ends switch so on one connection and every gradient comes back
+    whole and in order."""
+    tiny = np.arange(1_000, dtype=np.float32)
+    big = np.random.default_rng(3).standard_normal(3_000_000).astype(np.float32)  # 12 MB
+    with echoing(path), gss.connect(path) as conn:
+        for values in (tiny, big, tiny, tiny, big, tiny):
+            conn.send(values)
+            assert np.array_equal(conn.recv(), values)
 
 
 def test_tls_and_the_seed_protocol_are_refused_naming_the_fix(path: str, tmp_path: Path) -> None:

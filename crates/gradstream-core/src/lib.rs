@@ -43,6 +43,7 @@ pub mod codec;
 mod compat;
 #[cfg(feature = "tls")]
 pub mod connection;
+pub mod direct;
 pub mod dtype;
 pub mod encoder;
 pub mod error;

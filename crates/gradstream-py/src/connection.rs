@@ -368,7 +368,7 @@ impl PyLink {
     /// acknowledged. A small gradient's frames are written from the caller's thread (no
     /// thread hop before its bytes move: docs/performance.md); the wait for the ack, and
     /// any larger send, run in tokio; or, with `here` (the blocking face), a small send
-    /// on a plain TCP link runs to its end on the caller's thread (`run_here`); with
+    /// on a plain TCP or same-host link runs to its end on the caller's thread (`run_here`); with
     /// `driven` (the asyncio face), it is polled there and, when it must wait, handed
     /// back as a `Driven` the loop polls again (`(false, Driven)`).
     #[pyo3(signature = (completions, gradient, progress, deadline, here=false, driven=false))]
@@ -417,7 +417,7 @@ impl PyLink {
     /// until the caller holds the result and calls `settle` (docs/guides/connections.md
     /// "Delivery"); when the peer closed before a gradient began, None if
     /// `none_at_end`, else as `receive_from` there. With `here` (the blocking face), on a
-    /// plain TCP link, the receive runs on the caller's thread, waiting for the socket
+    /// plain TCP or same-host link, the receive runs on the caller's thread, waiting for the socket
     /// there (`run_here`), until it ends or has read `fastpath::PEEK_MAX` bytes (then
     /// tokio goes on with it, and the call waits for that): `(true, result)`, acknowledged.
     /// Not driven by an event loop's thread (as `send` is, with `driven`): a large

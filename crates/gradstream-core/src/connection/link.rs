@@ -260,6 +260,15 @@ impl Link {
     /// not direct. The socket, which the caller waits for; None for a TLS link, and once
     /// the socket is closed.
     pub fn go_direct(&mut self, park: bool) -> Option<(std::os::fd::RawFd, Direct)> {
+        #[cfg(target_os = "linux")]
+        if let Some(shm) = self.stream.same_host() {
+            // The same-host stream makes its own system calls (its socket carries only
+            // control messages; the bytes are in its rings) and parks its own socket.
+            let direct = Direct::default();
+            let fd = shm.go_direct(direct.clone(), park)?;
+            self.stream.direct = Some(direct.clone());
+            return Some((fd, direct));
+        }
         let fd = self.stream.fd?;
         let direct = Direct::default();
         self.stream.direct = Some(direct.clone());
@@ -272,7 +281,9 @@ impl Link {
 
     /// Reads and writes through tokio from now on (`go_direct` undone).
     pub fn leave_direct(&mut self) {
-        self.stream.direct = None;
+        if let Some(direct) = self.stream.direct.take() {
+            direct.off(); // a same-host stream holds it too
+        }
     }
 
     /// Closed: by this side, by the peer (between transfers), after a failure, or after

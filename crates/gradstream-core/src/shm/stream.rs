@@ -14,6 +14,7 @@
 //! stops reading costs at most three messages of memory.
 
 use std::io::IoSlice;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
@@ -22,6 +23,7 @@ use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::UnixStream;
 
 use super::{recv_with_fd, send_with_fd, OwnRing, PeerRing, RingLimits};
+use crate::direct::{Direct, WANTS_READ, WANTS_WRITE};
 use crate::error::{GradientStreamError, Result};
 
 /// The first message of each side, with its ring's descriptor: magic, then the ring's
@@ -119,9 +121,111 @@ impl Wake for Waiting {
     }
 }
 
+/// The stream's socket: on tokio's reactor; off it while a caller's thread drives the
+/// stream (`ShmStream::go_direct` with `park`); or lost, should the reactor refuse it
+/// back (it never does; the socket is closed then, and every call an error).
+enum Control {
+    Reactor(UnixStream),
+    Parked(std::os::unix::net::UnixStream),
+    Lost,
+}
+
+fn lost() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::NotConnected,
+        "the same-host socket was lost between tokio and a caller's thread",
+    )
+}
+
+impl Control {
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        match self {
+            Self::Reactor(socket) => Some(socket.as_fd()),
+            Self::Parked(socket) => Some(socket.as_fd()),
+            Self::Lost => None,
+        }
+    }
+
+    /// Off the reactor (nothing if it is off already).
+    fn park(&mut self) {
+        if !matches!(self, Self::Reactor(_)) {
+            return;
+        }
+        if let Self::Reactor(socket) = std::mem::replace(self, Self::Lost) {
+            if let Ok(parked) = socket.into_std() {
+                *self = Self::Parked(parked);
+            }
+        }
+    }
+
+    /// Back on the reactor, from within the runtime's context (every poll of a link is).
+    fn unpark(&mut self) -> std::io::Result<()> {
+        if !matches!(self, Self::Parked(_)) {
+            return Ok(());
+        }
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(std::io::Error::other(
+                "a same-host stream was polled outside the tokio runtime",
+            ));
+        }
+        if let Self::Parked(parked) = std::mem::replace(self, Self::Lost) {
+            *self = Self::Reactor(UnixStream::from_std(parked)?);
+        }
+        Ok(())
+    }
+
+    /// Ready for `interest` as far as this poll can know: always under a `Direct` (the
+    /// system call says, and records a would-block there); else by tokio's readiness,
+    /// the socket put back on the reactor first and watched for both waiting tasks.
+    fn poll_ready(
+        &mut self,
+        direct: bool,
+        cx: &mut Context<'_>,
+        interest: Interest,
+    ) -> Poll<std::io::Result<()>> {
+        if direct {
+            return Poll::Ready(Ok(()));
+        }
+        self.unpark()?;
+        match self {
+            Self::Reactor(socket) if interest == Interest::READABLE => socket.poll_read_ready(cx),
+            Self::Reactor(socket) => socket.poll_write_ready(cx),
+            _ => Poll::Ready(Err(lost())),
+        }
+    }
+
+    /// One non-blocking system call on the socket, `call`: made directly under `direct`
+    /// (which records what it would block on), else through tokio's `try_io` (which
+    /// clears its readiness on a would-block).
+    fn call<R>(
+        &self,
+        direct: Option<&Direct>,
+        interest: Interest,
+        call: impl FnOnce(BorrowedFd<'_>) -> std::io::Result<R>,
+    ) -> std::io::Result<R> {
+        match (self, direct) {
+            (Self::Reactor(socket), None) => socket.try_io(interest, || call(socket.as_fd())),
+            (_, None) => Err(lost()), // parked: poll_ready puts it back first
+            (_, Some(direct)) => {
+                let result = call(self.fd().ok_or_else(lost)?);
+                if let Err(e) = &result {
+                    if e.kind() == std::io::ErrorKind::WouldBlock {
+                        direct.want(if interest == Interest::READABLE {
+                            WANTS_READ
+                        } else {
+                            WANTS_WRITE
+                        });
+                    }
+                }
+                result
+            }
+        }
+    }
+}
+
 /// The byte stream (see the module).
 pub struct ShmStream {
-    socket: UnixStream,
+    control: Control,
     own: OwnRing,
     peer: PeerRing,
     /// Bytes written into `own`, in all; those not announced yet; those the peer
@@ -154,6 +258,10 @@ pub struct ShmStream {
     deaf: bool,
     waiting: Arc<Waiting>,
     both: Waker,
+    /// While on, the socket's reads and writes are non-blocking system calls made by
+    /// whichever thread polls (`go_direct`), a would-block recorded there for it to wait
+    /// for; tokio's readiness is neither asked nor waited on meanwhile.
+    direct: Option<Direct>,
 }
 
 impl ShmStream {
@@ -236,7 +344,7 @@ impl ShmStream {
         }
         let waiting = Arc::new(Waiting::default());
         Ok(Self {
-            socket,
+            control: Control::Reactor(socket),
             own,
             peer,
             written: 0,
@@ -258,12 +366,35 @@ impl ShmStream {
             deaf: false,
             both: Waker::from(waiting.clone()),
             waiting,
+            direct: None,
         })
     }
 
+    /// Drive the socket by `direct`'s system calls while it is on (a caller's thread
+    /// polls the transfer and waits for the socket itself, `Link::go_direct`); with
+    /// `park`, the socket is taken off tokio's reactor meanwhile (whose thread would
+    /// otherwise wake for its every event), and put back by the first poll that is not
+    /// direct. The socket's descriptor, which that caller waits for; None once it is lost.
+    pub fn go_direct(&mut self, direct: Direct, park: bool) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        self.direct = Some(direct);
+        if park {
+            self.control.park();
+        }
+        self.control.fd().map(|fd| fd.as_raw_fd())
+    }
+
+    /// The `Direct` in force now, if any.
+    fn direct_now(&self) -> Option<Direct> {
+        self.direct.clone().filter(Direct::is_on)
+    }
+
     /// What this side owes the peer, as messages, when the wire is free: its
-    /// announcements, a credit (once a quarter of the peer's ring was copied out, or all
-    /// it announced: it may be waiting for the room), then its FIN after its last bytes.
+    /// announcements, a credit, then its FIN after its last bytes. A credit goes out
+    /// once a quarter of the peer's ring was copied out, else only beside a message of
+    /// this side's own (the same system call): the peer waits for room only when all of
+    /// its ring is unread or owed here, and then more than a quarter is owed once this
+    /// side has read it. So a small message costs one control message, not two.
     fn build(&mut self) {
         if self.sent < self.built {
             return;
@@ -273,13 +404,14 @@ impl ShmStream {
             wire[at..at + MESSAGE_LEN].copy_from_slice(&message(kind, n));
             at += MESSAGE_LEN;
         };
+        let sending = self.unannounced > 0 || (self.finishing && !self.fin_built);
         if self.unannounced > 0 {
             push(DATA, self.unannounced);
             self.unannounced = 0;
         }
         let owed = self.consumed - self.credited;
         let quarter = self.peer.len() as u64 / 4;
-        if owed > 0 && (owed >= quarter || self.consumed == self.announced) {
+        if owed > 0 && (owed >= quarter || sending) {
             push(CREDIT, owed);
             self.credited = self.consumed;
         }
@@ -301,17 +433,30 @@ impl ShmStream {
             if self.sent == self.built || self.deaf {
                 return Poll::Ready(Ok(()));
             }
-            if self.socket.poll_write_ready(&mut cx).is_pending() {
-                return Poll::Pending;
+            let direct = self.direct_now();
+            match self
+                .control
+                .poll_ready(direct.is_some(), &mut cx, Interest::WRITABLE)
+            {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
             }
             let pending = &self.wire[self.sent..self.built];
-            let socket = &self.socket;
-            match socket.try_io(Interest::WRITABLE, || {
-                rustix::net::send(socket, pending, rustix::net::SendFlags::NOSIGNAL)
-                    .map_err(std::io::Error::from)
-            }) {
+            let flags = rustix::net::SendFlags::NOSIGNAL | rustix::net::SendFlags::DONTWAIT;
+            match self
+                .control
+                .call(direct.as_ref(), Interest::WRITABLE, |socket| {
+                    rustix::net::send(socket, pending, flags).map_err(std::io::Error::from)
+                }) {
                 Ok(n) => self.sent += n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if direct.is_some() {
+                        return Poll::Pending; // recorded: the caller waits for room
+                    }
+                    continue;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) if gone(&e) => {
                     self.deaf = true;
                     return Poll::Ready(Err(e));
@@ -332,11 +477,25 @@ impl ShmStream {
                 self.both.wake_by_ref();
                 return Ok(());
             }
-            if self.socket.poll_read_ready(&mut cx).is_pending() {
-                return Ok(());
+            let direct = self.direct_now();
+            match self
+                .control
+                .poll_ready(direct.is_some(), &mut cx, Interest::READABLE)
+            {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(e)) => return Err(e),
+                Poll::Pending => return Ok(()),
             }
             let at = self.inbox_len;
-            match self.socket.try_read(&mut self.inbox[at..]) {
+            let inbox = &mut self.inbox[at..];
+            let read = self
+                .control
+                .call(direct.as_ref(), Interest::READABLE, |socket| {
+                    rustix::net::recv(socket, inbox, rustix::net::RecvFlags::DONTWAIT)
+                        .map(|(n, _)| n)
+                        .map_err(std::io::Error::from)
+                });
+            match read {
                 Ok(0) => {
                     self.closed = true;
                     self.truncated = self.inbox_len > 0;
@@ -353,7 +512,13 @@ impl ShmStream {
                     self.inbox.copy_within(whole..self.inbox_len, 0);
                     self.inbox_len -= whole;
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if direct.is_some() {
+                        return Ok(()); // recorded: the caller waits for the socket
+                    }
+                    continue;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 // A reset ends the messages; what the peer announced is still read.
                 Err(e) if gone(&e) => self.closed = true,
                 Err(e) => return Err(e),

@@ -4,11 +4,14 @@
 
 use std::io::Write;
 use std::os::fd::AsFd;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
 
 use rustix::fs::{MemfdFlags, SealFlags};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::*;
+use crate::direct::Direct;
 
 const RING: usize = 64 << 10;
 
@@ -470,4 +473,146 @@ fn a_sender_rewriting_its_ring_after_announcing_cannot_change_what_is_received()
         refused > 0,
         "no rewrite landed during a receive ({exact} exact)"
     );
+}
+
+/// A one-way stream of small writes (no message of the reader's own for its credits to
+/// ride with): credits still go out, once a quarter of the ring was read, and the writer
+/// never waits for one that is not coming.
+#[tokio::test]
+async fn a_one_way_stream_of_small_writes_gets_its_credits_without_a_reply() {
+    let (mut a, mut b) = opened().await;
+    let sent = bytes(10 * RING + 7, 7);
+    let expected = sent.clone();
+    let writer = tokio::spawn(async move {
+        for piece in sent.chunks(100) {
+            a.write_all(piece).await.unwrap();
+        }
+        a.shutdown().await.unwrap();
+        a
+    });
+    let mut got = Vec::new();
+    tokio::time::timeout(std::time::Duration::from_secs(20), b.read_to_end(&mut got))
+        .await
+        .expect("the writer waited for a credit that never came")
+        .unwrap();
+    writer.await.unwrap();
+    assert!(got == expected, "{} of {} bytes", got.len(), expected.len());
+}
+
+/// The control messages a raw end reads from `theirs` now (none: an empty vec).
+fn controls_now(theirs: &std::os::unix::net::UnixStream) -> Vec<(u32, u64)> {
+    let mut buf = [0u8; 256];
+    let n = match rustix::net::recv(theirs, &mut buf[..], rustix::net::RecvFlags::DONTWAIT) {
+        Ok((n, _)) => n,
+        Err(rustix::io::Errno::AGAIN) => 0,
+        Err(e) => panic!("{e}"),
+    };
+    assert_eq!(n % 16, 0, "a control message came in pieces");
+    buf[..n]
+        .chunks(16)
+        .map(|m| {
+            let kind = u32::from_le_bytes([m[0], m[1], m[2], m[3]]);
+            let mut count = [0u8; 8];
+            count.copy_from_slice(&m[8..]);
+            (kind, u64::from_le_bytes(count))
+        })
+        .collect()
+}
+
+/// A small message read costs the reader no control message of its own: the credit for
+/// it goes out with the reader's next message, in the same write (`DATA` then `CREDIT`).
+#[tokio::test]
+async fn a_small_message_read_is_credited_with_the_readers_next_message() {
+    let (ours, mut theirs) = pair();
+    hostile_setup(
+        &theirs,
+        RING as u64,
+        SealFlags::SHRINK | SealFlags::GROW | SealFlags::FUTURE_WRITE,
+    );
+    theirs.write_all(&control(1, 100)).unwrap(); // DATA: 100 bytes of its ring
+    let mut stream = ShmStream::open(ours, RING, &RingLimits::default())
+        .await
+        .unwrap();
+    let mut setup = [0u8; 16];
+    let (n, fd) = recv_with_fd(&theirs, &mut setup).unwrap();
+    assert!(n == 16 && fd.is_some(), "the stream's own setup");
+    let mut got = [0u8; 100];
+    stream.read_exact(&mut got).await.unwrap();
+    assert_eq!(
+        controls_now(&theirs),
+        vec![],
+        "a credit of its own for 100 bytes"
+    );
+    stream.write_all(b"ack").await.unwrap();
+    assert_eq!(controls_now(&theirs), vec![(1, 3), (2, 100)]);
+}
+
+/// Poll `f` on this thread until it is ready, waiting on `fd` for what the stream
+/// recorded in `direct` (as the bindings' caller-thread driver does); a poll that is
+/// pending with nothing recorded would leave such a caller waiting for nothing.
+fn drive<T>(
+    fd: std::os::fd::RawFd,
+    direct: &Direct,
+    mut f: impl FnMut(&mut Context<'_>) -> Poll<std::io::Result<T>>,
+) -> T {
+    let mut cx = Context::from_waker(Waker::noop());
+    loop {
+        if let Poll::Ready(result) = f(&mut cx) {
+            return result.unwrap();
+        }
+        let (read, write) = direct.take_wants();
+        assert!(read || write, "pending with nothing to wait for");
+        let events = if read { libc::POLLIN } else { 0 } | if write { libc::POLLOUT } else { 0 };
+        let mut fds = [libc::pollfd {
+            fd,
+            events,
+            revents: 0,
+        }];
+        // SAFETY: `fds` is one live pollfd; `fd` is the stream's open socket.
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), 1, 5000) };
+        assert!(ready > 0, "the socket did not become ready in 5 s");
+    }
+}
+
+/// A caller's thread drives one end by system calls (its socket off tokio's reactor),
+/// through several rings' worth of bytes and their credits; then the end goes back to
+/// tokio and reads the peer's answer there.
+#[tokio::test]
+async fn a_caller_thread_drives_the_stream_directly_then_hands_it_back() {
+    let (mut a, mut b) = opened().await;
+    let direct = Direct::default();
+    let fd = a.go_direct(direct.clone(), true).expect("the socket");
+    let sent = bytes(5 * RING + 3, 8);
+    let expected = sent.clone();
+    let peer = tokio::spawn(async move {
+        let mut got = vec![0u8; expected.len()];
+        b.read_exact(&mut got).await.unwrap();
+        assert!(got == expected, "the bytes differ");
+        b.write_all(b"ok").await.unwrap();
+        b
+    });
+    let on_thread = direct.clone();
+    let mut a = tokio::task::spawn_blocking(move || {
+        let mut at = 0;
+        while at < sent.len() {
+            at += drive(fd, &on_thread, |cx| {
+                Pin::new(&mut a).poll_write(cx, &sent[at..])
+            });
+        }
+        drive(fd, &on_thread, |cx| Pin::new(&mut a).poll_flush(cx));
+        a
+    })
+    .await
+    .unwrap();
+    direct.off();
+    let mut answer = [0u8; 2];
+    tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        a.read_exact(&mut answer),
+    )
+    .await
+    .expect("back on tokio's reactor, the answer was seen")
+    .unwrap();
+    assert_eq!(&answer, b"ok");
+    drop(peer.await.unwrap());
 }

@@ -1,21 +1,22 @@
 //! The link's byte stream, counted (docs/guides/connections.md "Closing"): the bytes that
 //! moved each way tell a transfer abandoned midway from one abandoned before its first
 //! byte; a read budget lets a caller run a receive's first steps on its own thread;
-//! `Direct`, which lets a caller's thread drive a plain TCP link's transfers itself
-//! (system calls on its descriptor, no tokio reactor between); and `Gone`, what the
+//! `Direct` (crate::direct) used here: a caller's thread drives a plain TCP link's
+//! transfers itself (system calls on its descriptor, no tokio reactor between); and `Gone`, what the
 //! stream becomes once the link released its socket.
 //!
-//! Uses nothing of the crate but `Duplex`; used by `link`.
+//! Uses `Duplex` and `direct`; used by `link`.
 
 use std::os::fd::RawFd;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::Duplex;
+pub use crate::direct::Direct;
+#[cfg(target_os = "linux")]
+use crate::direct::{WANTS_READ, WANTS_WRITE};
 
 /// What a released link's stream becomes: its socket closed, every read and write an
 /// error.
@@ -133,55 +134,19 @@ impl Counted {
         Ok(Pin::new(&mut self.inner))
     }
 
+    /// The same-host stream, when that is what the link runs on (and it is open).
+    #[cfg(target_os = "linux")]
+    pub(super) fn same_host(&mut self) -> Option<&mut crate::shm::ShmStream> {
+        let any: &mut dyn std::any::Any = self.inner.as_mut();
+        any.downcast_mut::<crate::shm::ShmStream>()
+    }
+
     /// The descriptor to use directly now, if any.
     fn direct_fd(&self) -> Option<(RawFd, &Direct)> {
         match (&self.direct, self.fd) {
             (Some(direct), Some(fd)) if direct.is_on() => Some((fd, direct)),
             _ => None,
         }
-    }
-}
-
-const DIRECT_ON: u8 = 1;
-const WANTS_READ: u8 = 2;
-const WANTS_WRITE: u8 = 4;
-
-/// A caller's thread driving a plain TCP link's transfer itself (`Link::direct`): while
-/// on, the stream's reads and writes are non-blocking system calls on its descriptor, a
-/// `Poll::Pending` meaning "the socket would block" (recorded in `wants`), with no
-/// waker registered: the caller waits for the descriptor (poll(2)) and polls the
-/// transfer again. tokio's reactor is bypassed because its readiness, once a read would
-/// block, says "not ready" until its own thread has seen the socket's event: a caller
-/// woken by the kernel first would find the stream still pending. Turned off (`off`)
-/// before the transfer goes on in a tokio task, whose reads then register as usual.
-#[derive(Clone, Debug)]
-pub struct Direct(Arc<AtomicU8>);
-
-impl Default for Direct {
-    fn default() -> Self {
-        Self(Arc::new(AtomicU8::new(DIRECT_ON)))
-    }
-}
-
-impl Direct {
-    pub(super) fn is_on(&self) -> bool {
-        self.0.load(Ordering::Relaxed) & DIRECT_ON != 0
-    }
-
-    /// Back to tokio's reactor from now on.
-    pub fn off(&self) {
-        self.0.store(0, Ordering::Relaxed);
-    }
-
-    /// What the transfer waited for since the last call, `(read, write)`, forgotten.
-    pub fn take_wants(&self) -> (bool, bool) {
-        let was = self.0.fetch_and(DIRECT_ON, Ordering::Relaxed);
-        (was & WANTS_READ != 0, was & WANTS_WRITE != 0)
-    }
-
-    #[cfg(target_os = "linux")] // only the direct system calls wait
-    fn want(&self, what: u8) {
-        self.0.fetch_or(what, Ordering::Relaxed);
     }
 }
 

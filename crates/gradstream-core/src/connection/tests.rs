@@ -410,3 +410,65 @@ async fn a_unix_dialler_refuses_a_listener_of_another_user_before_sending_anythi
     assert!(error.contains(&says), "{error}");
     drop(listener);
 }
+
+/// A blocking receive on a unix: link (as the bindings' `run_here` drives it): direct
+/// with its socket parked, its read budget spent, then finished by tokio from bytes
+/// already announced in the ring (so tokio never touched the socket); the ack written by
+/// `send_settled_now` (one poll, no waiting) reaches the sender at once.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_unix_receive_finished_by_tokio_after_a_parked_phase_acks_at_once() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+
+    let path = socket_path("escape");
+    let config = SessionConfig::new("t", 65536);
+    let mut listener = Listener::bind_unix(&path, listen_settings(Some(KEY), Limits::default()))
+        .await
+        .expect("binds");
+    let grad: Vec<f32> = (0..250_000).map(|i| (i % 977) as f32).collect(); // 1 MB, < a ring
+    let (client_path, client_config) = (path.clone(), config.clone());
+    let client = tokio::spawn(async move {
+        let mut link = connect_unix(&client_path, &dial_settings(Some(KEY)))
+            .await
+            .unwrap();
+        let sent = link
+            .send_gradient(
+                &client_config,
+                (&grad).into(),
+                Waits::default(),
+                &Progress::default(),
+            )
+            .await;
+        (sent.map(drop), link)
+    });
+    let mut link = next_link(&mut listener).await;
+    tokio::time::sleep(Duration::from_millis(300)).await; // all of it in the ring
+    let (_, direct) = link.go_direct(true).expect("a same-host link goes direct");
+    let budget = crate::connection::ReadBudget::new(256 * 1024);
+    link.read_budget(Some(budget.clone()));
+    let progress = Progress::default();
+    let mut receive = Box::pin(link.recv_gradient(config.receiver(), Waits::default(), &progress));
+    let mut cx = Context::from_waker(Waker::noop());
+    loop {
+        if let Poll::Ready(got) = receive.as_mut().poll(&mut cx) {
+            got.unwrap();
+            panic!("the receive ended within the caller's budget: nothing was handed over");
+        }
+        if budget.exhausted() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    direct.off();
+    budget.lift();
+    receive.await.unwrap();
+    link.read_budget(None);
+    link.settle(true);
+    link.send_settled_now();
+    let (sent, _client_link) = tokio::time::timeout(Duration::from_secs(5), client)
+        .await
+        .expect("the sender had its ack within 5 s")
+        .unwrap();
+    sent.expect("acknowledged");
+}

@@ -125,7 +125,15 @@ impl Wake for Waiting {
 /// stream (`ShmStream::go_direct` with `park`); or lost, should the reactor refuse it
 /// back (it never does; the socket is closed then, and every call an error).
 enum Control {
-    Reactor(UnixStream),
+    /// `unproven`: the ways (`WANTS_READ`, `WANTS_WRITE`) the socket has not been seen to
+    /// block since it came back from `Parked`. tokio has no readiness for them yet (its
+    /// first event comes later, through its own thread), so a call that way is made
+    /// without asking it, until one would block: a poll that must not wait (an ack
+    /// written once, `Link::send_settled_now`) then still puts its message out.
+    Reactor {
+        socket: UnixStream,
+        unproven: u8,
+    },
     Parked(std::os::unix::net::UnixStream),
     Lost,
 }
@@ -137,10 +145,19 @@ fn lost() -> std::io::Error {
     )
 }
 
+/// `interest` as a `Direct` want bit.
+fn way(interest: Interest) -> u8 {
+    if interest == Interest::READABLE {
+        WANTS_READ
+    } else {
+        WANTS_WRITE
+    }
+}
+
 impl Control {
     fn fd(&self) -> Option<BorrowedFd<'_>> {
         match self {
-            Self::Reactor(socket) => Some(socket.as_fd()),
+            Self::Reactor { socket, .. } => Some(socket.as_fd()),
             Self::Parked(socket) => Some(socket.as_fd()),
             Self::Lost => None,
         }
@@ -148,10 +165,10 @@ impl Control {
 
     /// Off the reactor (nothing if it is off already).
     fn park(&mut self) {
-        if !matches!(self, Self::Reactor(_)) {
+        if !matches!(self, Self::Reactor { .. }) {
             return;
         }
-        if let Self::Reactor(socket) = std::mem::replace(self, Self::Lost) {
+        if let Self::Reactor { socket, .. } = std::mem::replace(self, Self::Lost) {
             if let Ok(parked) = socket.into_std() {
                 *self = Self::Parked(parked);
             }
@@ -169,14 +186,18 @@ impl Control {
             ));
         }
         if let Self::Parked(parked) = std::mem::replace(self, Self::Lost) {
-            *self = Self::Reactor(UnixStream::from_std(parked)?);
+            *self = Self::Reactor {
+                socket: UnixStream::from_std(parked)?,
+                unproven: WANTS_READ | WANTS_WRITE,
+            };
         }
         Ok(())
     }
 
     /// Ready for `interest` as far as this poll can know: always under a `Direct` (the
-    /// system call says, and records a would-block there); else by tokio's readiness,
-    /// the socket put back on the reactor first and watched for both waiting tasks.
+    /// system call says, and records a would-block there), and a way still unproven;
+    /// else by tokio's readiness, the socket put back on the reactor first and watched
+    /// for both waiting tasks.
     fn poll_ready(
         &mut self,
         direct: bool,
@@ -188,34 +209,47 @@ impl Control {
         }
         self.unpark()?;
         match self {
-            Self::Reactor(socket) if interest == Interest::READABLE => socket.poll_read_ready(cx),
-            Self::Reactor(socket) => socket.poll_write_ready(cx),
+            Self::Reactor { unproven, .. } if *unproven & way(interest) != 0 => Poll::Ready(Ok(())),
+            Self::Reactor { socket, .. } if interest == Interest::READABLE => {
+                socket.poll_read_ready(cx)
+            }
+            Self::Reactor { socket, .. } => socket.poll_write_ready(cx),
             _ => Poll::Ready(Err(lost())),
         }
     }
 
     /// One non-blocking system call on the socket, `call`: made directly under `direct`
-    /// (which records what it would block on), else through tokio's `try_io` (which
-    /// clears its readiness on a would-block).
+    /// (which records what it would block on) and while that way is unproven (a
+    /// would-block proves it), else through tokio's `try_io` (which clears its readiness
+    /// on a would-block).
     fn call<R>(
-        &self,
+        &mut self,
         direct: Option<&Direct>,
         interest: Interest,
         call: impl FnOnce(BorrowedFd<'_>) -> std::io::Result<R>,
     ) -> std::io::Result<R> {
         match (self, direct) {
-            (Self::Reactor(socket), None) => socket.try_io(interest, || call(socket.as_fd())),
+            (Self::Reactor { socket, unproven }, None) if *unproven & way(interest) != 0 => {
+                let result = call(socket.as_fd());
+                if result
+                    .as_ref()
+                    .is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock)
+                {
+                    *unproven &= !way(interest);
+                }
+                result
+            }
+            (Self::Reactor { socket, .. }, None) => {
+                socket.try_io(interest, || call(socket.as_fd()))
+            }
             (_, None) => Err(lost()), // parked: poll_ready puts it back first
-            (_, Some(direct)) => {
-                let result = call(self.fd().ok_or_else(lost)?);
-                if let Err(e) = &result {
-                    if e.kind() == std::io::ErrorKind::WouldBlock {
-                        direct.want(if interest == Interest::READABLE {
-                            WANTS_READ
-                        } else {
-                            WANTS_WRITE
-                        });
-                    }
+            (control, Some(direct)) => {
+                let result = call(control.fd().ok_or_else(lost)?);
+                if result
+                    .as_ref()
+                    .is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock)
+                {
+                    direct.want(way(interest));
                 }
                 result
             }
@@ -344,7 +378,10 @@ impl ShmStream {
         }
         let waiting = Arc::new(Waiting::default());
         Ok(Self {
-            control: Control::Reactor(socket),
+            control: Control::Reactor {
+                socket,
+                unproven: 0,
+            },
             own,
             peer,
             written: 0,

@@ -616,3 +616,24 @@ async fn a_caller_thread_drives_the_stream_directly_then_hands_it_back() {
     assert_eq!(&answer, b"ok");
     drop(peer.await.unwrap());
 }
+
+/// Back on tokio's reactor after a parked direct phase in which its socket was never
+/// polled through tokio, a stream written once with no waiting (as an ack is written by
+/// `Link::send_settled_now`) puts the message on the socket at once: tokio's readiness
+/// for a socket just registered is not waited for.
+#[tokio::test]
+async fn a_stream_back_from_a_parked_phase_announces_a_write_at_once() {
+    let (mut a, mut b) = opened().await;
+    let direct = Direct::default();
+    a.go_direct(direct.clone(), true).expect("the socket");
+    direct.off();
+    let mut cx = Context::from_waker(Waker::noop());
+    let wrote = Pin::new(&mut a).poll_write(&mut cx, b"ack");
+    assert!(matches!(wrote, Poll::Ready(Ok(3))), "{wrote:?}");
+    let mut got = [0u8; 3];
+    tokio::time::timeout(std::time::Duration::from_secs(5), b.read_exact(&mut got))
+        .await
+        .expect("the write was announced without another poll")
+        .unwrap();
+    assert_eq!(&got, b"ack");
+}

@@ -81,10 +81,10 @@ pub async fn connect_unix(path: &std::path::Path, settings: &DialSettings) -> Re
 #[cfg(target_os = "linux")]
 async fn establish_unix(path: &std::path::Path, settings: &DialSettings) -> Result<Link> {
     let mut unix = tokio::net::UnixStream::connect(path).await?;
-    let credentials = unix.peer_cred()?;
+    let peer = LocalPeer::of(path, &unix)?;
     // Anyone who could write the socket's directory could have put a listener there.
     if let Some(allowed) = settings.local.allowed_uid {
-        if credentials.uid() != allowed {
+        if peer.uid != allowed {
             return Err(GradientStreamError::Io(std::io::Error::new(
                 std::io::ErrorKind::PermissionDenied,
                 format!(
@@ -92,18 +92,12 @@ async fn establish_unix(path: &std::path::Path, settings: &DialSettings) -> Resu
                      nothing was sent (connect with allowed_uid={} if that user is the one \
                      you meant)",
                     path.display(),
-                    credentials.uid(),
-                    credentials.uid()
+                    peer.uid,
+                    peer.uid
                 ),
             )));
         }
     }
-    let peer = LocalPeer {
-        path: path.to_path_buf(),
-        pid: credentials.pid().and_then(|pid| u32::try_from(pid).ok()),
-        uid: credentials.uid(),
-        gid: credentials.gid(),
-    };
     let at = PeerAt::Unix(peer.path.clone());
     let established = handshake(
         &mut unix,

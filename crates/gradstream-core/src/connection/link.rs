@@ -66,6 +66,24 @@ pub struct LocalPeer {
     pub gid: u32,
 }
 
+impl LocalPeer {
+    /// The process at the other end of `socket`, connected through the socket file at
+    /// `path`, as the kernel tells it (`SO_PEERCRED`).
+    #[cfg(target_os = "linux")]
+    pub(crate) fn of(
+        path: &std::path::Path,
+        socket: &tokio::net::UnixStream,
+    ) -> std::io::Result<Self> {
+        let credentials = socket.peer_cred()?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            pid: credentials.pid().and_then(|pid| u32::try_from(pid).ok()),
+            uid: credentials.uid(),
+            gid: credentials.gid(),
+        })
+    }
+}
+
 /// Where a peer is: an address over TCP, or a process of this host.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PeerAddress {

@@ -37,13 +37,7 @@ impl Incoming {
             #[cfg(target_os = "linux")]
             Self::Unix(unix, file) => {
                 let (stream, _) = unix.accept().await?;
-                let credentials = stream.peer_cred()?;
-                let peer = LocalPeer {
-                    path: file.path.clone(),
-                    pid: credentials.pid().and_then(|pid| u32::try_from(pid).ok()),
-                    uid: credentials.uid(),
-                    gid: credentials.gid(),
-                };
+                let peer = LocalPeer::of(&file.path, &stream)?;
                 Ok((Accepted::Unix(stream), PeerAddress::Local(peer)))
             }
         }

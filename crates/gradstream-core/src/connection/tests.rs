@@ -413,7 +413,8 @@ async fn a_unix_dialler_refuses_a_listener_of_another_user_before_sending_anythi
 
 /// A blocking receive on a unix: link (as the bindings' `run_here` drives it): direct
 /// with its socket parked, its read budget spent, then finished by tokio from bytes
-/// already announced in the ring (so tokio never touched the socket); the ack written by
+/// already announced in the ring (so it ends without once waiting on the socket through
+/// tokio's reactor); the ack written by
 /// `send_settled_now` (one poll, no waiting) reaches the sender at once.
 #[cfg(target_os = "linux")]
 #[tokio::test]

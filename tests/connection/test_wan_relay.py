@@ -7,6 +7,7 @@ its limits on a busy machine, never faster."""
 from __future__ import annotations
 
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -94,17 +95,73 @@ def test_one_flow_moves_at_most_a_window_per_rtt(echo: tuple[str, int]) -> None:
     assert took >= (size / window) * rtt * 0.95, took
 
 
-def test_a_reset_reaches_both_ends(echo: tuple[str, int]) -> None:
-    with Relay(echo, rtt=0.01, window=1 << 20) as relay:
+def first_error(sock: socket.socket) -> BaseException | None:
+    """What ``sock`` meets when it writes and reads until it fails; None for a clean end
+    of stream (a FIN, which is not what a reset must look like)."""
+    sock.settimeout(10)
+    try:
+        for _ in range(1000):
+            sock.sendall(b"more")
+            if not sock.recv(16):
+                return None
+            time.sleep(0.01)
+    except OSError as exc:
+        return exc
+    raise AssertionError("the connection never failed")
+
+
+def test_a_reset_reaches_both_ends_as_a_reset() -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    seen: list[BaseException | None] = []
+
+    def serve_one() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.settimeout(10)
+            try:
+                while data := conn.recv(16):
+                    conn.sendall(data)
+                seen.append(None)
+            except OSError as exc:
+                seen.append(exc)
+
+    serving = threading.Thread(target=serve_one)
+    serving.start()
+    with Relay(server.getsockname()[:2], rtt=0.01, window=1 << 20) as relay:
         with socket.create_connection(relay.address) as sock:
             assert exchange(sock, b"hello") == b"hello"
             relay.reset()
-            with pytest.raises((ConnectionResetError, BrokenPipeError)):
-                for _ in range(100):  # the RST may come after the first write
-                    sock.sendall(b"more")
-                    if not sock.recv(16):
-                        raise ConnectionResetError("closed without a reset")
-                    time.sleep(0.01)
+            assert isinstance(first_error(sock), ConnectionResetError)
+    serving.join(10)
+    server.close()
+    assert len(seen) == 1 and isinstance(seen[0], ConnectionResetError), seen
+
+
+def test_one_end_reset_reaches_the_other_as_a_reset() -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    with Relay(server.getsockname()[:2], rtt=0.01, window=1 << 20) as relay:
+        with socket.create_connection(relay.address) as sock:
+            far, _ = server.accept()
+            sock.sendall(b"hi")
+            assert far.recv(2) == b"hi"
+            far.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            far.close()  # an RST from the target's side
+            assert isinstance(first_error(sock), ConnectionResetError)
+    server.close()
+
+
+def test_a_close_passes_every_byte_then_the_end_after_the_delay(
+    echo: tuple[str, int],
+) -> None:
+    payload = np.random.default_rng(5).bytes(3_000_000)
+    with Relay(echo, rtt=0.04, window=1 << 20) as relay:
+        with socket.create_connection(relay.address) as sock:
+            sock.sendall(payload)
+            sock.shutdown(socket.SHUT_WR)
+            got = bytearray()
+            while piece := sock.recv(1 << 16):
+                got += piece
+    assert bytes(got) == payload
 
 
 def test_a_reset_once_so_many_bytes_went_cuts_a_gradstream_transfer_midway() -> None:
@@ -157,7 +214,13 @@ def test_a_stall_holds_every_byte_for_its_time(echo: tuple[str, int]) -> None:
     with Relay(echo, rtt=0.0, window=1 << 20) as relay:
         with socket.create_connection(relay.address) as sock:
             assert exchange(sock, b"a") == b"a"
-            relay.stall(0.3)
             started = time.monotonic()
+            relay.stall(0.3)
             assert exchange(sock, b"b") == b"b"
             assert time.monotonic() - started >= 0.3 * 0.95
+            # A stall within a stall ends with the later one.
+            started = time.monotonic()
+            relay.stall(0.2)
+            relay.stall(0.5)
+            assert exchange(sock, b"c") == b"c"
+            assert time.monotonic() - started >= 0.5 * 0.95

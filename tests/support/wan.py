@@ -45,7 +45,6 @@ class _Flow:
         self.room.set()
         self.queue: deque[tuple[float, float, bytes]] = deque()  # (due, taken, bytes)
         self.queued = asyncio.Event()
-        self.ended = False
 
     def release(self, n: int) -> None:
         self.in_flight -= n
@@ -62,7 +61,7 @@ class _Flow:
             await relay.flowing.wait()
             data = await reader.read(min(READ_MAX, relay.window - self.in_flight))
             if not data:
-                break
+                break  # the end's FIN, passed on rtt / 2 later as the data is
             now = loop.time()
             self.in_flight += len(data)
             if self.in_flight >= relay.window:
@@ -71,7 +70,8 @@ class _Flow:
             self.queued.set()
             if towards_target:
                 relay.note_forward(len(data))
-        self.ended = True
+        now = loop.time()
+        self.queue.append((now + relay.rtt / 2, now, b""))
         self.queued.set()
 
     async def give(self, writer: asyncio.StreamWriter) -> None:
@@ -79,10 +79,11 @@ class _Flow:
         closed after the last one."""
         loop = asyncio.get_running_loop()
         relay = self.relay
+        # Nothing held in asyncio's buffer once a write returns: what is written is on
+        # the socket, so the end (a FIN, or the relay closing) loses none of it.
+        writer.transport.set_write_buffer_limits(0)
         while True:
             if not self.queue:
-                if self.ended:
-                    break
                 self.queued.clear()
                 await self.queued.wait()
                 continue
@@ -91,6 +92,8 @@ class _Flow:
             if wait > 0:
                 await asyncio.sleep(wait)
             await relay.flowing.wait()
+            if not data:
+                break
             writer.write(data)
             await writer.drain()
             # In flight until one rtt after it was taken, or until now if that is later.
@@ -102,6 +105,16 @@ class _Flow:
         with contextlib.suppress(OSError):
             if writer.can_write_eof():
                 writer.write_eof()
+
+
+def _reset(pair: tuple[asyncio.StreamWriter, asyncio.StreamWriter]) -> None:
+    """Close both ends so that each gets an RST (SO_LINGER 0), not a FIN."""
+    for end in pair:
+        sock = end.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        end.transport.abort()
 
 
 class Relay:
@@ -117,6 +130,7 @@ class Relay:
         self.forwarded = 0  # bytes taken towards the target, all connections
         self.connections = 0
         self._reset_at: int | None = None
+        self._stalled_until = 0.0
         self._open: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -139,9 +153,9 @@ class Relay:
             self.flowing = asyncio.Event()
             self.flowing.set()
             self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-            self._ready.set()
 
         self._loop.run_until_complete(start())
+        self._loop.call_soon(self._ready.set)  # set once the loop runs (close() stops it)
         self._loop.run_forever()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -161,14 +175,18 @@ class Relay:
             asyncio.ensure_future(back.give(writer)),
         ]
         try:
-            # Until both directions ended, or one end failed (a reset): then the rest stop.
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            # Until both directions ended, or one end failed (a reset): then the rest stop,
+            # and the other end is reset too, as it would be on a real path.
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            failed = any(not t.cancelled() and t.exception() is not None for t in done)
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            for end in pair:
-                end.transport.abort()
+        if failed:
+            _reset(pair)
+        for end in pair:
+            end.transport.abort()
         with contextlib.suppress(ValueError):
             self._open.remove(pair)
 
@@ -181,28 +199,20 @@ class Relay:
     def _reset_all(self) -> None:
         """An RST to both ends of every connection open now."""
         for pair in list(self._open):
-            for end in pair:
-                sock = end.get_extra_info("socket")
-                if sock is not None:
-                    with contextlib.suppress(OSError):
-                        sock.setsockopt(
-                            socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
-                        )
-                end.transport.abort()
+            _reset(pair)
 
     # -- the caller's side
 
     def _call(self, fn: Any, *args: Any) -> None:
-        done = threading.Event()
+        """Run ``fn(*args)`` on the relay's loop, then let the loop close what it aborted
+        (an aborted socket is closed one step later): on return, it is done."""
 
-        def call() -> None:
-            try:
-                fn(*args)
-            finally:
-                done.set()
+        async def call() -> None:
+            fn(*args)
+            for _ in range(3):
+                await asyncio.sleep(0)
 
-        self._loop.call_soon_threadsafe(call)
-        done.wait(10)
+        asyncio.run_coroutine_threadsafe(call(), self._loop).result(10)
 
     def reset(self) -> None:
         """Reset every connection open now (both ends see ECONNRESET)."""
@@ -219,13 +229,22 @@ class Relay:
         self._call(arm)
 
     def stall(self, seconds: float) -> None:
-        """Nothing moves either way for ``seconds`` from now (reads and writes wait)."""
+        """Nothing moves either way from now until ``seconds`` from now (reads and writes
+        wait); a stall within a stall ends when the later one does."""
+        if not seconds > 0:
+            raise ValueError(f"a stall lasts more than 0 seconds, not {seconds!r}")
 
         def stop() -> None:
+            until = self._loop.time() + seconds
+            self._stalled_until = max(self._stalled_until, until)
             self.flowing.clear()
-            self._loop.call_later(seconds, self.flowing.set)
+            self._loop.call_at(until, self._stall_over)
 
         self._call(stop)
+
+    def _stall_over(self) -> None:
+        if self._loop.time() >= self._stalled_until:
+            self.flowing.set()
 
     def close(self) -> None:
         """Stop accepting; let the connections open now end (at most 5 s, then reset)."""

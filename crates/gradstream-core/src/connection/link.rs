@@ -278,17 +278,16 @@ impl Link {
     /// not direct. The socket, which the caller waits for; None for a TLS link, and once
     /// the socket is closed.
     pub fn go_direct(&mut self, park: bool) -> Option<(std::os::fd::RawFd, Direct)> {
+        let direct = Direct::default();
         #[cfg(target_os = "linux")]
         if let Some(shm) = self.stream.same_host() {
             // The same-host stream makes its own system calls (its socket carries only
             // control messages; the bytes are in its rings) and parks its own socket.
-            let direct = Direct::default();
             let fd = shm.go_direct(direct.clone(), park)?;
             self.stream.direct = Some(direct.clone());
             return Some((fd, direct));
         }
         let fd = self.stream.fd?;
-        let direct = Direct::default();
         self.stream.direct = Some(direct.clone());
         if park {
             self.stream.park();

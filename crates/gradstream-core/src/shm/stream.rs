@@ -228,32 +228,28 @@ impl Control {
         interest: Interest,
         call: impl FnOnce(BorrowedFd<'_>) -> std::io::Result<R>,
     ) -> std::io::Result<R> {
-        match (self, direct) {
-            (Self::Reactor { socket, unproven }, None) if *unproven & way(interest) != 0 => {
-                let result = call(socket.as_fd());
-                if result
-                    .as_ref()
-                    .is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock)
-                {
-                    *unproven &= !way(interest);
-                }
-                result
+        let bit = way(interest);
+        match (&*self, direct) {
+            (Self::Reactor { socket, unproven }, None) if *unproven & bit == 0 => {
+                return socket.try_io(interest, || call(socket.as_fd()));
             }
-            (Self::Reactor { socket, .. }, None) => {
-                socket.try_io(interest, || call(socket.as_fd()))
-            }
-            (_, None) => Err(lost()), // parked: poll_ready puts it back first
-            (control, Some(direct)) => {
-                let result = call(control.fd().ok_or_else(lost)?);
-                if result
-                    .as_ref()
-                    .is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock)
-                {
-                    direct.want(way(interest));
-                }
-                result
+            (Self::Parked(_) | Self::Lost, None) => return Err(lost()), // poll_ready unparks
+            _ => {}
+        }
+        // Made directly: a would-block is recorded for the caller's thread, or proves
+        // that way of a socket just back on the reactor.
+        let result = call(self.fd().ok_or_else(lost)?);
+        if result
+            .as_ref()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock)
+        {
+            match (direct, self) {
+                (Some(direct), _) => direct.want(bit),
+                (None, Self::Reactor { unproven, .. }) => *unproven &= !bit,
+                (None, _) => {}
             }
         }
+        result
     }
 }
 
@@ -421,9 +417,13 @@ impl ShmStream {
         self.control.fd().map(|fd| fd.as_raw_fd())
     }
 
-    /// The `Direct` in force now, if any.
+    /// The `Direct` in force now, if any (cloned only while on: through tokio, a poll
+    /// pays no reference count).
     fn direct_now(&self) -> Option<Direct> {
-        self.direct.clone().filter(Direct::is_on)
+        self.direct
+            .as_ref()
+            .filter(|direct| direct.is_on())
+            .cloned()
     }
 
     /// What this side owes the peer, as messages, when the wire is free: its

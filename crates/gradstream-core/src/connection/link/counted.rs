@@ -1,9 +1,9 @@
 //! The link's byte stream, counted (docs/guides/connections.md "Closing"): the bytes that
 //! moved each way tell a transfer abandoned midway from one abandoned before its first
 //! byte; a read budget lets a caller run a receive's first steps on its own thread;
-//! `Direct` (crate::direct) used here: a caller's thread drives a plain TCP link's
-//! transfers itself (system calls on its descriptor, no tokio reactor between); and `Gone`, what the
-//! stream becomes once the link released its socket.
+//! `Direct` (crate::direct), with which a caller's thread drives a plain TCP link's
+//! transfers itself (system calls on its descriptor, no tokio reactor between); and
+//! `Gone`, what the stream becomes once the link released its socket.
 //!
 //! Uses `Duplex` and `direct`; used by `link`.
 

@@ -371,25 +371,17 @@ impl TensorSetReceiver {
         if self.frames.is_some() {
             return self.end_of_stream(0);
         }
+        // Both checks while the entries are here, so `annotate` notes the last tensor.
         let last = match self.last.take() {
             Some(LastTensor::Read(frames)) => Some(frames.finish().map_err(|e| self.annotate(e))?),
             Some(LastTensor::Ended(values)) => Some(values),
             None => None,
         };
-        let entries = self.entries.take().unwrap_or_default();
-        if let Some(last) = last {
-            if let Some(entry) = entries.last() {
-                as_declared(entry, &last, self.config.bf16_as_f32).map_err(|e| {
-                    e.noted(note(
-                        Doing::Receiving,
-                        &entry.name,
-                        entries.len(),
-                        entries.len(),
-                    ))
-                })?;
-            }
-            self.outputs.push(last);
+        if let (Some(last), Some((_, entry))) = (&last, self.current()) {
+            as_declared(entry, last, self.config.bf16_as_f32).map_err(|e| self.annotate(e))?;
         }
+        self.outputs.extend(last);
+        let entries = self.entries.take().unwrap_or_default();
         Ok(entries.into_iter().zip(self.outputs).collect())
     }
 }

@@ -637,3 +637,27 @@ async fn a_stream_back_from_a_parked_phase_announces_a_write_at_once() {
         .unwrap();
     assert_eq!(&got, b"ack");
 }
+
+/// A stream whose socket is parked, polled through tokio's path outside the runtime (it
+/// cannot be put back on a reactor there): an error naming that, not a hang or a panic.
+#[test]
+fn a_parked_stream_polled_outside_the_runtime_is_an_error() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (mut a, _b) = runtime.block_on(opened());
+    let direct = Direct::default();
+    a.go_direct(direct.clone(), true).expect("the socket");
+    direct.off();
+    let mut cx = Context::from_waker(Waker::noop());
+    let Poll::Ready(Err(error)) = Pin::new(&mut a).poll_write(&mut cx, b"x") else {
+        panic!("a parked stream was polled through tokio outside the runtime");
+    };
+    assert!(
+        error
+            .to_string()
+            .contains("polled outside the tokio runtime"),
+        "{error}"
+    );
+}

@@ -26,7 +26,6 @@ import contextlib
 import socket
 import struct
 import threading
-from collections import deque
 from types import TracebackType
 from typing import Any
 
@@ -43,8 +42,8 @@ class _Flow:
         self.in_flight = 0
         self.room = asyncio.Event()
         self.room.set()
-        self.queue: deque[tuple[float, float, bytes]] = deque()  # (due, taken, bytes)
-        self.queued = asyncio.Event()
+        # (due, taken, bytes); empty bytes: the end's FIN.
+        self.queue: asyncio.Queue[tuple[float, float, bytes]] = asyncio.Queue()
 
     def release(self, n: int) -> None:
         self.in_flight -= n
@@ -66,13 +65,11 @@ class _Flow:
             self.in_flight += len(data)
             if self.in_flight >= relay.window:
                 self.room.clear()
-            self.queue.append((now + relay.rtt / 2, now, data))
-            self.queued.set()
+            self.queue.put_nowait((now + relay.rtt / 2, now, data))
             if towards_target:
                 relay.note_forward(len(data))
         now = loop.time()
-        self.queue.append((now + relay.rtt / 2, now, b""))
-        self.queued.set()
+        self.queue.put_nowait((now + relay.rtt / 2, now, b""))
 
     async def give(self, writer: asyncio.StreamWriter) -> None:
         """Write each queued piece to the other end once it is due; the end's write side
@@ -83,11 +80,7 @@ class _Flow:
         # the socket, so the end (a FIN, or the relay closing) loses none of it.
         writer.transport.set_write_buffer_limits(0)
         while True:
-            if not self.queue:
-                self.queued.clear()
-                await self.queued.wait()
-                continue
-            due, taken, data = self.queue.popleft()
+            due, taken, data = await self.queue.get()
             wait = due - loop.time()
             if wait > 0:
                 await asyncio.sleep(wait)

@@ -84,6 +84,7 @@ def cli_session(
     layout: str | None = None,
     compression: str | None = None,
     max_gradient_len: int | None = None,
+    wire_dtype: str | None = None,
 ) -> GradientStreamSession:
     """The session of a ``recv`` or ``send`` run; settings it refuses are a command-line
     mistake (exit 2). ``layout`` None: the connection's default (compact on gradstream
@@ -92,6 +93,8 @@ def cli_session(
     if chunk_size is not None:
         args.append(chunk_size)
     kwargs: dict[str, Any] = {"layout": layout, "compression": compression}
+    if wire_dtype is not None:
+        kwargs["wire_dtype"] = wire_dtype
     if max_gradient_len is not None:
         kwargs["max_gradient_len"] = max_gradient_len
     if timeout is not None:

@@ -198,7 +198,9 @@ def run_send(args: argparse.Namespace) -> int:
     plan = SendPlan(
         address=(host, port),
         gradients=gradients,
-        session=cli_session(args.chunk_size, args.timeout, args.layout, compression),
+        session=cli_session(
+            args.chunk_size, args.timeout, args.layout, compression, wire_dtype=args.wire_dtype
+        ),
         link=link,
         timeout=args.timeout,
         bar=want_progress(args),

@@ -32,8 +32,10 @@ __all__ = [
     "DTYPES",
     "DTYPE_KEY",
     "ML_DTYPES",
+    "WIRE_DTYPES",
     "Prepared",
     "bfloat16_dtype",
+    "carrier",
     "cast",
     "dtype_name",
     "hand_back",
@@ -43,6 +45,17 @@ __all__ = [
 ]
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
+# What wire_dtype= takes: a dtype, or the int8 wire, which carries float32 values
+# quantized by blocks (docs/spec/wire-format.md, "The int8 wire").
+WIRE_DTYPES = (*DTYPES, "int8")
+
+
+def carrier(wire: str) -> str:
+    """The dtype values are cast to before they are written as ``wire``, which is also
+    the one a receiver reads them back in: float32 for the int8 wire."""
+    return "float32" if wire == "int8" else wire
+
+
 DTYPE_KEY = "gradient_dtype"
 
 _BITS = {"float16": np.uint16, "bfloat16": np.uint16, "float32": np.uint32, "float64": np.uint64}
@@ -164,13 +177,14 @@ def cast(values: np.ndarray, source: str, target: str) -> np.ndarray:
 
 class Prepared(NamedTuple):
     """A gradient ready for the codec: C-contiguous, aligned, native-endian, in its own
-    shape, in dtype ``source`` (bfloat16 as uint16 bits): the wire dtype, unless the
-    caller asked ``prepare`` to leave the cast to it (the native core casts chunk by
-    chunk)."""
+    shape, in dtype ``source`` (bfloat16 as uint16 bits): the wire dtype (float32 for the
+    int8 wire, quantized by the writer), unless the caller asked ``prepare`` to leave the
+    cast to it (the native core casts chunk by chunk)."""
 
     values: np.ndarray
-    wire: str
-    # The dtype the receiver hands back: written as gradient_dtype when it is not `wire`.
+    wire: str  # one of WIRE_DTYPES
+    # The dtype the receiver hands back: written as gradient_dtype when it is not
+    # carrier(wire).
     result: str
     # The dtype of `values`.
     source: str
@@ -231,7 +245,7 @@ def prepare(
     wire = wire_dtype or source
     if not cast_here:
         return Prepared(values, wire, result, source)
-    return Prepared(cast(values, source, wire), wire, result, wire)
+    return Prepared(cast(values, source, carrier(wire)), wire, result, carrier(wire))
 
 
 def as_hand_back(values: np.ndarray, name: str) -> np.ndarray:

@@ -57,6 +57,7 @@ __all__ = [
 ]
 
 _DtypeName = Literal["float16", "bfloat16", "float32", "float64"]
+_WireName = Literal["float16", "bfloat16", "float32", "float64", "int8"]
 
 DEFAULT_MAX_GRADIENT_LEN: Final[int]
 
@@ -154,7 +155,7 @@ class Engine:
     @property
     def keep_dtype(self) -> bool: ...
     @property
-    def wire_dtype(self) -> _DtypeName | None: ...
+    def wire_dtype(self) -> _WireName | None: ...
     def stream_to_socket(
         self,
         completions: Completions,

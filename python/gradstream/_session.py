@@ -54,6 +54,8 @@ if TYPE_CHECKING:
 __all__ = ["GradientStreamSession"]
 
 _DtypeName = Literal["float16", "bfloat16", "float32", "float64"]
+# What wire_dtype= takes: a dtype, or the int8 wire (docs/spec/wire-format.md).
+_WireName = Literal["float16", "bfloat16", "float32", "float64", "int8"]
 
 # What the engine's methods take and give (see crates/gradstream-py/src/convert.rs):
 # a gradient as (its values' bytes, dtype, wire dtype, dtype handed back, shape to send),
@@ -224,7 +226,7 @@ class GradientStreamSession:
         compression: bool | Literal["lz4", "zstd"] | None = None,
         keep_shape: bool | None = None,
         keep_dtype: bool | None = None,
-        wire_dtype: _DtypeName | None = None,
+        wire_dtype: _WireName | None = None,
         seal: bool = False,
     ) -> None:
         # The id only labels chunks locally (it never goes on the wire): without one, a
@@ -365,8 +367,9 @@ class GradientStreamSession:
         return self._engine.keep_dtype
 
     @property
-    def wire_dtype(self) -> _DtypeName | None:
-        """The dtype every gradient is cast to for transfer, or None."""
+    def wire_dtype(self) -> _WireName | None:
+        """The dtype every gradient is cast to for transfer (or ``"int8"``, the int8
+        wire), or None."""
         return self._engine.wire_dtype
 
     @property

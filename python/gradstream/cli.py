@@ -4,7 +4,8 @@
                     [--count N | --forever] [--max-bytes B] [--max-connections N]
                     [CONNECTION FLAGS] [--timeout S] [-v]
     gradstream send HOST:PORT FILE [FILE ...] [--chunk-size N] [--layout L]
-                    [--compression C] [CONNECTION FLAGS] [--timeout S] [-v]
+                    [--compression C] [--wire-dtype D] [CONNECTION FLAGS]
+                    [--timeout S] [-v]
     gradstream demo [--mib N] [--repeats R]
     gradstream keygen [--out FILE]
 
@@ -299,6 +300,14 @@ def _add_send(sub: Any) -> None:
         default="none",
         help="Arrow IPC buffer compression of the payloads (default none; any gradstream "
         "receiver reads lz4 and zstd, ipfrs-transport may not)",
+    )
+    send.add_argument(
+        "--wire-dtype",
+        choices=["float16", "bfloat16", "float32", "float64", "int8"],
+        default=None,
+        help="what the values travel as (default: their own dtype): a float dtype they are "
+        "cast to, or int8, blockwise-quantized float32 at about a quarter of float32's "
+        "bytes, lossy (the receiver gets the file's dtype back; not with --compression)",
     )
     send.add_argument(
         "--no-progress",

@@ -135,6 +135,33 @@ def test_send_compressed_is_received_by_a_default_receiver(
     assert bit_equal(np.load(out), grad)
 
 
+def test_send_on_the_int8_wire(tmp_path: Path, spawn: list[Child]) -> None:
+    """--wire-dtype int8: the receiver saves what the int8 wire carries (the same values
+    a local encode and decode give), in the file's dtype; with --compression it is a
+    command-line mistake."""
+    grad = gradient(5000, seed=5)
+    src, out = tmp_path / "grad.npy", tmp_path / "out.npy"
+    np.save(src, grad)
+    receiver, port = start_receiver(spawn, "--out", str(out))
+    sent = run(
+        "send", f"127.0.0.1:{port}", str(src), "--chunk-size", "1000", "--wire-dtype", "int8",
+    )  # fmt: skip
+    assert sent.returncode == 0, sent.stderr
+    status, stdout, stderr = receiver.finish()
+    assert status == 0, stderr
+    assert checks_passed(5) in stdout
+    local = gradstream.GradientStreamSession("x", 1000, wire_dtype="int8").encode_frames(grad)
+    want = gradstream.GradientStreamSession("x", 1000).decode_frames(local)
+    got = np.load(out)
+    assert got.dtype == grad.dtype and bit_equal(got, want)
+    assert not bit_equal(got, grad)
+    refused = run(
+        "send", "127.0.0.1:9", str(src), "--wire-dtype", "int8", "--compression", "lz4",
+    )  # fmt: skip
+    assert refused.returncode == 2
+    assert "wire_dtype='int8' does not combine with compression='lz4'" in refused.stderr
+
+
 def test_send_unknown_layout_is_a_usage_error(tmp_path: Path) -> None:
     np.save(tmp_path / "g.npy", gradient(10))
     done = run("send", "127.0.0.1:9", str(tmp_path / "g.npy"), "--layout", "dense")

@@ -45,7 +45,9 @@ from support.impls import CODECS, IMPL_NAMES, LAYOUTS, examples, session
 from support.impls import load_impl as module
 from support.payloads import rebuild, the_batch, with_buffer
 
-NOT_A_FLOAT = "'value' column is not Float16, Float32, Float64 or gradstream.bfloat16"
+NOT_A_FLOAT = (
+    "'value' column is not Float16, Float32, Float64, gradstream.bfloat16 or a list of Int8"
+)
 
 
 BAD_DTYPE = "gradient_dtype metadata is not float16, bfloat16, float32 or float64"

@@ -272,15 +272,31 @@ def test_keep_dtype_must_be_a_bool(impl: ModuleType, value: Any, name: str):
     assert str(info.value) == f"keep_dtype must be a bool, got {name}"
 
 
-@pytest.mark.parametrize("value", ["int8", "Float16", "float", "", "bf16", " float32"])
+@pytest.mark.parametrize("value", ["int4", "uint8", "Float16", "float", "", "bf16", " float32"])
 def test_wire_dtype_other_names_are_a_setting_error(impl: ModuleType, value: str):
     with pytest.raises(SettingError) as info:
         session(impl, wire_dtype=value)
     assert isinstance(info.value, ValueError)
     assert info.value.setting == "wire_dtype"
     assert str(info.value) == (
-        f"wire_dtype must be None, 'float16', 'bfloat16', 'float32' or 'float64', got {value!r}"
+        "wire_dtype must be None, 'float16', 'bfloat16', 'float32', 'float64' or 'int8', "
+        f"got {value!r}"
     )
+
+
+@pytest.mark.parametrize("compression", [True, "lz4", "zstd"])
+def test_the_int8_wire_refuses_compression(impl: ModuleType, compression: Any):
+    with pytest.raises(SettingError) as info:
+        session(impl, wire_dtype="int8", compression=compression)
+    assert info.value.setting == "wire_dtype"
+    codec = "lz4" if compression is True else compression
+    assert str(info.value) == (
+        f"wire_dtype='int8' does not combine with compression='{codec}': int8 payloads travel "
+        "uncompressed (receivers refuse compressed list columns); drop one of the two"
+    )
+    # Turning compression on later is refused alike.
+    with pytest.raises(SettingError):
+        session(impl, wire_dtype="int8").with_compression(True)
 
 
 @pytest.mark.parametrize(

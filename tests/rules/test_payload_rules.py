@@ -103,7 +103,9 @@ def test_payload_value_column_float64(impl):
 def test_payload_value_column_int32(impl):
     payload = ipc_file(value_batch([1, 2], type_=pa.int32()))
     _assert_payload_error(
-        impl, payload, "'value' column is not Float16, Float32, Float64 or gradstream.bfloat16"
+        impl,
+        payload,
+        "'value' column is not Float16, Float32, Float64, gradstream.bfloat16 or a list of Int8",
     )
 
 

@@ -53,6 +53,41 @@ impl Dtype {
     }
 }
 
+/// What a gradient's values travel as (`wire_dtype`): a value dtype, cast to by the rule,
+/// or the int8 wire: cast to float32 by the rule, then quantized blockwise (`crate::int8`,
+/// docs/spec/wire-format.md "The int8 wire"), read back as float32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WireDtype {
+    Float(Dtype),
+    Int8,
+}
+
+impl WireDtype {
+    /// The name `wire_dtype=` takes and messages use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Float(dtype) => dtype.name(),
+            Self::Int8 => "int8",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "int8" => Some(Self::Int8),
+            _ => Dtype::from_name(name).map(Self::Float),
+        }
+    }
+
+    /// The dtype the values are cast to before they are written, which is also the one
+    /// a receiver reads them back in (float32 for the int8 wire).
+    pub fn carrier(self) -> Dtype {
+        match self {
+            Self::Float(dtype) => dtype,
+            Self::Int8 => Dtype::F32,
+        }
+    }
+}
+
 const F16_NAN: u16 = 0x7e00;
 const BF16_NAN: u16 = 0x7fc0;
 const F32_NAN: u32 = 0x7fc0_0000;

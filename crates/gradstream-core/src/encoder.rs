@@ -13,7 +13,7 @@ use std::mem::MaybeUninit;
 use std::sync::Arc;
 
 use crate::codec::{self, Encoding, Layout, Stores};
-use crate::dtype::{self, Dtype};
+use crate::dtype::{self, Dtype, WireDtype};
 use crate::error::{GradientStreamError, Result};
 use crate::frame::{FrameHeader, HEADER_LEN};
 use crate::seal::{Seal, SealText, TransferId};
@@ -40,14 +40,18 @@ static NO_META: GradientMeta = GradientMeta {
     manifest: None,
 };
 
-/// A gradient to send: its values as bytes in memory order, their dtype, the dtype they
-/// travel in (`wire_dtype`: each chunk is cast as it is encoded, by the cast rule), its
-/// metadata, and its seal (per transfer, so here and not in the settings).
+/// A gradient to send: its values as bytes in memory order, their dtype, what they
+/// travel as (`wire_dtype`: each chunk is cast as it is encoded, by the cast rule, and
+/// quantized on the int8 wire), its metadata, and its seal (per transfer, so here and not
+/// in the settings).
 #[derive(Clone, Copy, Debug)]
 pub struct Gradient<'g> {
     raw: &'g [u8],
     dtype: Dtype,
+    /// The dtype each chunk is cast to (float32 on the int8 wire).
     wire: Dtype,
+    /// The cast values are quantized to the int8 wire.
+    int8: bool,
     meta: &'g GradientMeta,
     seal: Option<Seal>,
 }
@@ -60,6 +64,7 @@ impl<'g> Gradient<'g> {
             raw: &raw[..whole],
             dtype,
             wire: dtype,
+            int8: false,
             meta: &NO_META,
             seal: None,
         }
@@ -67,7 +72,20 @@ impl<'g> Gradient<'g> {
 
     /// The same values, cast to `wire` for transfer.
     pub fn cast_to(self, wire: Dtype) -> Self {
-        Self { wire, ..self }
+        Self {
+            wire,
+            int8: false,
+            ..self
+        }
+    }
+
+    /// The same values, travelling as `wire` (None: as they are).
+    pub fn travel_as(self, wire: Option<WireDtype>) -> Self {
+        let Some(wire) = wire else { return self };
+        Self {
+            int8: wire == WireDtype::Int8,
+            ..self.cast_to(wire.carrier())
+        }
     }
 
     /// The same values, with this metadata in every payload.
@@ -287,6 +305,7 @@ impl SessionConfig {
             result: gradient.meta.result,
             manifest: gradient.meta.manifest.clone(),
             seal: None,
+            int8: gradient.int8,
         }
     }
 

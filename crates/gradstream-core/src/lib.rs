@@ -29,6 +29,7 @@
 //! - `codec` (one payload: `writer`, `reader`, and `guard`, the checks on hostile input
 //!   before arrow-rs sees it; CRC-32);
 //! - `output` (where received values go, and the `ValueSink` the reader writes through);
+//! - `int8` (the int8 wire's blockwise quantization, for the codec);
 //! - `frame` (the 16-byte header and the limits), `shape`, `dtype`, `seal` (metadata
 //!   rules: the seal's `TransferId`, `Position`, `Seal` and the receiver's `SealCheck`);
 //! - `error`: the one error type.
@@ -48,6 +49,7 @@ pub mod dtype;
 pub mod encoder;
 pub mod error;
 pub mod frame;
+pub mod int8;
 pub mod output;
 pub mod protocol;
 mod reassembler;

@@ -22,7 +22,10 @@ use crate::error::Result;
 /// dtype and the metadata gradstream reads (each the first entry of its key).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Head {
+    /// The dtype of the `value` column's values (float32 for the int8 wire's).
     pub column: Dtype,
+    /// The `value` column is the int8 wire's (int8 blocks with a `scale` column).
+    pub int8: bool,
     /// `gradient_shape`, unchecked text.
     pub shape: Option<String>,
     /// `gradient_dtype`, checked to name a dtype.
@@ -37,6 +40,15 @@ impl Head {
     /// The dtype the values are handed back in.
     pub fn result(&self) -> Dtype {
         self.dtype.unwrap_or(self.column)
+    }
+
+    /// What the `value` column holds, as messages name it: a dtype, or `int8`.
+    pub fn column_name(&self) -> &'static str {
+        if self.int8 {
+            "int8"
+        } else {
+            self.column.name()
+        }
     }
 }
 

@@ -173,23 +173,23 @@ fn verify_and_decode(
 /// `gradient_dtype` are those of the first chunk taken.
 #[derive(Debug, Default)]
 pub(crate) struct DtypeCheck {
-    /// The first chunk taken: its index, column dtype and gradient_dtype.
-    first: Option<(u32, Dtype, Option<Dtype>)>,
+    /// The first chunk taken: its index, column (its name: a dtype's, or `int8`) and
+    /// gradient_dtype.
+    first: Option<(u32, &'static str, Option<Dtype>)>,
 }
 
 impl DtypeCheck {
     pub(crate) fn check(&mut self, index: u32, head: &Head) -> Result<()> {
+        let holds = head.column_name();
         let Some((first, column, dtype)) = self.first else {
-            self.first = Some((index, head.column, head.dtype));
+            self.first = Some((index, holds, head.dtype));
             return Ok(());
         };
-        if head.column != column {
+        if holds != column {
             return Err(GradientStreamError::frame(
                 format!(
-                    "chunks disagree on the value dtype: chunk {first} holds {}, chunk {index} \
-                     holds {}",
-                    column.name(),
-                    head.column.name()
+                    "chunks disagree on the value dtype: chunk {first} holds {column}, chunk \
+                     {index} holds {holds}"
                 ),
                 Some(index),
             ));

@@ -14,7 +14,7 @@ use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
-use gradstream_core::dtype::Dtype;
+use gradstream_core::dtype::{Dtype, WireDtype};
 use gradstream_core::encoder::{Gradient, GradientMeta};
 use gradstream_core::output::{OutSlice, Output, Store};
 use gradstream_core::shape::shape_text;
@@ -42,7 +42,7 @@ pub struct GradientArgs<'py>(
 pub struct Input<'py> {
     pub bytes: PyReadonlyArray1<'py, u8>,
     pub dtype: Dtype,
-    pub wire: Dtype,
+    pub wire: WireDtype,
     pub meta: GradientMeta,
 }
 
@@ -54,14 +54,16 @@ impl<'py> TryFrom<GradientArgs<'py>> for Input<'py> {
         if !bytes.is_c_contiguous() {
             return Err(PyTypeError::new_err("gradient bytes must be C-contiguous"));
         }
-        let (dtype, wire) = (dtype_named(&dtype)?, dtype_named(&wire)?);
+        let dtype = dtype_named(&dtype)?;
+        let wire = WireDtype::from_name(&wire)
+            .ok_or_else(|| PyValueError::new_err(format!("unknown wire dtype {wire:?}")))?;
         let meta = GradientMeta {
             shape: shape.map(|dims| shape_text(&dims).into()),
             result: result
                 .as_deref()
                 .map(dtype_named)
                 .transpose()?
-                .filter(|&r| r != wire),
+                .filter(|&r| r != wire.carrier()),
             manifest: None,
         };
         Ok(Self {
@@ -76,7 +78,7 @@ impl<'py> TryFrom<GradientArgs<'py>> for Input<'py> {
 impl Input<'_> {
     pub fn gradient(&self) -> PyResult<Gradient<'_>> {
         Ok(Gradient::new(self.bytes.as_slice()?, self.dtype)
-            .cast_to(self.wire)
+            .travel_as(Some(self.wire))
             .with_meta(&self.meta))
     }
 }
@@ -174,7 +176,7 @@ pub struct HeldGradient {
     ptr: *const u8,
     len: usize,
     dtype: Dtype,
-    wire: Dtype,
+    wire: WireDtype,
     meta: GradientMeta,
 }
 
@@ -203,7 +205,7 @@ impl HeldGradient {
             unsafe { std::slice::from_raw_parts(self.ptr, self.len) },
             self.dtype,
         )
-        .cast_to(self.wire)
+        .travel_as(Some(self.wire))
         .with_meta(&self.meta)
     }
 }

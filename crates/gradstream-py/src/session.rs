@@ -20,7 +20,7 @@ use super::complete::{Completions, Outcome};
 use super::convert::{values_tuple, GradientArgs, HeldGradient, Input, OutArgs};
 use super::errors::IntoPyResult;
 use super::fastpath::{self, SocketReceive};
-use super::settings::{seconds_arg, Flag, SettingArgs, Settings};
+use super::settings::{int8_uncompressed, seconds_arg, Flag, SettingArgs, Settings};
 use super::stream::{
     progress_counters, Drivers, FrameEncoder, PyFrameReceiver, SocketStream, TransferProgress,
 };
@@ -29,7 +29,7 @@ use super::tensors::{
     TensorFrameEncoder,
 };
 use gradstream_core::codec::Compression;
-use gradstream_core::dtype::Dtype;
+use gradstream_core::dtype::{Dtype, WireDtype};
 use gradstream_core::encoder::{Gradient, GradientMeta};
 use gradstream_core::session::SessionConfig;
 use gradstream_core::stream::{send_gradient, Waits};
@@ -46,8 +46,8 @@ pub struct Engine {
     keep_shape: bool,
     /// Take float16/bfloat16/float64 gradients and send them as they are.
     keep_dtype: bool,
-    /// Cast every gradient to this dtype for transfer.
-    wire_dtype: Option<Dtype>,
+    /// Cast every gradient to this dtype (or the int8 wire) for transfer.
+    wire_dtype: Option<WireDtype>,
     drivers: Drivers,
 }
 
@@ -72,7 +72,7 @@ impl Engine {
     }
 
     /// The dtype every gradient is cast to for transfer, if any.
-    pub(crate) fn wire(&self) -> Option<Dtype> {
+    pub(crate) fn wire(&self) -> Option<WireDtype> {
         self.wire_dtype
     }
 
@@ -125,13 +125,15 @@ impl Engine {
                     .into(),
             );
         }
-        self.wire_dtype.filter(|&d| d != Dtype::F32).map(|wire| {
-            format!(
-                "frames_len is not known in advance when wire_dtype is '{}': only float32 \
+        self.wire_dtype
+            .filter(|&d| d != WireDtype::Float(Dtype::F32))
+            .map(|wire| {
+                format!(
+                    "frames_len is not known in advance when wire_dtype is '{}': only float32 \
                  payload sizes are computed",
-                wire.name()
-            )
-        })
+                    wire.name()
+                )
+            })
     }
 
     /// `encode_frames(gradient, out=out)`: the frames written into the caller's buffer.
@@ -212,10 +214,11 @@ impl Engine {
     }
 
     /// The same settings but for compression: "lz4" when enabled, else none.
-    fn with_compression(&self, enabled: bool) -> Self {
+    fn with_compression(&self, py: Python<'_>, enabled: bool) -> PyResult<Self> {
         let mut config = self.config.clone();
         config.compression = enabled.then_some(Compression::Lz4);
-        self.with(config, self.drivers)
+        int8_uncompressed(py, self.wire_dtype, config.compression)?;
+        Ok(self.with(config, self.drivers))
     }
 
     /// The same settings, with only the drivers said (the benchmark's seam: every
@@ -232,7 +235,7 @@ impl Engine {
 
     #[getter]
     fn wire_dtype(&self) -> Option<&'static str> {
-        self.wire_dtype.map(Dtype::name)
+        self.wire_dtype.map(WireDtype::name)
     }
 
     #[getter]

@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use super::errors::{setting_error, type_name};
 use gradstream_core::codec::{Compression, Layout};
 use gradstream_core::connection::Admission;
-use gradstream_core::dtype::Dtype;
+use gradstream_core::dtype::WireDtype;
 use gradstream_core::frame::Limits;
 use gradstream_core::session::SessionConfig;
 
@@ -28,7 +28,7 @@ pub struct Settings {
     /// Take float16/bfloat16/float64 gradients and send them as they are.
     pub keep_dtype: bool,
     /// Cast every gradient to this dtype for transfer.
-    pub wire_dtype: Option<Dtype>,
+    pub wire_dtype: Option<WireDtype>,
 }
 
 /// The constructor's arguments as Python gave them (`GradientStreamSession(...)`).
@@ -69,6 +69,7 @@ impl SettingArgs<'_, '_> {
         let keep_shape = self.keep_shape.get("keep_shape")?;
         let keep_dtype = self.keep_dtype.get("keep_dtype")?;
         let wire_dtype = wire_dtype_arg(self.wire_dtype)?;
+        int8_uncompressed(py, wire_dtype, compression)?;
         let seal = self.seal.get("seal")?;
         let mut config = SessionConfig::new(self.session_id, chunk_size);
         config.seal = seal;
@@ -198,8 +199,28 @@ fn compression_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Compress
     )))
 }
 
-/// The `wire_dtype=` argument: None or a dtype name.
-fn wire_dtype_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Dtype>> {
+/// int8 payloads travel uncompressed: receivers refuse compressed list columns.
+pub fn int8_uncompressed(
+    py: Python<'_>,
+    wire: Option<WireDtype>,
+    compression: Option<Compression>,
+) -> PyResult<()> {
+    let (Some(WireDtype::Int8), Some(codec)) = (wire, compression) else {
+        return Ok(());
+    };
+    Err(setting_error(
+        py,
+        "wire_dtype",
+        format!(
+            "wire_dtype='int8' does not combine with compression='{}': int8 payloads travel \
+             uncompressed (receivers refuse compressed list columns); drop one of the two",
+            codec.name()
+        ),
+    ))
+}
+
+/// The `wire_dtype=` argument: None, a dtype name or `int8`.
+fn wire_dtype_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<WireDtype>> {
     let Some(value) = value.filter(|v| !v.is_none()) else {
         return Ok(None);
     };
@@ -210,12 +231,13 @@ fn wire_dtype_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Dtype>> {
         )));
     };
     let name = name.to_cow()?;
-    Dtype::from_name(&name).map(Some).ok_or_else(|| {
+    WireDtype::from_name(&name).map(Some).ok_or_else(|| {
         setting_error(
             value.py(),
             "wire_dtype",
             format!(
-                "wire_dtype must be None, 'float16', 'bfloat16', 'float32' or 'float64', got {}",
+                "wire_dtype must be None, 'float16', 'bfloat16', 'float32', 'float64' or 'int8', \
+                 got {}",
                 value
                     .repr()
                     .map_or_else(|_| name.to_string(), |r| r.to_string())

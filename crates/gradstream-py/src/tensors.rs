@@ -19,7 +19,7 @@ use super::buffers::ReadBuffer;
 use super::convert::{dtype_named, values_tuple};
 use super::errors::{tensor_set_error, to_py_err, type_name, IntoPyResult};
 use super::stream::{expired, waits_in_seconds};
-use gradstream_core::dtype::Dtype;
+use gradstream_core::dtype::WireDtype;
 use gradstream_core::encoder::{Gradient, GradientMeta};
 use gradstream_core::error::GradientStreamError;
 use gradstream_core::seal::TransferId;
@@ -166,7 +166,7 @@ enum Sending {
 #[pyclass(module = "gradstream._native", name = "TensorFrameEncoder")]
 pub struct TensorFrameEncoder {
     config: SessionConfig,
-    wire_dtype: Option<Dtype>,
+    wire_dtype: Option<WireDtype>,
     tensors: HeldTensors,
     metas: Vec<GradientMeta>,
     /// The set's transfer id, when the session seals: every frame carries it.
@@ -183,7 +183,7 @@ impl TensorFrameEncoder {
     pub fn new(
         py: Python<'_>,
         config: SessionConfig,
-        wire_dtype: Option<Dtype>,
+        wire_dtype: Option<WireDtype>,
         tensors: HeldTensors,
         progress: Arc<Progress>,
         waits: Waits,
@@ -195,7 +195,7 @@ impl TensorFrameEncoder {
         let manifest = manifest_frame(&config, &entries, transfer).py_err(py)?;
         let metas = entries
             .iter()
-            .map(|entry| tensor_meta(entry, wire_dtype.unwrap_or(entry.dtype)))
+            .map(|entry| tensor_meta(entry, wire_dtype))
             .collect();
         Ok(Self {
             config,

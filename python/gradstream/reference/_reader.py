@@ -21,6 +21,7 @@ import pyarrow.ipc
 from .._arrow import is_bfloat16_type
 from .._dtypes import DTYPE_KEY, DTYPES
 from ..errors import ArrowIpcError
+from . import _int8
 from ._guard import _check_compressed_batches, _check_footer
 from ._seal import SEAL_KEY
 from ._wire import _ARROW_TYPES, _STORAGE, MANIFEST_KEY, SHAPE_KEY, USIZE_MAX
@@ -31,8 +32,11 @@ from ._wire import _ARROW_TYPES, _STORAGE, MANIFEST_KEY, SHAPE_KEY, USIZE_MAX
 # refuses those too).
 _ARROW_FAILURES = (pa.ArrowException, OSError, UnicodeDecodeError)
 
-NOT_A_FLOAT = "'value' column is not Float16, Float32, Float64 or gradstream.bfloat16"
+NOT_A_FLOAT = (
+    "'value' column is not Float16, Float32, Float64, gradstream.bfloat16 or a list of Int8"
+)
 BAD_DTYPE = "gradient_dtype metadata is not float16, bfloat16, float32 or float64"
+NO_SCALE = "an int8 'value' column needs a Float32 'scale' column"
 
 
 def _concat(parts: Iterable[np.ndarray], dtype: np.dtype) -> np.ndarray:
@@ -53,13 +57,18 @@ def _storage_type(data_type: pa.DataType) -> pa.DataType:
     return data_type
 
 
-def _value_field_index(names: list[str]) -> int | None:
-    # The first field named 'value', as arrow-rs column_by_name picks it
+def _field_index(names: list[str], wanted: str = "value") -> int | None:
+    # The first field named ``wanted``, as arrow-rs column_by_name picks it
     # (pyarrow's get_field_index returns -1 when the name is duplicated).
     for i, name in enumerate(names):
-        if name == "value":
+        if name == wanted:
             return i
     return None
+
+
+def _is_int8(data_type: pa.DataType) -> bool:
+    """Whether a 'value' column is the int8 wire's: a list of Int8, a block a row."""
+    return bool(pa.types.is_list(data_type) and data_type.value_type == pa.int8())
 
 
 def _schema_metadata(schema: pa.Schema) -> dict[str, str]:
@@ -94,11 +103,17 @@ class _Head(NamedTuple):
     """What a payload's schema says, checked before any of its record batches is read."""
 
     column: int  # of the 'value' field
-    dtype: str  # of the value column
+    dtype: str  # of the value column's values (float32 for the int8 wire's, dequantized)
     result: str | None  # gradient_dtype metadata (one of DTYPES), None when absent
     shape: str | None  # gradient_shape metadata, raw (checked after the batches)
     manifest: str | None  # gradstream_tensors metadata, raw
     seal: str | None  # gradstream_seal metadata, raw (the receiver's _SealTracker reads it)
+    scale: int | None = None  # of the 'scale' field, for the int8 wire's payloads alone
+
+    @property
+    def column_name(self) -> str:
+        """What the value column holds, as messages name it: its dtype, or int8."""
+        return self.dtype if self.scale is None else "int8"
 
     @property
     def name(self) -> str:
@@ -127,10 +142,17 @@ def _open_payload(
 
     # The schema is checked before any batch, so a file with no batch at all is still held
     # to the layout.
-    column = _value_field_index(names)
+    column = _field_index(names)
     if column is None:
         raise ArrowIpcError("Arrow IPC block missing 'value' column", chunk_index)
-    dtype = _column_dtype(schema.field(column).type)
+    scale = None
+    if _is_int8(schema.field(column).type):
+        scale = _field_index(names, "scale")
+        if scale is None or schema.field(scale).type != pa.float32():
+            raise ArrowIpcError(NO_SCALE, chunk_index)
+        dtype: str | None = "float32"
+    else:
+        dtype = _column_dtype(schema.field(column).type)
     if dtype is None:
         raise ArrowIpcError(NOT_A_FLOAT, chunk_index)
     result = metadata.get(DTYPE_KEY)
@@ -143,6 +165,7 @@ def _open_payload(
         metadata.get(SHAPE_KEY),
         metadata.get(MANIFEST_KEY),
         metadata.get(SEAL_KEY),
+        scale,
     )
     return reader, head
 
@@ -156,16 +179,22 @@ def _read_values(
     columns = []
     for i in range(reader.num_record_batches):
         try:
-            values = reader.get_batch(i).column(head.column)
+            batch = reader.get_batch(i)
+            values = batch.column(head.column)
             # Full validation of the one column we read, before touching its buffers: a
             # hostile file must fail here, never read out of bounds later. Other columns
             # (the index) are ignored as the original ignores them, damaged or not.
             values.validate(full=True)
+            scales = None if head.scale is None else batch.column(head.scale)
+            if scales is not None:
+                scales.validate(full=True)
         except _ARROW_FAILURES as exc:
             raise ArrowIpcError(str(exc), chunk_index) from exc
-        columns.append(values)
+        columns.append((values, scales))
+    if head.scale is not None:
+        return [_int8_values(values, scales, chunk_index) for values, scales in columns]
     parts = []
-    for column in columns:
+    for column, _ in columns:
         if isinstance(column, pa.ExtensionArray):
             column = column.storage
         if column.null_count > 0:
@@ -178,6 +207,22 @@ def _read_values(
         assert part.dtype == _STORAGE[head.dtype], (part.dtype, head.dtype)
         parts.append(part)
     return parts
+
+
+def _int8_values(values: pa.ListArray, scales: pa.Array, chunk_index: int) -> np.ndarray:
+    """One batch of the int8 wire (its value list column and scale column, validated) as
+    float32, block by block: nulls refused in the lists, the scales, then the lists' Int8
+    values (all of them, as the native reader counts them)."""
+    for what, nulls in (
+        ("'value'", values.null_count),
+        ("'scale'", scales.null_count),
+        ("'value' column's Int8", values.values.null_count),
+    ):
+        if nulls:
+            raise ArrowIpcError(f"{what} column has {nulls} null value(s)", chunk_index)
+    q = values.flatten().to_numpy(zero_copy_only=False)
+    lengths = values.value_lengths().to_numpy(zero_copy_only=False)
+    return _int8.dequantize(q, scales.to_numpy(zero_copy_only=False), lengths)
 
 
 def decode_payload(payload: memoryview, chunk_index: int, room: int = USIZE_MAX) -> np.ndarray:

@@ -179,10 +179,11 @@ class _DtypeTracker:
     are read. Once complete, the values are cast from the column's dtype to the one handed
     back."""
 
-    __slots__ = ("_dtype", "_first_index", "_result")
+    __slots__ = ("_column", "_dtype", "_first_index", "_result")
 
     def __init__(self) -> None:
         self._first_index: int | None = None
+        self._column = "float32"  # what the first chunk's column holds: a dtype, or int8
         self._dtype = "float32"  # the empty input's
         self._result: str | None = None
 
@@ -193,10 +194,10 @@ class _DtypeTracker:
         only if every later check passes too (``accept``)."""
         first = self._first_index
         if first is not None:
-            if head.dtype != self._dtype:
+            if head.column_name != self._column:
                 raise FrameError(
-                    f"chunks disagree on the value dtype: chunk {first} holds {self._dtype}, "
-                    f"chunk {chunk_index} holds {head.dtype}",
+                    f"chunks disagree on the value dtype: chunk {first} holds {self._column}, "
+                    f"chunk {chunk_index} holds {head.column_name}",
                     chunk_index,
                     offset,
                 )
@@ -219,6 +220,7 @@ class _DtypeTracker:
         """Record the first accepted chunk's dtypes (a no-op for later ones)."""
         if self._first_index is None:
             self._first_index = chunk_index
+            self._column = head.column_name
             self._dtype = head.dtype
             self._result = head.result
 

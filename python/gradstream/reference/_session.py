@@ -62,6 +62,7 @@ from ._settings import (
     _check_chunk_size,
     _check_compression_setting,
     _check_flag,
+    _check_int8_uncompressed,
     _check_layout,
     _check_max_gradient_len,
     _check_max_payload_len,
@@ -127,6 +128,7 @@ class GradientStreamSession:
         self._keep_shape = _check_flag(False if keep_shape is None else keep_shape, "keep_shape")
         self._keep_dtype = _check_flag(False if keep_dtype is None else keep_dtype, "keep_dtype")
         self._wire_dtype = _check_wire_dtype(wire_dtype)
+        _check_int8_uncompressed(self._wire_dtype, self._compression)
         self._seal = _check_flag(seal, "seal")
 
     @classmethod
@@ -310,7 +312,7 @@ class GradientStreamSession:
         )
         values = prepared.values  # C-contiguous: the flattening is a view
         shape = _shape_text(values.shape) if self._keep_shape else None
-        result = None if prepared.result == prepared.wire else prepared.result
+        result = None if prepared.result == _dtypes.carrier(prepared.wire) else prepared.result
         sealed = self._transfer(transfer)
         seal = None if sealed is None else Seal(sealed, LONE)
         return _Gradient(values.reshape(-1), prepared.wire, shape, result, seal)

@@ -171,10 +171,11 @@ def _as_gradient(session: _Session, tensor: _Tensor, k: int, transfer: bytes | N
     the set ``transfer`` when the set is sealed."""
     own = tensor.entry.dtype
     wire = session.wire_dtype or own
-    values = _dtypes.cast(tensor.values, own, wire)
+    carrier = _dtypes.carrier(wire)
+    values = _dtypes.cast(tensor.values, own, carrier)
     shape = shape_text(tensor.values.shape)
     seal = None if transfer is None else Seal(transfer, k)
-    return _Gradient(values.reshape(-1), wire, shape, None if wire == own else own, seal)
+    return _Gradient(values.reshape(-1), wire, shape, None if carrier == own else own, seal)
 
 
 def manifest_frame(

@@ -36,6 +36,15 @@ PAYLOAD_SCHEMA = pa.schema(
 COMPACT_SCHEMA = pa.schema([pa.field("value", pa.float32(), nullable=False)])
 LAYOUTS = ("seed", "compact")
 
+# The int8 wire's payload (wire_dtype="int8"), whatever the layout: a row a block, its
+# int8 values and its float32 scale (docs/spec/wire-format.md, "The int8 wire").
+INT8_SCHEMA = pa.schema(
+    [
+        pa.field("value", pa.list_(pa.field("item", pa.int8(), nullable=False)), nullable=False),
+        pa.field("scale", pa.float32(), nullable=False),
+    ]
+)
+
 # Schema metadata keys gradstream reads and writes, in the order it writes them:
 # gradient_shape (keep_shape), gradient_dtype (_dtypes.DTYPE_KEY) and gradstream_tensors.
 SHAPE_KEY = "gradient_shape"

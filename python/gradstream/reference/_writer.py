@@ -19,12 +19,14 @@ import pyarrow as pa
 import pyarrow.ipc
 
 from .._dtypes import DTYPE_KEY
+from . import _int8
 from ._seal import SEAL_KEY, Seal
 from ._wire import (
     _ARROW_TYPES,
     _BF16_FIELD_METADATA,
     _STORAGE,
     COMPACT_SCHEMA,
+    INT8_SCHEMA,
     MANIFEST_KEY,
     PAYLOAD_SCHEMA,
     SHAPE_KEY,
@@ -34,8 +36,8 @@ from ._wire import (
 class _Gradient(NamedTuple):
     """A gradient as the encoder takes it, with the schema metadata it travels with."""
 
-    values: np.ndarray  # 1-D, C-contiguous, in the wire dtype (bfloat16 as uint16 bits)
-    dtype: str  # the wire dtype: the value column's
+    values: np.ndarray  # 1-D, C-contiguous, in carrier(dtype) (bfloat16 as uint16 bits)
+    dtype: str  # the wire dtype: the value column's, or int8 (values float32)
     shape: str | None  # gradient_shape metadata (keep_shape), or None
     result: str | None  # gradient_dtype metadata (the dtype handed back), or None
     seal: Seal | None = None  # each chunk's gradstream_seal is made of it, or None
@@ -49,7 +51,10 @@ _INDEX_BYTES_PER_VALUE = 4
 
 @functools.cache
 def _schema(layout: str, dtype: str) -> pa.Schema:
-    """The schema of a payload in ``layout`` whose values are of ``dtype``."""
+    """The schema of a payload in ``layout`` whose values are of ``dtype`` (int8: the
+    int8 wire's, whatever the layout)."""
+    if dtype == "int8":
+        return INT8_SCHEMA
     if dtype == "float32":
         return COMPACT_SCHEMA if layout == "compact" else PAYLOAD_SCHEMA
     metadata = _BF16_FIELD_METADATA if dtype == "bfloat16" else None
@@ -83,14 +88,15 @@ def encode_payload(
     the same.
     """
     n = len(values)
-    # from_buffers wraps the words as they are: no conversion, no NaN canonicalising.
-    value_array = pa.Array.from_buffers(_ARROW_TYPES[dtype], n, [None, pa.py_buffer(values)])
     schema = _schema(layout, dtype)
-    if layout == "compact":
-        columns = [value_array]
+    if dtype == "int8":
+        columns = _int8_columns(values)
+    elif layout == "compact":
+        # from_buffers wraps the words as they are: no conversion, no NaN canonicalising.
+        columns = [_value_array(values, dtype)]
     else:
         index_array = pa.array(np.arange(n, dtype=np.int32), type=pa.int32())
-        columns = [index_array, value_array]
+        columns = [index_array, _value_array(values, dtype)]
     metadata = {
         key: text
         for key, text in (
@@ -111,6 +117,24 @@ def encode_payload(
         writer.write_batch(batch)
     payload: bytes = sink.getvalue().to_pybytes()
     return payload
+
+
+def _value_array(values: np.ndarray, dtype: str) -> pa.Array:
+    """A value column wrapping ``values``' words as they are (no NaN canonicalising)."""
+    return pa.Array.from_buffers(_ARROW_TYPES[dtype], len(values), [None, pa.py_buffer(values)])
+
+
+def _int8_columns(values: np.ndarray) -> list[pa.Array]:
+    """The int8 wire's columns of float32 ``values``: a list of int8 a block, its scale."""
+    q, scales = _int8.quantize(values)
+    n = len(values)
+    offsets = np.minimum(np.arange(0, len(scales) + 1, dtype=np.int64) * _int8.BLOCK, n)
+    item = pa.Array.from_buffers(pa.int8(), n, [None, pa.py_buffer(q)])
+    blocks = pa.ListArray.from_arrays(
+        pa.array(offsets.astype(np.int32)), item, type=INT8_SCHEMA.field("value").type
+    )
+    scale = pa.Array.from_buffers(pa.float32(), len(scales), [None, pa.py_buffer(scales)])
+    return [blocks, scale]
 
 
 def _pad8(nbytes: int) -> int:
@@ -149,6 +173,8 @@ def _min_payload_len(n_values: int, layout: str, dtype: str) -> int:
     """A lower bound on the length of an uncompressed payload of ``n_values`` values of
     ``dtype`` in ``layout``, to refuse an oversized chunk before encoding it (a compressed
     payload has no such bound: its size depends on the values)."""
+    if dtype == "int8":
+        return n_values  # one int8 a value, no index
     floor = _STORAGE[dtype].itemsize
     if layout != "compact":
         floor += _INDEX_BYTES_PER_VALUE

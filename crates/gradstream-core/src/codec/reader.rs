@@ -9,7 +9,8 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
-use arrow_array::types::{Float16Type, Float32Type, Float64Type, UInt16Type};
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float16Type, Float32Type, Float64Type, Int8Type, UInt16Type};
 use arrow_array::{Array, ArrowPrimitiveType, PrimitiveArray};
 use arrow_buffer::Buffer;
 use arrow_ipc::reader::FileDecoder;
@@ -17,8 +18,9 @@ use arrow_schema::{DataType, Field, Schema};
 
 use super::guard::{self, CheckedBlock};
 use super::shared::{arrow_err, borrowed_buffer, EXTENSION_NAME_KEY, MANIFEST_KEY, SHAPE_KEY};
-use crate::dtype::{Dtype, BF16_EXTENSION, DTYPE_KEY};
+use crate::dtype::{f32_bytes, Dtype, BF16_EXTENSION, DTYPE_KEY};
 use crate::error::{GradientStreamError, Result};
+use crate::int8;
 use crate::output::{Head, ValueSink};
 use crate::seal::SEAL_KEY;
 
@@ -50,7 +52,16 @@ pub fn decode_payload<S: ValueSink + ?Sized>(
 }
 
 /// The error for a `value` column of a type gradstream does not read.
-const NOT_A_FLOAT: &str = "'value' column is not Float16, Float32, Float64 or gradstream.bfloat16";
+const NOT_A_FLOAT: &str =
+    "'value' column is not Float16, Float32, Float64, gradstream.bfloat16 or a list of Int8";
+
+/// The refusal of an int8-wire payload without its scales.
+const NO_SCALE: &str = "an int8 'value' column needs a Float32 'scale' column";
+
+/// Whether a `value` field is the int8 wire's: a list of Int8, a block a row.
+fn is_int8(field: &Field) -> bool {
+    matches!(field.data_type(), DataType::List(item) if item.data_type() == &DataType::Int8)
+}
 
 /// The dtype of a `value` field: its Arrow type, and for UInt16 the bfloat16 extension name.
 fn column_dtype(field: &Field) -> Result<Dtype> {
@@ -98,20 +109,21 @@ fn column_bytes(column: &dyn Array, dtype: Dtype) -> Result<&[u8]> {
 fn decode_buffer<S: ValueSink + ?Sized>(buf: &Buffer, out: &mut S, room: usize) -> Result<Head> {
     let (footer, footer_start) = guard::open_footer(buf)?;
     let checked = guard::check_blocks(buf, footer, footer_start, room)?;
-    let (schema, value_idx, head) = read_head(footer)?;
+    let (schema, columns, head) = read_head(footer)?;
     out.begin(&head)?;
-    // Only the `value` column is decoded; the others (the index) are skipped unread.
-    let decoder =
-        FileDecoder::new(Arc::new(schema), footer.version()).with_projection(vec![value_idx]);
+    // Only the `value` column (and an int8 wire's `scale`) is decoded; the others (the
+    // index) are skipped unread.
+    let decoder = FileDecoder::new(Arc::new(schema), footer.version()).with_projection(columns);
     for block in checked {
-        put_batch(&decoder, block, head.column, out)?;
+        put_batch(&decoder, block, &head, out)?;
     }
     Ok(head)
 }
 
-/// The file's schema (in this machine's byte order), the index of its `value` column, and
-/// the `Head`: that column's dtype and the metadata gradstream reads.
-fn read_head(footer: arrow_ipc::Footer<'_>) -> Result<(Schema, usize, Head)> {
+/// The file's schema (in this machine's byte order), the columns to decode (`value`, and
+/// an int8 wire's `scale` after it), and the `Head`: that column's dtype and the metadata
+/// gradstream reads.
+fn read_head(footer: arrow_ipc::Footer<'_>) -> Result<(Schema, Vec<usize>, Head)> {
     let fb_schema = footer
         .schema()
         .ok_or_else(|| GradientStreamError::arrow("IPC footer has no schema"))?;
@@ -125,7 +137,19 @@ fn read_head(footer: arrow_ipc::Footer<'_>) -> Result<(Schema, usize, Head)> {
     let value_idx = schema
         .index_of("value")
         .map_err(|_| GradientStreamError::arrow("Arrow IPC block missing 'value' column"))?;
-    let column = column_dtype(schema.field(value_idx))?;
+    let int8 = is_int8(schema.field(value_idx));
+    let (column, columns) = if int8 {
+        // The first field named `scale`, as for `value`.
+        let scale_idx = schema
+            .fields()
+            .iter()
+            .position(|f| f.name() == "scale")
+            .filter(|&i| schema.field(i).data_type() == &DataType::Float32)
+            .ok_or_else(|| GradientStreamError::arrow(NO_SCALE))?;
+        (Dtype::F32, vec![value_idx, scale_idx])
+    } else {
+        (column_dtype(schema.field(value_idx))?, vec![value_idx])
+    };
     let dtype = match first(DTYPE_KEY) {
         None => None,
         Some(name) => Some(Dtype::from_name(&name).ok_or_else(|| {
@@ -136,12 +160,13 @@ fn read_head(footer: arrow_ipc::Footer<'_>) -> Result<(Schema, usize, Head)> {
     };
     let head = Head {
         column,
+        int8,
         shape: first(SHAPE_KEY),
         dtype,
         manifest: first(MANIFEST_KEY),
         seal: first(SEAL_KEY),
     };
-    Ok((schema, value_idx, head))
+    Ok((schema, columns, head))
 }
 
 /// The first entry of a key, as pyarrow reads it (arrow-rs's map keeps the last): a
@@ -155,12 +180,12 @@ fn first_metadata(fb_schema: arrow_ipc::Schema<'_>, key: &str) -> Option<String>
     })
 }
 
-/// Decode one checked block and hand its `value` column (of dtype `column`) to `out`:
-/// as many values as its message declares rows, none of them null.
+/// Decode one checked block and hand its `value` column (of the head's dtype, or the int8
+/// wire's values as float32) to `out`: as many rows as its message declares, none null.
 fn put_batch<S: ValueSink + ?Sized>(
     decoder: &FileDecoder,
     checked: CheckedBlock<'_>,
-    column: Dtype,
+    head: &Head,
     out: &mut S,
 ) -> Result<()> {
     let CheckedBlock {
@@ -177,7 +202,6 @@ fn put_batch<S: ValueSink + ?Sized>(
             GradientStreamError::arrow("IPC record batch block holds no record batch")
         })?;
     let values = batch.column(0);
-    let raw = column_bytes(values.as_ref(), column)?;
     if declared_rows.is_some_and(|rows| rows != values.len() as i64) {
         return Err(GradientStreamError::arrow(format!(
             "'value' column holds {} values but its record batch declares {} rows",
@@ -191,7 +215,51 @@ fn put_batch<S: ValueSink + ?Sized>(
             values.null_count()
         )));
     }
-    out.put_raw(raw, column);
+    if head.int8 {
+        return put_int8(values.as_ref(), batch.column(1).as_ref(), out);
+    }
+    out.put_raw(column_bytes(values.as_ref(), head.column)?, head.column);
+    Ok(())
+}
+
+/// The values of an int8 wire's batch (its `value` list column and `scale` column, the
+/// list's nulls checked by the caller), block by block as float32.
+fn put_int8<S: ValueSink + ?Sized>(
+    values: &dyn Array,
+    scale: &dyn Array,
+    out: &mut S,
+) -> Result<()> {
+    let lists = values
+        .as_list_opt::<i32>()
+        .ok_or_else(|| GradientStreamError::arrow(NOT_A_FLOAT))?;
+    let scales = scale
+        .as_primitive_opt::<Float32Type>()
+        .ok_or_else(|| GradientStreamError::arrow(NO_SCALE))?;
+    let items = lists
+        .values()
+        .as_primitive_opt::<Int8Type>()
+        .ok_or_else(|| GradientStreamError::arrow(NOT_A_FLOAT))?;
+    let nulls = [
+        ("'scale'", scales.null_count()),
+        ("'value' column's Int8", items.null_count()),
+    ];
+    if let Some((what, nulls)) = nulls.into_iter().find(|&(_, n)| n > 0) {
+        return Err(GradientStreamError::arrow(format!(
+            "{what} column has {nulls} null value(s)"
+        )));
+    }
+    let q = items.values();
+    let mut block = Vec::with_capacity(int8::BLOCK);
+    for (window, &scale) in lists.offsets().windows(2).zip(scales.values().iter()) {
+        // Offsets were validated against the child's length by the IPC reader.
+        let (start, end) = (window[0] as usize, window[1] as usize);
+        let row = q.get(start..end).ok_or_else(|| {
+            GradientStreamError::arrow("int8 'value' list offsets lie outside its values")
+        })?;
+        block.clear();
+        int8::dequantize(row, scale, &mut block);
+        out.put_raw(f32_bytes(&block), Dtype::F32);
+    }
     Ok(())
 }
 
@@ -243,11 +311,7 @@ mod tests {
         )]));
         let b = RecordBatch::try_new(schema, vec![Arc::new(Int32Array::from(vec![1]))]).unwrap();
         let err = decode(&file_of(&[b])).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "Arrow IPC error: 'value' column is not Float16, Float32, Float64 or \
-             gradstream.bfloat16"
-        );
+        assert_eq!(err.to_string(), format!("Arrow IPC error: {NOT_A_FLOAT}"));
     }
 
     #[test]

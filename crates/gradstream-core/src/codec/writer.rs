@@ -8,8 +8,10 @@
 use std::sync::{Arc, OnceLock};
 
 use arrow_array::types::{Float16Type, Float32Type, Float64Type, UInt16Type};
-use arrow_array::{ArrowPrimitiveType, Int32Array, PrimitiveArray, RecordBatch};
-use arrow_buffer::Buffer;
+use arrow_array::{
+    ArrowPrimitiveType, Float32Array, Int32Array, Int8Array, ListArray, PrimitiveArray, RecordBatch,
+};
+use arrow_buffer::{Buffer, OffsetBuffer};
 use arrow_ipc::writer::{FileWriter, IpcWriteOptions};
 use arrow_ipc::CompressionType;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
@@ -19,6 +21,7 @@ use super::shared::{
 };
 use crate::dtype::{f32_bytes, Dtype, BF16_EXTENSION, DTYPE_KEY};
 use crate::error::{GradientStreamError, Result};
+use crate::int8;
 use crate::seal::{SealText, SEAL_KEY};
 
 /// Which columns a payload carries. Both decode with the original's decoder, which only
@@ -104,6 +107,9 @@ pub(crate) struct Encoding {
     pub manifest: Option<Arc<str>>,
     /// `gradstream_seal` metadata: this chunk's seal.
     pub seal: Option<SealText>,
+    /// Write the values (float32, `dtype`) as the int8 wire: a `value` column of int8
+    /// blocks and a `scale` column, whatever the layout (docs/spec/wire-format.md).
+    pub int8: bool,
 }
 
 impl From<Layout> for Encoding {
@@ -124,6 +130,7 @@ impl Encoding {
             && self.dtype == Dtype::F32
             && self.result.is_none()
             && self.manifest.is_none()
+            && !self.int8
     }
 
     /// The same encoding with this chunk's seal.
@@ -148,6 +155,9 @@ impl Encoding {
         }
         if let Some(seal) = &self.seal {
             metadata.insert(SEAL_KEY.to_string(), seal.as_str().to_string());
+        }
+        if self.int8 {
+            return Arc::new(Schema::new_with_metadata(int8_fields(), metadata));
         }
         if self.dtype == Dtype::F32 && metadata.is_empty() {
             return base;
@@ -177,6 +187,19 @@ fn value_type(dtype: Dtype) -> DataType {
         Dtype::F32 => DataType::Float32,
         Dtype::F64 => DataType::Float64,
     }
+}
+
+/// The columns of an int8-wire payload: each row a block, its int8 values and its scale.
+fn int8_fields() -> Vec<Field> {
+    vec![
+        Field::new("value", int8_value_type(), false),
+        Field::new("scale", DataType::Float32, false),
+    ]
+}
+
+/// The Arrow type of an int8-wire `value` column: a list of non-null Int8 per block.
+pub(super) fn int8_value_type() -> DataType {
+    DataType::List(Arc::new(Field::new("item", DataType::Int8, false)))
 }
 
 fn compact_schema() -> SchemaRef {
@@ -217,9 +240,12 @@ pub(crate) fn encode_payload_raw(encoding: impl Into<Encoding>, raw: &[u8]) -> R
     // (plus the metadata).
     let n = raw.len() / encoding.dtype.width();
     let metadata = encoding.manifest.as_ref().map_or(0, |m| m.len());
-    let mut out = Vec::with_capacity(
-        raw.len() + n * (encoding.layout.bytes_per_value() - 4) + 1024 + metadata,
-    );
+    let columns = if encoding.int8 {
+        n + n.div_ceil(int8::BLOCK) * 8
+    } else {
+        raw.len() + n * (encoding.layout.bytes_per_value() - 4)
+    };
+    let mut out = Vec::with_capacity(columns + 1024 + metadata);
     encode_to(encoding, raw, &mut out)?;
     Ok(out)
 }
@@ -265,6 +291,10 @@ unsafe fn value_column(dtype: Dtype, raw: &[u8]) -> Result<arrow_array::ArrayRef
 }
 
 fn encode_to(encoding: Encoding, raw: &[u8], out: impl std::io::Write) -> Result<()> {
+    if encoding.int8 {
+        let batch = int8_batch(&encoding, raw)?;
+        return write_file(&encoding, &batch, out);
+    }
     // SAFETY: the column borrows `raw`; it lives in `batch`, which is dropped before
     // this function returns (the writer copies bytes out and keeps no reference).
     let value = unsafe { value_column(encoding.dtype, raw)? };
@@ -275,12 +305,61 @@ fn encode_to(encoding: Encoding, raw: &[u8], out: impl std::io::Write) -> Result
         Layout::Compact => vec![value],
     };
     let batch = RecordBatch::try_new(schema, columns).map_err(arrow_err)?;
+    write_file(&encoding, &batch, out)
+}
+
+/// The record batch of an int8-wire payload: `raw` (float32 values) quantized by blocks.
+fn int8_batch(encoding: &Encoding, raw: &[u8]) -> Result<RecordBatch> {
+    if encoding.dtype != Dtype::F32 || !raw.len().is_multiple_of(4) {
+        return Err(GradientStreamError::arrow(
+            "the int8 wire quantizes float32 values",
+        ));
+    }
+    let values: std::borrow::Cow<'_, [f32]> = match crate::encoder::as_f32(raw) {
+        Some(values) => values.into(),
+        None => raw
+            .chunks_exact(4)
+            .map(|b| f32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+            .collect::<Vec<f32>>()
+            .into(),
+    };
+    let (mut q, mut scales) = (Vec::new(), Vec::new());
+    int8::quantize(&values, &mut q, &mut scales);
+    let ends = (0..values.len())
+        .step_by(int8::BLOCK)
+        .map(|start| (start + int8::BLOCK).min(values.len()));
+    let offsets = std::iter::once(0)
+        .chain(ends)
+        .map(|end| {
+            i32::try_from(end).map_err(|_| {
+                GradientStreamError::arrow(format!(
+                    "a chunk of {} values does not fit an int8 list column",
+                    values.len()
+                ))
+            })
+        })
+        .collect::<Result<Vec<i32>>>()?;
+    let item = Arc::new(Field::new("item", DataType::Int8, false));
+    let list = ListArray::try_new(
+        item,
+        OffsetBuffer::new(offsets.into()),
+        Arc::new(Int8Array::from(q)),
+        None,
+    )
+    .map_err(arrow_err)?;
+    let scale = Float32Array::from(scales);
+    RecordBatch::try_new(encoding.schema(), vec![Arc::new(list), Arc::new(scale)])
+        .map_err(arrow_err)
+}
+
+/// Write `batch` as an Arrow IPC file of one batch, compressed as `encoding` says.
+fn write_file(encoding: &Encoding, batch: &RecordBatch, out: impl std::io::Write) -> Result<()> {
     let options = IpcWriteOptions::default()
         .try_with_compression(encoding.compression.map(Compression::ipc))
         .map_err(arrow_err)?;
     let mut writer =
         FileWriter::try_new_with_options(out, &batch.schema(), options).map_err(arrow_err)?;
-    writer.write(&batch).map_err(arrow_err)?;
+    writer.write(batch).map_err(arrow_err)?;
     writer.finish().map_err(arrow_err)?;
     Ok(())
 }

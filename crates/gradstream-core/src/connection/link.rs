@@ -23,7 +23,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use super::handshake::{read_full, Established};
 use super::tap::Tap;
-use crate::dtype::Dtype;
+use crate::dtype::WireDtype;
 use crate::encoder::Gradient;
 use crate::error::{GradientStreamError, Result};
 use crate::frame::HEADER_LEN;

@@ -46,7 +46,7 @@ mod tests {
     use super::*;
     use crate::codec::Layout;
     use crate::dtype::convert;
-    use crate::dtype::Dtype;
+    use crate::dtype::{Dtype, WireDtype};
     use crate::frame::{FrameHeader, HEADER_LEN};
 
     fn session() -> SessionConfig {
@@ -89,7 +89,8 @@ mod tests {
             for wire in [None, Some(Dtype::F16), Some(Dtype::BF16), Some(Dtype::F64)] {
                 let mut s = SessionConfig::new("rt", 3);
                 s.layout = layout;
-                let data = encode_tensors(&s, wire, &gradients(&set)).unwrap();
+                let data =
+                    encode_tensors(&s, wire.map(WireDtype::Float), &gradients(&set)).unwrap();
                 let back = decode_tensors(&session(), &data).unwrap();
                 assert_eq!(back.len(), set.len());
                 for ((entry, raw), (got, values)) in set.iter().zip(&back) {

@@ -13,7 +13,7 @@ use std::collections::HashSet;
 
 use super::manifest::{check_name, manifest_json, Entry};
 use super::{note, Doing};
-use crate::dtype::Dtype;
+use crate::dtype::WireDtype;
 use crate::encoder::{Gradient, GradientMeta};
 use crate::error::{GradientStreamError, Result};
 use crate::frame::HEADER_LEN;
@@ -89,12 +89,13 @@ pub fn manifest_frame(
     Ok(frame)
 }
 
-/// The metadata of a tensor's payloads: its shape, and its own dtype when it travels in
-/// another (`wire`).
-pub fn tensor_meta(entry: &Entry, wire: Dtype) -> GradientMeta {
+/// The metadata of a tensor's payloads: its shape, and its own dtype when it travels as
+/// another (`wire`; the int8 wire reads back as float32).
+pub fn tensor_meta(entry: &Entry, wire: Option<WireDtype>) -> GradientMeta {
+    let carrier = wire.map_or(entry.dtype, WireDtype::carrier);
     GradientMeta {
         shape: Some(shape_text(&entry.shape).into()),
-        result: (wire != entry.dtype).then_some(entry.dtype),
+        result: (carrier != entry.dtype).then_some(entry.dtype),
         manifest: None,
     }
 }
@@ -106,11 +107,11 @@ pub fn tensor_meta(entry: &Entry, wire: Dtype) -> GradientMeta {
 pub fn tensor_gradient<'g>(
     entry: &Entry,
     values: &Gradient<'g>,
-    wire_dtype: Option<Dtype>,
+    wire_dtype: Option<WireDtype>,
     meta: &'g GradientMeta,
 ) -> Gradient<'g> {
     Gradient::new(values.raw(), entry.dtype)
-        .cast_to(wire_dtype.unwrap_or(entry.dtype))
+        .travel_as(wire_dtype)
         .with_meta(meta)
 }
 
@@ -165,7 +166,7 @@ fn check_tensor(entry: &Entry, values: &Gradient<'_>) -> Result<()> {
 /// id when the session seals.
 pub fn encode_tensors(
     config: &SessionConfig,
-    wire_dtype: Option<Dtype>,
+    wire_dtype: Option<WireDtype>,
     tensors: &[(Entry, Gradient<'_>)],
 ) -> Result<Vec<u8>> {
     encode_set(config, wire_dtype, tensors, set_transfer(config)?)
@@ -174,7 +175,7 @@ pub fn encode_tensors(
 /// `encode_tensors`, every frame sealed with `transfer` (a connection's id).
 pub fn encode_tensors_sealed(
     config: &SessionConfig,
-    wire_dtype: Option<Dtype>,
+    wire_dtype: Option<WireDtype>,
     tensors: &[(Entry, Gradient<'_>)],
     transfer: TransferId,
 ) -> Result<Vec<u8>> {
@@ -183,7 +184,7 @@ pub fn encode_tensors_sealed(
 
 fn encode_set(
     config: &SessionConfig,
-    wire_dtype: Option<Dtype>,
+    wire_dtype: Option<WireDtype>,
     tensors: &[(Entry, Gradient<'_>)],
     transfer: Option<TransferId>,
 ) -> Result<Vec<u8>> {
@@ -193,7 +194,7 @@ fn encode_set(
     let n = tensors.len();
     for (k, (entry, values)) in tensors.iter().enumerate() {
         let append = |out: &mut Vec<u8>| -> Result<()> {
-            let meta = tensor_meta(entry, wire_dtype.unwrap_or(entry.dtype));
+            let meta = tensor_meta(entry, wire_dtype);
             let gradient = tensor_gradient(entry, values, wire_dtype, &meta)
                 .seal_with(tensor_seal(transfer, k));
             let plan = config.plan_frames(gradient)?;
@@ -211,9 +212,14 @@ mod tests {
     use super::super::testing::{gradients, mixed, set_of};
     use super::*;
     use crate::codec::Layout;
+    use crate::dtype::Dtype;
     use crate::testing::bytes_of;
 
-    fn encoded(config: &SessionConfig, wire: Option<Dtype>, set: &[(Entry, Vec<u8>)]) -> Vec<u8> {
+    fn encoded(
+        config: &SessionConfig,
+        wire: Option<WireDtype>,
+        set: &[(Entry, Vec<u8>)],
+    ) -> Vec<u8> {
         encode_tensors(config, wire, &gradients(set)).unwrap()
     }
 
@@ -234,14 +240,18 @@ mod tests {
                 14_218,
             ),
             (
-                encoded(&session(5, Layout::Compact), Some(BF16), &mixed),
+                encoded(
+                    &session(5, Layout::Compact),
+                    Some(WireDtype::Float(BF16)),
+                    &mixed,
+                ),
                 2_610_481_093,
                 13_864,
             ),
             (
                 encoded(
                     &session(65536, Layout::Seed),
-                    Some(F64),
+                    Some(WireDtype::Float(F64)),
                     &set_of(&[("a", F32, vec![10], 7), ("b", F16, vec![2, 2], 8)]),
                 ),
                 4_141_625_934,

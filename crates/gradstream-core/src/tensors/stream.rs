@@ -15,7 +15,7 @@ use super::encode::{
 use super::manifest::Entry;
 use super::receive::{TensorSet, TensorSetReceiver};
 use super::{note, Doing};
-use crate::dtype::Dtype;
+use crate::dtype::WireDtype;
 use crate::encoder::Gradient;
 use crate::error::Result;
 use crate::frame::HEADER_LEN;
@@ -32,7 +32,7 @@ use crate::stream::{read_unit, send_gradient_on, within, write_frame, Clock, Pro
 /// when the session seals.
 pub async fn send_tensors<W: AsyncWrite + Unpin>(
     config: &SessionConfig,
-    wire_dtype: Option<Dtype>,
+    wire_dtype: Option<WireDtype>,
     tensors: &[(Entry, Gradient<'_>)],
     writer: &mut W,
     waits: impl Into<Waits>,
@@ -49,7 +49,7 @@ pub async fn send_tensors<W: AsyncWrite + Unpin>(
 /// the manifest at position `Manifest`, tensor k at `Tensor(k)`.
 pub async fn send_tensors_sealed<W: AsyncWrite + Unpin>(
     config: &SessionConfig,
-    wire_dtype: Option<Dtype>,
+    wire_dtype: Option<WireDtype>,
     tensors: &[(Entry, Gradient<'_>)],
     transfer: TransferId,
     writer: &mut W,
@@ -70,7 +70,7 @@ pub async fn send_tensors_sealed<W: AsyncWrite + Unpin>(
 
 async fn send_set<W: AsyncWrite + Unpin>(
     config: &SessionConfig,
-    wire_dtype: Option<Dtype>,
+    wire_dtype: Option<WireDtype>,
     tensors: &[(Entry, Gradient<'_>)],
     transfer: Option<TransferId>,
     writer: &mut W,
@@ -94,7 +94,7 @@ async fn send_set<W: AsyncWrite + Unpin>(
     let mut sent = 1;
     let n = tensors.len();
     for (k, (entry, values)) in tensors.iter().enumerate() {
-        let meta = tensor_meta(entry, wire_dtype.unwrap_or(entry.dtype));
+        let meta = tensor_meta(entry, wire_dtype);
         let gradient =
             tensor_gradient(entry, values, wire_dtype, &meta).seal_with(tensor_seal(transfer, k));
         sent += send_gradient_on(config, gradient, writer, &clock, progress)
@@ -156,6 +156,7 @@ mod tests {
     use super::super::manifest::manifest_json;
     use super::super::testing::{gradients, manifest_of, mixed, set_of, unnoted};
     use super::*;
+    use crate::dtype::Dtype;
     use crate::error::GradientStreamError;
     use std::time::Duration;
     use tokio::io::duplex;
@@ -170,13 +171,13 @@ mod tests {
         let s = SessionConfig::new("d", 3);
         let set = mixed();
         let tensors = gradients(&set);
-        let wire = encode_tensors(&s, Some(Dtype::BF16), &tensors).unwrap();
+        let wire = encode_tensors(&s, Some(WireDtype::Float(Dtype::BF16)), &tensors).unwrap();
         let (mut a, mut b) = duplex(1 << 10);
         let (sent_progress, got_progress) = (Progress::default(), Progress::default());
         let (sent, got) = tokio::join!(
             send_tensors(
                 &s,
-                Some(Dtype::BF16),
+                Some(WireDtype::Float(Dtype::BF16)),
                 &tensors,
                 &mut a,
                 None,

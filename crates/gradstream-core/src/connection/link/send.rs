@@ -69,7 +69,7 @@ impl Link {
     pub async fn send_tensors(
         &mut self,
         config: &SessionConfig,
-        wire_dtype: Option<Dtype>,
+        wire_dtype: Option<WireDtype>,
         tensors: &[(Entry, Gradient<'_>)],
         waits: Waits,
         progress: &Progress,
@@ -86,7 +86,7 @@ impl Link {
     pub(super) async fn send_tensors_begun(
         &mut self,
         config: &SessionConfig,
-        wire_dtype: Option<Dtype>,
+        wire_dtype: Option<WireDtype>,
         tensors: &[(Entry, Gradient<'_>)],
         waits: Waits,
         progress: &Progress,

@@ -38,6 +38,7 @@ SETTINGS: list[tuple[str, str, dict[str, Any]]] = [
     ("float32 -> wire bfloat16", "float32", {"wire_dtype": "bfloat16"}),
     ("float32 -> wire float16", "float32", {"wire_dtype": "float16"}),
     ("float64 -> wire float32", "float64", {"wire_dtype": "float32"}),
+    ("float32 -> wire int8", "float32", {"wire_dtype": "int8"}),
 ]
 
 

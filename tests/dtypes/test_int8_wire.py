@@ -359,3 +359,57 @@ def test_int8_both_ways_between_asyncio_peers():
     assert np.array_equal(bits(back), bits(twice))
     half = asyncio.run(_asyncio_round_trip(grad.astype(np.float16)))
     assert half.dtype == np.float16
+
+
+@pytest.mark.parametrize("impl", IMPL_NAMES)
+def test_offsets_past_the_values_in_a_batch_of_no_rows_are_refused(impl: str):
+    """pyarrow's validation skips the offsets of a batch with no rows; a reader that
+    trusted them would slice past the Int8 values (pyarrow's flatten aborts the
+    process). Both refuse the payload."""
+    list_type = pa.list_(pa.field("item", pa.int8(), nullable=False))
+    empty = pa.array([], type=pa.int8())
+    blocks = pa.Array.from_buffers(
+        list_type, 0, [None, pa.py_buffer(np.array([2], np.int32))], children=[empty]
+    )
+    scale = pa.array([], type=pa.float32())
+    schema = pa.schema([pa.field("value", list_type), pa.field("scale", pa.float32())])
+    body = write_ipc_file(schema, pa.RecordBatch.from_arrays([blocks, scale], schema=schema))
+    for outcome in both_ways(module(impl), [(0, 1, body)]):
+        assert type(outcome) is ArrowIpcError, outcome
+
+
+@pytest.mark.parametrize("impl", IMPL_NAMES)
+def test_extension_names_on_int8_fields_are_seen_through(impl: str):
+    """As a Float32 value column is Float32 whatever extension name its field carries,
+    an int8 list and its scale are read by their storage types in both readers."""
+    body = int8_payload([1, 2, 3, 4], [0, 2, 4], [1.0, 0.5])
+    schema = pa.ipc.open_file(pa.py_buffer(body)).schema
+    tagged = schema.set(1, schema.field(1).with_metadata({b"ARROW:extension:name": b"some.other"}))
+    batch = pa.ipc.open_file(pa.py_buffer(body)).get_batch(0)
+    body = write_ipc_file(tagged, pa.RecordBatch.from_arrays(batch.columns, schema=tagged))
+    for outcome in both_ways(module(impl), [(0, 1, body)]):
+        assert np.array_equal(outcome, np.array([1, 2, 1.5, 2], np.float32)), outcome
+
+
+def test_a_peer_with_a_small_max_payload_len_takes_int8_chunks_that_fit():
+    """The sender's check before sending measures float32 payloads: on the int8 wire a
+    chunk whose float32 payload would be over the peer's max_payload_len but whose int8
+    payload is under it is sent, and arrives."""
+
+    async def main() -> np.ndarray:
+        small = gs.GradientStreamSession("rx", max_payload_len=100_000)
+        listener = await gs.listen("127.0.0.1:0", session=small)
+
+        async def receive() -> np.ndarray:
+            async with await listener.accept() as conn:
+                return await conn.recv()
+
+        task = asyncio.ensure_future(receive())
+        int8 = gs.GradientStreamSession("tx", wire_dtype="int8")
+        async with await gs.connect(listener.address, session=int8) as conn:
+            await conn.send(np.ones(200_000, np.float32))
+        got = await task
+        await listener.close()
+        return got
+
+    assert np.array_equal(asyncio.run(main()), np.ones(200_000, np.float32))

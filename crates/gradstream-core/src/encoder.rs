@@ -124,6 +124,12 @@ impl<'g> Gradient<'g> {
     pub fn dtype(&self) -> Dtype {
         self.dtype
     }
+
+    /// Whether the values travel as float32 (not quantized), whose payload sizes are
+    /// known without encoding.
+    pub fn travels_as_float32(&self) -> bool {
+        self.wire == Dtype::F32 && !self.int8
+    }
 }
 
 impl<'g> From<&'g [f32]> for Gradient<'g> {

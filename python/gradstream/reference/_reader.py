@@ -67,8 +67,10 @@ def _field_index(names: list[str], wanted: str = "value") -> int | None:
 
 
 def _is_int8(data_type: pa.DataType) -> bool:
-    """Whether a 'value' column is the int8 wire's: a list of Int8, a block a row."""
-    return bool(pa.types.is_list(data_type) and data_type.value_type == pa.int8())
+    """Whether a 'value' column is the int8 wire's: a list of Int8, a block a row (both
+    seen through extension names, as arrow-rs sees them)."""
+    data_type = _storage_type(data_type)
+    return bool(pa.types.is_list(data_type) and _storage_type(data_type.value_type) == pa.int8())
 
 
 def _schema_metadata(schema: pa.Schema) -> dict[str, str]:
@@ -148,7 +150,7 @@ def _open_payload(
     scale = None
     if _is_int8(schema.field(column).type):
         scale = _field_index(names, "scale")
-        if scale is None or schema.field(scale).type != pa.float32():
+        if scale is None or _storage_type(schema.field(scale).type) != pa.float32():
             raise ArrowIpcError(NO_SCALE, chunk_index)
         dtype: str | None = "float32"
     else:
@@ -220,6 +222,12 @@ def _int8_values(values: pa.ListArray, scales: pa.Array, chunk_index: int) -> np
     ):
         if nulls:
             raise ArrowIpcError(f"{what} column has {nulls} null value(s)", chunk_index)
+    # pyarrow's full validation skips the offsets of a batch of no rows, and flatten()
+    # aborts the process on offsets past the child: checked here first.
+    offsets = values.offsets.to_numpy(zero_copy_only=False)
+    child = len(values.values)
+    if len(offsets) and (offsets[0] < 0 or offsets[-1] > child or (np.diff(offsets) < 0).any()):
+        raise ArrowIpcError("int8 'value' list offsets lie outside its values", chunk_index)
     q = values.flatten().to_numpy(zero_copy_only=False)
     lengths = values.value_lengths().to_numpy(zero_copy_only=False)
     return _int8.dequantize(q, scales.to_numpy(zero_copy_only=False), lengths)

@@ -7,8 +7,11 @@ use super::*;
 impl Link {
     /// Refuse, before a byte is sent, what the peer said it would refuse: more values
     /// than its max_gradient_len, a first chunk (the largest, uncompressed) whose payload
-    /// is over its max_payload_len.
-    pub(super) fn check_fits(&self, config: &SessionConfig, values: usize) -> Result<()> {
+    /// is over its max_payload_len. The payload is measured as float32 (the size known
+    /// without encoding), so only for a gradient travelling as float32: another wire
+    /// dtype's payload (int8's is a quarter) is held to the limit as it is encoded.
+    pub(super) fn check_fits(&self, config: &SessionConfig, gradient: &Gradient<'_>) -> Result<()> {
+        let values = gradient.len();
         let Mode::Sealed(keys) = &self.mode else {
             return Ok(());
         };
@@ -16,6 +19,9 @@ impl Link {
         let at = self.peer.address.at();
         let peer = at.as_ref();
         hello.check_gradient_len(values, peer)?;
+        if !gradient.travels_as_float32() {
+            return Ok(());
+        }
         // Measured as this side will send it: sealed.
         let sealed = SessionConfig {
             seal: true,
@@ -34,7 +40,7 @@ impl Link {
         waits: Waits,
         progress: &Progress,
     ) -> Result<usize> {
-        self.check_fits(config, gradient.len())?;
+        self.check_fits(config, &gradient)?;
         self.begin().await?;
         let sent = self
             .send_gradient_begun(config, gradient, waits, progress)

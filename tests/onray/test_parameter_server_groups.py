@@ -323,7 +323,12 @@ def test_a_join_with_a_false_node_or_socket_is_refused(cluster: str) -> None:
         answer = asyncio.run(join(node="B", local="unix:/tmp/x.sock"))
         body, _ = _control.split(answer, tuple(address), "an answer")
         assert body == {"kind": "joined", "rank": 0, "skip": False}
-        assert ray.get(ps.placement_of.remote(0)) == ("B", "unix:/tmp/x.sock")
+        # The server records the join after answering it: wait for it to, a while.
+        deadline = time.monotonic() + 10
+        while (placed := ray.get(ps.placement_of.remote(0))) == (None, None):
+            assert time.monotonic() < deadline, "the join was never recorded"
+            time.sleep(0.01)
+        assert placed == ("B", "unix:/tmp/x.sock")
     finally:
         ray.kill(ps)
 

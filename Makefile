@@ -80,6 +80,7 @@ BENCH_ARGS ?=
 RAY_BENCH_ARGS ?=
 bench: build
 	$(PY) benches/bench.py $(BENCH_ARGS)
+	$(PY) benches/wan.py $(if $(filter --quick,$(BENCH_ARGS)),--mib 256,)
 	if $(PY) -c 'import torch' 2>/dev/null; then \
 		$(PY) benches/torch_backend.py $(if $(filter --quick,$(BENCH_ARGS)),--mib 64 --rounds 2,); fi
 	if $(PY) -c 'import ray' 2>/dev/null; then \

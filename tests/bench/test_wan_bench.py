@@ -1,0 +1,34 @@
+"""benches/wan.py (the long-path rows of ``make bench``) at a tiny size: it runs the
+relay, the receiver and the sender in three processes, prints each row and the ratios,
+and the bytes the relay carried are what the payloads make them (the int8 wire's a
+quarter of float32's, plus a block's scale and offset: a size, never a time, is
+asserted)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from support import ROOT
+
+
+def test_the_wan_benchmark_runs_and_prints_every_row() -> None:
+    script = ROOT / "benches" / "wan.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--mib", "8", "--rtt", "0.005"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    row = r"^(raw TCP|float32|int8 wire)\s+([0-9.]+)\s+([0-9]+)\s+([0-9]+)$"
+    rows = {name: (float(s), int(mb)) for name, s, _, mb in re.findall(row, done.stdout, re.M)}
+    assert set(rows) == {"raw TCP", "float32", "int8 wire"}, done.stdout
+    assert rows["raw TCP"][1] == 8 * 2**20 // 10**6  # every byte went through the relay
+    bytes_ratio = re.search(r"wire bytes ([0-9.]+) \(target <= 0.26\)", done.stdout)
+    assert bytes_ratio is not None, done.stdout
+    assert 0.25 <= float(bytes_ratio.group(1)) <= 0.26
+    assert re.search(r"int8 wire / float32: time [0-9.]+ \(target <= 0.35\)", done.stdout)
+    assert re.search(r"float32 / raw TCP, time: [0-9.]+$", done.stdout, re.M)

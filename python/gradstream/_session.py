@@ -45,7 +45,7 @@ from ._native import (
     open_listener,
     tensor_note,
 )
-from .errors import StreamIOError
+from .errors import SettingError, StreamIOError
 
 if TYPE_CHECKING:
     # Only named in annotations: pyarrow is imported when a pyarrow.Buffer is asked for.
@@ -392,17 +392,19 @@ class GradientStreamSession:
 
     # ---- taking a gradient (docs/guides/dtypes-and-shapes.md)
 
-    def _take(self, gradient: Any) -> _GradientArgs:
+    def _take(self, gradient: Any, wire_dtype: str | None = None) -> _GradientArgs:
         """``gradient`` as this session's settings take it: float32 alone by default (read
         in place when it can be), else any of the four dtypes, cast to the wire dtype by the
-        engine chunk by chunk."""
+        engine chunk by chunk. ``wire_dtype``: one transfer's, in place of the session's
+        (checked by ``_transfer_wire``)."""
         e = self._engine
+        wire = wire_dtype or e.wire_dtype
         if (
             type(gradient) is np.ndarray
             and gradient.dtype == _FLOAT32
             and gradient.flags.c_contiguous
             and gradient.flags.aligned
-            and e.wire_dtype is None
+            and wire is None
         ):
             # What prepare gives for the commonest input, with keep_dtype or without (a
             # float32 gradient is float32 either way), without its checks (small
@@ -410,13 +412,39 @@ class GradientStreamSession:
             values, wire, result, source = gradient, "float32", "float32", "float32"
         else:
             values, wire, result, source = _dtypes.prepare(
-                gradient, keep_dtype=e.keep_dtype, wire_dtype=e.wire_dtype, cast_here=False
+                gradient, keep_dtype=e.keep_dtype, wire_dtype=wire, cast_here=False
             )
         shape = values.shape if e.keep_shape else None
         # The values' memory as bytes: a view (prepare gives C-contiguous arrays, whose
         # ravel is a view; ravel and a dtype object cost less than reshape(-1) and the
         # np.uint8 type).
         return (values.ravel().view(_BYTES), source, wire, result, shape)
+
+    def _transfer_wire(self, wire_dtype: Any) -> str | None:
+        """A send's ``wire_dtype=``: None (the session's), or what the setting takes, in
+        the setting's words (``SettingError``, ``TypeError``); int8 not on a compressed
+        session."""
+        if wire_dtype is None:
+            return None
+        if not isinstance(wire_dtype, str):
+            raise TypeError(
+                f"wire_dtype must be None or a dtype name (str), not {type(wire_dtype).__name__}"
+            )
+        if wire_dtype not in _dtypes.WIRE_DTYPES:
+            raise SettingError(
+                "wire_dtype",
+                "wire_dtype must be None, 'float16', 'bfloat16', 'float32', 'float64' or "
+                f"'int8', got {wire_dtype!r}",
+            )
+        codec = self._engine.compression
+        if wire_dtype == "int8" and codec is not None:
+            raise SettingError(
+                "wire_dtype",
+                f"wire_dtype='int8' does not combine with compression='{codec}': int8 "
+                "payloads travel uncompressed (receivers refuse compressed list columns); "
+                "drop one of the two",
+            )
+        return wire_dtype
 
     # ---- in memory
 

@@ -436,3 +436,49 @@ def test_a_peer_with_a_small_max_payload_len_takes_int8_chunks_that_fit():
         return got
 
     assert np.array_equal(asyncio.run(main()), np.ones(200_000, np.float32))
+
+
+def test_one_send_on_the_int8_wire_the_next_as_it_is():
+    """send(wire_dtype=) is that gradient's wire alone, on either face; a value the
+    setting refuses, or int8 on a compressed session, is refused before anything is
+    sent, in the setting's words."""
+    import threading
+
+    import gradstream.sync as gsync
+
+    grad = np.random.default_rng(4).standard_normal(70_000).astype(np.float32)
+    quantized = gs.GradientStreamSession("x").decode_frames(
+        gs.GradientStreamSession("x", wire_dtype="int8").encode_frames(grad)
+    )
+    got: list[np.ndarray] = []
+    listener = gsync.listen("127.0.0.1:0")
+
+    def receive() -> None:
+        with listener.accept(timeout=20) as conn:
+            got.extend(conn)
+
+    thread = threading.Thread(target=receive)
+    thread.start()
+    with gsync.connect(listener.address) as conn:
+        conn.send(grad, wire_dtype="int8")
+        conn.send(grad)
+        with pytest.raises(gs.SettingError) as info:
+            conn.send(grad, wire_dtype="int4")
+        assert info.value.setting == "wire_dtype"
+        with pytest.raises(TypeError):
+            conn.send(grad, wire_dtype=8)  # type: ignore[arg-type]
+    thread.join(30)
+    listener.close()
+    assert len(got) == 2
+    assert np.array_equal(bits(got[0]), bits(quantized))
+    assert np.array_equal(bits(got[1]), bits(grad))
+
+    async def compressed() -> None:
+        listener = await gs.listen("127.0.0.1:0")
+        session = gs.GradientStreamSession(compression="lz4")
+        async with await gs.connect(listener.address, session=session) as conn:
+            with pytest.raises(gs.SettingError, match="does not combine with compression"):
+                await conn.send(grad, wire_dtype="int8")
+        await listener.close()
+
+    asyncio.run(compressed())

@@ -120,6 +120,35 @@ def collectives(rank: int, size: int, folder: str) -> None:
     del group
 
 
+INT8_LENGTH = 300_001  # several chunks a segment on 3 ranks, an uneven end
+
+
+def int8(rank: int, size: int, folder: str) -> None:
+    """configure(reduce_wire_dtype="int8"): float32 sums and averages on the int8 wire,
+    everything else as it is."""
+    gst.configure(reduce_wire_dtype="int8")
+    try:
+        init(rank, size, folder)
+    finally:
+        gst.configure(reduce_wire_dtype="none")
+    seen: dict[str, np.ndarray] = {}
+    for op_name in ("sum", "avg"):
+        t = values(rank, INT8_LENGTH, torch.float32)
+        dist.all_reduce(t, op=OPS[op_name])
+        seen[f"allreduce/{op_name}"] = bits(t)
+    t = values(rank, 1001, torch.float64)  # not float32: exact
+    dist.all_reduce(t)
+    seen["allreduce/float64"] = bits(t)
+    b = values(rank, 5000, torch.float32)
+    dist.broadcast(b, src=size - 1)
+    seen["broadcast"] = bits(b)
+    part = torch.zeros(INT8_LENGTH // size)
+    dist.reduce_scatter_tensor(part, values(rank, part.numel() * size, torch.float32))
+    seen["reduce_scatter"] = bits(part)
+    dist.destroy_process_group()
+    np.savez(f"{folder}/{rank}.npz", **seen)
+
+
 def pairs(rank: int, size: int, folder: str) -> None:
     """Send/recv between every two ranks, tags, the collectives made of pairs and the
     coalesced ones; last, a receive of the wrong size (which fails the group)."""
@@ -441,6 +470,8 @@ if __name__ == "__main__":
         fsdp(*args)
     elif scenario == "ddp":
         ddp(*args)
+    elif scenario == "int8":
+        int8(*args)
     elif scenario in ("die", "stall"):
         failure(*args, scenario)
     else:  # secured-KEY-SAME_HOST

@@ -70,13 +70,16 @@ class Connection(ConnectionCore):
         *,
         progress: TransferProgress | None = None,
         deadline: float | None = None,
+        wire_dtype: str | None = None,
     ) -> int:
         """Send one gradient; the number of chunks, once the peer has verified it (its
-        ack). ``DeliveryError`` when it did not; ``deadline`` replaces the connection's."""
+        ack). ``DeliveryError`` when it did not; ``deadline`` replaces the connection's;
+        ``wire_dtype`` the session's for this gradient alone."""
         # try/finally rather than context managers: a small round trip feels them.
         self._begin(Phase.SENDING, "send")
         try:
-            args = self._session._take(gradient)
+            wire = self._session._transfer_wire(wire_dtype)
+            args = self._session._take(gradient, wire)
             bound = check_seconds(deadline, "deadline")
             own = waiter()
             timed = Timed(progress)

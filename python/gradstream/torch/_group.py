@@ -10,7 +10,7 @@ import datetime
 import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -31,7 +31,7 @@ from ..errors import (
 from . import _loop
 from ._flat import _bounds, _combine, _Flat, _op_name, _others, _rows
 from ._links import COLLECTIVE, P2P, RING, Key, Links
-from ._options import _session, options
+from ._options import _session, as_delivered, options
 
 _KEY = "gradstream/authkey"
 _ADDRESS = "gradstream/address/{}"
@@ -64,6 +64,7 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch 
     def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta) -> None:
         super().__init__(rank, size)
         self._seconds = timeout.total_seconds()
+        self._reduce_wire_dtype = options().reduce_wire_dtype
         self._failed: BaseException | None = None
         self._next: Connection | None = None
         self._prev: Connection | None = None
@@ -253,13 +254,15 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch 
             f"(that rank died or left the group, or the network failed): {exc}"
         )
 
-    async def _send(self, what: np.ndarray) -> None:
+    async def _send(self, what: np.ndarray, wire: Literal["int8"] | None = None) -> None:
         assert self._next is not None
-        await self._send_on(self._next, (self.rank() + 1) % self.size(), what)
+        await self._send_on(self._next, (self.rank() + 1) % self.size(), what, wire)
 
-    async def _send_on(self, link: Connection, other: int, what: np.ndarray) -> None:
+    async def _send_on(
+        self, link: Connection, other: int, what: np.ndarray, wire: Literal["int8"] | None = None
+    ) -> None:
         try:
-            await link.send(what)
+            await link.send(what, wire_dtype=wire)
         except (StreamIOError, DeliveryError) as exc:
             # A peer's refusal (a DeliveryError with a reason: CRC, seal) stays itself.
             if isinstance(exc, DeliveryError) and getattr(exc, "reason", None):
@@ -290,14 +293,19 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch 
             raise self._lost(before, StreamIOError("it closed the connection"))
 
     async def _exchange(
-        self, send: np.ndarray, out: np.ndarray | None = None, into: np.ndarray | None = None
+        self,
+        send: np.ndarray,
+        out: np.ndarray | None = None,
+        into: np.ndarray | None = None,
+        wire: Literal["int8"] | None = None,
     ) -> None:
-        """Send to the next rank while receiving from the previous one (empty segments
-        are skipped by both ends alike); the first failure cancels the other half."""
+        """Send to the next rank (on ``wire``, else as it is) while receiving from the
+        previous one (empty segments are skipped by both ends alike); the first failure
+        cancels the other half."""
         target = out if out is not None else into
         jobs: list[asyncio.Future[None]] = []
         if send.size:
-            jobs.append(asyncio.ensure_future(self._send(send)))
+            jobs.append(asyncio.ensure_future(self._send(send, wire)))
         if target is not None and target.size:
             jobs.append(asyncio.ensure_future(self._recv(out, into)))
         try:
@@ -314,12 +322,13 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch 
         (r + 1 - shift) mod n, added up in ring order starting at the rank after it."""
         n, r = self.size(), self.rank()
         native = flat.tensor.dtype == torch.float32 and op in ("sum", "avg")
+        wire = self._reduce_wire(flat, op)
         scratch = None if native else np.empty(max(b - a for a, b in parts), flat.wire.dtype)
         for k in range(shift, n - 1 + shift):
             a, b = parts[(r - k) % n]
             c, d = parts[(r - k - 1) % n]
             if native:
-                await self._exchange(flat.wire[a:b], into=flat.wire[c:d])
+                await self._exchange(flat.wire[a:b], into=flat.wire[c:d], wire=wire)
             else:
                 assert scratch is not None
                 got = scratch[: d - c]
@@ -333,12 +342,25 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch 
         n, r = self.size(), self.rank()
         parts = _bounds(flat.wire.size, n)
         await self._reduce_scatter(flat, parts, op, 0)
+        wire = self._reduce_wire(flat, op)
+        if wire is not None:
+            # This rank's finished segment, as the others will get it: every rank ends
+            # with the same bits (a block forwarded on the int8 wire keeps them).
+            a, b = parts[(r + 1) % n]
+            as_delivered(flat.wire[a:b], wire)
         for k in range(n - 1):
             a, b = parts[(r + 1 - k) % n]
             c, d = parts[(r - k) % n]
-            await self._exchange(flat.wire[a:b], out=flat.wire[c:d])
+            await self._exchange(flat.wire[a:b], out=flat.wire[c:d], wire=wire)
         if op == "avg":
             flat.torch.div_(n)
+
+    def _reduce_wire(self, flat: _Flat, op: str) -> Literal["int8"] | None:
+        """The wire of a reduction's values: ``configure(reduce_wire_dtype=)`` for float32
+        tensors summed or averaged, else none (they move as they are)."""
+        if flat.tensor.dtype == torch.float32 and op in ("sum", "avg"):
+            return self._reduce_wire_dtype
+        return None
 
     async def _ring_gather(self, pieces: Sequence[np.ndarray]) -> None:
         """pieces[rank] holds this rank's; after, every piece holds its rank's."""

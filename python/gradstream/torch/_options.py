@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
+import numpy as np
+
 from .._session import GradientStreamSession
 from ..errors import SettingError
 
@@ -15,15 +17,17 @@ class Options:
     """What ``configure`` set: the host every rank listens on (and publishes), the TLS
     of its listener (``listen_tls``) and of its connection to the next rank
     (``connect_tls``), the authkey (None: a random one from rank 0, through the
-    store), and how ranks of one host meet (``same_host``: ``"unix"``, through the
+    store), how ranks of one host meet (``same_host``: ``"unix"``, through the
     same-host transport, without TLS and under the authkey; ``"tcp"``, as ranks of
-    different hosts do)."""
+    different hosts do), and the wire of the float32 values a sum or an average moves
+    (``reduce_wire_dtype``: None, as they are; ``"int8"``, the int8 wire, lossy)."""
 
     host: str = "127.0.0.1"
     listen_tls: Any = None
     connect_tls: Any = None
     authkey: bytes | None = None
     same_host: Literal["unix", "tcp"] = "unix"
+    reduce_wire_dtype: Literal["int8"] | None = None
 
 
 _options = [Options()]
@@ -36,11 +40,18 @@ def configure(
     connect_tls: Any = None,
     authkey: bytes | None = None,
     same_host: Literal["unix", "tcp"] | None = None,
+    reduce_wire_dtype: Literal["int8", "none"] | None = None,
 ) -> Options:
     """Set the options of the groups made from now on (before ``init_process_group``);
-    what is not given keeps its default. Returns them."""
+    what is not given keeps its default (``reduce_wire_dtype="none"`` puts back the
+    exact wire). Returns them."""
     if same_host not in (None, "unix", "tcp"):
         raise SettingError("same_host", f'same_host must be "unix" or "tcp", got {same_host!r}')
+    if reduce_wire_dtype not in (None, "int8", "none"):
+        raise SettingError(
+            "reduce_wire_dtype",
+            f'reduce_wire_dtype must be "int8" or "none", got {reduce_wire_dtype!r}',
+        )
     now = _options[0]
     _options[0] = Options(
         host=now.host if host is None else host,
@@ -48,6 +59,13 @@ def configure(
         connect_tls=now.connect_tls if connect_tls is None else connect_tls,
         authkey=now.authkey if authkey is None else bytes(authkey),
         same_host=now.same_host if same_host is None else same_host,
+        reduce_wire_dtype=(
+            now.reduce_wire_dtype
+            if reduce_wire_dtype is None
+            else "int8"
+            if reduce_wire_dtype == "int8"
+            else None
+        ),
     )
     return _options[0]
 
@@ -61,3 +79,11 @@ def _session() -> GradientStreamSession:
     # The compact layout, dtypes and shapes kept: the bits a rank sends are the bits
     # the next one gets.
     return GradientStreamSession(layout="compact", keep_shape=True, keep_dtype=True)
+
+
+def as_delivered(values: np.ndarray, wire_dtype: Literal["int8"]) -> None:
+    """Put in ``values`` (float32) what ``wire_dtype`` delivers of them on a link (the
+    links' chunk size, so the same blocks): a rank about to send its part of a sum to
+    the others keeps the bits they get."""
+    frames = GradientStreamSession(layout="compact", wire_dtype=wire_dtype).encode_frames(values)
+    GradientStreamSession().decode_frames(frames, out=values)

@@ -482,3 +482,31 @@ def test_one_send_on_the_int8_wire_the_next_as_it_is():
         await listener.close()
 
     asyncio.run(compressed())
+
+
+@pytest.mark.parametrize("impl", IMPL_NAMES)
+def test_list_offsets_of_a_ragged_byte_count_are_refused_without_a_panic(
+    impl: str, capfd: pytest.CaptureFixture[str]
+):
+    """An offsets buffer that is not a whole number of 4-byte offsets (13 bytes for
+    three): arrow-rs would panic on it (a caught panic, but its message on stderr for
+    every such frame); the native reader refuses it first. The reference's pyarrow reads
+    the three offsets and ignores the byte: a payload damaged inside its Arrow messages,
+    the spec's one exception (docs/spec/decoding-rules.md)."""
+    from support.payloads import rebuild, the_batch, with_buffer
+
+    body = int8_payload([1, 2, 3, 4], [0, 2, 4], [1.0, 0.5])
+    batch = the_batch(body)
+    offsets = batch.body[batch.buffers[1][0] : batch.buffers[1][0] + batch.buffers[1][1]]
+    ragged = rebuild(body, with_buffer(batch, 1, offsets + b"\0"))
+    for outcome in both_ways(module(impl), [(0, 1, ragged)]):
+        if impl == "native":
+            assert_error(
+                outcome,
+                ArrowIpcError,
+                "int8 'value' list offsets take 13 bytes: not a whole number of 4-byte offsets",
+                0,
+            )
+        else:
+            assert np.array_equal(outcome, np.array([1, 2, 1.5, 2], np.float32)), outcome
+    assert "panicked" not in capfd.readouterr().err

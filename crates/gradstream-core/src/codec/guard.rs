@@ -25,6 +25,9 @@ pub(super) struct CheckedBlock<'f> {
     pub block: &'f Block,
     pub data: Buffer,
     pub declared_rows: Option<i64>,
+    /// The length of each of the batch's buffers, in the message's order (empty when
+    /// the message is not a record batch).
+    pub buffer_lens: Vec<i64>,
 }
 
 /// The footer of the IPC file in `buf`, and where it starts: after checking the magic at
@@ -97,11 +100,12 @@ pub(super) fn check_blocks<'f>(
             )));
         }
         free_from = start + data.len();
-        let declared_rows = check_batch_message(&data, block, &mut bounds)?;
+        let (declared_rows, buffer_lens) = check_batch_message(&data, block, &mut bounds)?;
         checked.push(CheckedBlock {
             block,
             data,
             declared_rows,
+            buffer_lens,
         });
     }
     Ok(checked)
@@ -141,8 +145,13 @@ struct Bounds {
 
 /// Check a record batch message against its block before arrow-rs reads it: the body
 /// length must be the block's, and every buffer must lie inside the body. Returns the
-/// row count the message declares (None when the message is not a record batch).
-fn check_batch_message(data: &Buffer, block: &Block, bounds: &mut Bounds) -> Result<Option<i64>> {
+/// row count the message declares (None when the message is not a record batch) and
+/// its buffers' lengths.
+fn check_batch_message(
+    data: &Buffer,
+    block: &Block,
+    bounds: &mut Bounds,
+) -> Result<(Option<i64>, Vec<i64>)> {
     let meta_len = usize::try_from(block.metaDataLength()).unwrap_or(usize::MAX);
     let body_len = data.len().saturating_sub(meta_len) as u64;
     let meta = data.get(..meta_len).unwrap_or(&[]);
@@ -164,7 +173,7 @@ fn check_batch_message(data: &Buffer, block: &Block, bounds: &mut Bounds) -> Res
         .header_as_record_batch()
         .filter(|_| message.header_type() == MessageHeader::RecordBatch)
     else {
-        return Ok(None); // the decoder reports the wrong message type itself
+        return Ok((None, Vec::new())); // the decoder reports the wrong message type itself
     };
     if message.bodyLength() != block.bodyLength() {
         return Err(GradientStreamError::arrow(format!(
@@ -192,7 +201,28 @@ fn check_batch_message(data: &Buffer, block: &Block, bounds: &mut Bounds) -> Res
         let rows = check_compressed(&batch, compression, body, bounds)?;
         bounds.room -= rows;
     }
-    Ok(Some(batch.length()))
+    let lens = batch
+        .buffers()
+        .iter()
+        .flatten()
+        .map(|b| b.length())
+        .collect();
+    Ok((Some(batch.length()), lens))
+}
+
+/// Refuse an int8 `value` list whose offsets buffer (buffer `at` of each batch) is not a
+/// whole number of 4-byte offsets, which arrow-rs would assert on (a panic, caught, but
+/// its message printed for every such frame).
+pub(super) fn check_offsets_width(checked: &[CheckedBlock<'_>], at: usize) -> Result<()> {
+    for block in checked {
+        if let Some(&len) = block.buffer_lens.get(at).filter(|&&len| len % 4 != 0) {
+            return Err(GradientStreamError::arrow(format!(
+                "int8 'value' list offsets take {len} bytes: not a whole number of 4-byte \
+                 offsets"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A compressed batch, before anything is decompressed: a known codec, no more rows than

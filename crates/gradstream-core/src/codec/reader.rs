@@ -110,6 +110,12 @@ fn decode_buffer<S: ValueSink + ?Sized>(buf: &Buffer, out: &mut S, room: usize) 
     let (footer, footer_start) = guard::open_footer(buf)?;
     let checked = guard::check_blocks(buf, footer, footer_start, room)?;
     let (schema, columns, head) = read_head(footer)?;
+    if head.int8 {
+        // The list's offsets come right after its validity bitmap.
+        if let Some(before) = buffers_before(&schema, columns[0]) {
+            guard::check_offsets_width(&checked, before + 1)?;
+        }
+    }
     out.begin(&head)?;
     // Only the `value` column (and an int8 wire's `scale`) is decoded; the others (the
     // index) are skipped unread.
@@ -118,6 +124,28 @@ fn decode_buffer<S: ValueSink + ?Sized>(buf: &Buffer, out: &mut S, room: usize) 
         put_batch(&decoder, block, &head, out)?;
     }
     Ok(head)
+}
+
+/// The IPC buffers of the fields before field `index` (Arrow's layout: a validity
+/// bitmap, then offsets and data as the type has them, then its children's), or None
+/// when one of them is of a type whose count this reader does not know.
+fn buffers_before(schema: &Schema, index: usize) -> Option<usize> {
+    fn buffers(field: &Field) -> Option<usize> {
+        use DataType::*;
+        Some(match field.data_type() {
+            Null => 0,
+            Boolean | Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32 | UInt64 | Float16
+            | Float32 | Float64 | Date32 | Date64 | Time32(_) | Time64(_) | Timestamp(..)
+            | Duration(_) | Interval(_) | Decimal128(..) | Decimal256(..) | FixedSizeBinary(_)
+            | Dictionary(..) => 2,
+            Utf8 | Binary | LargeUtf8 | LargeBinary => 3,
+            List(item) | LargeList(item) => 2 + buffers(item)?,
+            FixedSizeList(item, _) => 1 + buffers(item)?,
+            Struct(fields) => 1 + fields.iter().map(|f| buffers(f)).sum::<Option<usize>>()?,
+            _ => return None,
+        })
+    }
+    schema.fields()[..index].iter().map(|f| buffers(f)).sum()
 }
 
 /// The file's schema (in this machine's byte order), the columns to decode (`value`, and
@@ -192,6 +220,7 @@ fn put_batch<S: ValueSink + ?Sized>(
         block,
         data,
         declared_rows,
+        ..
     } = checked;
     // A block whose message is of type NONE decodes to "no batch" in arrow-rs; the
     // original would skip it silently, losing whatever the block was meant to hold.

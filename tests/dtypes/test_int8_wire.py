@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -87,18 +87,17 @@ def test_both_implementations_decode_each_others_int8_frames_alike(
         np.float32,
         st.integers(1, 2 * BLOCK + 5),
         elements=st.floats(-(2.0**100), 2.0**100, width=32)
-        | st.floats(-(2.0**-90), 2.0**-90, width=32),
+        | st.floats(-(2.0**-90), 2.0**-90, width=32)
+        | st.floats(-(2.0**-130), 2.0**-130, width=32),
     ),
 )
+@example(grad=np.array([2.0**-136, 0.3 * 2.0**-136, -0.61 * 2.0**-136], np.float32))
 def test_decoded_values_quantize_back_to_the_same_values(impl: str, grad: np.ndarray):
     """What arrives, sent again on the int8 wire (a relay, a ring all-gather), arrives
     bit for bit: each block gets its scale and its values back (docs/spec/wire-format.md).
-    Blocks of magnitude 2^-100 to 2^100, as the spec says."""
+    Blocks of magnitude up to 2^100, subnormal ones included."""
     m = module(impl)
     once = session(m, 700).decode_frames(session(m, 700, wire_dtype="int8").encode_frames(grad))
-    for block in blocks_of(len(grad), 700):
-        if 0 < np.abs(grad[block]).max() < 2.0**-100:
-            return  # beside the subnormals: not claimed
     twice = session(m, 700).decode_frames(session(m, 700, wire_dtype="int8").encode_frames(once))
     assert np.array_equal(bits(twice), bits(once))
 

@@ -136,6 +136,12 @@ def int8(rank: int, size: int, folder: str) -> None:
         t = values(rank, INT8_LENGTH, torch.float32)
         dist.all_reduce(t, op=OPS[op_name])
         seen[f"allreduce/{op_name}"] = bits(t)
+    # Blocks a few steps of the smallest subnormal large, whose scale rounded to nearest
+    # would leave the largest value on step 126 (and re-quantize differently).
+    tiny = np.array([2.0**-136, 0.3 * 2.0**-136, -0.61 * 2.0**-136], np.float32)
+    t = torch.from_numpy(np.tile(tiny, 1000) if rank == 0 else np.zeros(3000, np.float32))
+    dist.all_reduce(t)
+    seen["allreduce/subnormal"] = bits(t)
     t = values(rank, 1001, torch.float64)  # not float32: exact
     dist.all_reduce(t)
     seen["allreduce/float64"] = bits(t)

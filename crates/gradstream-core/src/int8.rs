@@ -3,8 +3,8 @@
 //! Lossy by design; both implementations produce the same bytes and decode the same
 //! values, so every step here is one IEEE float32 operation the reference repeats:
 //!
-//! - a block's scale is `absmax / 127` (float32 division), raised to the smallest
-//!   subnormal when that underflows to zero for a non-zero block, lowered to the float32
+//! - a block's scale is `absmax / 127` (float32 division); below 127 x 2^-149 it is
+//!   `absmax x 2^149 / 127` rounded down, in steps of 2^-149 (at least one); lowered to the float32
 //!   below it when `127 * scale` overflows (absmax near float32's largest); a block holding a NaN
 //!   or an infinity has the scale NaN and every value 0, so it arrives as all NaN (an
 //!   overflow check on the receiver, such as torch's GradScaler, still sees it);
@@ -20,6 +20,10 @@
 /// own bytes). A receiver assumes nothing about it: it reads each block's length from
 /// the list offsets.
 pub const BLOCK: usize = 512;
+
+/// Below 127 steps of the smallest subnormal (as bits), a scale is rounded down rather
+/// than to nearest (`scale_of`).
+const SUBNORMAL_FLOOR: u32 = 127;
 
 /// The canonical quiet NaN, the scale of a block that holds a non-finite value.
 const NAN_SCALE: f32 = f32::from_bits(0x7fc0_0000);
@@ -69,7 +73,15 @@ fn scale_of(block: &[f32]) -> f32 {
     if absmax == 0.0 {
         return 0.0;
     }
-    let scale = (absmax / 127.0).max(f32::from_bits(1));
+    let scale = absmax / 127.0;
+    if scale.to_bits() < SUBNORMAL_FLOOR {
+        // A few subnormal steps: rounded down, so that the block's largest value takes
+        // all 127 steps (a scale rounded up would leave it at 126, and its decoded values
+        // would quantize to another scale). In units of the smallest subnormal, exact in
+        // f64; at least one.
+        let units = f64::from(absmax) * 2f64.powi(149);
+        return f32::from_bits(((units / 127.0).floor() as u32).max(1));
+    }
     if (127.0 * scale).is_infinite() {
         // Rounded up past what 127 steps can reach near float32's largest values: the
         // float32 just below it (a positive scale's bits less one).
@@ -154,9 +166,15 @@ mod tests {
         // In the normal range `(127 * s) / 127 == s` for every `s = absmax / 127` (checked
         // over a whole binade of absmax by hand), so a block's decoded values have the
         // same scale: a block forwarded on the int8 wire keeps its bits.
-        let values: Vec<f32> = (0..20_000)
+        let mut values: Vec<f32> = (0..20_000)
             .map(|k| ((k * 7919 % 10007) as f32 - 5003.0) * 1.000_173_f32.powi(k % 4000))
             .collect();
+        // And blocks whose scales are a few subnormal steps, or many.
+        values.extend(
+            (0..4 * BLOCK as u32).map(|k| {
+                f32::from_bits((k.wrapping_mul(2_654_435_761) % (1 << 22)) >> (k / 512 * 6))
+            }),
+        );
         let (mut q, mut scales) = (Vec::new(), Vec::new());
         quantize(&values, &mut q, &mut scales);
         let mut back = Vec::new();
@@ -187,5 +205,10 @@ mod tests {
         let (back, scales) = round_trip(&tiny);
         assert_eq!(scales, [f32::from_bits(1)]);
         assert_eq!(back, tiny);
+        // A few steps: rounded down, the largest value on step 127.
+        let few = [f32::from_bits(1000), f32::from_bits(10)];
+        let (back, scales) = round_trip(&few);
+        assert_eq!(scales, [f32::from_bits(7)]); // 1000 / 127 = 7.87
+        assert_eq!(back, [f32::from_bits(7 * 127), f32::from_bits(7)]);
     }
 }

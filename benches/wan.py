@@ -61,6 +61,7 @@ def _receiver(pipe: Connection, connections: int) -> None:
     import gradstream.sync as gsync
 
     raw = socket.create_server(("127.0.0.1", 0))
+    raw.settimeout(600)
     listener = gsync.listen("127.0.0.1:0")
     pipe.send((raw.getsockname()[:2], listener.address))
     _sink(raw)
@@ -107,7 +108,9 @@ def main() -> None:
     raw_at, gs_at = to_receiver.recv()
     to_relay, relay_end = ctx.Pipe()
     relay = ctx.Process(
-        target=_relay, args=([tuple(raw_at), tuple(gs_at)], args.rtt, args.window, relay_end)
+        target=_relay,
+        args=([tuple(raw_at), tuple(gs_at)], args.rtt, args.window, relay_end),
+        daemon=True,
     )
     relay.start()
     raw_relay, gs_relay = to_relay.recv()
@@ -117,6 +120,8 @@ def main() -> None:
         got: list[int] = to_relay.recv()
         return got
 
+    if args.mib < 1:
+        parser.error(f"--mib must be >= 1, got {args.mib}")
     grad = np.random.default_rng(0).standard_normal(args.mib << 18, dtype=np.float32)
     print(
         f"one gradient of {args.mib} MiB float32 through the WAN relay: rtt "
@@ -125,15 +130,19 @@ def main() -> None:
     )
     times: dict[str, float] = {}
     wire: dict[str, int] = {}
-    times["raw TCP"] = _raw_seconds(tuple(raw_relay), grad.nbytes)
-    wire["raw TCP"] = carried()[0]
-    for label, session in rows:
-        before = carried()[1]
-        times[label] = _gradstream_seconds(tuple(gs_relay), grad, **session)
-        wire[label] = carried()[1] - before
-    to_relay.send("stop")
-    relay.join(30)
-    receiver.join(30)
+    try:
+        times["raw TCP"] = _raw_seconds(tuple(raw_relay), grad.nbytes)
+        wire["raw TCP"] = carried()[0]
+        for label, session in rows:
+            before = carried()[1]
+            times[label] = _gradstream_seconds(tuple(gs_relay), grad, **session)
+            wire[label] = carried()[1] - before
+    finally:
+        # Both children are daemons (they die with this process on an error); the relay
+        # is told to close its connections first.
+        to_relay.send("stop")
+        relay.join(30)
+        receiver.join(30)
     print(f"{'row':<12} {'seconds':>8} {'MB/s of float32':>16} {'wire MB':>9}")
     for label, seconds in times.items():
         print(

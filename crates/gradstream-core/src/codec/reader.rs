@@ -136,12 +136,14 @@ fn buffers_before(schema: &Schema, index: usize) -> Option<usize> {
             Null => 0,
             Boolean | Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32 | UInt64 | Float16
             | Float32 | Float64 | Date32 | Date64 | Time32(_) | Time64(_) | Timestamp(..)
-            | Duration(_) | Interval(_) | Decimal128(..) | Decimal256(..) | FixedSizeBinary(_)
-            | Dictionary(..) => 2,
+            | Duration(_) | Interval(_) | Decimal32(..) | Decimal64(..) | Decimal128(..)
+            | Decimal256(..) | FixedSizeBinary(_) | Dictionary(..) => 2,
             Utf8 | Binary | LargeUtf8 | LargeBinary => 3,
-            List(item) | LargeList(item) => 2 + buffers(item)?,
+            List(item) | LargeList(item) | Map(item, _) => 2 + buffers(item)?,
+            ListView(item) | LargeListView(item) => 3 + buffers(item)?,
             FixedSizeList(item, _) => 1 + buffers(item)?,
             Struct(fields) => 1 + fields.iter().map(|f| buffers(f)).sum::<Option<usize>>()?,
+            RunEndEncoded(run_ends, values) => buffers(run_ends)? + buffers(values)?,
             _ => return None,
         })
     }

@@ -155,6 +155,25 @@ def int8(rank: int, size: int, folder: str) -> None:
     np.savez(f"{folder}/{rank}.npz", **seen)
 
 
+def int8_mismatch(rank: int, size: int, folder: str) -> None:
+    """Rank 0 sets reduce_wire_dtype="int8", the others do not: every rank refuses the
+    group at init_process_group."""
+    if rank == 0:
+        gst.configure(reduce_wire_dtype="int8")
+    outcome: dict[str, object] = {}
+    started = time.monotonic()
+    try:
+        init(rank, size, folder, seconds=5.0)
+        outcome["joined"] = True
+    except Exception as exc:
+        outcome["error"] = type(exc).__name__
+        outcome["message"] = str(exc)
+    outcome["seconds"] = time.monotonic() - started
+    with open(f"{folder}/{rank}.json", "w") as out:
+        json.dump(outcome, out)
+    os._exit(0)
+
+
 def pairs(rank: int, size: int, folder: str) -> None:
     """Send/recv between every two ranks, tags, the collectives made of pairs and the
     coalesced ones; last, a receive of the wrong size (which fails the group)."""
@@ -478,6 +497,8 @@ if __name__ == "__main__":
         ddp(*args)
     elif scenario == "int8":
         int8(*args)
+    elif scenario == "int8-mismatch":
+        int8_mismatch(*args)
     elif scenario in ("die", "stall"):
         failure(*args, scenario)
     else:  # secured-KEY-SAME_HOST

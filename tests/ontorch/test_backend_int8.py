@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from backend_launch import arrays, launch  # noqa: E402
+from backend_launch import arrays, launch, outcome  # noqa: E402
 from backend_ranks import INT8_LENGTH, bits, values  # noqa: E402
 from test_backend_collectives import ring_reduce  # noqa: E402
 
@@ -55,3 +55,16 @@ def test_reductions_on_the_int8_wire(tmp_path: pathlib.Path) -> None:
         got = as_float32(seen[rank]["reduce_scatter"]).astype(np.float64)
         error = np.abs(got - whole[rank * part : (rank + 1) * part])
         assert error.max() <= bound and (error > 0).mean() > 0.5, rank
+
+
+def test_ranks_that_set_the_option_differently_refuse_the_group(tmp_path: pathlib.Path) -> None:
+    """A rank on the int8 wire and one not would end all-reduces with different bits:
+    every rank refuses the group at init_process_group, naming the rank that differs."""
+    assert launch("int8-mismatch", 2, tmp_path) == [0, 0]
+    got = [outcome(tmp_path, rank) for rank in range(2)]
+    assert [g.get("error") for g in got] == ["SettingError", "SettingError"], got
+    assert got[0]["message"] == (
+        "rank 1 set reduce_wire_dtype='none', rank 0 'int8': every rank must configure "
+        "the same before init_process_group"
+    )
+    assert "rank 0 set reduce_wire_dtype='int8', rank 1 'none'" in str(got[1]["message"])

@@ -37,6 +37,8 @@ _KEY = "gradstream/authkey"
 _ADDRESS = "gradstream/address/{}"
 # A rank's host identity and Unix socket ("IDENTITY unix:PATH"), or "" for none.
 _LOCAL = "gradstream/local/{}"
+# A rank's reduce_wire_dtype ("none" or "int8"), which every rank must share.
+_REDUCE_WIRE = "gradstream/reduce_wire/{}"
 log = logging.getLogger("gradstream.torch")
 
 
@@ -81,6 +83,7 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch 
         next rank and take the previous one's connection (``_links``: the listener stays
         open for the connections ``send``/``recv`` and the pair collectives open)."""
         settings = options()
+        self._agree_on_the_reduce_wire(store)
         key = settings.authkey
         if key is None:
             if self.rank() == 0:
@@ -354,6 +357,22 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch 
             await self._exchange(flat.wire[a:b], out=flat.wire[c:d], wire=wire)
         if op == "avg":
             flat.torch.div_(n)
+
+    def _agree_on_the_reduce_wire(self, store: Any) -> None:
+        """Publish this rank's ``reduce_wire_dtype`` and read every rank's: ranks that
+        differ would end an all-reduce with different bits, so each refuses the group
+        (``SettingError``, naming the first rank that differs) before opening anything."""
+        mine = self._reduce_wire_dtype or "none"
+        store.set(_REDUCE_WIRE.format(self.rank()), mine)
+        for k in range(self.size()):
+            theirs = bytes(store.get(_REDUCE_WIRE.format(k))).decode()
+            if theirs != mine:
+                raise SettingError(
+                    "reduce_wire_dtype",
+                    f"rank {k} set reduce_wire_dtype={theirs!r}, rank {self.rank()} "
+                    f"{mine!r}: every rank must configure the same before "
+                    "init_process_group",
+                )
 
     def _reduce_wire(self, flat: _Flat, op: str) -> Literal["int8"] | None:
         """The wire of a reduction's values: ``configure(reduce_wire_dtype=)`` for float32

@@ -19,6 +19,7 @@ import os
 from typing import Any, Literal
 
 from ._address import UNIX
+from ._dtypes import WIRE_DTYPES
 from ._tls_settings import TLS
 from .errors import SettingError
 
@@ -164,6 +165,33 @@ def check_handshake_timeout(value: Any, name: str = "handshake_timeout") -> floa
     if not (0.0 < seconds and math.isfinite(seconds)):
         raise SettingError(name, f"{name} must be a positive number of seconds, got {value!r}")
     return seconds
+
+
+def check_wire_dtype(value: Any) -> str | None:
+    """``wire_dtype=`` (a session's, or one send's): None, one of the four dtype names,
+    or int8."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if value in WIRE_DTYPES:
+            return value
+        raise SettingError(
+            "wire_dtype",
+            "wire_dtype must be None, 'float16', 'bfloat16', 'float32', 'float64' or "
+            f"'int8', got {value!r}",
+        )
+    raise TypeError(f"wire_dtype must be None or a dtype name (str), not {type(value).__name__}")
+
+
+def check_int8_uncompressed(wire_dtype: str | None, compression: str | None) -> None:
+    """int8 payloads travel uncompressed: receivers refuse compressed list columns."""
+    if wire_dtype == "int8" and compression is not None:
+        raise SettingError(
+            "wire_dtype",
+            f"wire_dtype='int8' does not combine with compression='{compression}': int8 "
+            "payloads travel uncompressed (receivers refuse compressed list columns); drop "
+            "one of the two",
+        )
 
 
 def check_handler(handler: Any) -> None:

@@ -29,7 +29,12 @@ import numpy.typing as npt
 from typing_extensions import Buffer
 
 from . import _aio, _dtypes, _handover, _torch
-from ._checks import SSL_SOCKET_REFUSED, check_protocol
+from ._checks import (
+    SSL_SOCKET_REFUSED,
+    check_int8_uncompressed,
+    check_protocol,
+    check_wire_dtype,
+)
 from ._convert import check_bool, check_op, frame_buffer, reduction, value_buffer
 from ._fill import fill_model
 from ._native import (
@@ -45,7 +50,7 @@ from ._native import (
     open_listener,
     tensor_note,
 )
-from .errors import SettingError, StreamIOError
+from .errors import StreamIOError
 
 if TYPE_CHECKING:
     # Only named in annotations: pyarrow is imported when a pyarrow.Buffer is asked for.
@@ -424,27 +429,9 @@ class GradientStreamSession:
         """A send's ``wire_dtype=``: None (the session's), or what the setting takes, in
         the setting's words (``SettingError``, ``TypeError``); int8 not on a compressed
         session."""
-        if wire_dtype is None:
-            return None
-        if not isinstance(wire_dtype, str):
-            raise TypeError(
-                f"wire_dtype must be None or a dtype name (str), not {type(wire_dtype).__name__}"
-            )
-        if wire_dtype not in _dtypes.WIRE_DTYPES:
-            raise SettingError(
-                "wire_dtype",
-                "wire_dtype must be None, 'float16', 'bfloat16', 'float32', 'float64' or "
-                f"'int8', got {wire_dtype!r}",
-            )
-        codec = self._engine.compression
-        if wire_dtype == "int8" and codec is not None:
-            raise SettingError(
-                "wire_dtype",
-                f"wire_dtype='int8' does not combine with compression='{codec}': int8 "
-                "payloads travel uncompressed (receivers refuse compressed list columns); "
-                "drop one of the two",
-            )
-        return wire_dtype
+        wire = check_wire_dtype(wire_dtype)
+        check_int8_uncompressed(wire, self._engine.compression)
+        return wire
 
     # ---- in memory
 

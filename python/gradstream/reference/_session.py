@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from .. import _dtypes
+from .._checks import check_int8_uncompressed, check_wire_dtype
 from .._convert import byte_view as _byte_view
 from .._convert import check_bool as _check_bool
 from .._convert import frame_buffer, reduction, value_buffer
@@ -62,13 +63,11 @@ from ._settings import (
     _check_chunk_size,
     _check_compression_setting,
     _check_flag,
-    _check_int8_uncompressed,
     _check_layout,
     _check_max_gradient_len,
     _check_max_payload_len,
     _check_str,
     _check_timeout,
-    _check_wire_dtype,
 )
 from ._wire import HEADER, HEADER_LEN, U32_MAX
 from ._wire import shape_text as _shape_text
@@ -127,8 +126,8 @@ class GradientStreamSession:
         self._compression = _check_compression_setting(compression)
         self._keep_shape = _check_flag(False if keep_shape is None else keep_shape, "keep_shape")
         self._keep_dtype = _check_flag(False if keep_dtype is None else keep_dtype, "keep_dtype")
-        self._wire_dtype = _check_wire_dtype(wire_dtype)
-        _check_int8_uncompressed(self._wire_dtype, self._compression)
+        self._wire_dtype = check_wire_dtype(wire_dtype)
+        check_int8_uncompressed(self._wire_dtype, self._compression)
         self._seal = _check_flag(seal, "seal")
 
     @classmethod

@@ -12,7 +12,6 @@ import operator
 from typing import Any, Literal
 
 from .._checks import check_seconds
-from .._dtypes import WIRE_DTYPES
 from ..errors import SettingError
 from ._wire import LAYOUTS, U32_MAX, USIZE_MAX
 
@@ -81,33 +80,6 @@ def _check_max_payload_len(value: Any) -> int:
 
 # ``timeout=`` / ``deadline=``: the check the connection keywords use too.
 _check_timeout = check_seconds
-
-
-def _check_wire_dtype(value: Any) -> str | None:
-    """The constructor's ``wire_dtype``: None, one of the four dtype names, or int8."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        for name in WIRE_DTYPES:
-            if value == name:
-                return name
-        raise SettingError(
-            "wire_dtype",
-            "wire_dtype must be None, 'float16', 'bfloat16', 'float32', 'float64' or "
-            f"'int8', got {value!r}",
-        )
-    raise TypeError(f"wire_dtype must be None or a dtype name (str), not {type(value).__name__}")
-
-
-def _check_int8_uncompressed(wire_dtype: str | None, compression: str | None) -> None:
-    """int8 payloads travel uncompressed: receivers refuse compressed list columns."""
-    if wire_dtype == "int8" and compression is not None:
-        raise SettingError(
-            "wire_dtype",
-            f"wire_dtype='int8' does not combine with compression='{compression}': int8 "
-            "payloads travel uncompressed (receivers refuse compressed list columns); drop "
-            "one of the two",
-        )
 
 
 def _check_layout(value: str) -> str:

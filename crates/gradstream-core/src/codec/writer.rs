@@ -197,9 +197,14 @@ fn int8_fields() -> Vec<Field> {
     ]
 }
 
+/// The item of an int8-wire `value` list: its non-null Int8 values.
+fn int8_item() -> Arc<Field> {
+    Arc::new(Field::new("item", DataType::Int8, false))
+}
+
 /// The Arrow type of an int8-wire `value` column: a list of non-null Int8 per block.
-pub(super) fn int8_value_type() -> DataType {
-    DataType::List(Arc::new(Field::new("item", DataType::Int8, false)))
+fn int8_value_type() -> DataType {
+    DataType::List(int8_item())
 }
 
 fn compact_schema() -> SchemaRef {
@@ -315,6 +320,16 @@ fn int8_batch(encoding: &Encoding, raw: &[u8]) -> Result<RecordBatch> {
             "the int8 wire quantizes float32 values",
         ));
     }
+    // A compressed list column has no bound a receiver could hold its buffers to, so
+    // every receiver refuses it. The bindings refuse the pair as a setting first; this
+    // holds every other caller of the core to it.
+    if let Some(codec) = encoding.compression {
+        return Err(GradientStreamError::arrow(format!(
+            "the int8 wire does not combine with compression {}: receivers refuse compressed \
+             list columns",
+            codec.name()
+        )));
+    }
     let values: std::borrow::Cow<'_, [f32]> = match crate::encoder::as_f32(raw) {
         Some(values) => values.into(),
         None => raw
@@ -339,9 +354,8 @@ fn int8_batch(encoding: &Encoding, raw: &[u8]) -> Result<RecordBatch> {
             })
         })
         .collect::<Result<Vec<i32>>>()?;
-    let item = Arc::new(Field::new("item", DataType::Int8, false));
     let list = ListArray::try_new(
-        item,
+        int8_item(),
         OffsetBuffer::new(offsets.into()),
         Arc::new(Int8Array::from(q)),
         None,
@@ -462,6 +476,29 @@ mod tests {
     fn empty_chunk_is_a_valid_file() {
         let payload = encode_payload(Layout::Seed, &[]).unwrap();
         assert!(decode(&payload).unwrap().is_empty());
+    }
+
+    #[test]
+    fn the_int8_wire_is_written_uncompressed_or_not_at_all() {
+        let values = [1.0f32, -2.0, 0.5];
+        let int8 = Encoding {
+            int8: true,
+            ..Encoding::default()
+        };
+        let payload = encode_payload(int8.clone(), &values).unwrap();
+        assert_eq!(decode(&payload).unwrap().len(), 3);
+        for compression in [Compression::Lz4, Compression::Zstd] {
+            let compressed = Encoding {
+                compression: Some(compression),
+                ..int8.clone()
+            };
+            let err = encode_payload(compressed, &values).unwrap_err();
+            assert!(
+                err.to_string()
+                    .contains("does not combine with compression"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

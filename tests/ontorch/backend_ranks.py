@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import time
+from typing import NoReturn
 
 import numpy as np
 import torch
@@ -155,6 +156,14 @@ def int8(rank: int, size: int, folder: str) -> None:
     np.savez(f"{folder}/{rank}.npz", **seen)
 
 
+def record(folder: str, rank: int, outcome: dict[str, object]) -> NoReturn:
+    """Write a rank's outcome where ``backend_launch.outcome`` reads it, and end the rank
+    at once (a failed group has no clean teardown)."""
+    with open(f"{folder}/{rank}.json", "w") as out:
+        json.dump(outcome, out)
+    os._exit(0)
+
+
 def int8_mismatch(rank: int, size: int, folder: str) -> None:
     """Rank 0 sets reduce_wire_dtype="int8", the others do not: every rank refuses the
     group at init_process_group."""
@@ -169,9 +178,7 @@ def int8_mismatch(rank: int, size: int, folder: str) -> None:
         outcome["error"] = type(exc).__name__
         outcome["message"] = str(exc)
     outcome["seconds"] = time.monotonic() - started
-    with open(f"{folder}/{rank}.json", "w") as out:
-        json.dump(outcome, out)
-    os._exit(0)
+    record(folder, rank, outcome)
 
 
 def pairs(rank: int, size: int, folder: str) -> None:
@@ -405,9 +412,7 @@ def failure(rank: int, size: int, folder: str, how: str) -> None:
     except Exception as exc:
         outcome["later"] = type(exc).__name__
         outcome["later_seconds"] = time.monotonic() - started
-    with open(f"{folder}/{rank}.json", "w") as out:
-        json.dump(outcome, out)
-    os._exit(0)  # the group cannot be torn down cleanly without its last rank
+    record(folder, rank, outcome)  # the group cannot be torn down cleanly without its last rank
 
 
 def lost_peer(rank: int, size: int, folder: str) -> None:
@@ -433,9 +438,7 @@ def lost_peer(rank: int, size: int, folder: str) -> None:
     except Exception as exc:
         outcome = {"error": type(exc).__name__, "message": str(exc)}
     outcome["seconds"] = time.monotonic() - started
-    with open(f"{folder}/{rank}.json", "w") as out:
-        json.dump(outcome, out)
-    os._exit(0)
+    record(folder, rank, outcome)
 
 
 def secured(rank: int, size: int, folder: str, key: str, same_host: str) -> None:
@@ -476,9 +479,7 @@ def secured(rank: int, size: int, folder: str, key: str, same_host: str) -> None
         outcome["error"] = type(exc).__name__
         outcome["message"] = str(exc)
     outcome["seconds"] = time.monotonic() - started
-    with open(f"{folder}/{rank}.json", "w") as out:
-        json.dump(outcome, out)
-    os._exit(0)
+    record(folder, rank, outcome)
 
 
 if __name__ == "__main__":

@@ -68,3 +68,26 @@ def test_ranks_that_set_the_option_differently_refuse_the_group(tmp_path: pathli
         "the same before init_process_group"
     )
     assert "rank 0 set reduce_wire_dtype='int8', rank 1 'none'" in str(got[1]["message"])
+
+
+@pytest.mark.parametrize("value", ["int4", "float16", "", None])
+def test_configure_takes_int8_or_none(value: object) -> None:
+    """Another value is a SettingError naming the option, and changes nothing; None
+    keeps what was set; "none" puts back the exact wire."""
+    import gradstream.torch as gst
+    from gradstream.errors import SettingError
+
+    before = gst.options()
+    if value is None:
+        assert gst.configure(reduce_wire_dtype=None) == before
+    else:
+        with pytest.raises(SettingError) as info:
+            gst.configure(reduce_wire_dtype=value)  # type: ignore[arg-type]
+        assert info.value.setting == "reduce_wire_dtype"
+        assert str(info.value) == f'reduce_wire_dtype must be "int8" or "none", got {value!r}'
+        assert gst.options() == before
+    try:
+        assert gst.configure(reduce_wire_dtype="int8").reduce_wire_dtype == "int8"
+        assert gst.configure(reduce_wire_dtype=None).reduce_wire_dtype == "int8"
+    finally:
+        assert gst.configure(reduce_wire_dtype="none").reduce_wire_dtype is None

@@ -42,6 +42,12 @@ _REDUCE_WIRE = "gradstream/reduce_wire/{}"
 log = logging.getLogger("gradstream.torch")
 
 
+def _sums_float32(flat: _Flat, op: str) -> bool:
+    """Whether a reduction adds up float32 values: the receiver then sums each segment
+    as it arrives (``reduce_into=``), and ``reduce_wire_dtype`` applies."""
+    return bool(flat.tensor.dtype == torch.float32 and op in ("sum", "avg"))
+
+
 class _Work(_BaseWork):
     """A collective's Work: its future completes when the data is in place."""
 
@@ -324,7 +330,7 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch 
         """Ring reduce-scatter: after it, rank r holds the whole of segment
         (r + 1 - shift) mod n, added up in ring order starting at the rank after it."""
         n, r = self.size(), self.rank()
-        native = flat.tensor.dtype == torch.float32 and op in ("sum", "avg")
+        native = _sums_float32(flat, op)
         wire = self._reduce_wire(flat, op)
         scratch = None if native else np.empty(max(b - a for a, b in parts), flat.wire.dtype)
         for k in range(shift, n - 1 + shift):
@@ -377,9 +383,7 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch 
     def _reduce_wire(self, flat: _Flat, op: str) -> Literal["int8"] | None:
         """The wire of a reduction's values: ``configure(reduce_wire_dtype=)`` for float32
         tensors summed or averaged, else none (they move as they are)."""
-        if flat.tensor.dtype == torch.float32 and op in ("sum", "avg"):
-            return self._reduce_wire_dtype
-        return None
+        return self._reduce_wire_dtype if _sums_float32(flat, op) else None
 
     async def _ring_gather(self, pieces: Sequence[np.ndarray]) -> None:
         """pieces[rank] holds this rank's; after, every piece holds its rank's."""

@@ -32,6 +32,9 @@ class Options:
 
 _options = [Options()]
 
+# What configure(reduce_wire_dtype=) takes, and what the options then hold.
+_WIRES: dict[str, Literal["int8"] | None] = {"int8": "int8", "none": None}
+
 
 def configure(
     *,
@@ -47,7 +50,7 @@ def configure(
     exact wire). Returns them."""
     if same_host not in (None, "unix", "tcp"):
         raise SettingError("same_host", f'same_host must be "unix" or "tcp", got {same_host!r}')
-    if reduce_wire_dtype not in (None, "int8", "none"):
+    if reduce_wire_dtype is not None and reduce_wire_dtype not in _WIRES:
         raise SettingError(
             "reduce_wire_dtype",
             f'reduce_wire_dtype must be "int8" or "none", got {reduce_wire_dtype!r}',
@@ -60,11 +63,7 @@ def configure(
         authkey=now.authkey if authkey is None else bytes(authkey),
         same_host=now.same_host if same_host is None else same_host,
         reduce_wire_dtype=(
-            now.reduce_wire_dtype
-            if reduce_wire_dtype is None
-            else "int8"
-            if reduce_wire_dtype == "int8"
-            else None
+            now.reduce_wire_dtype if reduce_wire_dtype is None else _WIRES[reduce_wire_dtype]
         ),
     )
     return _options[0]

@@ -100,11 +100,16 @@ def main() -> None:
     parser.add_argument("--rtt", type=float, default=0.040)
     parser.add_argument("--window", type=int, default=4 << 20)
     args = parser.parse_args()
+    if args.mib < 1:
+        parser.error(f"--mib must be >= 1, got {args.mib}")
     ctx = mp.get_context("spawn")
     rows = [("float32", {}), ("int8 wire", {"wire_dtype": "int8"})]
     to_receiver, receiver_end = ctx.Pipe()
     receiver = ctx.Process(target=_receiver, args=(receiver_end, len(rows)), daemon=True)
     receiver.start()
+    # The child's end is the child's alone: held here too, a child that died would
+    # leave recv() waiting for ever instead of raising EOFError.
+    receiver_end.close()
     raw_at, gs_at = to_receiver.recv()
     to_relay, relay_end = ctx.Pipe()
     relay = ctx.Process(
@@ -113,6 +118,7 @@ def main() -> None:
         daemon=True,
     )
     relay.start()
+    relay_end.close()
     raw_relay, gs_relay = to_relay.recv()
 
     def carried() -> list[int]:
@@ -120,8 +126,6 @@ def main() -> None:
         got: list[int] = to_relay.recv()
         return got
 
-    if args.mib < 1:
-        parser.error(f"--mib must be >= 1, got {args.mib}")
     grad = np.random.default_rng(0).standard_normal(args.mib << 18, dtype=np.float32)
     print(
         f"one gradient of {args.mib} MiB float32 through the WAN relay: rtt "

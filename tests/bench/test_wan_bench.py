@@ -32,3 +32,19 @@ def test_the_wan_benchmark_runs_and_prints_every_row() -> None:
     assert 0.25 <= float(bytes_ratio.group(1)) <= 0.26
     assert re.search(r"int8 wire / float32: time [0-9.]+ \(target <= 0.35\)", done.stdout)
     assert re.search(r"float32 / raw TCP, time: [0-9.]+$", done.stdout, re.M)
+
+
+def test_a_bad_size_is_a_usage_error_and_a_failing_child_ends_the_run() -> None:
+    """A refused --mib is a usage error before any child starts; a relay that cannot
+    start (a window of 0) ends the run with an error, its receiver gone with it (an
+    error once left a child waiting on its pipe for ever)."""
+    script = ROOT / "benches" / "wan.py"
+    run = [sys.executable, str(script), "--mib", "1"]
+    done = subprocess.run([*run[:-1], "0"], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "--mib must be >= 1, got 0" in done.stderr
+    done = subprocess.run(
+        [*run, "--window", "0"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode != 0
+    assert "window >= 1" in done.stderr, done.stderr

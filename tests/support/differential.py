@@ -24,6 +24,13 @@ from support.values import ALL_SPECIAL_BITS
 IMPLS: dict[str, ModuleType] = {"native": gs, "reference": ref}
 
 
+def footer_emptied(payload: bytes) -> bool:
+    """Whether a damaged payload's footer now lists no record batch (as the reference's
+    footer walk reads it): a valid Arrow file of no batches for a reader that accepts the
+    footer, a chunk of no values. The spec's one exception allows that reading."""
+    return ref._footer_blocks(memoryview(payload)) == []
+
+
 def make_gradient(length: int, seed: int, kind: str) -> np.ndarray:
     """A float32 vector: 'bits' (uniform uint32 patterns), 'special' (half of them from
     ALL_SPECIAL_BITS) or 'normal' (standard normal floats)."""

@@ -33,6 +33,7 @@ __all__ = [
     "MAX_CONNECTIONS",
     "MAX_PENDING_HANDSHAKES",
     "MAX_PENDING_PER_SOURCE",
+    "MAX_STREAMS",
     "MIN_AUTHKEY_LEN",
     "SSL_SOCKET_REFUSED",
     "Protocol",
@@ -102,6 +103,37 @@ def check_authkey(value: Any) -> bytes | None:
             "authkey", f"authkey must hold at least {MIN_AUTHKEY_LEN} bytes, got {len(key)}"
         )
     return key
+
+
+MAX_STREAMS = 64  # a listener's grant to one connection (PCCL uses 64-128 per peer)
+STREAMS_MOST = 255  # what a hello's byte can say
+
+
+def check_streams(value: Any, name: str = "streams") -> int:
+    """``streams=`` (connect) or ``max_streams=`` (listen): an int from 1 to 255."""
+    return check_count(value, name, most=STREAMS_MOST)
+
+
+def check_streams_secret(
+    streams: int, protocol: str, tls: object, authkey: bytes | None, host: str
+) -> None:
+    """Several streams need a secret to prove each join with (an authkey or TLS), the
+    gradstream protocol, and TCP."""
+    if streams == 1:
+        return
+    if host.startswith("unix:"):
+        problem = "a unix: connection has one stream (shared memory needs no more)"
+    elif protocol == "seed":
+        problem = "protocol='seed' has no hello to open several streams with"
+    elif tls is None and authkey is None:
+        problem = (
+            "several streams need an authkey or TLS: each joining connection proves it "
+            "belongs to the first with their secret (without one, anyone on the path "
+            "could join); give authkey= or tls="
+        )
+    else:
+        return
+    raise SettingError("streams", f"streams={streams}: {problem}")
 
 
 def check_plain_seed(protocol: Protocol, tls: TLS | None, authkey: bytes | None) -> None:

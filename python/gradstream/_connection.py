@@ -34,6 +34,7 @@ from ._checks import (
     MAX_CONNECTIONS,
     MAX_PENDING_HANDSHAKES,
     MAX_PENDING_PER_SOURCE,
+    MAX_STREAMS,
     OWN_USER,
     check_authkey,
     check_count,
@@ -44,6 +45,8 @@ from ._checks import (
     check_protocol,
     check_same_host,
     check_seconds,
+    check_streams,
+    check_streams_secret,
     connection_waits,
 )
 from ._logs import RefusalLog, describe_side, log_accepted, log_transfer, silent_text
@@ -141,6 +144,13 @@ class ConnectionCore:
 
     def __repr__(self) -> str:
         return f"<Connection with {peer_text(self.peer.address)} {self._turns.phase.value}>"
+
+    @property
+    def streams(self) -> int:
+        """How many TCP (or TLS) connections this one runs over: 1, or what the listener
+        granted of ``connect(streams=)`` (docs/guides/across-the-internet.md)."""
+        n: int = self._link.streams()
+        return n
 
     @property
     def closed(self) -> bool:
@@ -587,6 +597,7 @@ def listen_args(
     max_auth_failures: Any = MAX_AUTH_FAILURES,
     auth_failure_window: Any = AUTH_FAILURE_WINDOW,
     allowed_uid: Any = OWN_USER,
+    max_streams: Any = MAX_STREAMS,
 ) -> Opened:
     """``listen``'s arguments, checked (both faces)."""
     host, port = parse_address(address)
@@ -611,6 +622,7 @@ def listen_args(
     own_settings: dict[str, float] = {
         name: check_count(value, name, most=LISTENER_MOST[name]) for name, value in counts.items()
     }
+    own_settings["max_streams"] = check_streams(max_streams, "max_streams")
     own_settings["hello_timeout"] = check_handshake_timeout(hello_timeout, "hello_timeout")
     own_settings["auth_failure_window"] = check_handshake_timeout(
         auth_failure_window, "auth_failure_window"
@@ -629,10 +641,12 @@ def connect_args(
     protocol: Any = "gradstream",
     handshake_timeout: Any = HANDSHAKE_TIMEOUT,
     allowed_uid: Any = OWN_USER,
+    streams: Any = 1,
 ) -> Opened:
     """``connect``'s arguments, checked (both faces)."""
     host, port = parse_address(address)
     uid = check_same_host(host, tls, protocol, allowed_uid)
+    count = check_streams(streams)
     own = _session(session, protocol)
     args, speaks = _link_settings(
         own,
@@ -644,7 +658,8 @@ def connect_args(
         deadline=deadline,
         handshake_timeout=handshake_timeout,
     )
-    return Opened(host, port, own, {**args, "allowed_uid": uid}, speaks, {})
+    check_streams_secret(count, args["protocol"], args["tls"], args["authkey"], host)
+    return Opened(host, port, own, {**args, "allowed_uid": uid, "streams": count}, speaks, {})
 
 
 def listen(
@@ -664,12 +679,15 @@ def listen(
     max_auth_failures: Any = MAX_AUTH_FAILURES,
     auth_failure_window: Any = AUTH_FAILURE_WINDOW,
     allowed_uid: Any = OWN_USER,
+    max_streams: Any = MAX_STREAMS,
 ) -> Opening[Listener]:
     """Listen on ``address`` (``"host:port"`` or ``(host, port)``; port 0 for any, see
     ``Listener.address``; or ``"unix:PATH"`` for processes of this host, whose user must
     be ``allowed_uid``: this process's own by default, None for any); to be awaited (or
     ``async with``). The caps, ``hello_timeout`` and the online-guessing limit:
-    docs/guides/limits.md, "A listener under a flood"."""
+    docs/guides/limits.md, "A listener under a flood"; ``max_streams``, the most streams
+    one connection may open (each counts against ``max_connections``):
+    docs/guides/across-the-internet.md, "Parallel streams"."""
     keywords = {
         "session": session,
         "tls": tls,
@@ -685,6 +703,7 @@ def listen(
         "max_auth_failures": max_auth_failures,
         "auth_failure_window": auth_failure_window,
         "allowed_uid": allowed_uid,
+        "max_streams": max_streams,
     }
     return Opening("listen", lambda: _listen(address, keywords))
 
@@ -713,11 +732,14 @@ def connect(
     protocol: Any = "gradstream",
     handshake_timeout: Any = HANDSHAKE_TIMEOUT,
     allowed_uid: Any = OWN_USER,
+    streams: Any = 1,
 ) -> Opening[Connection]:
     """Connect to a listener at ``address`` and shake hands; to be awaited (or ``async
     with``). ``handshake_timeout`` bounds the TCP connect, TLS and the hello together. At
     a ``"unix:PATH"`` address the listener must be a process of ``allowed_uid`` (this
-    process's own user by default; None: any)."""
+    process's own user by default; None: any). ``streams`` > 1 (with an authkey or TLS)
+    runs the connection over that many TCP connections, a gradient's chunks spread over
+    them (the listener may grant fewer): docs/guides/across-the-internet.md."""
     keywords = {
         "session": session,
         "tls": tls,
@@ -727,6 +749,7 @@ def connect(
         "protocol": protocol,
         "handshake_timeout": handshake_timeout,
         "allowed_uid": allowed_uid,
+        "streams": streams,
     }
     return Opening("connect", lambda: _connect(address, keywords))
 

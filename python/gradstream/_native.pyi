@@ -282,12 +282,13 @@ class TransferProgress:
     def total_chunks(self) -> int: ...
 
 # connect()'s and listen()'s settings, checked by gradstream._connection: keys protocol,
-# tls ((cert, key, ca) paths or None), authkey, handshake_timeout, timeout, deadline; and
-# _test_nonce (32 bytes: the hello's nonce), which only the tests' session replays set.
+# tls ((cert, key, ca) paths or None), authkey, handshake_timeout, timeout, deadline,
+# allowed_uid, streams (connect's, 1 to 255); and _test_nonce (32 bytes: the hello's
+# nonce), which only the tests' session replays set.
 _LinkArgs = dict[str, Any]
 # listen()'s own settings, checked by gradstream._connection: keys max_connections,
 # max_pending_handshakes, max_pending_per_source, hello_timeout, max_auth_failures,
-# auth_failure_window.
+# auth_failure_window, max_streams (1 to 255).
 _ListenerArgs = dict[str, Any]
 
 @final
@@ -297,6 +298,7 @@ class Link:
     settle, abandoned and close_now act at once, never waiting."""
 
     def peer(self) -> tuple[tuple[str, int] | str, str | None, bool, int | None, int | None]: ...
+    def streams(self) -> int: ...
     def closed(self) -> bool: ...
     def send(
         self,

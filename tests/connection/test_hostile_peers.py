@@ -66,9 +66,9 @@ CASES = {
     "http": (b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", "hello, got an HTTP request ('GET /"),
     "tls": (None, "hello, got a TLS ClientHello (a TLS client at a plaintext listener"),
     "seed": (SEED_FRAMES, "hello, got a bare seed frame header (chunk 0 of 5, payload_len"),
-    "version 3": (
-        p.encode_hello(p.Hello(1, 0, bytes(32), 1, 1))[:12] + b"\x03\x00\x50\x00" + bytes(64),
-        "expected a hello of version 2, got a hello of version 3 (a newer gradstream: "
+    "version 4": (
+        p.encode_hello(p.Hello(1, 0, bytes(32), 1, 1))[:12] + b"\x04\x00\x50\x00" + bytes(64),
+        "expected a hello of version 2, got a hello of version 4 (a newer gradstream: "
         "upgrade this side)",
     ),
     "garbage": (bytes(range(100, 116)) * 2, "hello, got bytes 6465666768"),

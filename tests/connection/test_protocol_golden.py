@@ -227,9 +227,9 @@ def test_an_element_outside_the_group_is_a_protocol_error(codec: Codec, element:
         ),
         (
             12,
-            3,
+            4,
             "a hello of version 2",
-            "a hello of version 3 (a newer gradstream: upgrade this side)",
+            "a hello of version 4 (a newer gradstream: upgrade this side)",
         ),
         (14, 81, "a version 2 hello of 80 bytes", "a length of 81"),
         (16, 2, "the hello of a client", "the hello of a server"),

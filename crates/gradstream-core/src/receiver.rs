@@ -178,6 +178,23 @@ impl FrameReceiver {
         }
     }
 
+    /// Check a header another reader cut (one of a connection's several streams) as
+    /// `feed` checks one; `offset` is where it starts in that reader's stream.
+    pub(crate) fn check_header(&self, header: &FrameHeader, offset: u64) -> Result<()> {
+        self.limits.check_header(header, offset)
+    }
+
+    /// Take a whole frame another reader cut, its header checked (`check_header`);
+    /// `Ok(true)` once the gradient is complete.
+    pub(crate) fn accept_frame(
+        &mut self,
+        header: &FrameHeader,
+        payload: &[u8],
+        offset: u64,
+    ) -> Result<bool> {
+        self.assembly.accept(header, payload, offset)
+    }
+
     /// The stream ended after `got` bytes of what `want()` asked for. It may have ended
     /// cleanly before the gradient's first byte (the original's "no network"): then the
     /// receiver comes back, for the caller to say what that means.

@@ -64,6 +64,9 @@ pub struct LinkArgs {
     /// by `gradstream._connection`; unused over TCP).
     #[pyo3(item)]
     allowed_uid: Option<u32>,
+    /// A client's streams (1 to 255, checked by `gradstream._checks`; 1 for a listener).
+    #[pyo3(item, default)]
+    streams: Option<u8>,
     /// Tests only, never set by `gradstream._connection`: this side's hello nonce, 32
     /// bytes (`DialSettings::test_nonce`), for the replays of recorded sessions.
     #[pyo3(item("_test_nonce"), default)]
@@ -182,6 +185,7 @@ pub fn open_link(
         authkey: args.authkey,
         handshake_timeout: saturating_seconds(args.handshake_timeout),
         limits: engine.get().config().limits,
+        streams: args.streams.unwrap_or(1),
         local,
         test_nonce,
     };
@@ -229,6 +233,7 @@ pub fn open_listener(
         handshake_timeout: saturating_seconds(args.handshake_timeout),
         max_connections: own.max_connections,
         admission: own.admission,
+        max_streams: own.max_streams,
         limits: engine.get().config().limits,
         local,
         test_nonce,
@@ -264,16 +269,19 @@ pub struct PyLink {
     engine: Py<Engine>,
     waits: Waits,
     peer: Peer,
+    streams: usize,
 }
 
 impl PyLink {
     fn new(link: Link, engine: Py<Engine>, waits: Waits) -> Self {
         let peer = link.peer().clone();
+        let streams = link.streams();
         Self {
             link: Arc::new(AsyncMutex::new(link)),
             engine,
             waits,
             peer,
+            streams,
         }
     }
 
@@ -356,6 +364,11 @@ impl PyLink {
             pid,
             uid,
         )
+    }
+
+    /// How many streams the connection runs over (`connect(streams=)`, as granted).
+    fn streams(&self) -> usize {
+        self.streams
     }
 
     /// Closed (by either side, or after a failure); False while an operation runs.

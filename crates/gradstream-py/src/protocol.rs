@@ -49,6 +49,7 @@ pub fn hello<'py>(
         nonce: fixed(nonce, "nonce")?,
         max_gradient_len,
         max_payload_len,
+        intent: None,
     };
     Ok(PyBytes::new(py, &hello.to_bytes()))
 }
@@ -57,7 +58,8 @@ pub fn hello<'py>(
 #[pyfunction]
 #[pyo3(name = "_protocol_hello_rest")]
 pub fn hello_rest(py: Python<'_>, head: &[u8]) -> PyResult<usize> {
-    Hello::check_start(&fixed::<START_LEN>(head, "head")?, None).py_err(py)?;
+    // Either side's: the whole hello's read (`read_hello`) holds a listener's to version 2.
+    Hello::check_start(&fixed::<START_LEN>(head, "head")?, Role::Client, None).py_err(py)?;
     Ok(HELLO_LEN - START_LEN)
 }
 

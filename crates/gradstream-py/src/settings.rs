@@ -296,18 +296,23 @@ pub struct ListenerArgs {
     max_auth_failures: u64,
     #[pyo3(item)]
     auth_failure_window: f64,
+    /// Streams one connection may open (1 to 255, checked by `gradstream._checks`).
+    #[pyo3(item)]
+    max_streams: u8,
 }
 
 /// A listener's settings, checked.
 pub struct ListenerSettings {
     pub max_connections: usize,
     pub admission: Admission,
+    pub max_streams: u8,
 }
 
 impl ListenerArgs {
     pub fn parse(self) -> ListenerSettings {
         ListenerSettings {
             max_connections: self.max_connections,
+            max_streams: self.max_streams,
             admission: Admission {
                 max_pending_handshakes: self.max_pending_handshakes,
                 max_pending_per_source: self.max_pending_per_source,

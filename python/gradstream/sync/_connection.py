@@ -246,10 +246,11 @@ def connect(
     protocol: Any = "gradstream",
     handshake_timeout: Any = HANDSHAKE_TIMEOUT,
     allowed_uid: Any = OWN_USER,
+    streams: Any = 1,
 ) -> Connection:
     """Connect to a listener at ``address`` and shake hands (as ``gradstream.connect``,
     blocking); ``handshake_timeout`` bounds the TCP connect, TLS and the hello
-    together."""
+    together; ``streams`` as ``gradstream.connect``'s."""
     opened = connect_args(
         address,
         session=session,
@@ -260,6 +261,7 @@ def connect(
         protocol=protocol,
         handshake_timeout=handshake_timeout,
         allowed_uid=allowed_uid,
+        streams=streams,
     )
     own = waiter()
     with stopping(own):

@@ -9,16 +9,16 @@ use std::time::Duration;
 
 use tokio::net::TcpStream;
 
-use super::handshake::handshake;
-use super::link::{Link, Peer};
+use super::handshake::{handshake, Established, Shake};
+use super::link::{Duplex, Link, Peer};
 #[cfg(target_os = "linux")]
 use super::link::{LocalPeer, PeerAddress};
 #[cfg(target_os = "linux")]
 use super::listener::LocalSettings;
-use super::{buffered, Protocol};
+use super::{buffered, streams, Protocol};
 use crate::error::{GradientStreamError, Result};
 use crate::frame::Limits;
-use crate::protocol::Role;
+use crate::protocol::{Intent, Role, SessionSecret};
 use crate::tls::{self, TlsConnector};
 
 /// How a client connects: settings, shared by every connection made with them.
@@ -31,6 +31,9 @@ pub struct DialSettings {
     pub handshake_timeout: Duration,
     /// What this side accepts, told to the peer in its hello.
     pub limits: Limits,
+    /// Connections the link runs over (docs/guides/across-the-internet.md, "Parallel
+    /// streams"): 1, or up to 255 with an authkey or TLS (the listener may grant fewer).
+    pub streams: u8,
     /// A same-host connection's rule for the listener's user, and its rings
     /// (`connect_unix`).
     #[cfg(target_os = "linux")]
@@ -75,6 +78,12 @@ pub async fn connect_unix(path: &std::path::Path, settings: &DialSettings) -> Re
              party between two processes of one host (an authkey still applies)",
         )));
     }
+    if settings.streams > 1 {
+        return Err(invalid(
+            "a unix: connection has one stream: its payloads go through shared memory, \
+             which no window limits (connect with streams=1)",
+        ));
+    }
     within(settings.handshake_timeout, establish_unix(path, settings)).await
 }
 
@@ -99,16 +108,12 @@ async fn establish_unix(path: &std::path::Path, settings: &DialSettings) -> Resu
         }
     }
     let at = PeerAt::Unix(peer.path.clone());
-    let established = handshake(
-        &mut unix,
-        Role::Client,
-        false,
-        settings.authkey.as_deref(),
-        settings.limits,
-        Some(&at),
-        settings.test_nonce,
-    )
-    .await?;
+    let side = Shake {
+        authkey: settings.authkey.as_deref(),
+        test_nonce: settings.test_nonce,
+        ..Shake::plain(Role::Client, settings.limits)
+    };
+    let established = handshake(&mut unix, side, Some(&at)).await?;
     let rings = settings.local.rings;
     let stream = crate::shm::ShmStream::open(unix, rings.len, &rings.limits).await?;
     let who = Peer::without_certificate(PeerAddress::Local(peer), established.authenticated);
@@ -116,6 +121,65 @@ async fn establish_unix(path: &std::path::Path, settings: &DialSettings) -> Resu
 }
 
 async fn establish(host: &str, port: u16, settings: &DialSettings) -> Result<Link> {
+    let streams = settings.streams.max(1);
+    if streams > 1 && settings.protocol == Protocol::Seed {
+        return Err(invalid(
+            "several streams need protocol='gradstream' (the seed's bare \
+                            frames have no hello to open them with)",
+        ));
+    }
+    if streams > 1 && settings.authkey.is_none() && settings.tls.is_none() {
+        return Err(invalid(streams::NEEDS_A_SECRET));
+    }
+    let intent = (streams > 1).then_some(Intent::Open { streams });
+    let (mut stream, established, who) = match shake(host, port, settings, intent).await? {
+        Shaken::Seed(link) => return Ok(link),
+        Shaken::Sealed(stream, established, who) => (stream, established, who),
+    };
+    let (Some(secret), true) = (established.secret.clone(), streams > 1) else {
+        return Ok(Link::sealed(stream, *established, who));
+    };
+    let at = who.address.at();
+    let granted = streams::read_grant(&mut stream, streams, at.as_ref()).await?;
+    let mut joins = tokio::task::JoinSet::new();
+    for index in 1..granted {
+        let (host, settings, secret) = (host.to_string(), settings.clone(), secret.clone());
+        joins.spawn(async move {
+            let joined = join(&host, port, &settings, &secret, index).await;
+            (index, joined)
+        });
+    }
+    let mut extra: Vec<Option<Box<dyn Duplex>>> = (1..granted).map(|_| None).collect();
+    while let Some(done) = joins.join_next().await {
+        let (index, joined) =
+            done.map_err(|e| GradientStreamError::Io(std::io::Error::other(e)))?;
+        extra[usize::from(index) - 1] = Some(joined?);
+    }
+    let extra = extra.into_iter().flatten().collect();
+    Ok(Link::sealed(stream, *established, who).with_streams(extra))
+}
+
+/// An `InvalidInput` error: settings that cannot make the connection asked for.
+fn invalid(detail: &str) -> GradientStreamError {
+    GradientStreamError::Io(std::io::Error::new(
+        std::io::ErrorKind::InvalidInput,
+        detail.to_string(),
+    ))
+}
+
+/// What a dialled connection is after its handshake.
+enum Shaken {
+    Seed(Link),
+    Sealed(Box<dyn Duplex>, Box<Established>, Peer),
+}
+
+/// TCP connect, TLS, the handshake with `intent` in the hello.
+async fn shake(
+    host: &str,
+    port: u16,
+    settings: &DialSettings,
+    intent: Option<Intent>,
+) -> Result<Shaken> {
     let tcp = TcpStream::connect((host, port)).await?;
     // Frames go out whole; Nagle would hold each one's tail for the peer's delayed ack.
     tcp.set_nodelay(true)?;
@@ -124,47 +188,62 @@ async fn establish(host: &str, port: u16, settings: &DialSettings) -> Result<Lin
     let peer = Some(&at);
     if let Protocol::Seed = settings.protocol {
         let who = Peer::without_certificate(address, false);
-        return Ok(Link::seed(Box::new(tcp), who));
+        return Ok(Shaken::Seed(Link::seed(Box::new(tcp), who)));
     }
-    let authkey = settings.authkey.as_deref();
+    let side = Shake {
+        authkey: settings.authkey.as_deref(),
+        test_nonce: settings.test_nonce,
+        intent,
+        ..Shake::plain(Role::Client, settings.limits)
+    };
     match &settings.tls {
         None => {
             let mut stream = tcp;
-            let established = handshake(
-                &mut stream,
-                Role::Client,
-                false,
-                authkey,
-                settings.limits,
-                peer,
-                settings.test_nonce,
-            )
-            .await?;
+            let established = handshake(&mut stream, side, peer).await?;
             let who = Peer::without_certificate(address, established.authenticated);
-            Ok(Link::sealed(Box::new(stream), established, who))
+            Ok(Shaken::Sealed(Box::new(stream), Box::new(established), who))
         }
         Some(tls) => {
             let mut stream = tls.connect(host, buffered(tcp), peer).await?;
+            let exporter = tls::exporter(stream.get_ref().1, peer)?;
             // Under TLS 1.3 a listener's refusal of our certificate arrives as an alert on
             // the first read after the handshake: the hello's.
-            let established = handshake(
-                &mut stream,
-                Role::Client,
-                true,
-                authkey,
-                settings.limits,
-                peer,
-                settings.test_nonce,
-            )
-            .await
-            .map_err(|e| match e {
-                GradientStreamError::Io(io) => tls::from_io(io, peer),
-                other => other,
-            })?;
+            let side = Shake {
+                tls: Some(exporter),
+                ..side
+            };
+            let established = handshake(&mut stream, side, peer)
+                .await
+                .map_err(|e| match e {
+                    GradientStreamError::Io(io) => tls::from_io(io, peer),
+                    other => other,
+                })?;
             // The server's certificate was verified against `ca`, for the name dialled;
             // `tls_subject` names a client certificate a listener verified.
             let who = Peer::without_certificate(address, true);
-            Ok(Link::sealed(Box::new(stream), established, who))
+            Ok(Shaken::Sealed(Box::new(stream), Box::new(established), who))
         }
     }
+}
+
+/// One joining connection of the session `secret` is the secret of, as stream `index`.
+async fn join(
+    host: &str,
+    port: u16,
+    settings: &DialSettings,
+    secret: &SessionSecret,
+    index: u8,
+) -> Result<Box<dyn Duplex>> {
+    let intent = Intent::Join {
+        index,
+        session: secret.id(),
+    };
+    let Shaken::Sealed(mut stream, established, who) =
+        shake(host, port, settings, Some(intent)).await?
+    else {
+        return Err(invalid("a joining stream of a seed connection"));
+    };
+    let at = who.address.at();
+    streams::prove_join(&mut stream, secret, index, &established, at.as_ref()).await?;
+    Ok(stream)
 }

@@ -11,11 +11,44 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::error::{GradientStreamError, Result};
 use crate::frame::Limits;
-use crate::protocol::{auth, describe, Hello, Kind, Role, HELLO_LEN, START_LEN};
+use crate::protocol::streams::hellos_hash;
+use crate::protocol::{
+    auth, describe, Hello, Intent, Kind, Role, SessionSecret, HELLO_LEN, START_LEN,
+};
+
+/// What a side brings to a handshake: its role and settings, and what its stream is.
+#[derive(Clone, Copy, Debug)]
+pub struct Shake<'a> {
+    pub role: Role,
+    /// Under TLS, the TLS session's exporter value (`tls::exporter`); None on a plain
+    /// stream.
+    pub tls: Option<[u8; 32]>,
+    pub authkey: Option<&'a [u8]>,
+    pub limits: Limits,
+    /// Tests only: see `DialSettings::test_nonce`.
+    pub test_nonce: Option<[u8; 32]>,
+    /// A client opening or joining a connection of several streams (its hello is then
+    /// version 3).
+    pub intent: Option<Intent>,
+}
+
+impl<'a> Shake<'a> {
+    /// A side with no TLS, no authkey, no intent, the given limits.
+    pub fn plain(role: Role, limits: Limits) -> Self {
+        Self {
+            role,
+            tls: None,
+            authkey: None,
+            limits,
+            test_nonce: None,
+            intent: None,
+        }
+    }
+}
 
 /// What a finished handshake leaves the connection: the two nonces (every transfer id
-/// derives from them), the peer's hello (what it accepts), and whether it proved the
-/// authkey.
+/// derives from them), the peer's hello (what it accepts), whether it proved the
+/// authkey, and what several streams need.
 #[derive(Clone, Debug)]
 pub struct Established {
     pub role: Role,
@@ -24,6 +57,14 @@ pub struct Established {
     /// The peer's hello: a sender refuses what its limits would refuse.
     pub peer_hello: Hello,
     pub authenticated: bool,
+    /// The session's secret: None without an authkey and TLS (docs/spec/protocol.md,
+    /// "Several streams").
+    pub secret: Option<SessionSecret>,
+    /// SHA-256 of both hellos as sent, and the TLS exporter: what a join's tag covers.
+    pub hellos: [u8; 32],
+    pub tls_exporter: Option<[u8; 32]>,
+    /// The client's intent (its own, or the one its hello told the server).
+    pub intent: Option<Intent>,
 }
 
 /// Read into all of `buf`; the bytes read when the stream ended first (a TLS peer that
@@ -102,17 +143,22 @@ fn dropped(ended: &Ended, tls: bool, peer: Option<&PeerAt>) -> Option<GradientSt
 /// `DialSettings::test_nonce`; the scalar then follows from the nonce).
 pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
-    role: Role,
-    tls: bool,
-    authkey: Option<&[u8]>,
-    limits: Limits,
+    side: Shake<'_>,
     peer: Option<&PeerAt>,
-    test_nonce: Option<[u8; 32]>,
 ) -> Result<Established> {
+    let Shake {
+        role,
+        authkey,
+        limits,
+        test_nonce,
+        ..
+    } = side;
+    let tls = side.tls.is_some();
     let mine = match test_nonce {
         Some(nonce) => Hello::with_nonce(role, authkey.is_some(), nonce, limits),
         None => Hello::new(role, authkey.is_some(), limits)?,
-    };
+    }
+    .with_intent(side.intent.filter(|_| role == Role::Client));
     let mine_bytes = mine.to_bytes();
     let exchange = match authkey {
         None => None,
@@ -141,7 +187,7 @@ pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
             .flatten()
             .unwrap_or_else(|| cut_short(&ended, Kind::Hello, peer)));
     }
-    Hello::check_start(&start, peer)?;
+    Hello::check_start(&start, role.peer(), peer)?;
     theirs_bytes[..START_LEN].copy_from_slice(&start);
     if let Err(ended) = read_message(stream, &mut theirs_bytes[START_LEN..]).await? {
         return Err(GradientStreamError::Protocol {
@@ -160,6 +206,7 @@ pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
         Role::Server => (&theirs_bytes, &mine_bytes),
     };
     auth::check_modes(authkey.is_some(), theirs.auth, peer)?;
+    let mut spake2_key = None;
     let authenticated = match exchange {
         None => false,
         Some(exchange) => {
@@ -183,6 +230,7 @@ pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
             }
             let peer_tag = auth::parse_auth(&message, peer)?;
             confirmation.verify(role.peer(), &peer_tag, peer)?;
+            spake2_key = Some(confirmation.spake2_key().to_vec());
             if role == Role::Server {
                 stream.write_all(&tag).await?;
                 stream.flush().await?;
@@ -194,11 +242,21 @@ pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
         Role::Client => (mine.nonce, theirs.nonce),
         Role::Server => (theirs.nonce, mine.nonce),
     };
+    let hellos = hellos_hash(client, server);
+    let secret = SessionSecret::derive(spake2_key.as_deref(), side.tls.as_ref(), &hellos);
+    let intent = match role {
+        Role::Client => mine.intent,
+        Role::Server => theirs.intent,
+    };
     Ok(Established {
         role,
         client_nonce,
         server_nonce,
         peer_hello: theirs,
         authenticated,
+        secret,
+        hellos,
+        tls_exporter: side.tls,
+        intent,
     })
 }

@@ -22,6 +22,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::handshake::{read_full, Established};
+use super::streams::{Joined, Joining};
 use super::tap::Tap;
 use crate::dtype::WireDtype;
 use crate::encoder::Gradient;
@@ -37,6 +38,7 @@ use crate::tensors::{self, Entry, TensorSet, TensorSetReceiver};
 
 mod counted;
 mod send;
+mod striped;
 
 use counted::Counted;
 pub use counted::{Direct, ReadBudget};
@@ -143,8 +145,9 @@ const LINGER: Duration = Duration::from_secs(1);
 enum Mode {
     /// `protocol="seed"`: bare frames, nothing else.
     Seed,
-    /// `protocol="gradstream"`: sealed, acknowledged transfers.
-    Sealed(Keys),
+    /// `protocol="gradstream"`: sealed, acknowledged transfers (boxed: the keys, a
+    /// session secret among them, would make every link as large).
+    Sealed(Box<Keys>),
 }
 
 /// What a gradstream connection's transfers derive from and count.
@@ -190,6 +193,13 @@ enum State {
 /// One connection.
 pub struct Link {
     stream: Counted,
+    /// The connection's other streams, in index order (docs/spec/protocol.md, "Several
+    /// streams"): a gradient's frames go over all of them.
+    lanes: Vec<Counted>,
+    /// A listener's link whose joins have yet to come.
+    joining: Option<Joining>,
+    /// The listener's connection slots of the joined streams.
+    lane_slots: Vec<OwnedSemaphorePermit>,
     mode: Mode,
     peer: Peer,
     state: State,
@@ -224,11 +234,11 @@ impl Link {
     pub fn sealed(stream: Box<dyn Duplex>, established: Established, peer: Peer) -> Self {
         Self::new(
             stream,
-            Mode::Sealed(Keys {
+            Mode::Sealed(Box::new(Keys {
                 established,
                 sent: 0,
                 received: 0,
-            }),
+            })),
             peer,
         )
     }
@@ -240,20 +250,76 @@ impl Link {
 
     fn new(stream: Box<dyn Duplex>, mode: Mode, peer: Peer) -> Self {
         Self {
-            stream: Counted {
-                fd: tcp_fd(stream.as_ref()),
-                inner: stream,
-                moved: 0,
-                budget: None,
-                direct: None,
-                parked: None,
-            },
+            stream: Counted::of(stream),
+            lanes: Vec::new(),
+            joining: None,
+            lane_slots: Vec::new(),
             mode,
             peer,
             state: State::Open,
             settling: Box::default(),
             _slot: None,
         }
+    }
+
+    /// The same link over these other streams too (a client's, joined already).
+    pub fn with_streams(mut self, lanes: Vec<Box<dyn Duplex>>) -> Self {
+        self.lanes = lanes.into_iter().map(Counted::of).collect();
+        self
+    }
+
+    /// The same link, whose other streams will come through `joining` (a listener's).
+    pub fn joining(mut self, joining: Option<Joining>) -> Self {
+        self.joining = joining;
+        self
+    }
+
+    /// How many streams the connection has (joined or to come).
+    pub fn streams(&self) -> usize {
+        1 + self.lanes.len() + self.joining.as_ref().map_or(0, |j| j.expected)
+    }
+
+    /// Bytes moved on every stream.
+    fn moved(&self) -> u64 {
+        self.lanes
+            .iter()
+            .fold(self.stream.moved, |sum, lane| sum + lane.moved)
+    }
+
+    /// Wait for the joins still to come (before the first gradient that needs them),
+    /// until the listener's `handshake_timeout` after the opening connection's.
+    async fn gather(&mut self) -> Result<()> {
+        let Some(mut joining) = self.joining.take() else {
+            return Ok(());
+        };
+        let mut joined: Vec<Option<Joined>> = (0..joining.expected).map(|_| None).collect();
+        let mut missing = joining.expected;
+        while missing > 0 {
+            let next = tokio::time::timeout_at(joining.until.into(), joining.joins.recv()).await;
+            let Ok(Some(join)) = next else {
+                let streams = joining.expected + 1;
+                return self
+                    .fail(GradientStreamError::Io(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!(
+                            "{} of the {streams} streams the peer opened joined within the \
+                             listener's handshake_timeout",
+                            streams - missing
+                        ),
+                    )))
+                    .await;
+            };
+            // The session table lets each index join once, within the grant.
+            if let Some(place) = joined.get_mut(usize::from(join.index) - 1) {
+                *place = Some(join);
+                missing -= 1;
+            }
+        }
+        for join in joined.into_iter().flatten() {
+            self.lanes.push(Counted::of(join.stream));
+            self.lane_slots.extend(join.slot);
+        }
+        Ok(())
     }
 
     /// Hold a listener's connection slot for as long as this link lives.
@@ -278,6 +344,9 @@ impl Link {
     /// not direct. The socket, which the caller waits for; None for a TLS link, and once
     /// the socket is closed.
     pub fn go_direct(&mut self, park: bool) -> Option<(std::os::fd::RawFd, Direct)> {
+        if self.streams() > 1 {
+            return None; // one descriptor cannot carry several streams' waits
+        }
         let direct = Direct::default();
         #[cfg(target_os = "linux")]
         if let Some(shm) = self.stream.same_host() {
@@ -308,7 +377,7 @@ impl Link {
     pub fn is_closed(&self) -> bool {
         match self.state {
             State::Open => false,
-            State::Running { moved } => moved != self.stream.moved,
+            State::Running { moved } => moved != self.moved(),
             State::Closed(_) => true,
         }
     }
@@ -317,6 +386,8 @@ impl Link {
     fn closed(&mut self, why: String) {
         self.state = State::Closed(why);
         self._slot = None;
+        self.lane_slots.clear();
+        self.joining = None;
     }
 
     /// The peer ended the connection between transfers: closed, and this side's end
@@ -333,7 +404,18 @@ impl Link {
     async fn shut(&mut self) {
         let _ = tokio::time::timeout(LINGER, self.write_unsent()).await;
         let _ = tokio::time::timeout(LINGER, self.stream.shutdown()).await;
+        for lane in &mut self.lanes {
+            let _ = tokio::time::timeout(LINGER, lane.shutdown()).await;
+        }
+        self.release_all();
+    }
+
+    /// Every stream's socket closed now.
+    fn release_all(&mut self) {
         self.stream.release();
+        for lane in &mut self.lanes {
+            lane.release();
+        }
     }
 
     /// Closed by this side: a transfer received but not taken is refused.
@@ -366,7 +448,7 @@ impl Link {
         });
         let _ = shut.as_mut().poll(&mut cx);
         drop(shut);
-        self.stream.release();
+        self.release_all();
     }
 
     /// After a transfer whose caller gave up on it (its future dropped, a cancelled
@@ -423,7 +505,7 @@ impl Link {
         if failed {
             self.settling.unsent.clear();
             self.closed("the acknowledgement could not be written".into());
-            self.stream.release();
+            self.release_all();
         }
     }
 
@@ -485,7 +567,7 @@ impl Link {
             .into());
         }
         self.state = State::Running {
-            moved: self.stream.moved,
+            moved: self.moved(),
         };
         Ok(())
     }
@@ -504,6 +586,9 @@ impl Link {
     async fn fail<T>(&mut self, error: GradientStreamError) -> Result<T> {
         self.closed(error.to_string());
         let _ = tokio::time::timeout(LINGER, self.stream.shutdown()).await;
+        for lane in &mut self.lanes {
+            let _ = tokio::time::timeout(LINGER, lane.shutdown()).await;
+        }
         Err(error)
     }
 
@@ -548,10 +633,15 @@ impl Link {
         };
         let id = keys.id(false);
         let receiver = receiver.expect_seal(SealCheck::Exact(id), Position::Lone);
-        let mut tap = Tap::new(&mut self.stream, Digest::new(&id.0));
-        let got = receive_gradient(receiver, &mut tap, waits, progress).await;
-        let first = tap.first_header();
-        let digest = tap.finish();
+        let (got, digest, first) = if self.streams() > 1 {
+            self.gather().await?;
+            self.recv_striped(receiver, id, waits, progress).await
+        } else {
+            let mut tap = Tap::new(&mut self.stream, Digest::new(&id.0));
+            let got = receive_gradient(receiver, &mut tap, waits, progress).await;
+            let first = tap.first_header();
+            (got, tap.finish(), first)
+        };
         match got {
             Ok(Ended::Gradient(values)) => {
                 self.settling.owed = Some(digest);
@@ -630,8 +720,7 @@ impl Link {
         error: GradientStreamError,
         first: Option<Option<[u8; HEADER_LEN]>>,
     ) -> Result<T> {
-        let untouched =
-            matches!(self.state, State::Running { moved } if moved == self.stream.moved);
+        let untouched = matches!(self.state, State::Running { moved } if moved == self.moved());
         match first {
             _ if is_io(&error) => self.fail(error).await,
             _ if untouched => Err(error),

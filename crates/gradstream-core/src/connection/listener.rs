@@ -28,13 +28,14 @@ mod accepted;
 mod local;
 
 use super::admission::{Admission, FailureTable, Gone, Heard, PendingTable, Shed, Source};
-use super::handshake::handshake;
-use super::link::{Link, Peer, PeerAddress};
+use super::handshake::{handshake, Shake};
+use super::link::{Duplex, Link, Peer, PeerAddress};
+use super::streams::{Joined, Sessions};
 use super::{buffered, Protocol};
 use crate::error::{GradientStreamError, Result};
 use crate::frame::Limits;
 use crate::protocol::{Role, HELLO_LEN};
-use crate::tls::TlsAcceptor;
+use crate::tls::{self, TlsAcceptor};
 use accepted::{not_allowed, source_of, Accepted, Incoming};
 #[cfg(target_os = "linux")]
 use local::{admit_local, bind_unix_socket};
@@ -55,6 +56,9 @@ pub struct ListenSettings {
     pub admission: Admission,
     /// What this side accepts, told to each peer in its hello.
     pub limits: Limits,
+    /// The most streams it grants one connection (docs/guides/across-the-internet.md,
+    /// "Parallel streams"); each counts against `max_connections`.
+    pub max_streams: u8,
     /// A Unix-domain listener's rule for its peers and its rings (`bind_unix`).
     #[cfg(target_os = "linux")]
     pub local: LocalSettings,
@@ -332,6 +336,7 @@ struct Arrived {
 /// What the accept loop lends to begin a handshake.
 struct Starter<'a> {
     settings: &'a Arc<ListenSettings>,
+    sessions: &'a Sessions,
     connections: &'a Arc<Semaphore>,
     finished: &'a mpsc::UnboundedSender<Done>,
     events: &'a mpsc::Sender<Event>,
@@ -358,6 +363,7 @@ impl Starter<'_> {
                 heard,
             },
             self.settings.clone(),
+            self.sessions.clone(),
             self.connections.clone(),
             self.finished.clone(),
             self.events.clone(),
@@ -380,6 +386,7 @@ async fn accept_loop(incoming: Incoming, settings: ListenSettings, events: mpsc:
     let mut failures = FailureTable::new(&settings.admission);
     let closing = Closing::new();
     let settings = Arc::new(settings);
+    let sessions = Sessions::default();
     let (finished, mut done) = mpsc::unbounded_channel::<Done>();
     // The handshakes under way and the gentle closes: dropped with this loop (an aborted
     // one: a closed listener).
@@ -417,6 +424,7 @@ async fn accept_loop(incoming: Incoming, settings: ListenSettings, events: mpsc:
         let now = Instant::now();
         let mut starter = Starter {
             settings: &settings,
+            sessions: &sessions,
             connections: &connections,
             finished: &finished,
             events: &events,
@@ -481,6 +489,7 @@ struct Shaking {
 async fn handshake_task(
     peer: Shaking,
     settings: Arc<ListenSettings>,
+    sessions: Sessions,
     connections: Arc<Semaphore>,
     finished: mpsc::UnboundedSender<Done>,
     events: mpsc::Sender<Event>,
@@ -510,7 +519,7 @@ async fn handshake_task(
             // The handshake first: a peer that waited past its `hello_timeout` for a place
             // and whose hello is already here is read before its silence is judged.
             biased;
-            admitted = admit(stream, address.clone(), &settings, &heard) => Some(admitted),
+            admitted = admit(stream, address.clone(), &settings, &sessions, &heard) => Some(admitted),
             () = silent_since(&heard, accepted, hello_timeout) => None,
         }
     })
@@ -530,8 +539,23 @@ async fn handshake_task(
         done.failed_authentication = failed_authentication;
     }
     drop(over);
-    let event = match why.map(|link| (connections.try_acquire_owned(), link)) {
-        Ok((Ok(slot), link)) => Event::Connected(link.holding(slot)),
+    let event = match why.map(|admitted| (connections.try_acquire_owned(), admitted)) {
+        Ok((Ok(slot), Admitted::Link(link))) => Event::Connected((*link).holding(slot)),
+        Ok((Ok(slot), Admitted::Join(mut joined, to_owner))) => {
+            joined.slot = Some(slot);
+            // A join never becomes a connection of its own: its link takes it. One whose
+            // link went meanwhile is dropped.
+            if to_owner.send(joined).is_ok() {
+                return;
+            }
+            Event::Refused {
+                address,
+                why: Refusal::Failed(GradientStreamError::Io(std::io::Error::new(
+                    std::io::ErrorKind::NotConnected,
+                    "the connection it joined closed while it shook hands",
+                ))),
+            }
+        }
         // Links opened while this one shook hands: it is dropped, as at the accept.
         Ok((Err(_), _)) => Event::Refused {
             address,
@@ -584,21 +608,30 @@ async fn silent_since(heard: &Heard, accepted: Instant, limit: Duration) {
     }
 }
 
+/// What an admitted peer is: a connection, or a stream joining one.
+enum Admitted {
+    Link(Box<Link>),
+    Join(Joined, mpsc::UnboundedSender<Joined>),
+}
+
 /// TLS, the hello and authentication for one accepted peer (then, for a same-host
 /// peer, the rings); what the peer sends is counted in `heard`.
 async fn admit(
     stream: Accepted,
     address: PeerAddress,
     settings: &ListenSettings,
+    sessions: &Sessions,
     heard: &Heard,
-) -> Result<Link> {
+) -> Result<Admitted> {
     match (stream, address) {
         (Accepted::Tcp(tcp), PeerAddress::Tcp(address)) => {
-            admit_tcp(tcp, address, settings, heard).await
+            admit_tcp(tcp, address, settings, sessions, heard).await
         }
         #[cfg(target_os = "linux")]
         (Accepted::Unix(unix), PeerAddress::Local(peer)) => {
-            admit_local(unix, peer, settings, heard).await
+            admit_local(unix, peer, settings, heard)
+                .await
+                .map(|link| Admitted::Link(Box::new(link)))
         }
         #[cfg(target_os = "linux")]
         _ => Err(GradientStreamError::Io(std::io::Error::other(
@@ -607,61 +640,73 @@ async fn admit(
     }
 }
 
-/// TLS, the hello and authentication for one peer over TCP.
+/// TLS, the hello and authentication for one peer over TCP; then, for a peer opening
+/// several streams, the grant, or for one joining a connection, its proof.
 async fn admit_tcp(
     tcp: TcpStream,
     address: SocketAddr,
     settings: &ListenSettings,
+    sessions: &Sessions,
     heard: &Heard,
-) -> Result<Link> {
+) -> Result<Admitted> {
     tcp.set_nodelay(true)?;
     let at = PeerAt::from(address);
     let peer = Some(&at);
     if let Protocol::Seed = settings.protocol {
         let who = Peer::without_certificate(address, false);
-        return Ok(Link::seed(Box::new(tcp), who));
+        return Ok(Admitted::Link(Box::new(Link::seed(Box::new(tcp), who))));
     }
-    let authkey = settings.authkey.as_deref();
-    match &settings.tls {
+    let side = Shake {
+        authkey: settings.authkey.as_deref(),
+        test_nonce: settings.test_nonce,
+        ..Shake::plain(Role::Server, settings.limits)
+    };
+    let (mut stream, established, who): (Box<dyn Duplex>, _, _) = match &settings.tls {
         None => {
             let mut stream = tcp;
-            let shaken = handshake(
-                &mut Watched::new(&mut stream, heard),
-                Role::Server,
-                false,
-                authkey,
-                settings.limits,
-                peer,
-                settings.test_nonce,
-            )
-            .await;
+            let shaken = handshake(&mut Watched::new(&mut stream, heard), side, peer).await;
             let established = shaken.inspect_err(|_| discard_pending(|b| stream.try_read(b)))?;
             let who = Peer::without_certificate(address, established.authenticated);
-            Ok(Link::sealed(Box::new(stream), established, who))
+            (Box::new(stream), established, who)
         }
-        Some(tls) => {
+        Some(acceptor) => {
             // The client speaks first (its ClientHello): its first byte, for `hello_timeout`.
             tcp.peek(&mut [0u8; 1]).await?;
             heard.first_byte();
-            let (mut stream, tls_subject) = tls.accept(buffered(tcp), peer).await?;
-            let established = handshake(
-                &mut Watched::new(&mut stream, heard),
-                Role::Server,
-                true,
-                authkey,
-                settings.limits,
-                peer,
-                settings.test_nonce,
-            )
-            .await?;
+            let (mut stream, tls_subject) = acceptor.accept(buffered(tcp), peer).await?;
+            let side = Shake {
+                tls: Some(tls::exporter(stream.get_ref().1, peer)?),
+                ..side
+            };
+            let established = handshake(&mut Watched::new(&mut stream, heard), side, peer).await?;
             let who = Peer {
                 address: address.into(),
                 authenticated: established.authenticated || tls_subject.is_some(),
                 tls_subject,
             };
-            Ok(Link::sealed(Box::new(stream), established, who))
+            (Box::new(stream), established, who)
         }
+    };
+    if let Some((index, to_owner)) = sessions.join(&mut stream, &established, peer).await? {
+        let joined = Joined {
+            index,
+            stream,
+            slot: None,
+        };
+        return Ok(Admitted::Join(joined, to_owner));
     }
+    let joining = sessions
+        .grant(
+            &mut stream,
+            &established,
+            settings.max_streams,
+            settings.handshake_timeout,
+            peer,
+        )
+        .await?;
+    Ok(Admitted::Link(Box::new(
+        Link::sealed(stream, established, who).joining(joining),
+    )))
 }
 
 /// A stream whose reads are counted in a `Heard`, for the length of a handshake.

@@ -11,6 +11,7 @@ pub mod dial;
 pub mod handshake;
 pub mod link;
 pub mod listener;
+pub mod streams;
 mod tap;
 
 #[cfg(target_os = "linux")]

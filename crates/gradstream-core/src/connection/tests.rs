@@ -28,6 +28,7 @@ fn listen_settings(authkey: Option<&[u8]>, limits: Limits) -> ListenSettings {
             ..Admission::default()
         },
         limits,
+        max_streams: 16,
         #[cfg(target_os = "linux")]
         local: LocalSettings::default(),
         test_nonce: None,
@@ -41,6 +42,7 @@ fn dial_settings(authkey: Option<&[u8]>) -> DialSettings {
         authkey: authkey.map(<[u8]>::to_vec),
         handshake_timeout: Duration::from_secs(5),
         limits: Limits::default(),
+        streams: 1,
         #[cfg(target_os = "linux")]
         local: LocalSettings::default(),
         test_nonce: None,
@@ -213,17 +215,13 @@ async fn a_fixed_test_nonce_is_the_hellos_nonce() {
     let limits = Limits::default();
     let peer_hello = Hello::with_nonce(Role::Server, false, [9u8; 32], limits).to_bytes();
     theirs.write_all(&peer_hello).await.expect("writes");
-    let shaken = handshake::handshake(
-        &mut ours,
-        Role::Client,
-        false,
-        None,
-        limits,
-        None,
-        Some(nonce),
-    )
-    .await
-    .expect("shakes hands");
+    let side = handshake::Shake {
+        test_nonce: Some(nonce),
+        ..handshake::Shake::plain(Role::Client, limits)
+    };
+    let shaken = handshake::handshake(&mut ours, side, None)
+        .await
+        .expect("shakes hands");
     assert_eq!(
         (shaken.client_nonce, shaken.server_nonce),
         (nonce, [9u8; 32])
@@ -472,4 +470,130 @@ async fn a_unix_receive_finished_by_tokio_after_a_parked_phase_acks_at_once() {
         .expect("the sender had its ack within 5 s")
         .unwrap();
     sent.expect("acknowledged");
+}
+
+/// Dial `streams` streams with `settings` to a listener of `max_streams`; both ends.
+async fn streamed(streams: u8, max_streams: u8) -> (Link, Link) {
+    let settings = ListenSettings {
+        max_streams,
+        max_connections: 64,
+        ..listen_settings(Some(KEY), Limits::default())
+    };
+    let mut listener = Listener::bind("127.0.0.1", 0, settings)
+        .await
+        .expect("binds");
+    let port = listener.address().port();
+    let dial = DialSettings {
+        streams,
+        ..dial_settings(Some(KEY))
+    };
+    let (client, server) =
+        tokio::join!(connect("127.0.0.1", port, &dial), next_link(&mut listener));
+    (client.expect("connects"), server)
+}
+
+/// `grad` from one end to the other, acknowledged: the chunks sent, what arrived.
+async fn across(
+    from: &mut Link,
+    to: &mut Link,
+    config: &SessionConfig,
+    grad: &[f32],
+) -> (usize, Vec<f32>) {
+    let p = Progress::default();
+    let sent = from.send_gradient(config, grad.into(), Waits::default(), &p);
+    let got = async {
+        let got = to
+            .recv_gradient(config.receiver(), Waits::default(), &p)
+            .await;
+        to.acknowledge().await.expect("acknowledges");
+        values(got.expect("receives"))
+    };
+    let (sent, got) = tokio::join!(sent, got);
+    (sent.expect("acknowledged"), got)
+}
+
+#[tokio::test]
+async fn a_gradient_crosses_several_streams_each_way_and_is_acknowledged() {
+    let (mut client, mut server) = streamed(4, 16).await;
+    assert_eq!((client.streams(), server.streams()), (4, 4));
+    let config = SessionConfig::new("t", 100);
+    let p = Progress::default();
+    // 10 000 values in 100 chunks, then one chunk (three streams carry nothing), then none.
+    for n in [10_000usize, 7, 0] {
+        let grad: Vec<f32> = (0..n).map(|i| (i as f32).sin()).collect();
+        let (chunks, got) = across(&mut client, &mut server, &config, &grad).await;
+        assert_eq!((chunks, &got), (n.div_ceil(100).max(1), &grad));
+        // And back, from the listener's side.
+        let (_, returned) = across(&mut server, &mut client, &config, &got).await;
+        assert_eq!(returned, grad);
+    }
+    client.close().await;
+    let end = server
+        .recv_gradient(config.receiver(), Waits::default(), &p)
+        .await;
+    assert!(matches!(end, Ok(Ended::BeforeFirstByte(_))), "{end:?}");
+}
+
+#[tokio::test]
+async fn the_listener_grants_at_most_its_max_streams() {
+    let (client, server) = streamed(5, 2).await;
+    assert_eq!((client.streams(), server.streams()), (2, 2));
+}
+
+#[tokio::test]
+async fn several_streams_need_an_authkey_or_tls() {
+    let dial = DialSettings {
+        streams: 2,
+        ..dial_settings(None)
+    };
+    let Err(error) = connect("127.0.0.1", 1, &dial).await else {
+        panic!("connected without a secret");
+    };
+    assert!(
+        error
+            .to_string()
+            .contains("several streams need an authkey or TLS"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn a_join_naming_no_open_session_is_refused_and_counted() {
+    use crate::protocol::streams::{join_message, JOIN_LEN};
+    use crate::protocol::{Intent, Role};
+    let mut listener = Listener::bind(
+        "127.0.0.1",
+        0,
+        listen_settings(Some(KEY), Limits::default()),
+    )
+    .await
+    .expect("binds");
+    let port = listener.address().port();
+    let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connects");
+    let side = handshake::Shake {
+        authkey: Some(KEY),
+        intent: Some(Intent::Join {
+            index: 1,
+            session: [3; 16],
+        }),
+        ..handshake::Shake::plain(Role::Client, Limits::default())
+    };
+    handshake::handshake(&mut tcp, side, None)
+        .await
+        .expect("shakes hands");
+    tcp.write_all(&join_message([0; 32])).await.expect("writes");
+    let error = refusal(&mut listener).await;
+    assert!(
+        matches!(&error, GradientStreamError::Authentication { detail, .. }
+            if detail.contains("names no session open at this listener")),
+        "{error}"
+    );
+    // The listener answers nothing and closes: no join message comes back.
+    let mut answer = vec![0u8; JOIN_LEN];
+    let n = tokio::io::AsyncReadExt::read(&mut tcp, &mut answer)
+        .await
+        .unwrap_or(0);
+    assert_eq!(n, 0);
 }

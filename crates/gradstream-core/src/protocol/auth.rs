@@ -193,6 +193,7 @@ impl Exchange {
         Ok(Confirmation {
             key: hmac::Key::new(hmac::HMAC_SHA256, &key),
             hellos,
+            spake2_key: key,
         })
     }
 }
@@ -201,9 +202,16 @@ impl Exchange {
 pub struct Confirmation {
     key: hmac::Key,
     hellos: [u8; 32],
+    /// `K` itself, which the session secret of several streams is derived from.
+    spake2_key: Vec<u8>,
 }
 
 impl Confirmation {
+    /// SPAKE2's key `K` (docs/spec/protocol.md, step 3).
+    pub fn spake2_key(&self) -> &[u8] {
+        &self.spake2_key
+    }
+
     fn tagged(&self, role: Role) -> Vec<u8> {
         [label(role).as_slice(), &self.hellos].concat()
     }

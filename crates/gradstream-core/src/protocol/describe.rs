@@ -33,10 +33,21 @@ pub enum Kind {
     /// The authkey's confirmation tag.
     Auth,
     Ack,
+    /// A listener's grant of several streams (docs/spec/protocol.md, "Several streams").
+    Streams,
+    /// A joining stream's proof.
+    Join,
 }
 
 impl Kind {
-    const ALL: [Kind; 4] = [Kind::Hello, Kind::Pake, Kind::Auth, Kind::Ack];
+    const ALL: [Kind; 6] = [
+        Kind::Hello,
+        Kind::Pake,
+        Kind::Auth,
+        Kind::Ack,
+        Kind::Streams,
+        Kind::Join,
+    ];
 
     pub const fn magic(self) -> [u8; 4] {
         match self {
@@ -44,6 +55,8 @@ impl Kind {
             Kind::Pake => *b"GSPK",
             Kind::Auth => *b"GSAU",
             Kind::Ack => *b"GSAK",
+            Kind::Streams => *b"GSST",
+            Kind::Join => *b"GSJN",
         }
     }
 
@@ -54,6 +67,8 @@ impl Kind {
             Kind::Pake => "a key exchange message",
             Kind::Auth => "an authentication message",
             Kind::Ack => "an ack",
+            Kind::Streams => "a streams message",
+            Kind::Join => "a join message",
         }
     }
 
@@ -64,6 +79,8 @@ impl Kind {
             Kind::Pake => "a key exchange message",
             Kind::Auth => "an authentication message",
             Kind::Ack => "an ack",
+            Kind::Streams => "a streams message",
+            Kind::Join => "a join message",
         }
     }
 
@@ -71,7 +88,7 @@ impl Kind {
     const fn within(self) -> &'static str {
         match self {
             Kind::Hello => "the hello",
-            Kind::Pake | Kind::Auth | Kind::Ack => self.name(),
+            Kind::Pake | Kind::Auth | Kind::Ack | Kind::Streams | Kind::Join => self.name(),
         }
     }
 
@@ -217,7 +234,9 @@ pub(crate) fn check_start(
         return Err(protocol_error(kind.expected(), describe(start), peer));
     }
     match kind {
-        Kind::Pake | Kind::Auth => check_zeros(start, 4..START_LEN, kind, peer),
+        Kind::Pake | Kind::Auth | Kind::Streams | Kind::Join => {
+            check_zeros(start, 4..START_LEN, kind, peer)
+        }
         Kind::Hello | Kind::Ack if start[ZEROS].iter().any(|&b| b != 0) => {
             Err(protocol_error(kind.expected(), describe(start), peer))
         }

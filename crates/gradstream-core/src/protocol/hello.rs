@@ -11,6 +11,7 @@ use crate::error::PeerAt;
 use ring::rand::{SecureRandom, SystemRandom};
 
 use super::describe::{check_start, check_zeros, protocol_error, Kind, START_LEN};
+use super::streams::Intent;
 use crate::error::{GradientStreamError, Result};
 use crate::frame::Limits;
 
@@ -21,6 +22,10 @@ pub const HELLO_LEN: usize = 80;
 /// authkey's exchange became SPAKE2; a peer of another version is refused at its hello,
 /// told which side to upgrade.
 pub const VERSION: u16 = 2;
+
+/// The version of a client's hello that opens or joins a connection of several streams
+/// (`Intent`); every other hello, and every listener's, is version 2.
+pub const STREAMS_VERSION: u16 = 3;
 
 /// Where the nonce sits in a hello (the auth tags read it from the bytes).
 pub(crate) const NONCE_AT: usize = 20;
@@ -77,6 +82,8 @@ pub struct Hello {
     pub max_gradient_len: u64,
     /// Bytes the side accepts in one frame's payload.
     pub max_payload_len: u32,
+    /// A client's several streams: opened or joined (a version 3 hello).
+    pub intent: Option<Intent>,
 }
 
 impl Hello {
@@ -100,7 +107,13 @@ impl Hello {
             nonce,
             max_gradient_len: u64::try_from(limits.max_gradient_len).unwrap_or(u64::MAX),
             max_payload_len: limits.max_payload_len,
+            intent: None,
         }
+    }
+
+    /// The same hello, opening or joining a connection of several streams.
+    pub fn with_intent(self, intent: Option<Intent>) -> Self {
+        Self { intent, ..self }
     }
 
     /// The limits the hello's sender applies to what it receives.
@@ -114,23 +127,38 @@ impl Hello {
     pub fn to_bytes(&self) -> [u8; HELLO_LEN] {
         let mut out = [0u8; HELLO_LEN];
         out[..4].copy_from_slice(&Kind::Hello.magic());
-        out[12..14].copy_from_slice(&VERSION.to_le_bytes());
+        let version = if self.intent.is_some() {
+            STREAMS_VERSION
+        } else {
+            VERSION
+        };
+        out[12..14].copy_from_slice(&version.to_le_bytes());
         out[14..16].copy_from_slice(&(HELLO_LEN as u16).to_le_bytes());
         out[16] = self.role.byte();
         out[17] = u8::from(self.auth);
         out[NONCE_AT..NONCE_AT + 32].copy_from_slice(&self.nonce);
         out[52..60].copy_from_slice(&self.max_gradient_len.to_le_bytes());
         out[60..64].copy_from_slice(&self.max_payload_len.to_le_bytes());
+        if let Some(intent) = self.intent {
+            intent.write(&mut out);
+        }
         out
     }
 
     /// Check a peer's first 16 bytes before reading more: a hello's magic (else a
-    /// `ProtocolError` naming what they are), its zeros, version 2 (else which side to
-    /// upgrade) and length 80.
-    pub fn check_start(first: &[u8; START_LEN], peer: Option<&PeerAt>) -> Result<()> {
+    /// `ProtocolError` naming what they are), its zeros, version 2 (or 3 from a client:
+    /// `from`; else which side to upgrade) and length 80.
+    pub fn check_start(first: &[u8; START_LEN], from: Role, peer: Option<&PeerAt>) -> Result<()> {
         check_start(first, Kind::Hello, peer)?;
         let version = u16::from_le_bytes([first[12], first[13]]);
-        if version != VERSION {
+        if version == STREAMS_VERSION && from == Role::Server {
+            return Err(protocol_error(
+                format!("a listener's hello of version {VERSION}"),
+                format!("a hello of version {version} (only a client's opens several streams)"),
+                peer,
+            ));
+        }
+        if version != VERSION && version != STREAMS_VERSION {
             let fix = if version < VERSION {
                 "an older gradstream: upgrade the peer"
             } else {
@@ -162,7 +190,7 @@ impl Hello {
     ) -> Result<Hello> {
         let mut first = [0u8; START_LEN];
         first.copy_from_slice(&bytes[..START_LEN]);
-        Self::check_start(&first, peer)?;
+        Self::check_start(&first, expected_role, peer)?;
         let role = match Role::from_byte(bytes[16]) {
             Some(role) if role == expected_role => role,
             other => {
@@ -185,8 +213,13 @@ impl Hello {
                 ))
             }
         };
-        check_zeros(bytes, 18..20, Kind::Hello, peer)?;
-        check_zeros(bytes, 64..HELLO_LEN, Kind::Hello, peer)?;
+        let intent = if u16::from_le_bytes([bytes[12], bytes[13]]) == STREAMS_VERSION {
+            Some(Intent::read(bytes, peer)?)
+        } else {
+            check_zeros(bytes, 18..20, Kind::Hello, peer)?;
+            check_zeros(bytes, 64..HELLO_LEN, Kind::Hello, peer)?;
+            None
+        };
         let mut nonce = [0u8; 32];
         nonce.copy_from_slice(&bytes[NONCE_AT..NONCE_AT + 32]);
         let mut gradient = [0u8; 8];
@@ -199,6 +232,7 @@ impl Hello {
             nonce,
             max_gradient_len: u64::from_le_bytes(gradient),
             max_payload_len: u32::from_le_bytes(payload),
+            intent,
         })
     }
 
@@ -362,12 +396,12 @@ mod tests {
                 "a hello of version 1 (an older gradstream: upgrade the peer)"
             )
         );
-        bytes[12] = 3;
+        bytes[12] = 4;
         assert_eq!(
             refusal(&bytes, Role::Client),
             pair(
                 "a hello of version 2",
-                "a hello of version 3 (a newer gradstream: upgrade this side)"
+                "a hello of version 4 (a newer gradstream: upgrade this side)"
             )
         );
         let mut bytes = client_hello().to_bytes();
@@ -418,10 +452,10 @@ mod tests {
         let bytes = client_hello().to_bytes();
         let mut first = [0u8; START_LEN];
         first.copy_from_slice(&bytes[..START_LEN]);
-        assert!(Hello::check_start(&first, None).is_ok());
+        assert!(Hello::check_start(&first, Role::Client, None).is_ok());
         first.copy_from_slice(b"GET / HTTP/1.1\r\n");
         assert_eq!(
-            Hello::check_start(&first, Some(&PeerAt::Tcp(PEER))),
+            Hello::check_start(&first, Role::Client, Some(&PeerAt::Tcp(PEER))),
             Err(protocol_error(
                 "a gradstream hello",
                 "an HTTP request ('GET / HTTP/1.1'...)",

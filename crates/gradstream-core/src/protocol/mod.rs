@@ -7,6 +7,8 @@
 //! - `auth`: the authkey's SPAKE2 exchange, its key exchange and auth messages;
 //! - `hello`: `Hello`, `Role`, the first message each way;
 //! - `ids`: `transfer_id`, each transfer's seal id, and `Direction`;
+//! - `streams`: a connection of several streams: the intents of a version 3 hello, the
+//!   session secret, the streams and join messages;
 //! - `describe`: the four messages' magics and common start, and what foreign first bytes
 //!   are (an HTTP request, a TLS client, a bare frame header...), for a `ProtocolError`.
 //!
@@ -18,6 +20,7 @@ pub mod auth;
 pub mod describe;
 pub mod hello;
 pub mod ids;
+pub mod streams;
 #[cfg(test)]
 mod testing;
 
@@ -29,3 +32,4 @@ pub use auth::{
 pub use describe::{describe, Kind, START_LEN};
 pub use hello::{Hello, Role, HELLO_LEN, VERSION};
 pub use ids::{transfer_id, Direction, TRANSFER_ID_LEN};
+pub use streams::{Intent, SessionSecret};

@@ -59,6 +59,18 @@ fn provider() -> Arc<CryptoProvider> {
     Arc::new(provider)
 }
 
+/// The TLS session's exporter value (RFC 8446, 7.5) for the label
+/// `EXPORTER-gradstream-session`, no context: what binds a connection's session secret,
+/// and a join's proof, to this TLS session (docs/spec/protocol.md, "Several streams").
+pub(crate) fn exporter<D>(
+    connection: &rustls::ConnectionCommon<D>,
+    peer: Option<&PeerAt>,
+) -> crate::error::Result<[u8; 32]> {
+    connection
+        .export_keying_material([0u8; 32], crate::protocol::streams::EXPORTER_LABEL, None)
+        .map_err(|e| tls_error(format!("the TLS exporter failed: {e}"), peer))
+}
+
 /// A `Tls` error.
 pub(crate) fn tls_error(detail: impl Into<String>, peer: Option<&PeerAt>) -> GradientStreamError {
     GradientStreamError::Tls {

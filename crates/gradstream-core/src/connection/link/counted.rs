@@ -73,6 +73,18 @@ pub(super) struct Counted {
 }
 
 impl Counted {
+    /// `inner`, counted from 0, as tokio drives it.
+    pub(super) fn of(inner: Box<dyn Duplex>) -> Self {
+        Self {
+            fd: super::tcp_fd(inner.as_ref()),
+            inner,
+            moved: 0,
+            budget: None,
+            direct: None,
+            parked: None,
+        }
+    }
+
     /// Close the socket now (dropping the TCP or TLS stream): unread bytes make the
     /// kernel reset the connection, so a peer still sending learns at once
     /// (docs/guides/connections.md "Closing").

@@ -65,6 +65,17 @@ impl Link {
         };
         let id = keys.id(true);
         let sealed = gradient.sealed(Seal::lone(id));
+        if self.streams() > 1 {
+            self.gather().await?;
+            let (sent, digest) = match self
+                .send_striped(config, sealed, id, &clock, progress)
+                .await
+            {
+                Ok((sent, digest)) => (Ok(sent), digest),
+                Err(e) => (Err(e), [0; 32]),
+            };
+            return self.acknowledged(sent, digest, &clock).await;
+        }
         let mut tap = Tap::new(&mut self.stream, Digest::new(&id.0));
         let sent = send_gradient_on(config, sealed, &mut tap, &clock, progress).await;
         let digest = tap.finish();

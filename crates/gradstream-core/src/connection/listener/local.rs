@@ -9,7 +9,7 @@ use tokio::net::{UnixListener, UnixStream};
 
 use super::{discard_pending, ListenSettings, Watched};
 use crate::connection::admission::Heard;
-use crate::connection::handshake::handshake;
+use crate::connection::handshake::{handshake, Shake};
 use crate::connection::link::{Link, LocalPeer, Peer, PeerAddress};
 use crate::error::{GradientStreamError, Result};
 use crate::protocol::Role;
@@ -167,16 +167,12 @@ pub(super) async fn admit_local(
     heard: &Heard,
 ) -> Result<Link> {
     let at = PeerAt::Unix(peer.path.clone());
-    let shaken = handshake(
-        &mut Watched::new(&mut unix, heard),
-        Role::Server,
-        false,
-        settings.authkey.as_deref(),
-        settings.limits,
-        Some(&at),
-        settings.test_nonce,
-    )
-    .await;
+    let side = Shake {
+        authkey: settings.authkey.as_deref(),
+        test_nonce: settings.test_nonce,
+        ..Shake::plain(Role::Server, settings.limits)
+    };
+    let shaken = handshake(&mut Watched::new(&mut unix, heard), side, Some(&at)).await;
     let established = shaken.inspect_err(|_| discard_pending(|b| unix.try_read(b)))?;
     heard.shook_hands();
     let rings = settings.local.rings;

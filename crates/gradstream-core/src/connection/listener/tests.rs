@@ -21,6 +21,7 @@ fn settings() -> ListenSettings {
             ..Admission::default()
         },
         limits: Limits::default(),
+        max_streams: 16,
         #[cfg(target_os = "linux")]
         local: LocalSettings::default(),
         test_nonce: None,
@@ -34,6 +35,7 @@ fn dial(key: &[u8]) -> DialSettings {
         authkey: Some(key.to_vec()),
         handshake_timeout: Duration::from_secs(5),
         limits: Limits::default(),
+        streams: 1,
         #[cfg(target_os = "linux")]
         local: LocalSettings::default(),
         test_nonce: None,
@@ -47,17 +49,11 @@ async fn from(source: &str, port: u16, key: &[u8]) -> Result<()> {
     let mut stream = socket
         .connect(format!("127.0.0.1:{port}").parse().expect("an address"))
         .await?;
-    handshake(
-        &mut stream,
-        Role::Client,
-        false,
-        Some(key),
-        Limits::default(),
-        None,
-        None,
-    )
-    .await
-    .map(|_| ())
+    let side = Shake {
+        authkey: Some(key),
+        ..Shake::plain(Role::Client, Limits::default())
+    };
+    handshake(&mut stream, side, None).await.map(|_| ())
 }
 
 /// The listener's next event, as a word.

@@ -1,0 +1,182 @@
+"""Parallel streams (docs/guides/across-the-internet.md, "Parallel streams"): one connection
+over several TCP (or TLS) connections, its gradients' chunks spread over them and put
+back together bit for bit, from asyncio and from ``gradstream.sync``, under an authkey
+or TLS; the listener grants at most ``max_streams``; what cannot have several streams
+(no secret, unix:, the seed protocol) is refused before anything is dialled. The relay
+of tests/support/wan.py shows each stream is a flow of its own."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+
+import gradstream as gs
+import gradstream.sync as gss
+from gradstream.errors import SettingError
+from support.certs import Certificates
+from support.connections import KEY, LOCAL, raw_peer, read_to_end, run
+from support.peer import messages as p
+from support.wan import Relay
+
+
+def gradient(n: int, seed: int = 0) -> np.ndarray:
+    """Raw float32 bit patterns (NaNs and infinities included): bits must come back."""
+    words = np.random.default_rng(seed).integers(0, 2**32, n, dtype=np.uint32)
+    return words.view(np.float32)
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def session(chunk_size: int = 1000) -> gs.GradientStreamSession:
+    return gs.GradientStreamSession("streams", chunk_size=chunk_size)
+
+
+async def exchange(
+    listen: dict[str, Any], connect: dict[str, Any], sizes: list[int]
+) -> tuple[int, int, list[np.ndarray], list[np.ndarray]]:
+    """Each size's gradient from the dialler to the listener and back (the listener sends
+    what it got): (streams as each side sees them, what each side received)."""
+    async with await gs.listen(LOCAL, session=session(), **listen) as listener:
+
+        async def serve() -> tuple[int, list[np.ndarray]]:
+            got = []
+            async with await listener.accept() as conn:
+                for _ in sizes:
+                    g = await conn.recv()
+                    got.append(g)
+                    await conn.send(g)
+                return conn.streams, got
+
+        serving = asyncio.create_task(serve())
+        back = []
+        async with await gs.connect(listener.address, session=session(), **connect) as conn:
+            for i, n in enumerate(sizes):
+                await conn.send(gradient(n, i))
+                back.append(await conn.recv())
+            streams = conn.streams
+        listener_streams, got = await serving
+    return streams, listener_streams, got, back
+
+
+SIZES = [100_003, 1, 0, 4_500]  # many chunks, one (three streams idle), an empty one
+
+
+def test_gradients_cross_four_streams_each_way_bit_for_bit() -> None:
+    streams, theirs, got, back = run(
+        lambda: exchange({"authkey": KEY}, {"authkey": KEY, "streams": 4}, SIZES)
+    )
+    assert (streams, theirs) == (4, 4)
+    for i, n in enumerate(SIZES):
+        assert same_bits(got[i], gradient(n, i)), n
+        assert same_bits(back[i], gradient(n, i)), n
+
+
+def test_streams_under_tls_alone(certs: Certificates) -> None:
+    streams, _, got, back = run(
+        lambda: exchange({"tls": certs.server}, {"tls": certs.client, "streams": 3}, SIZES[:1])
+    )
+    assert streams == 3
+    assert same_bits(got[0], gradient(SIZES[0])) and same_bits(back[0], gradient(SIZES[0]))
+
+
+def test_the_listener_grants_at_most_its_max_streams() -> None:
+    streams, theirs, got, _ = run(
+        lambda: exchange(
+            {"authkey": KEY, "max_streams": 2}, {"authkey": KEY, "streams": 8}, [10_000]
+        )
+    )
+    assert (streams, theirs) == (2, 2)
+    assert same_bits(got[0], gradient(10_000))
+
+
+def test_the_blocking_face_and_out_and_tensor_sets_on_several_streams() -> None:
+    grad = gradient(50_000, 7)
+    tensors = {"w": gradient(3_000, 8).reshape(60, 50), "b": gradient(50, 9)}
+    with gss.listen(LOCAL, authkey=KEY, session=session(700)) as listener:
+
+        def serve() -> tuple[int, np.ndarray, dict[str, np.ndarray]]:
+            with listener.accept() as server:
+                out = np.empty(50_000, np.float32)
+                assert server.recv(out=out) is out
+                got = server.recv_tensors()
+                server.send(grad)
+                return server.streams, out, got
+
+        with ThreadPoolExecutor(1) as pool:
+            serving = pool.submit(serve)
+            with gss.connect(listener.address, authkey=KEY, streams=5, session=session(700)) as c:
+                c.send(grad)
+                c.send_tensors(tensors)
+                total = np.ones(50_000, np.float32)
+                c.recv(reduce_into=total)
+                streams = c.streams
+            theirs, out, got = serving.result(timeout=60)
+    assert (streams, theirs) == (5, 5)
+    assert same_bits(out, grad)
+    assert list(got) == ["w", "b"] and all(same_bits(got[k], tensors[k]) for k in tensors)
+    with np.errstate(invalid="ignore", over="ignore"):
+        assert same_bits(total, np.float32(1) + grad)
+
+
+def test_each_stream_is_a_flow_of_its_own_through_the_relay() -> None:
+    grad = gradient(200_000, 3)
+    with gss.listen(LOCAL, authkey=KEY, session=session()) as listener:
+        with Relay(listener.address, rtt=0.01, window=1 << 20) as relay:
+            with ThreadPoolExecutor(1) as pool:
+
+                def serve() -> np.ndarray:
+                    with listener.accept() as server:
+                        return server.recv()
+
+                serving = pool.submit(serve)
+                with gss.connect(relay.address, authkey=KEY, streams=4, session=session()) as c:
+                    c.send(grad)
+                assert same_bits(serving.result(timeout=60), grad)
+            assert relay.connections == 4
+
+
+@pytest.mark.parametrize(
+    ("address", "keywords", "words"),
+    [
+        (LOCAL, {}, "several streams need an authkey or TLS"),
+        (LOCAL, {"protocol": "seed"}, "protocol='seed' has no hello"),
+        ("unix:/tmp/gradstream-none.sock", {"authkey": KEY}, "a unix: connection has one"),
+    ],
+)
+def test_what_cannot_have_several_streams_is_refused_before_dialling(
+    address: Any, keywords: dict[str, Any], words: str
+) -> None:
+    with pytest.raises(SettingError, match=words) as info:
+        gss.connect(address, streams=2, **keywords)
+    assert info.value.setting == "streams"
+
+
+@pytest.mark.parametrize("value", [0, 256, -1])
+def test_streams_is_a_count_from_1_to_255(value: int) -> None:
+    with pytest.raises(SettingError, match="streams"):
+        gss.connect(LOCAL, authkey=KEY, streams=value)
+    with pytest.raises(SettingError, match="max_streams"):
+        gss.listen(LOCAL, authkey=KEY, max_streams=value)
+
+
+def test_a_listener_without_a_secret_refuses_an_opening_of_several_streams() -> None:
+    """A client with an authkey cannot reach a keyless listener anyway; a hostile one
+    that sends a version 3 opening hello without a key is refused at the listener."""
+
+    async def main() -> bytes:
+        async with await gs.listen(LOCAL) as listener:
+            async with raw_peer(listener.address) as (reader, writer):
+                hello = bytearray(p.encode_hello(p.Hello(1, 0, bytes(range(32)), 10, 10)))
+                hello[12], hello[18], hello[19] = 3, 1, 4  # version 3: open 4 streams
+                writer.write(bytes(hello))
+                return await read_to_end(reader)
+
+    answer = run(main)
+    # Its hello (80 bytes), and no grant: the listener closed.
+    assert len(answer) == 80 and b"GSST" not in answer

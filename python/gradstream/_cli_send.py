@@ -27,7 +27,7 @@ from typing import Any
 import numpy.typing as npt
 
 from . import TransferProgress
-from ._checks import CONNECTION_DEADLINE, HANDSHAKE_TIMEOUT
+from ._checks import CONNECTION_DEADLINE, HANDSHAKE_TIMEOUT, check_streams, check_streams_secret
 from ._cli_base import (
     CliError,
     count_of,
@@ -46,7 +46,7 @@ from ._cli_link import LinkSettings, cli_session, link_settings
 from ._cli_progress import want_progress, with_progress
 from ._connection import connect
 from ._session import GradientStreamSession
-from .errors import GradientStreamError, StreamTimeoutError
+from .errors import GradientStreamError, SettingError, StreamTimeoutError
 
 __all__ = ["load_gradient", "load_item", "run_send"]
 
@@ -66,6 +66,7 @@ class SendPlan:
     link: LinkSettings
     timeout: float | None
     bar: bool
+    streams: int = 1
 
 
 class _Doing:
@@ -141,7 +142,10 @@ async def _send_all(plan: SendPlan, doing: _Doing) -> None:
     where = format_address(*plan.address)
     try:
         conn = await connect(
-            library_address(plan.address), session=plan.session, **plan.link.keywords()
+            library_address(plan.address),
+            session=plan.session,
+            streams=plan.streams,
+            **plan.link.keywords(),
         )
     except (GradientStreamError, OSError) as exc:
         raise _connect_failure(where, exc, plan.link) from exc
@@ -192,6 +196,11 @@ def run_send(args: argparse.Namespace) -> int:
     if args.chunk_size is not None and args.chunk_size < 0:
         raise CliError(f"--chunk-size must be >= 0, got {args.chunk_size}", 2)
     link = link_settings(args, listening=False)
+    try:
+        streams = check_streams(args.streams, "--streams")
+        check_streams_secret(streams, link.protocol, link.tls, link.authkey, host)
+    except SettingError as exc:
+        raise CliError(str(exc).replace("streams=", "--streams ", 1), 2) from exc
     gradients = [(Path(f), load_item(Path(f), link.protocol)) for f in args.files]
     resolve(host, port, passive=False)
     compression = None if args.compression == "none" else args.compression
@@ -204,6 +213,7 @@ def run_send(args: argparse.Namespace) -> int:
         link=link,
         timeout=args.timeout,
         bar=want_progress(args),
+        streams=streams,
     )
     doing = _Doing(format_address(host, port))
     try:

@@ -4,7 +4,8 @@
                     [--count N | --forever] [--max-bytes B] [--max-connections N]
                     [CONNECTION FLAGS] [--timeout S] [-v]
     gradstream send HOST:PORT FILE [FILE ...] [--chunk-size N] [--layout L]
-                    [--compression C] [--wire-dtype D] [CONNECTION FLAGS]
+                    [--compression C] [--wire-dtype D] [--streams N]
+                    [CONNECTION FLAGS]
                     [--timeout S] [-v]
     gradstream demo [--mib N] [--repeats R]
     gradstream keygen [--out FILE]
@@ -308,6 +309,15 @@ def _add_send(sub: Any) -> None:
         help="what the values travel as (default: their own dtype): a float dtype they are "
         "cast to, or int8, blockwise-quantized float32 at about a quarter of float32's "
         "bytes, lossy (the receiver gets the file's dtype back; not with --compression)",
+    )
+    send.add_argument(
+        "--streams",
+        type=int,
+        default=1,
+        metavar="N",
+        help="TCP (or TLS) connections to spread each gradient's chunks over, 1 to 255 "
+        "(default 1): for long paths, where one connection's window caps its rate; needs "
+        "--authkey-file or TLS, and the receiver may grant fewer",
     )
     send.add_argument(
         "--no-progress",

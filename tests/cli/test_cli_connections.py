@@ -491,3 +491,25 @@ def test_verbose_shows_the_library_s_info_lines(tmp_path: Path, spawn: list[Chil
     lines = error_lines(stderr)
     assert lines and all(line.startswith("gradstream: info: ") for line in lines), stderr
     assert any(line.startswith("gradstream: info: listening on 127.0.0.1:") for line in lines)
+
+
+def test_send_over_several_streams(tmp_path: Path, spawn: list[Child], authkey: str) -> None:
+    """--streams 4: the gradient's chunks spread over four connections arrive bit for
+    bit; without an authkey or TLS it is a command-line mistake, before any dialling."""
+    grad = gradient(20_000, seed=6)
+    receiver, port = start_receiver(
+        spawn, "--out", str(tmp_path / "o.npy"), "--authkey-file", authkey
+    )
+    src = save(tmp_path, "g.npy", grad)
+    sent = run("send", f"127.0.0.1:{port}", src, "--chunk-size", "1000",
+               "--streams", "4", "--authkey-file", authkey)  # fmt: skip
+    assert sent.returncode == 0, sent.stderr
+    status, stdout, stderr = receiver.finish()
+    assert status == 0, stderr
+    [(_, _, path)] = received(stdout)
+    assert bit_equal(np.load(path), grad)
+    refused = run("send", "127.0.0.1:9", src, "--streams", "2")
+    assert refused.returncode == 2
+    assert "--streams 2: several streams need an authkey or TLS" in refused.stderr
+    out_of_range = run("send", "127.0.0.1:9", src, "--streams", "0", "--authkey-file", authkey)
+    assert out_of_range.returncode == 2 and "--streams" in out_of_range.stderr

@@ -1,5 +1,6 @@
 """benches/wan.py (the long-path rows of ``make bench``) at a tiny size: it runs the
-relay, the receiver and the sender in three processes, prints each row and the ratios,
+relay, the receiver and the sender in three processes, prints each row (three streams
+and three raw flows among them) and the ratios,
 and the bytes the relay carried are what the payloads make them (the int8 wire's a
 quarter of float32's, plus a block's scale and offset: a size, never a time, is
 asserted)."""
@@ -16,22 +17,26 @@ from support import ROOT
 def test_the_wan_benchmark_runs_and_prints_every_row() -> None:
     script = ROOT / "benches" / "wan.py"
     done = subprocess.run(
-        [sys.executable, str(script), "--mib", "8", "--rtt", "0.005"],
+        [sys.executable, str(script), "--mib", "8", "--rtt", "0.005", "--streams", "3"],
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    row = r"^(raw TCP|float32|int8 wire)\s+([0-9.]+)\s+([0-9]+)\s+([0-9]+)$"
+    row = r"^(raw TCP|raw, 3 flows|float32|int8 wire|3 streams)\s+([0-9.]+)\s+([0-9]+)\s+([0-9]+)$"
     rows = {name: (float(s), int(mb)) for name, s, _, mb in re.findall(row, done.stdout, re.M)}
-    assert set(rows) == {"raw TCP", "float32", "int8 wire"}, done.stdout
-    assert rows["raw TCP"][1] == 8 * 2**20 // 10**6  # every byte went through the relay
+    assert set(rows) == {"raw TCP", "raw, 3 flows", "float32", "int8 wire", "3 streams"}
+    # Every byte went through the relay, on one flow or three; striping adds no bytes.
+    assert rows["raw TCP"][1] == rows["raw, 3 flows"][1] == 8 * 2**20 // 10**6
+    assert rows["3 streams"][1] == rows["float32"][1], done.stdout
     bytes_ratio = re.search(r"wire bytes ([0-9.]+) \(target <= 0.26\)", done.stdout)
     assert bytes_ratio is not None, done.stdout
     assert 0.25 <= float(bytes_ratio.group(1)) <= 0.26
     assert re.search(r"int8 wire / float32: time [0-9.]+ \(target <= 0.35\)", done.stdout)
     assert re.search(r"float32 / raw TCP, time: [0-9.]+$", done.stdout, re.M)
+    ratios = r"3 streams / one stream, speed: [0-9.]+ .* / raw TCP with 3 flows, speed: [0-9.]+"
+    assert re.search(ratios, done.stdout), done.stdout
 
 
 def test_a_bad_size_is_a_usage_error_and_a_failing_child_ends_the_run() -> None:

@@ -180,3 +180,68 @@ def test_a_listener_without_a_secret_refuses_an_opening_of_several_streams() -> 
     answer = run(main)
     # Its hello (80 bytes), and no grant: the listener closed.
     assert len(answer) == 80 and b"GSST" not in answer
+
+
+def test_the_listener_grants_no_more_streams_than_it_has_connection_slots_for() -> None:
+    """Slots are held at the grant, so a join proven to its client always has one: with
+    max_connections=2, a connection asking for 4 streams is granted 2, and they work."""
+    streams, theirs, got, _ = run(
+        lambda: exchange(
+            {"authkey": KEY, "max_connections": 2}, {"authkey": KEY, "streams": 4}, [30_000]
+        )
+    )
+    assert (streams, theirs) == (2, 2)
+    assert same_bits(got[0], gradient(30_000))
+
+
+def test_a_first_receive_given_up_while_joins_arrive_loses_no_stream() -> None:
+    """The listener's side waits for the joins before the first gradient; a receive
+    cancelled meanwhile (here while the relay delays them) keeps what came: the next
+    receive has every stream."""
+    grad = gradient(100_000, 5)
+
+    async def main() -> tuple[int, bool, np.ndarray]:
+        async with await gs.listen(LOCAL, authkey=KEY) as listener:
+            with Relay(listener.address, rtt=0.1, window=1 << 20) as relay:
+
+                async def serve() -> tuple[int, bool, np.ndarray]:
+                    async with await listener.accept() as conn:
+                        with pytest.raises(TimeoutError):
+                            await asyncio.wait_for(conn.recv(), 0.05)
+                        closed = conn.closed
+                        return conn.streams, closed, await conn.recv()
+
+                serving = asyncio.create_task(serve())
+                async with await gs.connect(relay.address, authkey=KEY, streams=4) as conn:
+                    await conn.send(grad)
+                return await serving
+
+    streams, closed, got = run(main)
+    assert (streams, closed) == (4, False)
+    assert same_bits(got, grad)
+
+
+def test_a_refusal_reaches_a_sender_writing_on_every_stream() -> None:
+    """A receiver refusing a striped gradient (out= too small) reads and drops what comes
+    on every stream, so the sender, blocked on any of them, reaches the refusal while
+    the receiver still holds the connection open."""
+
+    async def main() -> str:
+        async with await gs.listen(LOCAL, authkey=KEY) as listener:
+            sent = asyncio.get_running_loop().create_future()
+
+            async def serve() -> None:
+                async with await listener.accept() as conn:
+                    with pytest.raises(gs.errors.GradientSizeError):
+                        await conn.recv(out=np.empty(1000, np.float32))
+                    await sent  # open until the sender has its answer
+
+            serving = asyncio.create_task(serve())
+            async with await gs.connect(listener.address, authkey=KEY, streams=4) as conn:
+                with pytest.raises(gs.errors.DeliveryError) as info:
+                    await conn.send(gradient(4_000_000))
+                sent.set_result(None)
+            await serving
+            return str(info.value)
+
+    assert "the peer refused it" in run(main)

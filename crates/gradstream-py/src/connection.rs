@@ -401,7 +401,8 @@ impl PyLink {
         let gradient = HeldGradient::new(&Input::try_from(gradient)?)?;
         let small = gradient.gradient().raw().len() <= fastpath::SEND_MAX;
         let config = self.engine.get().config().clone();
-        let caller_thread = small && self.engine.get().drivers().caller_thread;
+        // A striped link's streams have no shared read budget: tokio drives them.
+        let caller_thread = small && self.streams == 1 && self.engine.get().drivers().caller_thread;
         let mut link = self.take(py)?;
         let direct = here_direct(&mut link, (here || driven) && caller_thread, here);
         let transfer = async move {
@@ -451,7 +452,8 @@ impl PyLink {
         let waits = self.waits(deadline)?;
         let lent = out.as_ref().map(OutArgs::lend).transpose()?;
         let config = self.engine.get().config().clone();
-        let caller_thread = self.engine.get().drivers().caller_thread;
+        // A striped link's streams have no shared read budget: tokio drives them.
+        let caller_thread = self.streams == 1 && self.engine.get().drivers().caller_thread;
         let mut link = self.take(py)?;
         let direct = here_direct(&mut link, here && caller_thread, true);
         let budget = ReadBudget::new(fastpath::PEEK_MAX as u64);

@@ -116,8 +116,8 @@ impl Heard {
         self.bytes.load(Ordering::Relaxed)
     }
 
-    /// The handshake succeeded (said by the Unix listener, whose rings come after it).
-    #[cfg(target_os = "linux")]
+    /// The handshake succeeded (said before what follows it: a Unix peer's rings, a
+    /// stream's grant or join).
     pub fn shook_hands(&self) {
         self.shaken.store(true, Ordering::Relaxed);
     }

@@ -132,8 +132,8 @@ async fn establish(host: &str, port: u16, settings: &DialSettings) -> Result<Lin
         return Err(invalid(streams::NEEDS_A_SECRET));
     }
     let intent = (streams > 1).then_some(Intent::Open { streams });
-    let (mut stream, established, who) = match shake(host, port, settings, intent).await? {
-        Shaken::Seed(link) => return Ok(link),
+    let (mut stream, established, who) = match shake((host, port), None, settings, intent).await? {
+        Shaken::Seed(link) => return Ok(*link),
         Shaken::Sealed(stream, established, who) => (stream, established, who),
     };
     let (Some(secret), true) = (established.secret.clone(), streams > 1) else {
@@ -141,11 +141,16 @@ async fn establish(host: &str, port: u16, settings: &DialSettings) -> Result<Lin
     };
     let at = who.address.at();
     let granted = streams::read_grant(&mut stream, streams, at.as_ref()).await?;
+    let resolved = match who.address {
+        super::link::PeerAddress::Tcp(address) => Some(address),
+        #[cfg(target_os = "linux")]
+        super::link::PeerAddress::Local(_) => None,
+    };
     let mut joins = tokio::task::JoinSet::new();
     for index in 1..granted {
         let (host, settings, secret) = (host.to_string(), settings.clone(), secret.clone());
         joins.spawn(async move {
-            let joined = join(&host, port, &settings, &secret, index).await;
+            let joined = join((&host, port), resolved, &settings, &secret, index).await;
             (index, joined)
         });
     }
@@ -169,18 +174,22 @@ fn invalid(detail: &str) -> GradientStreamError {
 
 /// What a dialled connection is after its handshake.
 enum Shaken {
-    Seed(Link),
+    Seed(Box<Link>),
     Sealed(Box<dyn Duplex>, Box<Established>, Peer),
 }
 
-/// TCP connect, TLS, the handshake with `intent` in the hello.
+/// TCP connect (to `resolved` when given: a join goes where the first stream went),
+/// TLS (for `host`'s name), the handshake with `intent` in the hello.
 async fn shake(
-    host: &str,
-    port: u16,
+    (host, port): (&str, u16),
+    resolved: Option<std::net::SocketAddr>,
     settings: &DialSettings,
     intent: Option<Intent>,
 ) -> Result<Shaken> {
-    let tcp = TcpStream::connect((host, port)).await?;
+    let tcp = match resolved {
+        Some(address) => TcpStream::connect(address).await?,
+        None => TcpStream::connect((host, port)).await?,
+    };
     // Frames go out whole; Nagle would hold each one's tail for the peer's delayed ack.
     tcp.set_nodelay(true)?;
     let address = tcp.peer_addr()?;
@@ -188,7 +197,7 @@ async fn shake(
     let peer = Some(&at);
     if let Protocol::Seed = settings.protocol {
         let who = Peer::without_certificate(address, false);
-        return Ok(Shaken::Seed(Link::seed(Box::new(tcp), who)));
+        return Ok(Shaken::Seed(Box::new(Link::seed(Box::new(tcp), who))));
     }
     let side = Shake {
         authkey: settings.authkey.as_deref(),
@@ -228,8 +237,8 @@ async fn shake(
 
 /// One joining connection of the session `secret` is the secret of, as stream `index`.
 async fn join(
-    host: &str,
-    port: u16,
+    at: (&str, u16),
+    resolved: Option<std::net::SocketAddr>,
     settings: &DialSettings,
     secret: &SessionSecret,
     index: u8,
@@ -239,7 +248,7 @@ async fn join(
         session: secret.id(),
     };
     let Shaken::Sealed(mut stream, established, who) =
-        shake(host, port, settings, Some(intent)).await?
+        shake(at, resolved, settings, Some(intent)).await?
     else {
         return Err(invalid("a joining stream of a seed connection"));
     };

@@ -22,7 +22,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::handshake::{read_full, Established};
-use super::streams::{Joined, Joining};
+use super::streams::Joining;
 use super::tap::Tap;
 use crate::dtype::WireDtype;
 use crate::encoder::Gradient;
@@ -276,7 +276,7 @@ impl Link {
 
     /// How many streams the connection has (joined or to come).
     pub fn streams(&self) -> usize {
-        1 + self.lanes.len() + self.joining.as_ref().map_or(0, |j| j.expected)
+        1 + self.lanes.len() + self.joining.as_ref().map_or(0, |j| j.got.len())
     }
 
     /// Bytes moved on every stream.
@@ -287,34 +287,31 @@ impl Link {
     }
 
     /// Wait for the joins still to come (before the first gradient that needs them),
-    /// until the listener's `handshake_timeout` after the opening connection's.
-    async fn gather(&mut self) -> Result<()> {
-        let Some(mut joining) = self.joining.take() else {
-            return Ok(());
-        };
-        let mut joined: Vec<Option<Joined>> = (0..joining.expected).map(|_| None).collect();
-        let mut missing = joining.expected;
-        while missing > 0 {
-            let next = tokio::time::timeout_at(joining.until.into(), joining.joins.recv()).await;
-            let Ok(Some(join)) = next else {
-                let streams = joining.expected + 1;
-                return self
-                    .fail(GradientStreamError::Io(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        format!(
-                            "{} of the {streams} streams the peer opened joined within the \
-                             listener's handshake_timeout",
-                            streams - missing
-                        ),
-                    )))
-                    .await;
+    /// until the listener's `handshake_timeout` after the opening connection's, and
+    /// within the transfer's waits (`clock`). Cancel-safe: what came stays in `joining`.
+    /// A wait the clock ends leaves the link open (no byte of the transfer moved); joins
+    /// that never came close it.
+    async fn gather(&mut self, clock: &Clock) -> Result<()> {
+        while let Some(joining) = self.joining.as_mut().filter(|j| j.missing() > 0) {
+            let next = tokio::time::timeout_at(joining.until.into(), joining.joins.recv());
+            let Ok(Some(join)) = within(clock, (0, None), async { Ok(next.await) }).await? else {
+                let streams = joining.got.len() + 1;
+                let came = streams - joining.missing();
+                let error = GradientStreamError::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "{came} of the {streams} streams the peer opened joined within the \
+                         listener's handshake_timeout"
+                    ),
+                ));
+                return self.fail(error).await;
             };
             // The session table lets each index join once, within the grant.
-            if let Some(place) = joined.get_mut(usize::from(join.index) - 1) {
+            if let Some(place) = joining.got.get_mut(usize::from(join.index) - 1) {
                 *place = Some(join);
-                missing -= 1;
             }
         }
+        let joined = self.joining.take().map(|j| j.got).unwrap_or_default();
         for join in joined.into_iter().flatten() {
             self.lanes.push(Counted::of(join.stream));
             self.lane_slots.extend(join.slot);
@@ -634,7 +631,7 @@ impl Link {
         let id = keys.id(false);
         let receiver = receiver.expect_seal(SealCheck::Exact(id), Position::Lone);
         let (got, digest, first) = if self.streams() > 1 {
-            self.gather().await?;
+            self.gather(&Clock::idle(waits)).await?;
             self.recv_striped(receiver, id, waits, progress).await
         } else {
             let mut tap = Tap::new(&mut self.stream, Digest::new(&id.0));
@@ -741,11 +738,10 @@ impl Link {
                 self.stream.write_all(&ack.to_bytes()).await?;
                 self.stream.flush().await?;
                 self.stream.shutdown().await?;
-                // Discard what the sender still writes (for at most LINGER), so that its
-                // writes end and it reads the refusal rather than a reset.
-                let mut sink = vec![0u8; 64 * 1024];
-                while tokio::io::AsyncReadExt::read(&mut self.stream, &mut sink).await? > 0 {}
-                std::io::Result::Ok(())
+                // Discard what the sender still writes (for at most LINGER), on every
+                // stream, so that its writes end and it reads the refusal rather than a
+                // reset.
+                self.drain_all().await
             };
             let _ = tokio::time::timeout(LINGER, told).await;
         }

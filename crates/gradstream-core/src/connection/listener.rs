@@ -440,7 +440,10 @@ async fn accept_loop(incoming: Incoming, settings: ListenSettings, events: mpsc:
                     .refused(source, now)
                     .or_else(|| not_allowed(&arrived.address, &settings))
                     .or_else(|| {
-                        (connections.available_permits() == 0).then_some(Shed::Full {
+                        // Slots held for joins still to come let a newcomer in: it may be
+                        // one (a newcomer that is not finds no slot after its handshake).
+                        let full = connections.available_permits() == 0 && sessions.held() == 0;
+                        full.then_some(Shed::Full {
                             max_connections: settings.max_connections,
                         })
                     });
@@ -519,7 +522,7 @@ async fn handshake_task(
             // The handshake first: a peer that waited past its `hello_timeout` for a place
             // and whose hello is already here is read before its silence is judged.
             biased;
-            admitted = admit(stream, address.clone(), &settings, &sessions, &heard) => Some(admitted),
+            admitted = admit(stream, address.clone(), &settings, &sessions, &connections, &heard) => Some(admitted),
             () = silent_since(&heard, accepted, hello_timeout) => None,
         }
     })
@@ -539,23 +542,23 @@ async fn handshake_task(
         done.failed_authentication = failed_authentication;
     }
     drop(over);
-    let event = match why.map(|admitted| (connections.try_acquire_owned(), admitted)) {
-        Ok((Ok(slot), Admitted::Link(link))) => Event::Connected((*link).holding(slot)),
-        Ok((Ok(slot), Admitted::Join(mut joined, to_owner))) => {
-            joined.slot = Some(slot);
-            // A join never becomes a connection of its own: its link takes it. One whose
-            // link went meanwhile is dropped.
-            if to_owner.send(joined).is_ok() {
-                return;
-            }
-            Event::Refused {
-                address,
-                why: Refusal::Failed(GradientStreamError::Io(std::io::Error::new(
+    let why = match why {
+        // A join never becomes a connection of its own: its link takes it, with the slot
+        // held for it at the grant. One whose link went meanwhile is dropped.
+        Ok(Admitted::Join(joined, to_owner)) => match to_owner.send(joined) {
+            Ok(()) => return,
+            Err(_) => Err(Refusal::Failed(GradientStreamError::Io(
+                std::io::Error::new(
                     std::io::ErrorKind::NotConnected,
                     "the connection it joined closed while it shook hands",
-                ))),
-            }
-        }
+                ),
+            ))),
+        },
+        Ok(Admitted::Link(link)) => Ok(link),
+        Err(why) => Err(why),
+    };
+    let event = match why.map(|link| (connections.try_acquire_owned(), link)) {
+        Ok((Ok(slot), link)) => Event::Connected((*link).holding(slot)),
         // Links opened while this one shook hands: it is dropped, as at the accept.
         Ok((Err(_), _)) => Event::Refused {
             address,
@@ -621,11 +624,12 @@ async fn admit(
     address: PeerAddress,
     settings: &ListenSettings,
     sessions: &Sessions,
+    connections: &Arc<Semaphore>,
     heard: &Heard,
 ) -> Result<Admitted> {
     match (stream, address) {
         (Accepted::Tcp(tcp), PeerAddress::Tcp(address)) => {
-            admit_tcp(tcp, address, settings, sessions, heard).await
+            admit_tcp(tcp, address, settings, (sessions, connections), heard).await
         }
         #[cfg(target_os = "linux")]
         (Accepted::Unix(unix), PeerAddress::Local(peer)) => {
@@ -646,7 +650,7 @@ async fn admit_tcp(
     tcp: TcpStream,
     address: SocketAddr,
     settings: &ListenSettings,
-    sessions: &Sessions,
+    (sessions, connections): (&Sessions, &Arc<Semaphore>),
     heard: &Heard,
 ) -> Result<Admitted> {
     tcp.set_nodelay(true)?;
@@ -687,11 +691,14 @@ async fn admit_tcp(
             (Box::new(stream), established, who)
         }
     };
-    if let Some((index, to_owner)) = sessions.join(&mut stream, &established, peer).await? {
+    // The peer proved the authkey, or has a TLS session: what fails from here is no
+    // guess at the key, and not counted as one (docs/guides/limits.md "Online guessing").
+    heard.shook_hands();
+    if let Some((index, slot, to_owner)) = sessions.join(&mut stream, &established, peer).await? {
         let joined = Joined {
             index,
             stream,
-            slot: None,
+            slot: Some(slot),
         };
         return Ok(Admitted::Join(joined, to_owner));
     }
@@ -700,6 +707,7 @@ async fn admit_tcp(
             &mut stream,
             &established,
             settings.max_streams,
+            connections,
             settings.handshake_timeout,
             peer,
         )

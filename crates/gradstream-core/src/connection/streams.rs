@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{mpsc, OwnedSemaphorePermit};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 use super::handshake::{read_full, Established};
 use super::link::Duplex;
@@ -38,21 +38,46 @@ struct Opened {
     /// Indexes already joined: each joins once.
     joined: Vec<bool>,
     to_owner: mpsc::UnboundedSender<Joined>,
+    /// The connection slots (`max_connections`) held for the joins still to come: taken
+    /// at the grant, so that a join proven to its client always has one.
+    slots: Option<OwnedSemaphorePermit>,
 }
 
-/// A listener's open sessions, by id. An entry goes when its link does (its channel
-/// closed), found at the next join or opening; there are at most as many as links.
+/// A listener's open sessions, by id: an entry lives while its link waits for joins
+/// (`Joining` removes it), so there are at most as many as links.
 #[derive(Clone, Default)]
 pub struct Sessions(Arc<Mutex<HashMap<[u8; SESSION_ID_LEN], Opened>>>);
 
-/// Where a link that opened a session waits for its joins.
+/// Removes its session from the table when dropped: once every join came, or the link
+/// that waits for them went (the slots held for the rest are given back).
+struct Entry {
+    sessions: Sessions,
+    id: [u8; SESSION_ID_LEN],
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        self.sessions.table().remove(&self.id);
+    }
+}
+
+/// Where a link that opened a session waits for its joins: what came so far stays
+/// here, so that a wait given up (a cancelled transfer) loses none.
 pub struct Joining {
     pub(crate) joins: mpsc::UnboundedReceiver<Joined>,
-    /// Joins still to come.
-    pub(crate) expected: usize,
+    /// The joins that came, by index - 1.
+    pub(crate) got: Vec<Option<Joined>>,
     /// When they must all have come (the listener's `handshake_timeout` after the
     /// opening connection's).
     pub(crate) until: Instant,
+    _entry: Entry,
+}
+
+impl Joining {
+    /// Joins still to come.
+    pub(crate) fn missing(&self) -> usize {
+        self.got.iter().filter(|j| j.is_none()).count()
+    }
 }
 
 /// The error of a step of several streams that went wrong.
@@ -70,14 +95,29 @@ pub const NEEDS_A_SECRET: &str =
      with their secret; without one anyone on the path could join)";
 
 impl Sessions {
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; SESSION_ID_LEN], Opened>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Connection slots held for joins still to come.
+    pub fn held(&self) -> usize {
+        self.table()
+            .values()
+            .filter_map(|opened| opened.slots.as_ref())
+            .map(OwnedSemaphorePermit::num_permits)
+            .sum()
+    }
+
     /// The listener's answer to an opening connection (its hello's `Open`): grant up to
-    /// `max_streams`, write the grant, and, when more than one, the session its joins
-    /// will be routed to.
+    /// `max_streams`, and no more than `connections` has free slots for (one left for
+    /// the opening connection), held now; write the grant; and, when more than one, the
+    /// session its joins will be routed to.
     pub async fn grant<S: AsyncWrite + Unpin>(
         &self,
         stream: &mut S,
         established: &Established,
         max_streams: u8,
+        connections: &Arc<Semaphore>,
         handshake_timeout: Duration,
         peer: Option<&PeerAt>,
     ) -> Result<Option<Joining>> {
@@ -91,24 +131,40 @@ impl Sessions {
                 peer,
             ));
         };
-        let granted = streams.min(max_streams).max(1);
-        let joining = (granted > 1).then(|| {
+        let room = connections.available_permits().saturating_sub(1);
+        let wanted = streams.min(max_streams).max(1);
+        let mut granted = wanted.min(u8::try_from(room.saturating_add(1)).unwrap_or(u8::MAX));
+        let slots = match granted {
+            1 => None,
+            _ => connections
+                .clone()
+                .try_acquire_many_owned(u32::from(granted - 1))
+                .ok(),
+        };
+        if slots.is_none() {
+            granted = 1; // the slots went meanwhile: one stream
+        }
+        let joining = slots.map(|slots| {
             let (to_owner, joins) = mpsc::unbounded_channel();
-            let mut table = self.0.lock().unwrap_or_else(|e| e.into_inner());
-            table.retain(|_, opened| !opened.to_owner.is_closed());
-            table.insert(
-                secret.id(),
+            let id = secret.id();
+            self.table().insert(
+                id,
                 Opened {
                     secret,
                     granted,
                     joined: vec![false; usize::from(granted)],
                     to_owner,
+                    slots: Some(slots),
                 },
             );
             Joining {
                 joins,
-                expected: usize::from(granted - 1),
+                got: (1..granted).map(|_| None).collect(),
                 until: Instant::now() + handshake_timeout,
+                _entry: Entry {
+                    sessions: self.clone(),
+                    id,
+                },
             }
         });
         stream.write_all(&streams_message(granted)).await?;
@@ -117,13 +173,15 @@ impl Sessions {
     }
 
     /// A joining connection after its handshake: its proof read and checked against the
-    /// session it names, the listener's proof written back; then where it goes.
+    /// session it names, the listener's proof written back; then its index, the slot
+    /// held for it, and where it goes.
+    #[allow(clippy::type_complexity)]
     pub async fn join<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
         stream: &mut S,
         established: &Established,
         peer: Option<&PeerAt>,
-    ) -> Result<Option<(u8, mpsc::UnboundedSender<Joined>)>> {
+    ) -> Result<Option<(u8, OwnedSemaphorePermit, mpsc::UnboundedSender<Joined>)>> {
         let Some(Intent::Join { index, session }) = established.intent else {
             return Ok(None);
         };
@@ -136,9 +194,8 @@ impl Sessions {
             ));
         }
         let tag = parse_join(&message, peer)?;
-        let (secret, to_owner) = {
-            let mut table = self.0.lock().unwrap_or_else(|e| e.into_inner());
-            table.retain(|_, opened| !opened.to_owner.is_closed());
+        let (secret, slot, to_owner) = {
+            let mut table = self.table();
             let Some(opened) = table.get_mut(&session) else {
                 return Err(GradientStreamError::Authentication {
                     detail: "the join names no session open at this listener (never opened, \
@@ -168,7 +225,13 @@ impl Sessions {
                     ))
                 }
             }
-            (opened.secret.clone(), opened.to_owner.clone())
+            // Held at the grant, one per index: never missing for an index taken once.
+            let Some(slot) = opened.slots.as_mut().and_then(|s| s.split(1)) else {
+                return Err(GradientStreamError::Io(std::io::Error::other(
+                    "no connection slot left for the join",
+                )));
+            };
+            (opened.secret.clone(), slot, opened.to_owner.clone())
         };
         let ours = secret.join_tag(
             Role::Server,
@@ -178,7 +241,7 @@ impl Sessions {
         );
         stream.write_all(&join_message(ours)).await?;
         stream.flush().await?;
-        Ok(Some((index, to_owner)))
+        Ok(Some((index, slot, to_owner)))
     }
 }
 

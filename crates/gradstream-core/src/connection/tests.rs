@@ -557,18 +557,10 @@ async fn several_streams_need_an_authkey_or_tls() {
     );
 }
 
-#[tokio::test]
-async fn a_join_naming_no_open_session_is_refused_and_counted() {
-    use crate::protocol::streams::{join_message, JOIN_LEN};
+/// A peer that proved the authkey, then joins a session it does not hold.
+async fn stray_join(port: u16) -> Vec<u8> {
+    use crate::protocol::streams::join_message;
     use crate::protocol::{Intent, Role};
-    let mut listener = Listener::bind(
-        "127.0.0.1",
-        0,
-        listen_settings(Some(KEY), Limits::default()),
-    )
-    .await
-    .expect("binds");
-    let port = listener.address().port();
     let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .expect("connects");
@@ -584,16 +576,40 @@ async fn a_join_naming_no_open_session_is_refused_and_counted() {
         .await
         .expect("shakes hands");
     tcp.write_all(&join_message([0; 32])).await.expect("writes");
-    let error = refusal(&mut listener).await;
-    assert!(
-        matches!(&error, GradientStreamError::Authentication { detail, .. }
-            if detail.contains("names no session open at this listener")),
-        "{error}"
-    );
-    // The listener answers nothing and closes: no join message comes back.
-    let mut answer = vec![0u8; JOIN_LEN];
-    let n = tokio::io::AsyncReadExt::read(&mut tcp, &mut answer)
+    let mut answer = Vec::new();
+    let _ = tokio::io::AsyncReadExt::read_to_end(&mut tcp, &mut answer).await;
+    answer
+}
+
+#[tokio::test]
+async fn a_join_naming_no_open_session_is_refused_and_not_counted_as_a_guess() {
+    let settings = ListenSettings {
+        admission: Admission {
+            max_auth_failures: 1,
+            ..Admission::default()
+        },
+        ..listen_settings(Some(KEY), Limits::default())
+    };
+    let mut listener = Listener::bind("127.0.0.1", 0, settings)
         .await
-        .unwrap_or(0);
-    assert_eq!(n, 0);
+        .expect("binds");
+    let port = listener.address().port();
+    for _ in 0..2 {
+        // The listener answers nothing and closes: no join message comes back.
+        assert_eq!(stray_join(port).await, Vec::<u8>::new());
+        let error = refusal(&mut listener).await;
+        assert!(
+            matches!(&error, GradientStreamError::Authentication { detail, .. }
+                if detail.contains("names no session open at this listener")),
+            "{error}"
+        );
+    }
+    // It proved the authkey in its handshake: no guess at the key, and not counted as
+    // one (one failure would lock the source out here).
+    let settings = dial_settings(Some(KEY));
+    let (good, _) = tokio::join!(
+        connect("127.0.0.1", port, &settings),
+        next_link(&mut listener)
+    );
+    assert!(good.is_ok());
 }

@@ -66,7 +66,7 @@ impl Link {
         let id = keys.id(true);
         let sealed = gradient.sealed(Seal::lone(id));
         if self.streams() > 1 {
-            self.gather().await?;
+            self.gather(&clock).await?;
             let (sent, digest) = match self
                 .send_striped(config, sealed, id, &clock, progress)
                 .await

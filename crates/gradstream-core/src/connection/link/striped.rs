@@ -170,7 +170,12 @@ impl Link {
                 Ok(Came::End(lane)) => {
                     let nothing_yet =
                         receiver.received() == 0 && ins.iter().all(|i| !i.mid_frame());
-                    if lane == 0 && nothing_yet && headers.is_empty() {
+                    // A peer's close reaches each stream in its own time (separate flows):
+                    // before a transfer began, the first stream's end is the one that says.
+                    if lane != 0 && nothing_yet {
+                        continue;
+                    }
+                    if lane == 0 && nothing_yet {
                         break Ok(Ended::BeforeFirstByte(Box::new(receiver)));
                     }
                     break Err(GradientStreamError::Io(std::io::Error::new(
@@ -236,6 +241,35 @@ impl Link {
             }
         };
         (got, digest_in_order(&id, &headers), first)
+    }
+}
+
+impl Link {
+    /// Read and drop what comes on every stream until each ends (a refusing receiver's:
+    /// the sender's writes on any stream must end for it to read the refusal).
+    pub(super) async fn drain_all(&mut self) -> std::io::Result<()> {
+        let mut streams = self.all_streams();
+        let mut ended = vec![false; streams.len()];
+        let mut sink = vec![0u8; 64 * 1024];
+        poll_fn(|cx| {
+            for (stream, ended) in streams.iter_mut().zip(ended.iter_mut()) {
+                while !*ended {
+                    let mut buf = ReadBuf::new(&mut sink);
+                    match Pin::new(&mut **stream).poll_read(cx, &mut buf) {
+                        Poll::Ready(Ok(())) if buf.filled().is_empty() => *ended = true,
+                        Poll::Ready(Ok(())) => {}
+                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                        Poll::Pending => break,
+                    }
+                }
+            }
+            if ended.iter().all(|e| *e) {
+                Poll::Ready(Ok(()))
+            } else {
+                Poll::Pending
+            }
+        })
+        .await
     }
 }
 

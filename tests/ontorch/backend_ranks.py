@@ -156,6 +156,31 @@ def int8(rank: int, size: int, folder: str) -> None:
     np.savez(f"{folder}/{rank}.npz", **seen)
 
 
+STREAMED_LENGTH = 200_003
+
+
+def streamed(rank: int, size: int, folder: str) -> None:
+    """configure(streams=3) between ranks meeting over TCP: each ring connection runs
+    over 3 streams; the collectives' bits are what one stream gives."""
+    gst.configure(streams=3, same_host="tcp")
+    try:
+        init(rank, size, folder)
+    finally:
+        gst.configure(streams=1, same_host="unix")
+    group = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+    seen: dict[str, np.ndarray] = {
+        "streams": np.array([group._next.streams, group._prev.streams]),
+    }
+    t = values(rank, STREAMED_LENGTH, torch.float32)
+    dist.all_reduce(t)
+    seen["allreduce"] = bits(t)
+    b = values(rank, 5000, torch.float32)
+    dist.broadcast(b, src=size - 1)
+    seen["broadcast"] = bits(b)
+    dist.destroy_process_group()
+    np.savez(f"{folder}/{rank}.npz", **seen)
+
+
 def record(folder: str, rank: int, outcome: dict[str, object]) -> NoReturn:
     """Write a rank's outcome where ``backend_launch.outcome`` reads it, and end the rank
     at once (a failed group has no clean teardown)."""
@@ -500,6 +525,8 @@ if __name__ == "__main__":
         int8(*args)
     elif scenario == "int8-mismatch":
         int8_mismatch(*args)
+    elif scenario == "streams":
+        streamed(*args)
     elif scenario in ("die", "stall"):
         failure(*args, scenario)
     else:  # secured-KEY-SAME_HOST

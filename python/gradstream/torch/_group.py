@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import Work as _BaseWork
 from torch.futures import Future
 
+from .._checks import LISTENER_MOST
 from .._connection import Connection, Listener, connect, listen
 from .._local_socket import SocketDirectory, host_identity
 from ..errors import (
@@ -98,9 +99,13 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch 
         common = {"authkey": key, "timeout": self._seconds, "deadline": self._seconds}
         # Room for a connection from every other rank per channel: the ring, the
         # collectives made of pairs and a few send/recv tags, all at once.
+        # Each connection from another host takes its streams' worth of both.
         room = {
-            "max_connections": 256 + 4 * self.size(),
-            "max_pending_per_source": 64 + self.size(),
+            name: min(count * settings.streams, LISTENER_MOST[name])
+            for name, count in (
+                ("max_connections", 256 + 4 * self.size()),
+                ("max_pending_per_source", 64 + self.size()),
+            )
         }
         listener = _loop.submit(
             listen(
@@ -169,7 +174,13 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch 
         def dial(address: str) -> Awaitable[Connection]:
             if address.startswith("unix:"):
                 return connect(address, session=_session(), **common)
-            return connect(address, session=_session(), tls=settings.connect_tls, **common)
+            return connect(
+                address,
+                session=_session(),
+                tls=settings.connect_tls,
+                streams=settings.streams,
+                **common,
+            )
 
         async def both() -> tuple[Connection, Connection]:
             n, r = self.size(), self.rank()

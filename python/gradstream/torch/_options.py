@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from .._checks import check_streams
 from .._session import GradientStreamSession
 from ..errors import SettingError
 
@@ -19,8 +20,10 @@ class Options:
     (``connect_tls``), the authkey (None: a random one from rank 0, through the
     store), how ranks of one host meet (``same_host``: ``"unix"``, through the
     same-host transport, without TLS and under the authkey; ``"tcp"``, as ranks of
-    different hosts do), and the wire of the float32 values a sum or an average moves
-    (``reduce_wire_dtype``: None, as they are; ``"int8"``, the int8 wire, lossy)."""
+    different hosts do), the wire of the float32 values a sum or an average moves
+    (``reduce_wire_dtype``: None, as they are; ``"int8"``, the int8 wire, lossy), and
+    the streams of each TCP connection between ranks (``streams``: 1, or up to 255 for
+    long paths; docs/guides/across-the-internet.md, "Parallel streams")."""
 
     host: str = "127.0.0.1"
     listen_tls: Any = None
@@ -28,6 +31,7 @@ class Options:
     authkey: bytes | None = None
     same_host: Literal["unix", "tcp"] = "unix"
     reduce_wire_dtype: Literal["int8"] | None = None
+    streams: int = 1
 
 
 _options = [Options()]
@@ -44,6 +48,7 @@ def configure(
     authkey: bytes | None = None,
     same_host: Literal["unix", "tcp"] | None = None,
     reduce_wire_dtype: Literal["int8", "none"] | None = None,
+    streams: int | None = None,
 ) -> Options:
     """Set the options of the groups made from now on (before ``init_process_group``);
     what is not given keeps its default (``reduce_wire_dtype="none"`` puts back the
@@ -55,6 +60,7 @@ def configure(
             "reduce_wire_dtype",
             f'reduce_wire_dtype must be "int8" or "none", got {reduce_wire_dtype!r}',
         )
+    count = None if streams is None else check_streams(streams)
     now = _options[0]
     _options[0] = Options(
         host=now.host if host is None else host,
@@ -65,6 +71,7 @@ def configure(
         reduce_wire_dtype=(
             now.reduce_wire_dtype if reduce_wire_dtype is None else _WIRES[reduce_wire_dtype]
         ),
+        streams=now.streams if count is None else count,
     )
     return _options[0]
 

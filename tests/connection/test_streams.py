@@ -245,3 +245,33 @@ def test_a_refusal_reaches_a_sender_writing_on_every_stream() -> None:
             return str(info.value)
 
     assert "the peer refused it" in run(main)
+
+
+def test_a_striped_send_given_up_midway_closes_the_connection() -> None:
+    """Its streams were lent to tasks of their own; cancelled midway, those stop, their
+    streams close, and the connection, out of step, is closed (as on one stream); the
+    receiver is told its gradient was cut."""
+    grad = gradient(4_000_000, 11)
+
+    async def main() -> tuple[bool, BaseException | None]:
+        async with await gs.listen(LOCAL, authkey=KEY) as listener:
+            with Relay(listener.address, rtt=0.02, window=256 << 10) as relay:
+
+                async def serve() -> BaseException | None:
+                    async with await listener.accept() as conn:
+                        try:
+                            await conn.recv()
+                        except gs.errors.GradientStreamError as exc:
+                            return exc
+                        return None
+
+                serving = asyncio.create_task(serve())
+                async with await gs.connect(relay.address, authkey=KEY, streams=4) as conn:
+                    with pytest.raises(TimeoutError):
+                        await asyncio.wait_for(conn.send(grad), 0.3)
+                    closed = conn.closed
+                return closed, await serving
+
+    closed, refused = run(main)
+    assert closed
+    assert isinstance(refused, gs.errors.GradientStreamError), refused

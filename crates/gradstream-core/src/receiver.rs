@@ -178,13 +178,12 @@ impl FrameReceiver {
         }
     }
 
-    /// Check a header another reader cut (one of a connection's several streams) as
-    /// `feed` checks one; `offset` is where it starts in that reader's stream.
-    pub(crate) fn check_header(&self, header: &FrameHeader, offset: u64) -> Result<()> {
-        self.limits.check_header(header, offset)
+    /// What the receiver's frames are held to.
+    pub(crate) fn limits(&self) -> Limits {
+        self.limits
     }
 
-    /// Take a whole frame another reader cut, its header checked (`check_header`);
+    /// Take a whole frame another reader cut, its header checked against `limits`;
     /// `Ok(true)` once the gradient is complete.
     pub(crate) fn accept_frame(
         &mut self,

@@ -37,6 +37,7 @@ use crate::stream::{receive_gradient, send_gradient_on, within, Clock, Progress,
 use crate::tensors::{self, Entry, TensorSet, TensorSetReceiver};
 
 mod counted;
+mod pumps;
 mod send;
 mod striped;
 

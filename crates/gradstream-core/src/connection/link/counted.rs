@@ -73,6 +73,13 @@ pub(super) struct Counted {
 }
 
 impl Counted {
+    /// What stands in a link for a stream lent to a task of its own (`pumps`): closed,
+    /// and none of the stream's bytes counted, so a link whose transfer was abandoned
+    /// while it was lent counts as out of step.
+    pub(super) fn gone() -> Self {
+        Self::of(Box::new(Gone))
+    }
+
     /// `inner`, counted from 0, as tokio drives it.
     pub(super) fn of(inner: Box<dyn Duplex>) -> Self {
         Self {

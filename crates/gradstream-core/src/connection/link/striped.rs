@@ -4,58 +4,24 @@
 //! into one reassembly. The ack's digest covers the headers in index order, and the ack
 //! travels on the first stream. Tensor sets travel on the first stream alone.
 //!
-//! One task drives every stream: a poll that tries each in turn returns as soon as one
-//! moved bytes, so the timeout still bounds each wait, not the transfer.
+//! Each stream is lent, for the transfer, to a task of its own (`pumps`), so that its
+//! reads and writes (TLS's cipher above all) spread over the runtime's threads; this
+//! task encodes, reassembles and keeps the clock, whose timeout bounds each wait for
+//! bytes, not the transfer.
 
 use std::collections::BTreeMap;
 use std::future::poll_fn;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::Poll;
 
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, ReadBuf};
+use tokio::sync::{mpsc, watch};
 
 use super::counted::Counted;
+use super::pumps::{receive_pump, send_pump, Bytes, Came, Outbox, Pumps, Sent};
 use super::*;
-use crate::frame::FrameHeader;
-
-/// One stream's outgoing frame: its bytes and how many of them went.
-struct Out<'s> {
-    stream: &'s mut Counted,
-    frame: Vec<u8>,
-    at: usize,
-}
-
-/// One stream's incoming frame: the header or payload being read (`unit`, of which
-/// `filled` bytes came), the header whose payload this is, the stream's byte offset.
-struct In<'s> {
-    stream: &'s mut Counted,
-    unit: Vec<u8>,
-    filled: usize,
-    pending: Option<FrameHeader>,
-    offset: u64,
-    ended: bool,
-}
-
-impl In<'_> {
-    fn want(&self) -> usize {
-        self.pending.map_or(HEADER_LEN, |h| h.payload_len as usize)
-    }
-
-    /// Mid-frame: bytes of a header or payload came, or a header waits for its payload.
-    fn mid_frame(&self) -> bool {
-        self.filled > 0 || self.pending.is_some()
-    }
-}
-
-/// What a poll of the incoming streams saw.
-enum Came {
-    /// Stream `0` has a whole unit (a header, or a payload) in.
-    Unit(usize),
-    /// Bytes came, not yet a whole unit.
-    Bytes,
-    /// Stream `0` ended.
-    End(usize),
-}
 
 /// The digest of headers held by index.
 fn digest_in_order(id: &TransferId, headers: &BTreeMap<u32, [u8; HEADER_LEN]>) -> [u8; 32] {
@@ -66,6 +32,9 @@ fn digest_in_order(id: &TransferId, headers: &BTreeMap<u32, [u8; HEADER_LEN]>) -
     digest.finish()
 }
 
+/// Frames queued per stream ahead of the pumps: enough that none waits for the encoder.
+const AHEAD: usize = 2;
+
 impl Link {
     /// Every stream in index order, the first included.
     fn all_streams(&mut self) -> Vec<&mut Counted> {
@@ -74,7 +43,27 @@ impl Link {
             .collect()
     }
 
-    /// Send `gradient` (sealed) over every stream; the chunk count and the digest.
+    /// Every stream, lent out (`Counted::gone` in their places until `put_back`).
+    fn lend_streams(&mut self) -> Vec<Counted> {
+        self.all_streams()
+            .into_iter()
+            .map(|stream| std::mem::replace(stream, Counted::gone()))
+            .collect()
+    }
+
+    fn put_back(&mut self, lane: usize, stream: Counted) {
+        match lane {
+            0 => self.stream = stream,
+            _ => {
+                if let Some(place) = self.lanes.get_mut(lane - 1) {
+                    *place = stream;
+                }
+            }
+        }
+    }
+
+    /// Send `gradient` (sealed) over every stream, each driven by a task of its own
+    /// (`pumps`); the chunk count and the digest.
     pub(super) async fn send_striped(
         &mut self,
         config: &SessionConfig,
@@ -85,50 +74,84 @@ impl Link {
     ) -> Result<(usize, [u8; 32])> {
         let total = config.chunk_count(gradient.len())?;
         progress.add_total(total);
-        let mut outs: Vec<Out<'_>> = self
-            .all_streams()
-            .into_iter()
-            .map(|stream| Out {
-                stream,
-                frame: Vec::new(),
-                at: 0,
-            })
-            .collect();
+        let outbox = Arc::new(Outbox::default());
+        let (events, mut sent_events) = mpsc::unbounded_channel();
+        let mut pumps = Pumps::default();
+        let streams = self.lend_streams();
+        let count = streams.len();
+        for (lane, stream) in streams.into_iter().enumerate() {
+            pumps.spawn(send_pump(lane, stream, outbox.clone(), events.clone()));
+        }
+        drop(events);
         let mut headers = BTreeMap::new();
-        let (mut next, mut sent) = (0u32, 0usize);
-        loop {
-            for out in outs.iter_mut().filter(|o| o.at == o.frame.len()) {
-                if next == total {
-                    out.frame.clear();
-                    out.at = 0;
-                    continue;
+        let (mut next, mut sent, mut back) = (0u32, 0usize, 0usize);
+        let mut failed: Option<GradientStreamError> = None;
+        while back < count {
+            while failed.is_none() && next < total && outbox.len() < AHEAD * count {
+                match config.encode_frame(gradient, next) {
+                    Ok(frame) => {
+                        let mut head = [0u8; HEADER_LEN];
+                        head.copy_from_slice(&frame[..HEADER_LEN]);
+                        headers.insert(next, head);
+                        outbox.push(frame);
+                        next += 1;
+                    }
+                    Err(e) => {
+                        outbox.abandon();
+                        failed = Some(e);
+                    }
                 }
-                out.frame = config.encode_frame(gradient, next)?;
-                let mut head = [0u8; HEADER_LEN];
-                head.copy_from_slice(&out.frame[..HEADER_LEN]);
-                headers.insert(next, head);
-                out.at = 0;
-                next += 1;
             }
-            if outs.iter().all(|o| o.frame.is_empty()) {
-                break;
+            if next == total {
+                outbox.close();
             }
-            let at = (sent, Some(total));
-            sent += within(
-                clock,
-                at,
-                poll_fn(|cx| poll_writes(cx, &mut outs, progress)),
-            )
-            .await?;
+            let event = match failed {
+                // Failed: the pumps stop at their frame's end; those that cannot (a peer
+                // not reading) are aborted after LINGER, their streams closed.
+                Some(_) => tokio::time::timeout(LINGER, sent_events.recv())
+                    .await
+                    .unwrap_or(None),
+                None => {
+                    let waited = within(clock, (sent, Some(total)), async {
+                        Ok(sent_events.recv().await)
+                    });
+                    match waited.await {
+                        Ok(event) => event,
+                        Err(e) => {
+                            outbox.abandon();
+                            failed = Some(e);
+                            continue;
+                        }
+                    }
+                }
+            };
+            match event {
+                None => break,
+                Some(Sent::Bytes(n)) => progress.add(n, 0),
+                Some(Sent::Frame) => {
+                    progress.add(0, 1);
+                    sent += 1;
+                }
+                Some(Sent::Done(lane, stream, written)) => {
+                    self.put_back(lane, stream);
+                    back += 1;
+                    if let Err(e) = written {
+                        outbox.abandon();
+                        failed.get_or_insert(e.into());
+                    }
+                }
+            }
         }
-        for out in &mut outs {
-            within(clock, (sent, Some(total)), out.stream.flush()).await?;
+        drop(pumps);
+        match failed {
+            Some(e) => Err(e),
+            None => Ok((sent, digest_in_order(&id, &headers))),
         }
-        Ok((sent, digest_in_order(&id, &headers)))
     }
 
-    /// Receive one gradient through `receiver` from every stream; what it ended with,
-    /// the digest, and the first stream's first header.
+    /// Receive one gradient through `receiver` from every stream, each read by a task of
+    /// its own (`pumps`); what it ended with, the digest, and the first stream's first
+    /// header.
     pub(super) async fn recv_striped(
         &mut self,
         mut receiver: FrameReceiver,
@@ -137,108 +160,120 @@ impl Link {
         progress: &Progress,
     ) -> (Result<Ended>, [u8; 32], Option<[u8; HEADER_LEN]>) {
         let mut clock = Clock::idle(waits);
-        let mut ins: Vec<In<'_>> = self
-            .all_streams()
-            .into_iter()
-            .map(|stream| In {
+        let streams = self.lend_streams();
+        let count = streams.len();
+        let (frames, mut came) = mpsc::channel(AHEAD * count);
+        let (stop, stopping) = watch::channel(false);
+        let bytes = Bytes::default();
+        let mut pumps = Pumps::default();
+        let limits = receiver.limits();
+        for (lane, stream) in streams.into_iter().enumerate() {
+            let pump = receive_pump(
+                lane,
                 stream,
-                unit: Vec::new(),
-                filled: 0,
-                pending: None,
-                offset: 0,
-                ended: false,
-            })
-            .collect();
-        let streams = ins.len();
+                limits,
+                frames.clone(),
+                bytes.clone(),
+                stopping.clone(),
+            );
+            pumps.spawn(pump);
+        }
+        drop(frames);
         let mut headers = BTreeMap::new();
         let mut first = None;
-        let mut turn = 0;
+        let mut counted = 0u64;
+        let mut ended_early = vec![false; count];
         let got = loop {
             let at = (receiver.received(), receiver.total());
-            let came = within(
-                &clock,
-                at,
-                poll_fn(|cx| poll_reads(cx, &mut ins, &mut turn, progress)),
-            )
-            .await;
-            let lane = match came {
+            let next = within(&clock, at, async { Ok(came.recv().await) }).await;
+            let moved = bytes.load(Ordering::Relaxed);
+            progress.add((moved - counted) as usize, 0);
+            counted = moved;
+            let (lane, header, payload, offset) = match next {
                 Err(e) => break Err(e),
-                Ok(Came::Bytes) => {
-                    clock.start();
-                    continue;
+                Ok(None) | Ok(Some(Came::Back(..))) => {
+                    break Err(std::io::Error::other("a stream's task ended early").into())
                 }
-                Ok(Came::End(lane)) => {
-                    let nothing_yet =
-                        receiver.received() == 0 && ins.iter().all(|i| !i.mid_frame());
+                Ok(Some(Came::Ended { lane, mid, error })) => {
+                    let nothing_yet = receiver.received() == 0 && !mid && headers.is_empty();
+                    if let Some(error) = error {
+                        break Err(error);
+                    }
                     // A peer's close reaches each stream in its own time (separate flows):
                     // before a transfer began, the first stream's end is the one that says.
-                    if lane != 0 && nothing_yet {
+                    ended_early[lane] = nothing_yet;
+                    if nothing_yet && lane != 0 {
                         continue;
                     }
-                    if lane == 0 && nothing_yet {
+                    if nothing_yet {
                         break Ok(Ended::BeforeFirstByte(Box::new(receiver)));
                     }
                     break Err(GradientStreamError::Io(std::io::Error::new(
                         std::io::ErrorKind::UnexpectedEof,
                         format!(
-                            "stream {} of the connection's {streams} ended before the \
+                            "stream {} of the connection's {count} ended before the \
                              transfer's last frame",
                             lane + 1
                         ),
                     )));
                 }
-                Ok(Came::Unit(lane)) => lane,
+                Ok(Some(Came::Frame {
+                    lane,
+                    header,
+                    payload,
+                    offset,
+                })) => (lane, header, payload, offset),
             };
             clock.start();
-            let input = &mut ins[lane];
-            let step = match input.pending.take() {
-                None => {
-                    let mut head = [0u8; HEADER_LEN];
-                    head.copy_from_slice(&input.unit[..HEADER_LEN]);
-                    if lane == 0 && first.is_none() {
-                        first = Some(head);
-                    }
-                    let header = FrameHeader::from_bytes(&head);
-                    input.filled = 0;
-                    receiver.check_header(&header, input.offset).map(|()| {
-                        input.pending = Some(header);
-                        false
-                    })
-                }
-                Some(header) => {
-                    let known = receiver.total().is_some();
-                    let len = header.payload_len as usize;
-                    let done = receiver.accept_frame(&header, &input.unit[..len], input.offset);
-                    input.offset += (HEADER_LEN + len) as u64;
-                    input.filled = 0;
-                    if done.is_ok() {
-                        headers.insert(header.chunk_index, header.to_bytes());
-                        progress.add(0, 1);
-                        if let (false, Some(total)) = (known, receiver.total()) {
-                            progress.add_total(total);
-                        }
-                    }
-                    done
-                }
-            };
-            match step {
+            if lane == 0 && first.is_none() {
+                first = Some(header.to_bytes());
+            }
+            let known = receiver.total().is_some();
+            match receiver.accept_frame(&header, &payload, offset) {
                 Err(e) => break Err(e),
-                Ok(false) => {}
-                Ok(true) => {
-                    // The transfer's last frame: no stream may hold more of it.
-                    if let Some(extra) = ins.iter().position(In::mid_frame) {
-                        break Err(GradientStreamError::frame(
-                            format!(
-                                "stream {} of the connection's {streams} holds bytes past the \
-                                 transfer's last frame",
-                                extra + 1
-                            ),
-                            None,
-                        ));
+                Ok(done) => {
+                    headers.insert(header.chunk_index, header.to_bytes());
+                    progress.add(0, 1);
+                    if let (false, Some(total)) = (known, receiver.total()) {
+                        progress.add_total(total);
                     }
-                    break receiver.finish().map(Ended::Gradient);
+                    if done {
+                        break receiver.finish().map(Ended::Gradient);
+                    }
                 }
             }
+        };
+        // Every stream back: a frame or part of one past the transfer's last fails it.
+        let _ = stop.send(true);
+        let mut extra = None;
+        let mut back = 0;
+        while back < count {
+            match tokio::time::timeout(LINGER, came.recv()).await {
+                Ok(Some(Came::Back(lane, stream, mid))) => {
+                    self.put_back(lane, stream);
+                    back += 1;
+                    if mid {
+                        extra.get_or_insert(lane);
+                    }
+                }
+                Ok(Some(Came::Frame { lane, .. })) => {
+                    extra.get_or_insert(lane);
+                }
+                Ok(Some(Came::Ended { .. })) => {}
+                Ok(None) | Err(_) => break,
+            }
+        }
+        drop(pumps);
+        let got = match (got, extra) {
+            (Ok(Ended::Gradient(_)), Some(lane)) => Err(GradientStreamError::frame(
+                format!(
+                    "stream {} of the connection's {count} holds bytes past the transfer's \
+                     last frame",
+                    lane + 1
+                ),
+                None,
+            )),
+            (got, _) => got,
         };
         (got, digest_in_order(&id, &headers), first)
     }
@@ -270,91 +305,5 @@ impl Link {
             }
         })
         .await
-    }
-}
-
-/// Write what each stream's frame still has, as far as the streams take it now; ready
-/// with the frames finished once any stream moved bytes.
-fn poll_writes(
-    cx: &mut Context<'_>,
-    outs: &mut [Out<'_>],
-    progress: &Progress,
-) -> Poll<std::io::Result<usize>> {
-    let (mut moved, mut finished) = (false, 0);
-    for out in outs.iter_mut() {
-        while out.at < out.frame.len() {
-            match Pin::new(&mut *out.stream).poll_write(cx, &out.frame[out.at..]) {
-                Poll::Ready(Ok(0)) => {
-                    return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()))
-                }
-                Poll::Ready(Ok(n)) => {
-                    out.at += n;
-                    moved = true;
-                    progress.add(n, 0);
-                    if out.at == out.frame.len() {
-                        finished += 1;
-                        progress.add(0, 1);
-                    }
-                }
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Pending => break,
-            }
-        }
-    }
-    if moved {
-        Poll::Ready(Ok(finished))
-    } else {
-        Poll::Pending
-    }
-}
-
-/// Read into each stream's unit, taking the streams in turn from `turn`; ready once a
-/// stream has a whole unit, has ended, or bytes came.
-fn poll_reads(
-    cx: &mut Context<'_>,
-    ins: &mut [In<'_>],
-    turn: &mut usize,
-    progress: &Progress,
-) -> Poll<std::io::Result<Came>> {
-    let count = ins.len();
-    let mut moved = false;
-    for step in 0..count {
-        let lane = (*turn + step) % count;
-        let input = &mut ins[lane];
-        if input.ended {
-            continue;
-        }
-        loop {
-            let want = input.want();
-            if input.filled == want {
-                *turn = (lane + 1) % count;
-                return Poll::Ready(Ok(Came::Unit(lane)));
-            }
-            // Grow with what arrives, not with what the header claims (as `read_unit`).
-            let room = want.min(input.filled + input.filled.max(64 * 1024));
-            if input.unit.len() < room {
-                input.unit.resize(room, 0);
-            }
-            let mut buf = ReadBuf::new(&mut input.unit[input.filled..room]);
-            match Pin::new(&mut *input.stream).poll_read(cx, &mut buf) {
-                Poll::Ready(Ok(())) => {
-                    let n = buf.filled().len();
-                    if n == 0 {
-                        input.ended = true;
-                        return Poll::Ready(Ok(Came::End(lane)));
-                    }
-                    input.filled += n;
-                    moved = true;
-                    progress.add(n, 0);
-                }
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Pending => break,
-            }
-        }
-    }
-    if moved {
-        Poll::Ready(Ok(Came::Bytes))
-    } else {
-        Poll::Pending
     }
 }

@@ -275,3 +275,53 @@ def test_a_striped_send_given_up_midway_closes_the_connection() -> None:
     closed, refused = run(main)
     assert closed
     assert isinstance(refused, gs.errors.GradientStreamError), refused
+
+
+def test_a_striped_receive_given_up_before_its_first_byte_leaves_the_connection_open() -> None:
+    """Cancelled (or out of time) before a byte came, a receive leaves every stream the
+    connection's, as on one stream: the next receive gets the next gradient."""
+    first, second = gradient(50_000, 1), gradient(70_000, 2)
+
+    async def main() -> tuple[bool, np.ndarray, np.ndarray]:
+        async with await gs.listen(LOCAL, authkey=KEY) as listener:
+            go_on = asyncio.Event()
+
+            async def serve() -> tuple[bool, np.ndarray, np.ndarray]:
+                async with await listener.accept() as conn:
+                    a = await conn.recv()
+                    with pytest.raises(TimeoutError):
+                        await asyncio.wait_for(conn.recv(), 0.1)
+                    closed = conn.closed
+                    go_on.set()
+                    return closed, a, await conn.recv()
+
+            serving = asyncio.create_task(serve())
+            async with await gs.connect(listener.address, authkey=KEY, streams=4) as conn:
+                await conn.send(first)
+                await go_on.wait()
+                await conn.send(second)
+            return await serving
+
+    closed, a, b = run(main)
+    assert not closed
+    assert same_bits(a, first) and same_bits(b, second)
+
+
+def test_the_timeout_bounds_each_wait_for_bytes_not_each_frame() -> None:
+    """Through a narrow path a 4 MB frame takes seconds on each stream, its bytes coming
+    every round trip: the receiver's timeout of 1 s is never reached while they come."""
+    grad = gradient(2_000_000, 4)
+    big = gs.GradientStreamSession("big", chunk_size=1_000_000)
+    with gss.listen(LOCAL, authkey=KEY, timeout=1.0) as listener:
+        with Relay(listener.address, rtt=0.05, window=128 << 10) as relay:
+            with ThreadPoolExecutor(1) as pool:
+
+                def serve() -> np.ndarray:
+                    with listener.accept() as server:
+                        return server.recv(deadline=60)
+
+                serving = pool.submit(serve)
+                with gss.connect(relay.address, authkey=KEY, streams=2, session=big) as conn:
+                    conn.send(grad)
+                got = serving.result(timeout=60)
+    assert same_bits(got, grad)

@@ -201,6 +201,9 @@ pub struct Link {
     joining: Option<Joining>,
     /// The listener's connection slots of the joined streams.
     lane_slots: Vec<OwnedSemaphorePermit>,
+    /// Its streams are lent to a transfer's tasks (`striped`): while they are, and for
+    /// good when a transfer dropped midway lost them, the link is closed.
+    lent: bool,
     mode: Mode,
     peer: Peer,
     state: State,
@@ -255,6 +258,7 @@ impl Link {
             lanes: Vec::new(),
             joining: None,
             lane_slots: Vec::new(),
+            lent: false,
             mode,
             peer,
             state: State::Open,
@@ -373,6 +377,9 @@ impl Link {
     /// Closed: by this side, by the peer (between transfers), after a failure, or after
     /// a transfer abandoned midway.
     pub fn is_closed(&self) -> bool {
+        if self.lent {
+            return true;
+        }
         match self.state {
             State::Open => false,
             State::Running { moved } => moved != self.moved(),

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::{mpsc, watch, Notify};
+use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
 use super::counted::Counted;
@@ -131,12 +131,14 @@ pub(super) async fn send_pump(
 /// What a receiving pump tells the transfer.
 pub(super) enum Came {
     /// A whole frame, its header checked against the limits; `offset` is where it began
-    /// in its stream.
+    /// in its stream; `room`, the share of the receive's byte budget it holds until the
+    /// reassembly has taken it.
     Frame {
         lane: usize,
         header: FrameHeader,
         payload: Vec<u8>,
         offset: u64,
+        room: OwnedSemaphorePermit,
     },
     /// The stream ended (`mid`: inside a frame) or failed.
     Ended {
@@ -144,24 +146,50 @@ pub(super) enum Came {
         mid: bool,
         error: Option<GradientStreamError>,
     },
-    /// Told to stop: its stream, back (`mid`: it held part of a frame).
+    /// Told to stop: its stream, back (`extra`: it held part of a frame, or a frame the
+    /// transfer did not take).
     Back(usize, Counted, bool),
 }
 
-/// The bytes the receiving pumps of a transfer read, for the transfer's progress.
-pub(super) type Bytes = Arc<AtomicU64>;
+/// What the receiving pumps of a transfer read: the bytes, for the transfer's progress,
+/// and a wake for each read, so that its timeout bounds each wait for bytes.
+#[derive(Default)]
+pub(super) struct Moved {
+    pub(super) bytes: AtomicU64,
+    pub(super) read: Notify,
+}
 
-/// Read whole frames from `stream` (stream `lane`) and hand them over, until `stop`.
-pub(super) async fn receive_pump(
-    lane: usize,
-    mut stream: Counted,
-    limits: Limits,
-    frames: mpsc::Sender<Came>,
-    bytes: Bytes,
-    mut stop: watch::Receiver<bool>,
-) {
+impl Moved {
+    fn add(&self, n: usize) {
+        self.bytes.fetch_add(n as u64, Ordering::Relaxed);
+        self.read.notify_one();
+    }
+}
+
+/// What a receiving pump shares with the transfer.
+pub(super) struct Inlet {
+    pub(super) frames: mpsc::Sender<Came>,
+    pub(super) moved: Arc<Moved>,
+    /// The payload bytes the pumps may hold at once (taken before a payload is read,
+    /// given back once the reassembly took it).
+    pub(super) room: Arc<Semaphore>,
+    pub(super) limits: Limits,
+    pub(super) stop: watch::Receiver<bool>,
+}
+
+/// Read whole frames from `stream` (stream `lane`), whose first bytes `begun` the
+/// transfer read already, and hand them over, until told to stop.
+pub(super) async fn receive_pump(lane: usize, mut stream: Counted, begun: Vec<u8>, inlet: Inlet) {
+    let Inlet {
+        frames,
+        moved,
+        room,
+        limits,
+        mut stop,
+    } = inlet;
     let mut head = [0u8; HEADER_LEN];
-    let mut filled = 0usize;
+    head[..begun.len()].copy_from_slice(&begun);
+    let mut filled = begun.len();
     let mut offset = 0u64;
     let mut ended = false;
     loop {
@@ -169,36 +197,44 @@ pub(super) async fn receive_pump(
             if ended {
                 return std::future::pending().await;
             }
-            // A header, read in steps that lose nothing when stopped between them.
-            let n = stream.read(&mut head[filled..]).await?;
-            if n == 0 {
-                return Ok(None);
-            }
-            bytes.fetch_add(n as u64, Ordering::Relaxed);
-            filled += n;
             if filled < HEADER_LEN {
-                return Ok(Some(None));
+                // A header, read in steps that lose nothing when stopped between them.
+                let n = stream.read(&mut head[filled..]).await?;
+                if n == 0 {
+                    return Ok(None);
+                }
+                moved.add(n);
+                filled += n;
+                if filled < HEADER_LEN {
+                    return Ok(Some(None));
+                }
             }
             let header = FrameHeader::from_bytes(&head);
             limits
                 .check_header(&header, offset)
                 .map_err(Failure::Rule)?;
+            let want = header.payload_len;
+            let permit = room
+                .clone()
+                .acquire_many_owned(want)
+                .await
+                .map_err(|_| Failure::Io(std::io::Error::other("the receive ended")))?;
             // Grow with what arrives, not with what the header claims (as `read_unit`).
-            let want = header.payload_len as usize;
+            let want = want as usize;
             let mut payload = Vec::with_capacity(want.min(64 * 1024));
             while payload.len() < want {
-                let room = want - payload.len();
-                payload.reserve(room.min(payload.len().max(64 * 1024)));
+                let left = want - payload.len();
+                payload.reserve_exact(left.min(payload.len().max(64 * 1024)));
                 let got = (&mut stream)
-                    .take(room as u64)
+                    .take(left as u64)
                     .read_buf(&mut payload)
                     .await?;
                 if got == 0 {
                     return Err(Failure::Cut);
                 }
-                bytes.fetch_add(got as u64, Ordering::Relaxed);
+                moved.add(got);
             }
-            Ok(Some(Some((header, payload))))
+            Ok(Some(Some((header, payload, permit))))
         };
         let stepped = tokio::select! {
             biased;
@@ -206,13 +242,13 @@ pub(super) async fn receive_pump(
             stepped = step => Some(stepped),
         };
         let came = match stepped {
-            // Stopped between reads (or inside a payload: `mid`).
+            // Stopped between reads (or inside a payload, or with a header in: `extra`).
             None => {
                 let _ = frames.send(Came::Back(lane, stream, filled > 0)).await;
                 return;
             }
             Some(Ok(Some(None))) => continue,
-            Some(Ok(Some(Some((header, payload))))) => {
+            Some(Ok(Some(Some((header, payload, room))))) => {
                 filled = 0;
                 let at = offset;
                 offset += (HEADER_LEN + payload.len()) as u64;
@@ -221,6 +257,7 @@ pub(super) async fn receive_pump(
                     header,
                     payload,
                     offset: at,
+                    room,
                 }
             }
             Some(Ok(None)) => {
@@ -240,13 +277,15 @@ pub(super) async fn receive_pump(
                 }
             }
         };
+        let is_frame = matches!(came, Came::Frame { .. });
         let sent = tokio::select! {
             biased;
             _ = stop.wait_for(|stop| *stop) => false,
             sent = frames.send(came) => sent.is_ok(),
         };
         if !sent {
-            let _ = frames.send(Came::Back(lane, stream, filled > 0)).await;
+            // A frame read and not taken is a frame past the transfer's end.
+            let _ = frames.send(Came::Back(lane, stream, is_frame)).await;
             return;
         }
     }

@@ -20,7 +20,7 @@ use tokio::io::{AsyncRead, ReadBuf};
 use tokio::sync::{mpsc, watch};
 
 use super::counted::Counted;
-use super::pumps::{receive_pump, send_pump, Bytes, Came, Outbox, Pumps, Sent};
+use super::pumps::{receive_pump, send_pump, Came, Inlet, Moved, Outbox, Pumps, Sent};
 use super::*;
 
 /// The digest of headers held by index.
@@ -43,8 +43,11 @@ impl Link {
             .collect()
     }
 
-    /// Every stream, lent out (`Counted::gone` in their places until `put_back`).
+    /// Every stream, lent out (`Counted::gone` in their places until `put_back`); the
+    /// link counts as closed until every one is back (a transfer dropped meanwhile lost
+    /// them).
     fn lend_streams(&mut self) -> Vec<Counted> {
+        self.lent = true;
         self.all_streams()
             .into_iter()
             .map(|stream| std::mem::replace(stream, Counted::gone()))
@@ -143,15 +146,50 @@ impl Link {
             }
         }
         drop(pumps);
+        self.lent = back < count; // a stream that did not come back: the link is closed
         match failed {
             Some(e) => Err(e),
             None => Ok((sent, digest_in_order(&id, &headers))),
         }
     }
 
-    /// Receive one gradient through `receiver` from every stream, each read by a task of
-    /// its own (`pumps`); what it ended with, the digest, and the first stream's first
-    /// header.
+    /// The first bytes of a transfer, read here (at most a header's), so that the
+    /// streams stay the link's until one comes: a receive given up, or out of time,
+    /// before its first byte leaves the link as it was. `Ok(None)`: the first stream
+    /// ended with nothing on any (the peer closed the connection); another stream's end
+    /// then is the same close, reaching it first.
+    async fn first_bytes(&mut self) -> std::io::Result<Option<(usize, Vec<u8>)>> {
+        let mut streams = self.all_streams();
+        let mut ended = vec![false; streams.len()];
+        let mut head = [0u8; HEADER_LEN];
+        poll_fn(|cx| {
+            for (lane, stream) in streams.iter_mut().enumerate() {
+                if ended[lane] {
+                    continue;
+                }
+                let mut buf = ReadBuf::new(&mut head);
+                match Pin::new(&mut **stream).poll_read(cx, &mut buf) {
+                    Poll::Ready(Ok(())) if buf.filled().is_empty() => {
+                        if lane == 0 {
+                            return Poll::Ready(Ok(None));
+                        }
+                        ended[lane] = true;
+                    }
+                    Poll::Ready(Ok(())) => {
+                        return Poll::Ready(Ok(Some((lane, buf.filled().to_vec()))))
+                    }
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => {}
+                }
+            }
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Receive one gradient through `receiver` from every stream, each read, from the
+    /// transfer's first byte, by a task of its own (`pumps`); what it ended with, the
+    /// digest, and the first stream's first header.
     pub(super) async fn recv_striped(
         &mut self,
         mut receiver: FrameReceiver,
@@ -159,72 +197,88 @@ impl Link {
         waits: Waits,
         progress: &Progress,
     ) -> (Result<Ended>, [u8; 32], Option<[u8; HEADER_LEN]>) {
+        let mut headers = BTreeMap::new();
         let mut clock = Clock::idle(waits);
+        let begun = match within(&clock, (0, None), self.first_bytes()).await {
+            Ok(Some(begun)) => begun,
+            Ok(None) => {
+                let end = Ended::BeforeFirstByte(Box::new(receiver));
+                return (Ok(end), digest_in_order(&id, &headers), None);
+            }
+            Err(e) => return (Err(e), digest_in_order(&id, &headers), None),
+        };
+        clock.start();
+        progress.add(begun.1.len(), 0);
         let streams = self.lend_streams();
         let count = streams.len();
-        let (frames, mut came) = mpsc::channel(AHEAD * count);
-        let (stop, stopping) = watch::channel(false);
-        let bytes = Bytes::default();
-        let mut pumps = Pumps::default();
+        // One frame a stream waiting for the reassembly, and at most twice the largest
+        // payload held by the pumps at once (docs/guides/limits.md: what a receiver holds).
+        let (frames, mut came) = mpsc::channel(count);
         let limits = receiver.limits();
+        let room = (limits.max_payload_len as usize)
+            .saturating_mul(2)
+            .min(tokio::sync::Semaphore::MAX_PERMITS);
+        let room = Arc::new(tokio::sync::Semaphore::new(room));
+        let (stop, stopping) = watch::channel(false);
+        let moved = Arc::new(Moved::default());
+        let mut pumps = Pumps::default();
         for (lane, stream) in streams.into_iter().enumerate() {
-            let pump = receive_pump(
-                lane,
-                stream,
+            let first = if lane == begun.0 {
+                begun.1.clone()
+            } else {
+                Vec::new()
+            };
+            let inlet = Inlet {
+                frames: frames.clone(),
+                moved: moved.clone(),
+                room: room.clone(),
                 limits,
-                frames.clone(),
-                bytes.clone(),
-                stopping.clone(),
-            );
-            pumps.spawn(pump);
+                stop: stopping.clone(),
+            };
+            pumps.spawn(receive_pump(lane, stream, first, inlet));
         }
         drop(frames);
-        let mut headers = BTreeMap::new();
         let mut first = None;
         let mut counted = 0u64;
-        let mut ended_early = vec![false; count];
         let got = loop {
             let at = (receiver.received(), receiver.total());
-            let next = within(&clock, at, async { Ok(came.recv().await) }).await;
-            let moved = bytes.load(Ordering::Relaxed);
-            progress.add((moved - counted) as usize, 0);
-            counted = moved;
-            let (lane, header, payload, offset) = match next {
+            // A frame, or bytes of one: each wait for bytes is the timeout's.
+            let next = within(&clock, at, async {
+                tokio::select! {
+                    frame = came.recv() => Ok(Some(frame)),
+                    () = moved.read.notified() => Ok(None),
+                }
+            })
+            .await;
+            let bytes = moved.bytes.load(Ordering::Relaxed);
+            progress.add((bytes - counted) as usize, 0);
+            counted = bytes;
+            let (lane, header, payload, offset, _room) = match next {
                 Err(e) => break Err(e),
-                Ok(None) | Ok(Some(Came::Back(..))) => {
+                Ok(None) => continue,
+                Ok(Some(None)) | Ok(Some(Some(Came::Back(..)))) => {
                     break Err(std::io::Error::other("a stream's task ended early").into())
                 }
-                Ok(Some(Came::Ended { lane, mid, error })) => {
-                    let nothing_yet = receiver.received() == 0 && !mid && headers.is_empty();
-                    if let Some(error) = error {
-                        break Err(error);
-                    }
-                    // A peer's close reaches each stream in its own time (separate flows):
-                    // before a transfer began, the first stream's end is the one that says.
-                    ended_early[lane] = nothing_yet;
-                    if nothing_yet && lane != 0 {
-                        continue;
-                    }
-                    if nothing_yet {
-                        break Ok(Ended::BeforeFirstByte(Box::new(receiver)));
-                    }
-                    break Err(GradientStreamError::Io(std::io::Error::new(
-                        std::io::ErrorKind::UnexpectedEof,
-                        format!(
-                            "stream {} of the connection's {count} ended before the \
-                             transfer's last frame",
-                            lane + 1
-                        ),
-                    )));
+                Ok(Some(Some(Came::Ended { lane, error, .. }))) => {
+                    break Err(error.unwrap_or_else(|| {
+                        GradientStreamError::Io(std::io::Error::new(
+                            std::io::ErrorKind::UnexpectedEof,
+                            format!(
+                                "stream {} of the connection's {count} ended before the \
+                                 transfer's last frame",
+                                lane + 1
+                            ),
+                        ))
+                    }))
                 }
-                Ok(Some(Came::Frame {
+                Ok(Some(Some(Came::Frame {
                     lane,
                     header,
                     payload,
                     offset,
-                })) => (lane, header, payload, offset),
+                    room,
+                }))) => (lane, header, payload, offset, room),
             };
-            clock.start();
             if lane == 0 && first.is_none() {
                 first = Some(header.to_bytes());
             }
@@ -245,18 +299,24 @@ impl Link {
         };
         // Every stream back: a frame or part of one past the transfer's last fails it.
         let _ = stop.send(true);
+        room.close(); // a pump waiting for room stops
         let mut extra = None;
         let mut back = 0;
         while back < count {
             match tokio::time::timeout(LINGER, came.recv()).await {
-                Ok(Some(Came::Back(lane, stream, mid))) => {
+                Ok(Some(Came::Back(lane, stream, beyond))) => {
                     self.put_back(lane, stream);
                     back += 1;
-                    if mid {
+                    if beyond {
                         extra.get_or_insert(lane);
                     }
                 }
-                Ok(Some(Came::Frame { lane, .. })) => {
+                Ok(Some(
+                    Came::Frame { lane, .. }
+                    | Came::Ended {
+                        lane, mid: true, ..
+                    },
+                )) => {
                     extra.get_or_insert(lane);
                 }
                 Ok(Some(Came::Ended { .. })) => {}
@@ -264,6 +324,7 @@ impl Link {
             }
         }
         drop(pumps);
+        self.lent = back < count; // a stream that did not come back: the link is closed
         let got = match (got, extra) {
             (Ok(Ended::Gradient(_)), Some(lane)) => Err(GradientStreamError::frame(
                 format!(
@@ -293,7 +354,8 @@ impl Link {
                     match Pin::new(&mut **stream).poll_read(cx, &mut buf) {
                         Poll::Ready(Ok(())) if buf.filled().is_empty() => *ended = true,
                         Poll::Ready(Ok(())) => {}
-                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                        // A broken stream has nothing more to drain; the others may.
+                        Poll::Ready(Err(_)) => *ended = true,
                         Poll::Pending => break,
                     }
                 }

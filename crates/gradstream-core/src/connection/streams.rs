@@ -43,8 +43,9 @@ struct Opened {
     slots: Option<OwnedSemaphorePermit>,
 }
 
-/// A listener's open sessions, by id: an entry lives while its link waits for joins
-/// (`Joining` removes it), so there are at most as many as links.
+/// A listener's open sessions, by id: an entry lives while its link waits for joins, at
+/// most the listener's `handshake_timeout` from the grant (`Joining` removes it sooner),
+/// so there are at most as many as links.
 #[derive(Clone, Default)]
 pub struct Sessions(Arc<Mutex<HashMap<[u8; SESSION_ID_LEN], Opened>>>);
 
@@ -157,6 +158,14 @@ impl Sessions {
                     slots: Some(slots),
                 },
             );
+            // Joins come within the handshake_timeout or not at all: the slots held for
+            // them go back then, whether or not the link ever waits for them (a peer
+            // that opens and never joins holds them no longer than a handshake).
+            let expiry = self.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(handshake_timeout).await;
+                expiry.table().remove(&id);
+            });
             Joining {
                 joins,
                 got: (1..granted).map(|_| None).collect(),

@@ -613,3 +613,56 @@ async fn a_join_naming_no_open_session_is_refused_and_not_counted_as_a_guess() {
     );
     assert!(good.is_ok());
 }
+
+#[tokio::test]
+async fn slots_held_for_joins_that_never_come_go_back_after_the_handshake_timeout() {
+    use crate::protocol::streams::{parse_streams, STREAMS_LEN};
+    use crate::protocol::{Intent, Role};
+    let settings = ListenSettings {
+        max_connections: 4,
+        handshake_timeout: Duration::from_millis(500),
+        ..listen_settings(Some(KEY), Limits::default())
+    };
+    let mut listener = Listener::bind("127.0.0.1", 0, settings)
+        .await
+        .expect("binds");
+    let port = listener.address().port();
+    // A peer that opens 4 streams and never joins: granted 4, so 3 slots held, and the
+    // opening connection holds the fourth.
+    let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connects");
+    let side = handshake::Shake {
+        authkey: Some(KEY),
+        intent: Some(Intent::Open { streams: 4 }),
+        ..handshake::Shake::plain(Role::Client, Limits::default())
+    };
+    handshake::handshake(&mut tcp, side, None)
+        .await
+        .expect("shakes hands");
+    let mut grant = [0u8; STREAMS_LEN];
+    tokio::io::AsyncReadExt::read_exact(&mut tcp, &mut grant)
+        .await
+        .expect("a grant");
+    assert_eq!(parse_streams(&grant, 4, None), Ok(4));
+    let _opened = next_link(&mut listener).await;
+    // Full meanwhile: a newcomer that is no join finds no slot after its handshake.
+    let settings = dial_settings(Some(KEY));
+    let (_early, event) = tokio::join!(connect("127.0.0.1", port, &settings), listener.next());
+    assert!(
+        matches!(
+            event,
+            Some(Event::Refused {
+                why: Refusal::Shed(Shed::Full { .. }),
+                ..
+            })
+        ),
+        "the newcomer was not refused for want of a slot"
+    );
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let (late, accepted) = tokio::join!(
+        connect("127.0.0.1", port, &settings),
+        next_link(&mut listener)
+    );
+    assert!(late.is_ok() && accepted.peer().authenticated);
+}

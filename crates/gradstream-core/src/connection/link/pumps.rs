@@ -242,9 +242,11 @@ pub(super) async fn receive_pump(lane: usize, mut stream: Counted, begun: Vec<u8
             stepped = step => Some(stepped),
         };
         let came = match stepped {
-            // Stopped between reads (or inside a payload, or with a header in: `extra`).
+            // Stopped between reads (or inside a payload, or with a header in: `extra`);
+            // bytes already there past the transfer's end count as extra too.
             None => {
-                let _ = frames.send(Came::Back(lane, stream, filled > 0)).await;
+                let extra = filled > 0 || (!ended && bytes_waiting(&mut stream).await);
+                let _ = frames.send(Came::Back(lane, stream, extra)).await;
                 return;
             }
             Some(Ok(Some(None))) => continue,
@@ -289,6 +291,21 @@ pub(super) async fn receive_pump(lane: usize, mut stream: Counted, begun: Vec<u8
             return;
         }
     }
+}
+
+/// Whether a read would give bytes at once (what it reads is dropped: it would be bytes
+/// past a transfer's end).
+async fn bytes_waiting(stream: &mut Counted) -> bool {
+    let mut sink = [0u8; 64];
+    std::future::poll_fn(|cx| {
+        let mut buf = tokio::io::ReadBuf::new(&mut sink);
+        let polled =
+            tokio::io::AsyncRead::poll_read(std::pin::Pin::new(&mut *stream), cx, &mut buf);
+        std::task::Poll::Ready(
+            matches!(polled, std::task::Poll::Ready(Ok(()))) && !buf.filled().is_empty(),
+        )
+    })
+    .await
 }
 
 /// Why a receiving pump's frame failed.

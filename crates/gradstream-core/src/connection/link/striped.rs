@@ -155,13 +155,15 @@ impl Link {
 
     /// The first bytes of a transfer, read here (at most a header's), so that the
     /// streams stay the link's until one comes: a receive given up, or out of time,
-    /// before its first byte leaves the link as it was. `Ok(None)`: the first stream
-    /// ended with nothing on any (the peer closed the connection); another stream's end
-    /// then is the same close, reaching it first.
+    /// before its first byte leaves the link as it was. `Ok(None)`: the peer closed the
+    /// connection, every stream ended with nothing (a peer's close reaches each stream in
+    /// its own time), or the first did and no other brought a byte within LINGER. Bytes
+    /// on another stream after the first ended begin a transfer, which then fails.
     async fn first_bytes(&mut self) -> std::io::Result<Option<(usize, Vec<u8>)>> {
         let mut streams = self.all_streams();
         let mut ended = vec![false; streams.len()];
         let mut head = [0u8; HEADER_LEN];
+        let mut linger = std::pin::pin!(tokio::time::sleep(LINGER));
         poll_fn(|cx| {
             for (lane, stream) in streams.iter_mut().enumerate() {
                 if ended[lane] {
@@ -171,7 +173,8 @@ impl Link {
                 match Pin::new(&mut **stream).poll_read(cx, &mut buf) {
                     Poll::Ready(Ok(())) if buf.filled().is_empty() => {
                         if lane == 0 {
-                            return Poll::Ready(Ok(None));
+                            // LINGER from the first stream's end.
+                            linger.as_mut().reset(tokio::time::Instant::now() + LINGER);
                         }
                         ended[lane] = true;
                     }
@@ -182,7 +185,13 @@ impl Link {
                     Poll::Pending => {}
                 }
             }
-            Poll::Pending
+            let closed =
+                ended.iter().all(|e| *e) || (ended[0] && linger.as_mut().poll(cx).is_ready());
+            if closed {
+                Poll::Ready(Ok(None))
+            } else {
+                Poll::Pending
+            }
         })
         .await
     }

@@ -8,7 +8,9 @@ of tests/support/wan.py shows each stream is a flow of its own."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -329,6 +331,18 @@ def test_the_timeout_bounds_each_wait_for_bytes_not_each_frame() -> None:
     assert same_bits(got, grad)
 
 
+@contextlib.asynccontextmanager
+async def spec_client(streams: int) -> AsyncIterator[tuple[streams_peer.Stream, Any]]:
+    """A listener (chunk size 1024) and support/streams_peer.py's client of ``streams``
+    streams, joined: the client's first stream, and the connection the listener took."""
+    own = gs.GradientStreamSession("s", chunk_size=1024)
+    async with await gs.listen(LOCAL, authkey=KEY, session=own) as listener:
+        accepting = asyncio.create_task(listener.accept())
+        first = await streams_peer.open_streams(listener.address, streams)
+        async with await accepting as conn:
+            yield first, conn
+
+
 def test_a_client_written_from_the_spec_stripes_a_gradient_the_listener_takes() -> None:
     """support/streams_peer.py (Python alone, from the spec's text): opens 3 streams,
     proves each join and checks the listener's proofs, deals its frames over the
@@ -337,21 +351,17 @@ def test_a_client_written_from_the_spec_stripes_a_gradient_the_listener_takes() 
     grad = gradient(5000, 13)
 
     async def main() -> tuple[int, np.ndarray, bytes, bytes]:
-        own = gs.GradientStreamSession("s", chunk_size=1024)
-        async with await gs.listen(LOCAL, authkey=KEY, session=own) as listener:
-            accepting = asyncio.create_task(listener.accept())
-            first = await streams_peer.open_streams(listener.address, 3)
-            async with await accepting as conn:
-                frames = streams_peer.frames_of(grad, first)
-                lanes = [first, *first.joins]
-                for k, frame in enumerate(reversed(frames)):  # the last chunk first
-                    lanes[k % len(lanes)].writer.write(frame)
-                got = await conn.recv()
-                ack = await first.reader.readexactly(56)
-                transfer = p.transfer_id(*first.nonces, p.TO_SERVER, 0)
-                headers = b"".join(frame[:16] for frame in frames)  # index order
-                digest = hashlib.sha256(b"gradstream/1 digest" + transfer + headers).digest()
-                return conn.streams, got, ack, digest
+        async with spec_client(3) as (first, conn):
+            frames = streams_peer.frames_of(grad, first)
+            lanes = [first, *first.joins]
+            for k, frame in enumerate(reversed(frames)):  # the last chunk first
+                lanes[k % len(lanes)].writer.write(frame)
+            got = await conn.recv()
+            ack = await first.reader.readexactly(56)
+            transfer = p.transfer_id(*first.nonces, p.TO_SERVER, 0)
+            headers = b"".join(frame[:16] for frame in frames)  # index order
+            digest = hashlib.sha256(b"gradstream/1 digest" + transfer + headers).digest()
+            return conn.streams, got, ack, digest
 
     streams, got, ack, digest = run(main)
     assert streams == 3 and same_bits(got, grad)
@@ -365,21 +375,17 @@ def test_a_transfer_whose_first_stream_ends_midway_fails_and_is_no_clean_close()
     grad = gradient(5000, 14)
 
     async def main() -> BaseException | np.ndarray:
-        own = gs.GradientStreamSession("s", chunk_size=1024)
-        async with await gs.listen(LOCAL, authkey=KEY, session=own) as listener:
-            accepting = asyncio.create_task(listener.accept())
-            first = await streams_peer.open_streams(listener.address, 2)
-            async with await accepting as conn:
-                frames = streams_peer.frames_of(grad, first)
-                first.joins[0].writer.write(frames[0] + frames[1] + frames[2][:30])
-                await first.joins[0].writer.drain()
-                await asyncio.sleep(0.2)
-                first.writer.close()
-                await asyncio.sleep(0.2)
-                try:
-                    return await conn.recv()
-                except gs.errors.GradientStreamError as exc:
-                    return exc
+        async with spec_client(2) as (first, conn):
+            frames = streams_peer.frames_of(grad, first)
+            first.joins[0].writer.write(frames[0] + frames[1] + frames[2][:30])
+            await first.joins[0].writer.drain()
+            await asyncio.sleep(0.2)
+            first.writer.close()
+            await asyncio.sleep(0.2)
+            try:
+                return await conn.recv()
+            except gs.errors.GradientStreamError as exc:
+                return exc
 
     got = run(main)
     assert isinstance(got, gs.errors.StreamIOError), got

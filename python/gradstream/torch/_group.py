@@ -1,6 +1,7 @@
 """The ``"gradstream"`` process group: a ring of gradstream connections, one to the
 next rank (sends) and one from the previous rank (receives), opened through the
-group's store; each collective a coroutine on the backend's loop (``_loop``)."""
+group's store (``_ring``); each collective a coroutine on the backend's loop
+(``_loop``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import asyncio
 import contextlib
 import datetime
 import logging
-import os
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal
 
@@ -18,9 +18,8 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import Work as _BaseWork
 from torch.futures import Future
 
-from .._checks import LISTENER_MOST
-from .._connection import Connection, Listener, connect, listen
-from .._local_socket import SocketDirectory, host_identity
+from .._connection import Connection
+from .._local_socket import SocketDirectory
 from ..errors import (
     DeliveryError,
     GradientDtypeError,
@@ -31,15 +30,10 @@ from ..errors import (
 )
 from . import _loop
 from ._flat import _bounds, _combine, _Flat, _op_name, _others, _rows
-from ._links import COLLECTIVE, P2P, RING, Key, Links
-from ._options import _session, as_delivered, options
+from ._links import COLLECTIVE, P2P, Key, Links
+from ._options import as_delivered, options
+from ._ring import meet
 
-_KEY = "gradstream/authkey"
-_ADDRESS = "gradstream/address/{}"
-# A rank's host identity and Unix socket ("IDENTITY unix:PATH"), or "" for none.
-_LOCAL = "gradstream/local/{}"
-# A rank's reduce_wire_dtype ("none" or "int8"), which every rank must share.
-_REDUCE_WIRE = "gradstream/reduce_wire/{}"
 log = logging.getLogger("gradstream.torch")
 
 
@@ -81,131 +75,9 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch 
         self._links: Links | None = None
         self._socket_dir: SocketDirectory | None = None
         if size > 1:
-            self._open(store)
-
-    # -- the ring ------------------------------------------------------------------
-
-    def _open(self, store: Any) -> None:
-        """Listen, publish "host:port" in the store, read the others', connect to the
-        next rank and take the previous one's connection (``_links``: the listener stays
-        open for the connections ``send``/``recv`` and the pair collectives open)."""
-        settings = options()
-        self._agree_on_the_reduce_wire(store)
-        key = settings.authkey
-        if key is None:
-            if self.rank() == 0:
-                store.set(_KEY, os.urandom(32))
-            key = bytes(store.get(_KEY))
-        common = {"authkey": key, "timeout": self._seconds, "deadline": self._seconds}
-        # Room for a connection from every other rank per channel: the ring, the
-        # collectives made of pairs and a few send/recv tags, all at once.
-        # Each connection from another host takes its streams' worth of both.
-        room = {
-            name: min(count * settings.streams, LISTENER_MOST[name])
-            for name, count in (
-                ("max_connections", 256 + 4 * self.size()),
-                ("max_pending_per_source", 64 + self.size()),
-            )
-        }
-        listener = _loop.submit(
-            listen(
-                f"{settings.host}:0",
-                session=_session(),
-                tls=settings.listen_tls,
-                **room,
-                **common,
-            )
-        ).result()
-        listeners = [listener]
-        try:
-            self._join(store, settings, listeners, room, common)
-        except BaseException:
-            # Nothing of a group that could not be made stays open or on disk.
-            for opened in listeners:
-                _loop.submit(opened.close()).result()
-            if self._socket_dir is not None:
-                self._socket_dir.remove()
-                self._socket_dir = None
-            raise
-
-    def _join(
-        self,
-        store: Any,
-        settings: Any,
-        listeners: list[Listener],
-        room: dict[str, int],
-        common: dict[str, Any],
-    ) -> None:
-        """The rest of ``_open``: the Unix socket for ranks of this host, the addresses
-        through the store, and the ring's two connections (``_open`` closes what was
-        opened should this fail)."""
-        listener = listeners[0]
-        # Ranks of this host meet on a Unix socket (shared memory), without TLS: the
-        # kernel is the only party between them; the authkey still admits them.
-        identity = host_identity() if settings.same_host == "unix" else None
-        local = ""
-        if identity is not None:
-            try:
-                self._socket_dir = SocketDirectory("gradstream-torch-")
-                listeners.append(
-                    _loop.submit(
-                        listen(self._socket_dir.address, session=_session(), **room, **common)
-                    ).result()
-                )
-                local = f"{identity} {self._socket_dir.address}"
-            except (OSError, ValueError, StreamIOError) as exc:
-                log.warning("gradstream backend: rank %d has no Unix socket: %s", self.rank(), exc)
-                if self._socket_dir is not None:
-                    self._socket_dir.remove()
-                    self._socket_dir = None
-        store.set(_LOCAL.format(self.rank()), local)
-        port = listener.address[1]  # a (host, port): listened on settings.host
-        store.set(_ADDRESS.format(self.rank()), f"{settings.host}:{port}")
-        addresses = [
-            _route(
-                bytes(store.get(_ADDRESS.format(k))).decode(),
-                bytes(store.get(_LOCAL.format(k))).decode(),
-                identity,
-            )
-            for k in range(self.size())
-        ]
-        after = addresses[(self.rank() + 1) % self.size()]
-
-        def dial(address: str) -> Awaitable[Connection]:
-            if address.startswith("unix:"):
-                return connect(address, session=_session(), **common)
-            return connect(
-                address,
-                session=_session(),
-                tls=settings.connect_tls,
-                streams=settings.streams,
-                **common,
-            )
-
-        async def both() -> tuple[Connection, Connection]:
-            n, r = self.size(), self.rank()
-            links = self._links = Links(r, n, listeners, addresses, dial, self._seconds)
-            try:
-                return await asyncio.wait_for(
-                    asyncio.gather(
-                        links.outbound(((r + 1) % n, RING, 0)),
-                        links.inbound(((r - 1) % n, RING, 0)),
-                    ),
-                    self._seconds,
-                )
-            except BaseException:
-                await links.close()
-                raise
-
-        try:
-            self._next, self._prev = _loop.submit(both()).result()
-        except (StreamIOError, TimeoutError) as exc:
-            raise StreamIOError(
-                f"gradstream backend: rank {self.rank()} could not join the ring (connect "
-                f"to rank {(self.rank() + 1) % self.size()} at {after}, accept rank "
-                f"{(self.rank() - 1) % self.size()}) within {self._seconds:g} s: "
-                f"{exc or 'timed out'}"
-            ) from exc
+            ring = meet(store, rank, size, self._seconds)
+            self._next, self._prev, self._links = ring.next, ring.prev, ring.links
+            self._socket_dir = ring.socket_dir
 
     def _lock(self) -> asyncio.Lock:
         if self._turn is None:
@@ -374,22 +246,6 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch 
             await self._exchange(flat.wire[a:b], out=flat.wire[c:d], wire=wire)
         if op == "avg":
             flat.torch.div_(n)
-
-    def _agree_on_the_reduce_wire(self, store: Any) -> None:
-        """Publish this rank's ``reduce_wire_dtype`` and read every rank's: ranks that
-        differ would end an all-reduce with different bits, so each refuses the group
-        (``SettingError``, naming the first rank that differs) before opening anything."""
-        mine = self._reduce_wire_dtype or "none"
-        store.set(_REDUCE_WIRE.format(self.rank()), mine)
-        for k in range(self.size()):
-            theirs = bytes(store.get(_REDUCE_WIRE.format(k))).decode()
-            if theirs != mine:
-                raise SettingError(
-                    "reduce_wire_dtype",
-                    f"rank {k} set reduce_wire_dtype={theirs!r}, rank {self.rank()} "
-                    f"{mine!r}: every rank must configure the same before "
-                    "init_process_group",
-                )
 
     def _reduce_wire(self, flat: _Flat, op: str) -> Literal["int8"] | None:
         """The wire of a reduction's values: ``configure(reduce_wire_dtype=)`` for float32
@@ -782,15 +638,6 @@ class GradstreamProcessGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch 
 
     def rank(self) -> int:
         return int(super().rank())
-
-
-def _route(address: str, local: str, identity: str | None) -> str:
-    """Where to reach a rank: its Unix socket if it published one and shares this
-    rank's host identity (kernel, namespaces and user), else its TCP ``address``."""
-    their_identity, _, path = local.partition(" ")
-    if identity is not None and their_identity == identity and path.startswith("unix:"):
-        return path
-    return address
 
 
 def _channel(key: Key) -> str:

@@ -89,11 +89,20 @@ def test_streams_under_tls_alone(certs: Certificates) -> None:
     assert same_bits(got[0], gradient(SIZES[0])) and same_bits(back[0], gradient(SIZES[0]))
 
 
-def test_the_listener_grants_at_most_its_max_streams() -> None:
+@pytest.mark.parametrize(
+    ("cap", "asked"),
+    [
+        ({"max_streams": 2}, 8),
+        # Slots are held at the grant, so a join proven to its client always has one:
+        # with max_connections=2, 4 streams asked are 2 granted, and they work.
+        ({"max_connections": 2}, 4),
+    ],
+)
+def test_the_listener_grants_no_more_than_max_streams_or_its_free_slots(
+    cap: dict[str, int], asked: int
+) -> None:
     streams, theirs, got, _ = run(
-        lambda: exchange(
-            {"authkey": KEY, "max_streams": 2}, {"authkey": KEY, "streams": 8}, [10_000]
-        )
+        lambda: exchange({"authkey": KEY, **cap}, {"authkey": KEY, "streams": asked}, [10_000])
     )
     assert (streams, theirs) == (2, 2)
     assert same_bits(got[0], gradient(10_000))
@@ -184,18 +193,6 @@ def test_a_listener_without_a_secret_refuses_an_opening_of_several_streams() -> 
     answer = run(main)
     # Its hello (80 bytes), and no grant: the listener closed.
     assert len(answer) == 80 and b"GSST" not in answer
-
-
-def test_the_listener_grants_no_more_streams_than_it_has_connection_slots_for() -> None:
-    """Slots are held at the grant, so a join proven to its client always has one: with
-    max_connections=2, a connection asking for 4 streams is granted 2, and they work."""
-    streams, theirs, got, _ = run(
-        lambda: exchange(
-            {"authkey": KEY, "max_connections": 2}, {"authkey": KEY, "streams": 4}, [30_000]
-        )
-    )
-    assert (streams, theirs) == (2, 2)
-    assert same_bits(got[0], gradient(30_000))
 
 
 def test_a_first_receive_given_up_while_joins_arrive_loses_no_stream() -> None:
@@ -390,3 +387,30 @@ def test_a_transfer_whose_first_stream_ends_midway_fails_and_is_no_clean_close()
     got = run(main)
     assert isinstance(got, gs.errors.StreamIOError), got
     assert "stream 1 of the connection's 2 ended before the transfer's last frame" in str(got)
+
+
+@pytest.mark.parametrize("index", [1, 2, 200])
+def test_a_join_of_a_stream_taken_or_outside_the_grant_is_refused(
+    index: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each stream joins once, and only within the grant (2 streams: index 1 is taken,
+    2 and 200 are past it): the listener closes without its proof, and logs why."""
+
+    async def main() -> None:
+        async with spec_client(2) as (first, conn):
+            with pytest.raises(asyncio.IncompleteReadError):
+                await streams_peer.join(conn_listener_address(first), first, index)
+            assert conn.streams == 2
+
+    with caplog.at_level("WARNING", logger="gradstream"):
+        run(main)
+    refusals = [r.getMessage() for r in caplog.records if " refused " in r.getMessage()]
+    assert any(
+        f"a join as stream {index} of a session granted 2 streams" in line for line in refusals
+    ), refusals
+
+
+def conn_listener_address(first: streams_peer.Stream) -> tuple[str, int]:
+    """Where ``first`` connected: the listener's address."""
+    host, port = first.writer.get_extra_info("peername")[:2]
+    return host, port

@@ -68,15 +68,21 @@ async def open_streams(address: tuple[str, int], streams: int) -> Stream:
     first.secret = hmac.new(first.key, b"gradstream/3 session" + hellos, "sha256").digest()
     first.session = hmac.new(first.secret, b"gradstream/3 session id", "sha256").digest()[:16]
     for index in range(1, first.granted):
-        join = await _shake(address, 2, index, first.session)
-        tagged = bytes([index]) + _sha(join.client_hello + join.server_hello)
-        tag = hmac.new(first.secret, b"gradstream/3 join client" + tagged, "sha256").digest()
-        join.writer.write(b"GSJN" + bytes(12) + tag)
-        answer = await join.reader.readexactly(48)
-        server = hmac.new(first.secret, b"gradstream/3 join server" + tagged, "sha256").digest()
-        assert answer == b"GSJN" + bytes(12) + server, "the listener's proof"
-        first.joins.append(join)
+        first.joins.append(await join(address, first, index))
     return first
+
+
+async def join(address: tuple[str, int], first: Stream, index: int) -> Stream:
+    """Join ``first``'s session as stream ``index``, the listener's proof checked
+    (``asyncio.IncompleteReadError`` when it closes instead)."""
+    joining = await _shake(address, 2, index, first.session)
+    tagged = bytes([index]) + _sha(joining.client_hello + joining.server_hello)
+    tag = hmac.new(first.secret, b"gradstream/3 join client" + tagged, "sha256").digest()
+    joining.writer.write(b"GSJN" + bytes(12) + tag)
+    answer = await joining.reader.readexactly(48)
+    server = hmac.new(first.secret, b"gradstream/3 join server" + tagged, "sha256").digest()
+    assert answer == b"GSJN" + bytes(12) + server, "the listener's proof"
+    return joining
 
 
 def frames_of(gradient: np.ndarray, first: Stream, chunk_size: int = 1024) -> list[bytes]:

@@ -645,7 +645,7 @@ async fn slots_held_for_joins_that_never_come_go_back_after_the_handshake_timeou
         .await
         .expect("a grant");
     assert_eq!(parse_streams(&grant, 4, None), Ok(4));
-    let _opened = next_link(&mut listener).await;
+    let mut opened = next_link(&mut listener).await;
     // Full meanwhile: a newcomer that is no join finds no slot after its handshake.
     let settings = dial_settings(Some(KEY));
     let (_early, event) = tokio::join!(connect("127.0.0.1", port, &settings), listener.next());
@@ -665,4 +665,23 @@ async fn slots_held_for_joins_that_never_come_go_back_after_the_handshake_timeou
         next_link(&mut listener)
     );
     assert!(late.is_ok() && accepted.peer().authenticated);
+    // The link that opened them waited for its joins no longer than the timeout either:
+    // its first receive says how many came, and it is closed.
+    let got = opened
+        .recv_gradient(
+            SessionConfig::new("t", 10).receiver(),
+            Waits::default(),
+            &Progress::default(),
+        )
+        .await;
+    match got {
+        Err(error) => assert!(
+            error
+                .to_string()
+                .contains("1 of the 4 streams the peer opened joined within the listener's"),
+            "{error}"
+        ),
+        Ok(_) => panic!("a receive on a link missing its streams"),
+    }
+    assert!(opened.is_closed());
 }

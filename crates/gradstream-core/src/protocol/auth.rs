@@ -26,12 +26,14 @@ use ring::hmac;
 use ring::rand::{SecureRandom, SystemRandom};
 use spake2::{Ed25519Group, Identity, Password, Spake2};
 
-use super::describe::{check_start, hex, protocol_error, Kind, START_LEN};
+use super::describe::{
+    check_start, hex, protocol_error, read_tag, tag_message, Kind, START_LEN, TAG_MESSAGE_LEN,
+};
 use super::hello::{Role, HELLO_LEN};
 use crate::error::{GradientStreamError, Result};
 
 /// Bytes of an auth message (a confirmation tag).
-pub const AUTH_LEN: usize = 48;
+pub const AUTH_LEN: usize = TAG_MESSAGE_LEN;
 
 /// Bytes of a key exchange message (a SPAKE2 element).
 pub const PAKE_LEN: usize = 48;
@@ -264,20 +266,12 @@ fn bad_point(element: &[u8; ELEMENT_LEN], peer: Option<&PeerAt>) -> GradientStre
 
 /// The auth message that carries `tag`.
 pub fn auth_message(tag: [u8; 32]) -> [u8; AUTH_LEN] {
-    let mut out = [0u8; AUTH_LEN];
-    out[..4].copy_from_slice(&Kind::Auth.magic());
-    out[START_LEN..].copy_from_slice(&tag);
-    out
+    tag_message(Kind::Auth, tag)
 }
 
 /// The tag a peer's auth message carries, once its magic and its 12 zero bytes are checked.
 pub fn parse_auth(bytes: &[u8; AUTH_LEN], peer: Option<&PeerAt>) -> Result<[u8; 32]> {
-    let mut start = [0u8; START_LEN];
-    start.copy_from_slice(&bytes[..START_LEN]);
-    check_start(&start, Kind::Auth, peer)?;
-    let mut tag = [0u8; 32];
-    tag.copy_from_slice(&bytes[START_LEN..]);
-    Ok(tag)
+    read_tag(bytes, Kind::Auth, peer)
 }
 
 /// Check that both sides agree on using an authkey: `has_key` this side's, `peer_auth`

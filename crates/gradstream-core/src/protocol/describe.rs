@@ -267,6 +267,33 @@ pub(crate) fn check_zeros(
     ))
 }
 
+/// Bytes of a message that carries one 32-byte tag after its 16-byte start (an auth
+/// message, a join message).
+pub(crate) const TAG_MESSAGE_LEN: usize = START_LEN + 32;
+
+/// The `kind` message that carries `tag` (its magic, 12 zero bytes, the tag).
+pub(crate) fn tag_message(kind: Kind, tag: [u8; 32]) -> [u8; TAG_MESSAGE_LEN] {
+    let mut out = [0u8; TAG_MESSAGE_LEN];
+    out[..4].copy_from_slice(&kind.magic());
+    out[START_LEN..].copy_from_slice(&tag);
+    out
+}
+
+/// The tag a peer's `kind` message carries, once its magic and its 12 zero bytes are
+/// checked.
+pub(crate) fn read_tag(
+    bytes: &[u8; TAG_MESSAGE_LEN],
+    kind: Kind,
+    peer: Option<&PeerAt>,
+) -> Result<[u8; 32]> {
+    let mut start = [0u8; START_LEN];
+    start.copy_from_slice(&bytes[..START_LEN]);
+    check_start(&start, kind, peer)?;
+    let mut tag = [0u8; 32];
+    tag.copy_from_slice(&bytes[START_LEN..]);
+    Ok(tag)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

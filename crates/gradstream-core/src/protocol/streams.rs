@@ -19,7 +19,10 @@ use crate::error::PeerAt;
 use ring::digest::{digest, SHA256};
 use ring::hmac;
 
-use super::describe::{check_start, check_zeros, protocol_error, Kind, START_LEN};
+use super::describe::{
+    check_start, check_zeros, protocol_error, read_tag, tag_message, Kind, START_LEN,
+    TAG_MESSAGE_LEN,
+};
 use super::hello::{Role, HELLO_LEN};
 use crate::error::{GradientStreamError, Result};
 
@@ -27,7 +30,7 @@ use crate::error::{GradientStreamError, Result};
 pub const STREAMS_LEN: usize = 32;
 
 /// Bytes of a join message.
-pub const JOIN_LEN: usize = 48;
+pub const JOIN_LEN: usize = TAG_MESSAGE_LEN;
 
 /// Bytes of a session id.
 pub const SESSION_ID_LEN: usize = 16;
@@ -160,9 +163,12 @@ impl SessionSecret {
         self.id
     }
 
-    fn join_parts(index: u8, hellos: &[u8; 32], exporter: Option<&[u8; 32]>) -> Vec<u8> {
+    /// What `role`'s join tag is the HMAC of: its label, the index, the joining
+    /// connection's hellos and TLS exporter.
+    fn joined(role: Role, index: u8, hellos: &[u8; 32], exporter: Option<&[u8; 32]>) -> Vec<u8> {
         [
-            &[index][..],
+            join_label(role).as_slice(),
+            &[index],
             hellos,
             exporter.map_or(&[][..], |e| e.as_slice()),
         ]
@@ -178,8 +184,7 @@ impl SessionSecret {
         hellos: &[u8; 32],
         exporter: Option<&[u8; 32]>,
     ) -> [u8; 32] {
-        let parts = Self::join_parts(index, hellos, exporter);
-        hmac_of(&self.key, &[join_label(role), &parts])
+        hmac_of(&self.key, &[&Self::joined(role, index, hellos, exporter)])
     }
 
     /// Check, in constant time, that `tag` is `role`'s join tag.
@@ -192,8 +197,7 @@ impl SessionSecret {
         tag: &[u8; 32],
         peer: Option<&PeerAt>,
     ) -> Result<()> {
-        let parts = Self::join_parts(index, hellos, exporter);
-        let tagged = [join_label(role).as_slice(), &parts].concat();
+        let tagged = Self::joined(role, index, hellos, exporter);
         hmac::verify(&self.key, &tagged, tag).map_err(|_| GradientStreamError::Authentication {
             detail: "the join's tag does not match its session: a peer that does not hold \
                      the secret of the connection it claims to join"
@@ -230,20 +234,12 @@ pub fn parse_streams(bytes: &[u8; STREAMS_LEN], asked: u8, peer: Option<&PeerAt>
 
 /// The join message that carries `tag`.
 pub fn join_message(tag: [u8; 32]) -> [u8; JOIN_LEN] {
-    let mut out = [0u8; JOIN_LEN];
-    out[..4].copy_from_slice(&Kind::Join.magic());
-    out[START_LEN..].copy_from_slice(&tag);
-    out
+    tag_message(Kind::Join, tag)
 }
 
 /// The tag a join message carries, once its magic and its 12 zero bytes are checked.
 pub fn parse_join(bytes: &[u8; JOIN_LEN], peer: Option<&PeerAt>) -> Result<[u8; 32]> {
-    let mut start = [0u8; START_LEN];
-    start.copy_from_slice(&bytes[..START_LEN]);
-    check_start(&start, Kind::Join, peer)?;
-    let mut tag = [0u8; 32];
-    tag.copy_from_slice(&bytes[START_LEN..]);
-    Ok(tag)
+    read_tag(bytes, Kind::Join, peer)
 }
 
 #[cfg(test)]

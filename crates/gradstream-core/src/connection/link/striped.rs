@@ -208,7 +208,7 @@ impl Link {
     ) -> (Result<Ended>, [u8; 32], Option<[u8; HEADER_LEN]>) {
         let mut headers = BTreeMap::new();
         let mut clock = Clock::idle(waits);
-        let begun = match within(&clock, (0, None), self.first_bytes()).await {
+        let (begun_on, mut begun) = match within(&clock, (0, None), self.first_bytes()).await {
             Ok(Some(begun)) => begun,
             Ok(None) => {
                 let end = Ended::BeforeFirstByte(Box::new(receiver));
@@ -217,7 +217,7 @@ impl Link {
             Err(e) => return (Err(e), digest_in_order(&id, &headers), None),
         };
         clock.start();
-        progress.add(begun.1.len(), 0);
+        progress.add(begun.len(), 0);
         let streams = self.lend_streams();
         let count = streams.len();
         // One frame a stream waiting for the reassembly, and at most twice the largest
@@ -232,10 +232,10 @@ impl Link {
         let moved = Arc::new(Moved::default());
         let mut pumps = Pumps::default();
         for (lane, stream) in streams.into_iter().enumerate() {
-            let first = if lane == begun.0 {
-                begun.1.clone()
-            } else {
-                Vec::new()
+            // The first bytes go to the pump of the stream they came on.
+            let first = match lane == begun_on {
+                true => std::mem::take(&mut begun),
+                false => Vec::new(),
             };
             let inlet = Inlet {
                 frames: frames.clone(),

@@ -10,12 +10,12 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 
 use super::handshake::{handshake, Established, Shake};
-use super::link::{Duplex, Link, Peer};
+use super::link::{Link, Peer};
 #[cfg(target_os = "linux")]
 use super::link::{LocalPeer, PeerAddress};
 #[cfg(target_os = "linux")]
 use super::listener::LocalSettings;
-use super::{buffered, streams, Protocol};
+use super::{buffered, streams, Duplex, Protocol};
 use crate::error::{GradientStreamError, Result};
 use crate::frame::Limits;
 use crate::protocol::{Intent, Role, SessionSecret};

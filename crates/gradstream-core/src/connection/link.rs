@@ -18,7 +18,7 @@ use std::time::Duration;
 use std::future::Future;
 use std::task::{Context, Poll};
 
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::handshake::{read_full, Established};
@@ -44,10 +44,7 @@ mod striped;
 use counted::Counted;
 pub use counted::{Direct, ReadBudget};
 
-/// A byte stream a link can own: a TCP stream, or a TLS stream over one (`Any`: a plain
-/// TCP stream's descriptor is found by its type, for `Link::direct`).
-pub trait Duplex: AsyncRead + AsyncWrite + Unpin + Send + std::any::Any {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Duplex for T {}
+pub use super::Duplex;
 
 /// The descriptor of a plain TCP stream (None for TLS and anything else).
 fn tcp_fd(stream: &dyn Duplex) -> Option<std::os::fd::RawFd> {

@@ -29,9 +29,9 @@ mod local;
 
 use super::admission::{Admission, FailureTable, Gone, Heard, PendingTable, Shed, Source};
 use super::handshake::{handshake, Shake};
-use super::link::{Duplex, Link, Peer, PeerAddress};
+use super::link::{Link, Peer, PeerAddress};
 use super::streams::{Joined, Sessions};
-use super::{buffered, Protocol};
+use super::{buffered, Duplex, Protocol};
 use crate::error::{GradientStreamError, Result};
 use crate::frame::Limits;
 use crate::protocol::{Role, HELLO_LEN};

@@ -34,6 +34,14 @@ pub use admission::{Admission, Shed, Source, FAILURE_TABLE};
 pub use link::{Link, LocalPeer, Peer, PeerAddress, ReadBudget, Received};
 pub use listener::{Bound, Event, ListenSettings, Listener, Refusal, Stopper};
 
+/// A byte stream a link can own: a TCP stream, or a TLS stream over one (`Any`: a plain
+/// TCP stream's descriptor is found by its type, for `Link::direct`).
+pub trait Duplex:
+    tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + std::any::Any
+{
+}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static> Duplex for T {}
+
 /// What a connection speaks: a local setting of each side, never negotiated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Protocol {

@@ -15,7 +15,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 use super::handshake::{read_full, Established};
-use super::link::Duplex;
+use super::Duplex;
 use crate::error::{GradientStreamError, Result};
 use crate::protocol::streams::{
     join_message, parse_join, parse_streams, streams_message, JOIN_LEN, SESSION_ID_LEN, STREAMS_LEN,

@@ -1,17 +1,18 @@
 //! The hello (docs/spec/protocol.md, step 2): the first message each way, 80 bytes, saying
 //! which side sent it, whether it holds an authkey, a fresh nonce, and the limits its
 //! receiver applies. Read in two steps, so that at most 80 bytes are ever read for it: the
-//! first 16 (`check_start`: magic, zeros, version, length), then the whole (`parse`).
+//! first 16 (`check_start`: magic, zeros, version, length), then the whole (`parse`). A
+//! client's hello of version 3 also says it opens or joins a connection of several
+//! streams (`Intent`; docs/spec/protocol.md, "Several streams").
 //!
-//! Uses `describe`, `frame` (the limits) and ring's system RNG; used by `auth`, `ids` and
-//! the connection driver.
+//! Uses `describe`, `frame` (the limits) and ring's system RNG; used by `auth`, `ids`,
+//! `streams` and the connection driver.
 
 use crate::error::PeerAt;
 
 use ring::rand::{SecureRandom, SystemRandom};
 
 use super::describe::{check_start, check_zeros, protocol_error, Kind, START_LEN};
-use super::streams::Intent;
 use crate::error::{GradientStreamError, Result};
 use crate::frame::Limits;
 
@@ -29,6 +30,62 @@ pub const STREAMS_VERSION: u16 = 3;
 
 /// Where the nonce sits in a hello (the auth tags read it from the bytes).
 pub(crate) const NONCE_AT: usize = 20;
+
+/// Bytes of a session id.
+pub const SESSION_ID_LEN: usize = 16;
+
+/// The most streams one connection may have (the hello's one byte).
+pub const MAX_STREAMS: u8 = 255;
+
+/// What a client's version 3 hello asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Intent {
+    /// Open a connection of `streams` streams (2 to 255), this one the first.
+    Open { streams: u8 },
+    /// Join the session `session` as its stream `index` (1 to 254).
+    Join {
+        index: u8,
+        session: [u8; SESSION_ID_LEN],
+    },
+}
+
+impl Intent {
+    /// Bytes 18, 19 and 64..80 of the hello.
+    pub(crate) fn write(self, hello: &mut [u8; HELLO_LEN]) {
+        match self {
+            Intent::Open { streams } => {
+                hello[18] = 1;
+                hello[19] = streams;
+            }
+            Intent::Join { index, session } => {
+                hello[18] = 2;
+                hello[19] = index;
+                hello[64..80].copy_from_slice(&session);
+            }
+        }
+    }
+
+    /// The intent of a version 3 hello, strictly read.
+    pub(crate) fn read(hello: &[u8; HELLO_LEN], peer: Option<&PeerAt>) -> Result<Intent> {
+        match (hello[18], hello[19]) {
+            (1, streams) if streams >= 2 => {
+                check_zeros(hello, 64..HELLO_LEN, Kind::Hello, peer)?;
+                Ok(Intent::Open { streams })
+            }
+            (2, index) if (1..MAX_STREAMS).contains(&index) => {
+                let mut session = [0u8; SESSION_ID_LEN];
+                session.copy_from_slice(&hello[64..80]);
+                Ok(Intent::Join { index, session })
+            }
+            (intent, count) => Err(protocol_error(
+                "a version 3 hello that opens (intent 1, 2 to 255 streams) or joins (intent \
+                 2, index 1 to 254) a connection of several streams",
+                format!("intent {intent} with {count}"),
+                peer,
+            )),
+        }
+    }
+}
 
 /// Which end of the connection a side is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

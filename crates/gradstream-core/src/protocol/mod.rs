@@ -7,8 +7,8 @@
 //! - `auth`: the authkey's SPAKE2 exchange, its key exchange and auth messages;
 //! - `hello`: `Hello`, `Role`, the first message each way;
 //! - `ids`: `transfer_id`, each transfer's seal id, and `Direction`;
-//! - `streams`: a connection of several streams: the intents of a version 3 hello, the
-//!   session secret, the streams and join messages;
+//! - `streams`: a connection of several streams: the session secret, the streams and
+//!   join messages (the intents of a version 3 hello are `hello`'s);
 //! - `describe`: the four messages' magics and common start, and what foreign first bytes
 //!   are (an HTTP request, a TLS client, a bare frame header...), for a `ProtocolError`.
 //!
@@ -30,6 +30,7 @@ pub use auth::{
     AUTH_LEN, ELEMENT_LEN, PAKE_LEN, SEED_LEN,
 };
 pub use describe::{describe, Kind, START_LEN};
+pub use hello::Intent;
 pub use hello::{Hello, Role, HELLO_LEN, VERSION};
 pub use ids::{transfer_id, Direction, TRANSFER_ID_LEN};
-pub use streams::{Intent, SessionSecret};
+pub use streams::SessionSecret;

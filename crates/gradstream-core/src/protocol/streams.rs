@@ -23,6 +23,7 @@ use super::describe::{
     check_start, check_zeros, protocol_error, read_tag, tag_message, Kind, START_LEN,
     TAG_MESSAGE_LEN,
 };
+pub use super::hello::{Intent, MAX_STREAMS, SESSION_ID_LEN};
 use super::hello::{Role, HELLO_LEN};
 use crate::error::{GradientStreamError, Result};
 
@@ -32,64 +33,8 @@ pub const STREAMS_LEN: usize = 32;
 /// Bytes of a join message.
 pub const JOIN_LEN: usize = TAG_MESSAGE_LEN;
 
-/// Bytes of a session id.
-pub const SESSION_ID_LEN: usize = 16;
-
-/// The most streams one connection may have (the hello's one byte).
-pub const MAX_STREAMS: u8 = 255;
-
 /// The TLS exporter label (RFC 8446, 7.5) of a connection's binding to its TLS session.
 pub const EXPORTER_LABEL: &[u8] = b"EXPORTER-gradstream-session";
-
-/// What a client's version 3 hello asks for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Intent {
-    /// Open a connection of `streams` streams (2 to 255), this one the first.
-    Open { streams: u8 },
-    /// Join the session `session` as its stream `index` (1 to 254).
-    Join {
-        index: u8,
-        session: [u8; SESSION_ID_LEN],
-    },
-}
-
-impl Intent {
-    /// Bytes 18, 19 and 64..80 of the hello.
-    pub(crate) fn write(self, hello: &mut [u8; HELLO_LEN]) {
-        match self {
-            Intent::Open { streams } => {
-                hello[18] = 1;
-                hello[19] = streams;
-            }
-            Intent::Join { index, session } => {
-                hello[18] = 2;
-                hello[19] = index;
-                hello[64..80].copy_from_slice(&session);
-            }
-        }
-    }
-
-    /// The intent of a version 3 hello, strictly read.
-    pub(crate) fn read(hello: &[u8; HELLO_LEN], peer: Option<&PeerAt>) -> Result<Intent> {
-        match (hello[18], hello[19]) {
-            (1, streams) if streams >= 2 => {
-                check_zeros(hello, 64..HELLO_LEN, Kind::Hello, peer)?;
-                Ok(Intent::Open { streams })
-            }
-            (2, index) if (1..MAX_STREAMS).contains(&index) => {
-                let mut session = [0u8; SESSION_ID_LEN];
-                session.copy_from_slice(&hello[64..80]);
-                Ok(Intent::Join { index, session })
-            }
-            (intent, count) => Err(protocol_error(
-                "a version 3 hello that opens (intent 1, 2 to 255 streams) or joins (intent \
-                 2, index 1 to 254) a connection of several streams",
-                format!("intent {intent} with {count}"),
-                peer,
-            )),
-        }
-    }
-}
 
 /// The secret of a session: what its joins are proven with.
 #[derive(Clone)]

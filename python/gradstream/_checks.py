@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import operator
 import os
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from ._address import UNIX
 from ._dtypes import WIRE_DTYPES
@@ -114,26 +114,80 @@ def check_streams(value: Any, name: str = "streams") -> int:
     return check_count(value, name, most=STREAMS_MOST)
 
 
+class _Needs(NamedTuple):
+    """What an option that adds TCP connections to a connection says when it cannot."""
+
+    unix: str
+    seed: str
+    secret: str
+
+
+_STREAMS_NEEDS = _Needs(
+    "a unix: connection has one stream (shared memory needs no more)",
+    "protocol='seed' has no hello to open several streams with",
+    "several streams need an authkey or TLS: each joining connection proves it belongs to "
+    "the first with their secret (without one, anyone on the path could join); give "
+    "authkey= or tls=",
+)
+_RESUME_NEEDS = _Needs(
+    "a unix: connection has no network path to lose (its peer is on this host)",
+    "protocol='seed' has no hello to resume a connection with",
+    "resume needs an authkey or TLS: each stream dialled again proves it belongs to the "
+    "connection with their secret (without one, anyone on the path could take the "
+    "connection over); give authkey= or tls=",
+)
+
+
+def _lacking(
+    needs: _Needs, protocol: str, tls: object, authkey: bytes | None, host: str
+) -> str | None:
+    """Why a connection cannot have more TCP connections proven to belong to it: it is
+    not over TCP, speaks no hello, or has no secret (an authkey or TLS); None if it can."""
+    if host.startswith("unix:"):
+        return needs.unix
+    if protocol == "seed":
+        return needs.seed
+    if tls is None and authkey is None:
+        return needs.secret
+    return None
+
+
 def check_streams_secret(
     streams: int, protocol: str, tls: object, authkey: bytes | None, host: str
 ) -> None:
     """Several streams need a secret to prove each join with (an authkey or TLS), the
     gradstream protocol, and TCP."""
-    if streams == 1:
-        return
-    if host.startswith("unix:"):
-        problem = "a unix: connection has one stream (shared memory needs no more)"
-    elif protocol == "seed":
-        problem = "protocol='seed' has no hello to open several streams with"
-    elif tls is None and authkey is None:
-        problem = (
-            "several streams need an authkey or TLS: each joining connection proves it "
-            "belongs to the first with their secret (without one, anyone on the path "
-            "could join); give authkey= or tls="
-        )
-    else:
-        return
-    raise SettingError("streams", f"streams={streams}: {problem}")
+    problem = None if streams == 1 else _lacking(_STREAMS_NEEDS, protocol, tls, authkey, host)
+    if problem is not None:
+        raise SettingError("streams", f"streams={streams}: {problem}")
+
+
+RESUME_WINDOW = 30.0  # seconds a connection's streams may take to come back (both ends)
+
+
+def check_resume_window(value: Any, name: str = "resume_window", *, zero: bool = False) -> float:
+    """A resume window: a positive, finite number of seconds (a listener's may be 0: it
+    grants no resumes)."""
+    if zero and not isinstance(value, bool) and isinstance(value, int | float) and value == 0:
+        return 0.0
+    return check_handshake_timeout(value, name)
+
+
+def check_resume(
+    resume: Any, streams: int, protocol: str, tls: object, authkey: bytes | None, host: str
+) -> bool:
+    """``resume=``: None (on for several streams, which have a secret already; off for
+    one, whose transfers then keep their faster path), True or False. A resume needs a
+    secret to prove each new stream with (an authkey or TLS), the gradstream protocol,
+    and TCP."""
+    if resume is None:
+        return streams > 1
+    if not isinstance(resume, bool):
+        raise TypeError(f"resume must be True, False or None, not {type(resume).__name__}")
+    problem = _lacking(_RESUME_NEEDS, protocol, tls, authkey, host) if resume else None
+    if problem is not None:
+        raise SettingError("resume", f"resume=True: {problem}")
+    return resume
 
 
 def check_plain_seed(protocol: Protocol, tls: TLS | None, authkey: bytes | None) -> None:

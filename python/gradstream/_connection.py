@@ -36,6 +36,7 @@ from ._checks import (
     MAX_PENDING_PER_SOURCE,
     MAX_STREAMS,
     OWN_USER,
+    RESUME_WINDOW,
     check_authkey,
     check_count,
     check_handler,
@@ -43,6 +44,8 @@ from ._checks import (
     check_max_values,
     check_plain_seed,
     check_protocol,
+    check_resume,
+    check_resume_window,
     check_same_host,
     check_seconds,
     check_streams,
@@ -151,6 +154,21 @@ class ConnectionCore:
         granted of ``connect(streams=)`` (docs/guides/across-the-internet.md)."""
         n: int = self._link.streams()
         return n
+
+    @property
+    def resumes(self) -> bool:
+        """Whether its streams are dialled again after a failure in a transfer
+        (``connect(resume=)``, granted by the listener): docs/guides/across-the-internet.md,
+        "Resume"."""
+        on: bool = self._link.resumes()
+        return on
+
+    @property
+    def resumed(self) -> tuple[int, int]:
+        """(times every stream was replaced after a failure, chunks sent again after
+        them): what resumes cost this connection so far."""
+        times, again = self._link.resumed()
+        return times, again
 
     @property
     def closed(self) -> bool:
@@ -598,6 +616,7 @@ def listen_args(
     auth_failure_window: Any = AUTH_FAILURE_WINDOW,
     allowed_uid: Any = OWN_USER,
     max_streams: Any = MAX_STREAMS,
+    resume_window: Any = RESUME_WINDOW,
 ) -> Opened:
     """``listen``'s arguments, checked (both faces)."""
     host, port = parse_address(address)
@@ -624,6 +643,7 @@ def listen_args(
     }
     own_settings["max_streams"] = check_streams(max_streams, "max_streams")
     own_settings["hello_timeout"] = check_handshake_timeout(hello_timeout, "hello_timeout")
+    own_settings["resume_window"] = check_resume_window(resume_window, zero=True)
     own_settings["auth_failure_window"] = check_handshake_timeout(
         auth_failure_window, "auth_failure_window"
     )
@@ -642,6 +662,8 @@ def connect_args(
     handshake_timeout: Any = HANDSHAKE_TIMEOUT,
     allowed_uid: Any = OWN_USER,
     streams: Any = 1,
+    resume: Any = None,
+    resume_window: Any = RESUME_WINDOW,
 ) -> Opened:
     """``connect``'s arguments, checked (both faces)."""
     host, port = parse_address(address)
@@ -659,7 +681,10 @@ def connect_args(
         handshake_timeout=handshake_timeout,
     )
     check_streams_secret(count, args["protocol"], args["tls"], args["authkey"], host)
-    return Opened(host, port, own, {**args, "allowed_uid": uid, "streams": count}, speaks, {})
+    window = check_resume_window(resume_window)
+    resumes = check_resume(resume, count, args["protocol"], args["tls"], args["authkey"], host)
+    link = {**args, "allowed_uid": uid, "streams": count, "resume": window if resumes else None}
+    return Opened(host, port, own, link, speaks, {})
 
 
 def listen(
@@ -680,6 +705,7 @@ def listen(
     auth_failure_window: Any = AUTH_FAILURE_WINDOW,
     allowed_uid: Any = OWN_USER,
     max_streams: Any = MAX_STREAMS,
+    resume_window: Any = RESUME_WINDOW,
 ) -> Opening[Listener]:
     """Listen on ``address`` (``"host:port"`` or ``(host, port)``; port 0 for any, see
     ``Listener.address``; or ``"unix:PATH"`` for processes of this host, whose user must
@@ -687,7 +713,9 @@ def listen(
     ``async with``). The caps, ``hello_timeout`` and the online-guessing limit:
     docs/guides/limits.md, "A listener under a flood"; ``max_streams``, the most streams
     one connection may open (each counts against ``max_connections``):
-    docs/guides/across-the-internet.md, "Parallel streams"."""
+    docs/guides/across-the-internet.md, "Parallel streams"; ``resume_window``, how long
+    a connection that resumes may take to dial its streams again after a failure (0: no
+    resumes): "Resume" there."""
     keywords = {
         "session": session,
         "tls": tls,
@@ -704,6 +732,7 @@ def listen(
         "auth_failure_window": auth_failure_window,
         "allowed_uid": allowed_uid,
         "max_streams": max_streams,
+        "resume_window": resume_window,
     }
     return Opening("listen", lambda: _listen(address, keywords))
 
@@ -733,13 +762,19 @@ def connect(
     handshake_timeout: Any = HANDSHAKE_TIMEOUT,
     allowed_uid: Any = OWN_USER,
     streams: Any = 1,
+    resume: Any = None,
+    resume_window: Any = RESUME_WINDOW,
 ) -> Opening[Connection]:
     """Connect to a listener at ``address`` and shake hands; to be awaited (or ``async
     with``). ``handshake_timeout`` bounds the TCP connect, TLS and the hello together. At
     a ``"unix:PATH"`` address the listener must be a process of ``allowed_uid`` (this
     process's own user by default; None: any). ``streams`` > 1 (with an authkey or TLS)
     runs the connection over that many TCP connections, a gradient's chunks spread over
-    them (the listener may grant fewer): docs/guides/across-the-internet.md."""
+    them (the listener may grant fewer): docs/guides/across-the-internet.md. ``resume``:
+    after a failure of its streams in a transfer, they are dialled again (for at most
+    ``resume_window`` seconds) and the transfer goes on from the chunks the receiver
+    holds; None (the default) resumes a connection of several streams, not one of one
+    ("Resume" in that guide)."""
     keywords = {
         "session": session,
         "tls": tls,
@@ -750,6 +785,8 @@ def connect(
         "handshake_timeout": handshake_timeout,
         "allowed_uid": allowed_uid,
         "streams": streams,
+        "resume": resume,
+        "resume_window": resume_window,
     }
     return Opening("connect", lambda: _connect(address, keywords))
 

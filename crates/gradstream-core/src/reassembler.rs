@@ -46,6 +46,22 @@ pub struct Reassembler {
 }
 
 impl Reassembler {
+    /// The chunks taken so far, as increasing, disjoint, non-adjacent half-open ranges:
+    /// those before `next`, then the early ones.
+    pub(crate) fn held(&self) -> Vec<(u32, u32)> {
+        let mut ranges: Vec<(u32, u32)> = Vec::new();
+        if self.next > 0 {
+            ranges.push((0, self.next));
+        }
+        for &index in self.early.keys() {
+            match ranges.last_mut() {
+                Some((_, end)) if *end == index => *end += 1,
+                _ => ranges.push((index, index.saturating_add(1))),
+            }
+        }
+        ranges
+    }
+
     pub fn new(limits: Limits, reserve_cap: usize) -> Self {
         Self {
             max_gradient_len: limits.max_gradient_len,

@@ -178,6 +178,12 @@ impl FrameReceiver {
         }
     }
 
+    /// The chunks taken so far, as increasing half-open ranges (what a resume tells
+    /// the sender: docs/spec/protocol.md, "Resume").
+    pub(crate) fn held(&self) -> Vec<(u32, u32)> {
+        self.assembly.held()
+    }
+
     /// What the receiver's frames are held to.
     pub(crate) fn limits(&self) -> Limits {
         self.limits

@@ -67,6 +67,10 @@ pub struct LinkArgs {
     /// A client's streams (1 to 255, checked by `gradstream._checks`; 1 for a listener).
     #[pyo3(item, default)]
     streams: Option<u8>,
+    /// A client's resume window in seconds (None: no resume; checked by
+    /// `gradstream._checks`: an authkey or TLS, over TCP).
+    #[pyo3(item, default)]
+    resume: Option<f64>,
     /// Tests only, never set by `gradstream._connection`: this side's hello nonce, 32
     /// bytes (`DialSettings::test_nonce`), for the replays of recorded sessions.
     #[pyo3(item("_test_nonce"), default)]
@@ -186,6 +190,7 @@ pub fn open_link(
         handshake_timeout: saturating_seconds(args.handshake_timeout),
         limits: engine.get().config().limits,
         streams: args.streams.unwrap_or(1),
+        resume: args.resume.map(saturating_seconds),
         local,
         test_nonce,
     };
@@ -234,6 +239,7 @@ pub fn open_listener(
         max_connections: own.max_connections,
         admission: own.admission,
         max_streams: own.max_streams,
+        resume_window: own.resume_window,
         limits: engine.get().config().limits,
         local,
         test_nonce,
@@ -270,18 +276,30 @@ pub struct PyLink {
     waits: Waits,
     peer: Peer,
     streams: usize,
+    /// Its gradients go through the core's striped engine (several streams, or a
+    /// resume), whose streams tokio drives.
+    striped: bool,
+    /// The connection resumes (`connect(resume=)`, granted).
+    resumes: bool,
+    resumed: Arc<gradstream_core::connection::Resumed>,
 }
 
 impl PyLink {
     fn new(link: Link, engine: Py<Engine>, waits: Waits) -> Self {
         let peer = link.peer().clone();
         let streams = link.streams();
+        let resumes = link.resumes();
+        let striped = streams > 1 || resumes;
+        let resumed = link.resumed();
         Self {
             link: Arc::new(AsyncMutex::new(link)),
             engine,
             waits,
             peer,
             streams,
+            striped,
+            resumes,
+            resumed,
         }
     }
 
@@ -371,6 +389,16 @@ impl PyLink {
         self.streams
     }
 
+    /// Whether the connection's streams are dialled again after a failure.
+    fn resumes(&self) -> bool {
+        self.resumes
+    }
+
+    /// (times every stream was replaced, chunks sent again after them).
+    fn resumed(&self) -> (u64, u64) {
+        self.resumed.counts()
+    }
+
     /// Closed (by either side, or after a failure); False while an operation runs.
     fn closed(&self) -> bool {
         self.link.try_lock().is_ok_and(|link| link.is_closed())
@@ -402,7 +430,7 @@ impl PyLink {
         let small = gradient.gradient().raw().len() <= fastpath::SEND_MAX;
         let config = self.engine.get().config().clone();
         // A striped link's streams have no shared read budget: tokio drives them.
-        let caller_thread = small && self.streams == 1 && self.engine.get().drivers().caller_thread;
+        let caller_thread = small && !self.striped && self.engine.get().drivers().caller_thread;
         let mut link = self.take(py)?;
         let direct = here_direct(&mut link, (here || driven) && caller_thread, here);
         let transfer = async move {
@@ -453,7 +481,7 @@ impl PyLink {
         let lent = out.as_ref().map(OutArgs::lend).transpose()?;
         let config = self.engine.get().config().clone();
         // A striped link's streams have no shared read budget: tokio drives them.
-        let caller_thread = self.streams == 1 && self.engine.get().drivers().caller_thread;
+        let caller_thread = !self.striped && self.engine.get().drivers().caller_thread;
         let mut link = self.take(py)?;
         let direct = here_direct(&mut link, here && caller_thread, true);
         let budget = ReadBudget::new(fastpath::PEEK_MAX as u64);

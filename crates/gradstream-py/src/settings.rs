@@ -299,6 +299,10 @@ pub struct ListenerArgs {
     /// Streams one connection may open (1 to 255, checked by `gradstream._checks`).
     #[pyo3(item)]
     max_streams: u8,
+    /// How long a resumable connection's link waits for its streams to come back, in
+    /// seconds (0: no resumes).
+    #[pyo3(item)]
+    resume_window: f64,
 }
 
 /// A listener's settings, checked.
@@ -306,6 +310,7 @@ pub struct ListenerSettings {
     pub max_connections: usize,
     pub admission: Admission,
     pub max_streams: u8,
+    pub resume_window: std::time::Duration,
 }
 
 impl ListenerArgs {
@@ -313,6 +318,7 @@ impl ListenerArgs {
         ListenerSettings {
             max_connections: self.max_connections,
             max_streams: self.max_streams,
+            resume_window: saturating_seconds(self.resume_window),
             admission: Admission {
                 max_pending_handshakes: self.max_pending_handshakes,
                 max_pending_per_source: self.max_pending_per_source,

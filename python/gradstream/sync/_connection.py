@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .._address import peer_text
-from .._checks import HANDSHAKE_TIMEOUT, OWN_USER, check_seconds
+from .._checks import HANDSHAKE_TIMEOUT, OWN_USER, RESUME_WINDOW, check_seconds
 from .._connection import ConnectionCore, Timed, connect_args, set_like
 from .._session import _Out, hand_back_as, lend_either
 from .._torch import check_like
@@ -247,10 +247,12 @@ def connect(
     handshake_timeout: Any = HANDSHAKE_TIMEOUT,
     allowed_uid: Any = OWN_USER,
     streams: Any = 1,
+    resume: Any = None,
+    resume_window: Any = RESUME_WINDOW,
 ) -> Connection:
     """Connect to a listener at ``address`` and shake hands (as ``gradstream.connect``,
     blocking); ``handshake_timeout`` bounds the TCP connect, TLS and the hello
-    together; ``streams`` as ``gradstream.connect``'s."""
+    together; ``streams``, ``resume`` and ``resume_window`` as ``gradstream.connect``'s."""
     opened = connect_args(
         address,
         session=session,
@@ -262,6 +264,8 @@ def connect(
         handshake_timeout=handshake_timeout,
         allowed_uid=allowed_uid,
         streams=streams,
+        resume=resume,
+        resume_window=resume_window,
     )
     own = waiter()
     with stopping(own):

@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 
 use super::handshake::{handshake, Established, Shake};
-use super::link::{Link, Peer};
+use super::link::{Link, Peer, Redial, Resume};
 #[cfg(target_os = "linux")]
 use super::link::{LocalPeer, PeerAddress};
 #[cfg(target_os = "linux")]
@@ -18,6 +18,7 @@ use super::listener::LocalSettings;
 use super::{buffered, streams, Duplex, Protocol};
 use crate::error::{GradientStreamError, Result};
 use crate::frame::Limits;
+use crate::protocol::streams::{Grant, Proof};
 use crate::protocol::{Intent, Role, SessionSecret};
 use crate::tls::{self, TlsConnector};
 
@@ -34,6 +35,11 @@ pub struct DialSettings {
     /// Connections the link runs over (docs/guides/across-the-internet.md, "Parallel
     /// streams"): 1, or up to 255 with an authkey or TLS (the listener may grant fewer).
     pub streams: u8,
+    /// A TCP connection's resume window (docs/guides/across-the-internet.md, "Resume"):
+    /// after a failure in a transfer, its streams are dialled again for at most this
+    /// long, if the listener grants resumes; None: they are not (the transfer fails).
+    /// Needs an authkey or TLS.
+    pub resume: Option<Duration>,
     /// A same-host connection's rule for the listener's user, and its rings
     /// (`connect_unix`).
     #[cfg(target_os = "linux")]
@@ -128,19 +134,31 @@ async fn establish(host: &str, port: u16, settings: &DialSettings) -> Result<Lin
                             frames have no hello to open them with)",
         ));
     }
-    if streams > 1 && settings.authkey.is_none() && settings.tls.is_none() {
-        return Err(invalid(streams::NEEDS_A_SECRET));
+    let resume = settings.resume.is_some();
+    if resume && settings.protocol == Protocol::Seed {
+        return Err(invalid(
+            "resume needs protocol='gradstream' (the seed's bare frames have no hello to \
+             resume with)",
+        ));
     }
-    let intent = (streams > 1).then_some(Intent::Open { streams });
+    if (streams > 1 || resume) && settings.authkey.is_none() && settings.tls.is_none() {
+        return Err(invalid(match streams > 1 {
+            true => streams::NEEDS_A_SECRET,
+            false => streams::RESUME_NEEDS_A_SECRET,
+        }));
+    }
+    let intent = (streams > 1 || resume).then_some(Intent::Open { streams, resume });
     let (mut stream, established, who) = match shake((host, port), None, settings, intent).await? {
         Shaken::Seed(link) => return Ok(*link),
         Shaken::Sealed(stream, established, who) => (stream, established, who),
     };
-    let (Some(secret), true) = (established.secret.clone(), streams > 1) else {
+    let (Some(secret), Some(_)) = (established.secret.clone(), intent) else {
         return Ok(Link::sealed(stream, *established, who));
     };
     let at = who.address.at();
-    let granted = streams::read_grant(&mut stream, streams, at.as_ref()).await?;
+    let asked = Grant { streams, resume };
+    let grant = streams::read_grant(&mut stream, asked, at.as_ref()).await?;
+    let granted = grant.streams;
     let resolved = match who.address {
         super::link::PeerAddress::Tcp(address) => Some(address),
         #[cfg(target_os = "linux")]
@@ -150,7 +168,8 @@ async fn establish(host: &str, port: u16, settings: &DialSettings) -> Result<Lin
     for index in 1..granted {
         let (host, settings, secret) = (host.to_string(), settings.clone(), secret.clone());
         joins.spawn(async move {
-            let joined = join((&host, port), resolved, &settings, &secret, index).await;
+            let proof = (index, Proof::Join);
+            let joined = join((&host, port), resolved, &settings, &secret, proof).await;
             (index, joined)
         });
     }
@@ -161,7 +180,31 @@ async fn establish(host: &str, port: u16, settings: &DialSettings) -> Result<Lin
         extra[usize::from(index) - 1] = Some(joined?);
     }
     let extra = extra.into_iter().flatten().collect();
-    Ok(Link::sealed(stream, *established, who).with_streams(extra))
+    let resume = match (grant.resume, settings.resume) {
+        (true, Some(window)) => {
+            let (host, settings) = (host.to_string(), settings.clone());
+            let redial: Redial = Arc::new(move |index| {
+                let (host, settings, secret) = (host.clone(), settings.clone(), secret.clone());
+                Box::pin(async move {
+                    let proof = (index, Proof::Resume);
+                    let dialled = join((&host, port), resolved, &settings, &secret, proof);
+                    match tokio::time::timeout(settings.handshake_timeout, dialled).await {
+                        Ok(done) => done,
+                        Err(_) => Err(GradientStreamError::Timeout {
+                            timeout: settings.handshake_timeout.as_secs_f64(),
+                            received: 0,
+                            total: None,
+                        }),
+                    }
+                })
+            });
+            Some(Resume::redialling(window, redial))
+        }
+        _ => None,
+    };
+    Ok(Link::sealed(stream, *established, who)
+        .with_streams(extra)
+        .resuming(resume))
 }
 
 /// An `InvalidInput` error: settings that cannot make the connection asked for.
@@ -235,17 +278,19 @@ async fn shake(
     }
 }
 
-/// One joining connection of the session `secret` is the secret of, as stream `index`.
+/// One joining connection of the session `secret` is the secret of, as stream `index`
+/// (or one resuming it: dialled again after a failure).
 async fn join(
     at: (&str, u16),
     resolved: Option<std::net::SocketAddr>,
     settings: &DialSettings,
     secret: &SessionSecret,
-    index: u8,
+    (index, proof): (u8, Proof),
 ) -> Result<Box<dyn Duplex>> {
-    let intent = Intent::Join {
-        index,
-        session: secret.id(),
+    let session = secret.id();
+    let intent = match proof {
+        Proof::Join => Intent::Join { index, session },
+        Proof::Resume => Intent::Resume { index, session },
     };
     let Shaken::Sealed(mut stream, established, who) =
         shake(at, resolved, settings, Some(intent)).await?
@@ -253,6 +298,13 @@ async fn join(
         return Err(invalid("a joining stream of a seed connection"));
     };
     let at = who.address.at();
-    streams::prove_join(&mut stream, secret, index, &established, at.as_ref()).await?;
+    streams::prove_join(
+        &mut stream,
+        secret,
+        (index, proof),
+        &established,
+        at.as_ref(),
+    )
+    .await?;
     Ok(stream)
 }

@@ -38,11 +38,13 @@ use crate::tensors::{self, Entry, TensorSet, TensorSetReceiver};
 
 mod counted;
 mod pumps;
+mod resume;
 mod send;
 mod striped;
 
 use counted::Counted;
 pub use counted::{Direct, ReadBudget};
+pub use resume::{Dialling, Redial, Resume, Resumed};
 
 pub use super::Duplex;
 
@@ -154,6 +156,9 @@ struct Keys {
     /// Transfers this side has sent, and received: the next id's counter each way.
     sent: u64,
     received: u64,
+    /// The digest of the last transfer received and taken (zeros before one): what a
+    /// resume tells a sender whose ack was lost (docs/spec/protocol.md, "Resume").
+    last_digest: [u8; 32],
 }
 
 impl Keys {
@@ -195,12 +200,16 @@ pub struct Link {
     /// streams"): a gradient's frames go over all of them.
     lanes: Vec<Counted>,
     /// A listener's link whose joins have yet to come.
-    joining: Option<Joining>,
+    joining: Option<Box<Joining>>,
     /// The listener's connection slots of the joined streams.
     lane_slots: Vec<OwnedSemaphorePermit>,
     /// Its streams are lent to a transfer's tasks (`striped`): while they are, and for
     /// good when a transfer dropped midway lost them, the link is closed.
     lent: bool,
+    /// How its streams come back after a failure (None: they do not; the transfer fails).
+    resume: Option<Box<Resume>>,
+    /// What resumes there were.
+    resumed: std::sync::Arc<Resumed>,
     mode: Mode,
     peer: Peer,
     state: State,
@@ -239,6 +248,7 @@ impl Link {
                 established,
                 sent: 0,
                 received: 0,
+                last_digest: [0; 32],
             })),
             peer,
         )
@@ -256,6 +266,8 @@ impl Link {
             joining: None,
             lane_slots: Vec::new(),
             lent: false,
+            resume: None,
+            resumed: std::sync::Arc::default(),
             mode,
             peer,
             state: State::Open,
@@ -270,15 +282,39 @@ impl Link {
         self
     }
 
-    /// The same link, whose other streams will come through `joining` (a listener's).
+    /// The same link, whose other streams will come through `joining` (a listener's),
+    /// and come back through it after a failure, if its session resumes.
     pub fn joining(mut self, joining: Option<Joining>) -> Self {
-        self.joining = joining;
+        self.joining = joining.map(Box::new);
+        self
+    }
+
+    /// The same link, whose streams are dialled again after a failure (a client's).
+    pub fn resuming(mut self, resume: Option<Resume>) -> Self {
+        self.resume = resume.map(Box::new);
         self
     }
 
     /// How many streams the connection has (joined or to come).
     pub fn streams(&self) -> usize {
         1 + self.lanes.len() + self.joining.as_ref().map_or(0, |j| j.got.len())
+    }
+
+    /// Whether its gradients go through the striped engine (`striped`): several
+    /// streams, or one that resumes.
+    pub fn striped(&self) -> bool {
+        self.streams() > 1 || self.resumes()
+    }
+
+    /// Whether its streams come back after a failure.
+    pub fn resumes(&self) -> bool {
+        self.resume.is_some() || self.joining.as_ref().is_some_and(|j| j.resume.is_some())
+    }
+
+    /// What resumes there were (counts shared with the link, readable while it runs a
+    /// transfer).
+    pub fn resumed(&self) -> std::sync::Arc<Resumed> {
+        self.resumed.clone()
     }
 
     /// Bytes moved on every stream.
@@ -313,10 +349,19 @@ impl Link {
                 *place = Some(join);
             }
         }
-        let joined = self.joining.take().map(|j| j.got).unwrap_or_default();
-        for join in joined.into_iter().flatten() {
+        let Some(joining) = self.joining.take().map(|j| *j) else {
+            return Ok(());
+        };
+        for join in joining.got.into_iter().flatten() {
             self.lanes.push(Counted::of(join.stream));
             self.lane_slots.extend(join.slot);
+        }
+        if let Some(window) = joining.resume {
+            self.resume = Some(Box::new(Resume::awaiting(
+                window,
+                joining.joins,
+                joining.entry,
+            )));
         }
         Ok(())
     }
@@ -343,8 +388,9 @@ impl Link {
     /// not direct. The socket, which the caller waits for; None for a TLS link, and once
     /// the socket is closed.
     pub fn go_direct(&mut self, park: bool) -> Option<(std::os::fd::RawFd, Direct)> {
-        if self.streams() > 1 {
-            return None; // one descriptor cannot carry several streams' waits
+        if self.striped() {
+            // One descriptor cannot carry several streams' waits, nor a resume's.
+            return None;
         }
         let direct = Direct::default();
         #[cfg(target_os = "linux")]
@@ -390,6 +436,7 @@ impl Link {
         self._slot = None;
         self.lane_slots.clear();
         self.joining = None;
+        self.resume = None; // its session's entry goes: no stream can resume it
     }
 
     /// The peer ended the connection between transfers: closed, and this side's end
@@ -484,6 +531,7 @@ impl Link {
             return;
         };
         let ack = if taken {
+            keys.last_digest = digest;
             Ack::accepted(keys.received, digest)
         } else {
             Ack::refused(keys.received, CANCELLED)
@@ -506,6 +554,10 @@ impl Link {
         drop(write);
         if failed {
             self.settling.unsent.clear();
+            if self.resumes() {
+                // The ack's news reaches the sender through the resume (its state).
+                return;
+            }
             self.closed("the acknowledgement could not be written".into());
             self.release_all();
         }
@@ -517,6 +569,11 @@ impl Link {
         self.settle(true);
         match self.write_unsent().await {
             Ok(()) => Ok(()),
+            Err(_) if self.resumes() => {
+                // The ack's news reaches the sender through the resume (its state).
+                self.settling.unsent.clear();
+                Ok(())
+            }
             Err(e) => self.fail(e.into()).await,
         }
     }
@@ -549,8 +606,12 @@ impl Link {
             let written = tokio::time::timeout(LINGER, self.write_unsent())
                 .await
                 .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()));
-            if let Err(e) = written {
-                return self.fail(e.into()).await;
+            match written {
+                Ok(()) => {}
+                // The streams failed: the transfer about to begin resumes them, and the
+                // resume tells the sender what the ack would have.
+                Err(_) if self.resumes() => self.settling.unsent.clear(),
+                Err(e) => return self.fail(e.into()).await,
             }
         }
         if self.is_closed() {
@@ -635,7 +696,7 @@ impl Link {
         };
         let id = keys.id(false);
         let receiver = receiver.expect_seal(SealCheck::Exact(id), Position::Lone);
-        let (got, digest, first) = if self.streams() > 1 {
+        let (got, digest, first) = if self.striped() {
             self.gather(&Clock::idle(waits)).await?;
             self.recv_striped(receiver, id, waits, progress).await
         } else {

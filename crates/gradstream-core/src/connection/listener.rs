@@ -59,6 +59,10 @@ pub struct ListenSettings {
     /// The most streams it grants one connection (docs/guides/across-the-internet.md,
     /// "Parallel streams"); each counts against `max_connections`.
     pub max_streams: u8,
+    /// How long a link of a client that asked to resume waits for its streams to come
+    /// back after a failure (docs/guides/across-the-internet.md, "Resume"); zero: this
+    /// listener grants no resumes.
+    pub resume_window: Duration,
     /// A Unix-domain listener's rule for its peers and its rings (`bind_unix`).
     #[cfg(target_os = "linux")]
     pub local: LocalSettings,
@@ -545,14 +549,21 @@ async fn handshake_task(
     let why = match why {
         // A join never becomes a connection of its own: its link takes it, with the slot
         // held for it at the grant. One whose link went meanwhile is dropped.
-        Ok(Admitted::Join(joined, to_owner)) => match to_owner.send(joined) {
+        Ok(Admitted::Join(joined, to_owner)) => match to_owner.try_send(joined) {
             Ok(()) => return,
-            Err(_) => Err(Refusal::Failed(GradientStreamError::Io(
-                std::io::Error::new(
+            Err(mpsc::error::TrySendError::Closed(_)) => Err(Refusal::Failed(
+                GradientStreamError::Io(std::io::Error::new(
                     std::io::ErrorKind::NotConnected,
                     "the connection it joined closed while it shook hands",
-                ),
-            ))),
+                )),
+            )),
+            // A flood of resumes (proven: only a holder of the session's secret) waits
+            // for no link: three rounds of the session's streams are queued at most.
+            Err(mpsc::error::TrySendError::Full(_)) => Err(Refusal::Failed(
+                GradientStreamError::Io(std::io::Error::other(
+                    "too many streams of its session wait for their connection to take them",
+                )),
+            )),
         },
         Ok(Admitted::Link(link)) => Ok(link),
         Err(why) => Err(why),
@@ -614,7 +625,7 @@ async fn silent_since(heard: &Heard, accepted: Instant, limit: Duration) {
 /// What an admitted peer is: a connection, or a stream joining one.
 enum Admitted {
     Link(Box<Link>),
-    Join(Joined, mpsc::UnboundedSender<Joined>),
+    Join(Joined, mpsc::Sender<Joined>),
 }
 
 /// TLS, the hello and authentication for one accepted peer (then, for a same-host
@@ -694,19 +705,20 @@ async fn admit_tcp(
     // The peer proved the authkey, or has a TLS session: what fails from here is no
     // guess at the key, and not counted as one (docs/guides/limits.md "Online guessing").
     heard.shook_hands();
-    if let Some((index, slot, to_owner)) = sessions.join(&mut stream, &established, peer).await? {
+    if let Some(proven) = sessions.join(&mut stream, &established, peer).await? {
         let joined = Joined {
-            index,
+            index: proven.index,
             stream,
-            slot: Some(slot),
+            slot: proven.slot,
+            resumed: proven.resumed,
         };
-        return Ok(Admitted::Join(joined, to_owner));
+        return Ok(Admitted::Join(joined, proven.to_owner));
     }
     let joining = sessions
         .grant(
             &mut stream,
             &established,
-            settings.max_streams,
+            (settings.max_streams, settings.resume_window),
             connections,
             settings.handshake_timeout,
             peer,

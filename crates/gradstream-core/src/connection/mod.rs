@@ -31,7 +31,7 @@ pub fn digest_of_stream(transfer: &[u8; 16], pieces: &[&[u8]]) -> [u8; 32] {
     tap.finish()
 }
 pub use admission::{Admission, Shed, Source, FAILURE_TABLE};
-pub use link::{Link, LocalPeer, Peer, PeerAddress, ReadBudget, Received};
+pub use link::{Link, LocalPeer, Peer, PeerAddress, ReadBudget, Received, Resumed};
 pub use listener::{Bound, Event, ListenSettings, Listener, Refusal, Stopper};
 
 /// A byte stream a link can own: a TCP stream, or a TLS stream over one (`Any`: a plain

@@ -18,7 +18,8 @@ use super::handshake::{read_full, Established};
 use super::Duplex;
 use crate::error::{GradientStreamError, Result};
 use crate::protocol::streams::{
-    join_message, parse_join, parse_streams, streams_message, JOIN_LEN, SESSION_ID_LEN, STREAMS_LEN,
+    join_message, parse_join, parse_streams, streams_message, Grant, Proof, JOIN_LEN,
+    SESSION_ID_LEN, STREAMS_LEN,
 };
 use crate::protocol::{describe, Intent, Kind, Role, SessionSecret};
 
@@ -27,8 +28,11 @@ pub struct Joined {
     /// Its place among the streams (1 for the first join).
     pub index: u8,
     pub stream: Box<dyn Duplex>,
-    /// Its listener connection slot (`max_connections`), held as long as the stream.
+    /// Its listener connection slot (`max_connections`), held as long as the stream
+    /// (None for a resumed stream: it takes the slot of the one it replaces).
     pub slot: Option<OwnedSemaphorePermit>,
+    /// It takes the place of a failed stream (docs/spec/protocol.md, "Resume").
+    pub resumed: bool,
 }
 
 /// What the listener knows of a session it granted several streams.
@@ -37,7 +41,11 @@ struct Opened {
     granted: u8,
     /// Indexes already joined: each joins once.
     joined: Vec<bool>,
-    to_owner: mpsc::UnboundedSender<Joined>,
+    /// Whether the client may dial its streams again after a failure.
+    resume: bool,
+    /// Bounded (`owner_queue`): proven streams beyond it wait for no link, they are
+    /// refused.
+    to_owner: mpsc::Sender<Joined>,
     /// The connection slots (`max_connections`) held for the joins still to come: taken
     /// at the grant, so that a join proven to its client always has one.
     slots: Option<OwnedSemaphorePermit>,
@@ -45,7 +53,8 @@ struct Opened {
 
 /// A listener's open sessions, by id: an entry lives while its link waits for joins, at
 /// most the listener's `handshake_timeout` from the grant (`Joining` removes it sooner),
-/// so there are at most as many as links.
+/// or, for a resumable connection, as long as its link; so there are at most as many
+/// as links.
 #[derive(Clone, Default)]
 pub struct Sessions(Arc<Mutex<HashMap<[u8; SESSION_ID_LEN], Opened>>>);
 
@@ -65,13 +74,25 @@ impl Drop for Entry {
 /// Where a link that opened a session waits for its joins: what came so far stays
 /// here, so that a wait given up (a cancelled transfer) loses none.
 pub struct Joining {
-    pub(crate) joins: mpsc::UnboundedReceiver<Joined>,
+    pub(crate) joins: mpsc::Receiver<Joined>,
     /// The joins that came, by index - 1.
     pub(crate) got: Vec<Option<Joined>>,
     /// When they must all have come (the listener's `handshake_timeout` after the
     /// opening connection's).
     pub(crate) until: Instant,
-    _entry: Entry,
+    /// The session resumes, its streams coming back within this window (its entry and
+    /// channel then live as long as the link).
+    pub(crate) resume: Option<Duration>,
+    pub(crate) entry: SessionEntry,
+}
+
+/// A session's place in the listener's table: removed when dropped.
+pub struct SessionEntry(#[allow(dead_code)] Entry);
+
+/// Streams a session's channel holds for its link: three rounds of its streams (its
+/// joins, then resumes), beyond which a proven stream is refused.
+fn owner_queue(granted: u8) -> usize {
+    3 * usize::from(granted)
 }
 
 impl Joining {
@@ -89,6 +110,11 @@ fn protocol(expected: &str, seen: String, peer: Option<&PeerAt>) -> GradientStre
         peer: peer.cloned(),
     }
 }
+
+/// The advice when a connection that resumes has no secret to prove its streams with.
+pub const RESUME_NEEDS_A_SECRET: &str =
+    "resume needs an authkey or TLS (a resumed stream proves it belongs to its connection \
+     with their secret; without one anyone on the path could take the connection over)";
 
 /// The advice when a connection has no secret to prove joins with.
 pub const NEEDS_A_SECRET: &str =
@@ -113,18 +139,20 @@ impl Sessions {
     /// `max_streams`, and no more than `connections` has free slots for (one left for
     /// the opening connection), held now; write the grant; and, when more than one, the
     /// session its joins will be routed to.
+    #[allow(clippy::too_many_arguments)]
     pub async fn grant<S: AsyncWrite + Unpin>(
         &self,
         stream: &mut S,
         established: &Established,
-        max_streams: u8,
+        (max_streams, resume_window): (u8, Duration),
         connections: &Arc<Semaphore>,
         handshake_timeout: Duration,
         peer: Option<&PeerAt>,
     ) -> Result<Option<Joining>> {
-        let Some(Intent::Open { streams }) = established.intent else {
+        let Some(Intent::Open { streams, resume }) = established.intent else {
             return Ok(None);
         };
+        let resume = resume && !resume_window.is_zero();
         let Some(secret) = established.secret.clone() else {
             return Err(protocol(
                 "no opening of several streams on a connection without an authkey or TLS",
@@ -145,8 +173,8 @@ impl Sessions {
         if slots.is_none() {
             granted = 1; // the slots went meanwhile: one stream
         }
-        let joining = slots.map(|slots| {
-            let (to_owner, joins) = mpsc::unbounded_channel();
+        let joining = (slots.is_some() || resume).then(|| {
+            let (to_owner, joins) = mpsc::channel(owner_queue(granted));
             let id = secret.id();
             self.table().insert(
                 id,
@@ -154,45 +182,57 @@ impl Sessions {
                     secret,
                     granted,
                     joined: vec![false; usize::from(granted)],
+                    resume,
                     to_owner,
-                    slots: Some(slots),
+                    slots,
                 },
             );
             // Joins come within the handshake_timeout or not at all: the slots held for
             // them go back then, whether or not the link ever waits for them (a peer
-            // that opens and never joins holds them no longer than a handshake).
+            // that opens and never joins holds them no longer than a handshake); the
+            // entry of a connection that resumes stays for its link.
             let expiry = self.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(handshake_timeout).await;
-                expiry.table().remove(&id);
+                let mut table = expiry.table();
+                match table.get_mut(&id) {
+                    Some(opened) if opened.resume => opened.slots = None,
+                    _ => drop(table.remove(&id)),
+                }
             });
             Joining {
                 joins,
                 got: (1..granted).map(|_| None).collect(),
                 until: Instant::now() + handshake_timeout,
-                _entry: Entry {
+                resume: resume.then_some(resume_window),
+                entry: SessionEntry(Entry {
                     sessions: self.clone(),
                     id,
-                },
+                }),
             }
         });
-        stream.write_all(&streams_message(granted)).await?;
+        let grant = Grant {
+            streams: granted,
+            resume,
+        };
+        stream.write_all(&streams_message(grant)).await?;
         stream.flush().await?;
         Ok(joining)
     }
 
-    /// A joining connection after its handshake: its proof read and checked against the
-    /// session it names, the listener's proof written back; then its index, the slot
-    /// held for it, and where it goes.
-    #[allow(clippy::type_complexity)]
+    /// A joining (or resuming) connection after its handshake: its proof read and
+    /// checked against the session it names, the listener's proof written back; then
+    /// its index, the slot held for it (none for a resumed stream), and where it goes.
     pub async fn join<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
         stream: &mut S,
         established: &Established,
         peer: Option<&PeerAt>,
-    ) -> Result<Option<(u8, OwnedSemaphorePermit, mpsc::UnboundedSender<Joined>)>> {
-        let Some(Intent::Join { index, session }) = established.intent else {
-            return Ok(None);
+    ) -> Result<Option<Proven>> {
+        let (index, session, proof) = match established.intent {
+            Some(Intent::Join { index, session }) => (index, session, Proof::Join),
+            Some(Intent::Resume { index, session }) => (index, session, Proof::Resume),
+            _ => return Ok(None),
         };
         let mut message = [0u8; JOIN_LEN];
         if let Err(got) = read_full(stream, &mut message).await? {
@@ -214,52 +254,92 @@ impl Sessions {
                 });
             };
             opened.secret.verify_join(
-                Role::Client,
+                (Role::Client, proof),
                 index,
                 &established.hellos,
                 established.tls_exporter.as_ref(),
                 &tag,
                 peer,
             )?;
-            match opened.joined.get_mut(usize::from(index)) {
-                Some(taken @ false) => *taken = true,
-                _ => {
+            if proof == Proof::Resume {
+                if !opened.resume || index >= opened.granted {
                     return Err(protocol(
-                        "a join of a stream the session was granted and has not joined yet",
+                        "a resume of a stream of a session that resumes",
                         format!(
-                            "a join as stream {index} of a session granted {} streams",
-                            opened.granted
+                            "a resume of stream {index} of a session granted {} streams{}",
+                            opened.granted,
+                            if opened.resume { "" } else { " and no resume" }
                         ),
                         peer,
-                    ))
+                    ));
                 }
+                (opened.secret.clone(), None, opened.to_owner.clone())
+            } else {
+                match opened.joined.get_mut(usize::from(index)) {
+                    Some(taken @ false) => *taken = true,
+                    _ => {
+                        return Err(protocol(
+                            "a join of a stream the session was granted and has not joined yet",
+                            format!(
+                                "a join as stream {index} of a session granted {} streams",
+                                opened.granted
+                            ),
+                            peer,
+                        ))
+                    }
+                }
+                // Held at the grant, one per index: never missing for an index taken
+                // once (until the handshake_timeout, when the slots go back).
+                let Some(slot) = opened.slots.as_mut().and_then(|s| s.split(1)) else {
+                    return Err(GradientStreamError::Io(std::io::Error::other(
+                        "no connection slot left for the join",
+                    )));
+                };
+                (opened.secret.clone(), Some(slot), opened.to_owner.clone())
             }
-            // Held at the grant, one per index: never missing for an index taken once.
-            let Some(slot) = opened.slots.as_mut().and_then(|s| s.split(1)) else {
-                return Err(GradientStreamError::Io(std::io::Error::other(
-                    "no connection slot left for the join",
-                )));
-            };
-            (opened.secret.clone(), slot, opened.to_owner.clone())
         };
-        let ours = secret.join_tag(
-            Role::Server,
+        prove_back(stream, &secret, (index, proof), established).await?;
+        Ok(Some(Proven {
             index,
-            &established.hellos,
-            established.tls_exporter.as_ref(),
-        );
-        stream.write_all(&join_message(ours)).await?;
-        stream.flush().await?;
-        Ok(Some((index, slot, to_owner)))
+            slot,
+            resumed: proof == Proof::Resume,
+            to_owner,
+        }))
     }
+}
+
+/// A proven join (or resume): its index, its slot, and the channel to its link.
+pub struct Proven {
+    pub index: u8,
+    pub slot: Option<OwnedSemaphorePermit>,
+    pub resumed: bool,
+    pub to_owner: mpsc::Sender<Joined>,
+}
+
+/// The listener's proof, written back to a joining (or resuming) stream.
+async fn prove_back<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    secret: &SessionSecret,
+    (index, proof): (u8, Proof),
+    established: &Established,
+) -> Result<()> {
+    let ours = secret.join_tag(
+        (Role::Server, proof),
+        index,
+        &established.hellos,
+        established.tls_exporter.as_ref(),
+    );
+    stream.write_all(&join_message(ours)).await?;
+    stream.flush().await?;
+    Ok(())
 }
 
 /// The client's side of an opening connection after its handshake: the listener's grant.
 pub async fn read_grant<S: AsyncRead + Unpin>(
     stream: &mut S,
-    asked: u8,
+    asked: Grant,
     peer: Option<&PeerAt>,
-) -> Result<u8> {
+) -> Result<Grant> {
     let mut message = [0u8; STREAMS_LEN];
     if let Err(got) = read_full(stream, &mut message).await? {
         return Err(protocol(
@@ -280,12 +360,12 @@ pub async fn read_grant<S: AsyncRead + Unpin>(
 pub async fn prove_join<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     secret: &SessionSecret,
-    index: u8,
+    (index, proof): (u8, Proof),
     established: &Established,
     peer: Option<&PeerAt>,
 ) -> Result<()> {
     let exporter = established.tls_exporter.as_ref();
-    let tag = secret.join_tag(Role::Client, index, &established.hellos, exporter);
+    let tag = secret.join_tag((Role::Client, proof), index, &established.hellos, exporter);
     stream.write_all(&join_message(tag)).await?;
     stream.flush().await?;
     let mut message = [0u8; JOIN_LEN];
@@ -299,7 +379,7 @@ pub async fn prove_join<S: AsyncRead + AsyncWrite + Unpin>(
     }
     let theirs = parse_join(&message, peer)?;
     secret.verify_join(
-        Role::Server,
+        (Role::Server, proof),
         index,
         &established.hellos,
         exporter,

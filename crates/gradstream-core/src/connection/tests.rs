@@ -10,6 +10,7 @@ use tokio::io::AsyncWriteExt;
 use super::*;
 use crate::error::GradientStreamError;
 use crate::frame::Limits;
+use crate::protocol::streams::Grant;
 use crate::receiver::Ended;
 use crate::session::SessionConfig;
 use crate::stream::{Progress, Waits};
@@ -29,6 +30,7 @@ fn listen_settings(authkey: Option<&[u8]>, limits: Limits) -> ListenSettings {
         },
         limits,
         max_streams: 16,
+        resume_window: Duration::from_secs(5),
         #[cfg(target_os = "linux")]
         local: LocalSettings::default(),
         test_nonce: None,
@@ -43,6 +45,7 @@ fn dial_settings(authkey: Option<&[u8]>) -> DialSettings {
         handshake_timeout: Duration::from_secs(5),
         limits: Limits::default(),
         streams: 1,
+        resume: None,
         #[cfg(target_os = "linux")]
         local: LocalSettings::default(),
         test_nonce: None,
@@ -634,7 +637,10 @@ async fn slots_held_for_joins_that_never_come_go_back_after_the_handshake_timeou
         .expect("connects");
     let side = handshake::Shake {
         authkey: Some(KEY),
-        intent: Some(Intent::Open { streams: 4 }),
+        intent: Some(Intent::Open {
+            streams: 4,
+            resume: false,
+        }),
         ..handshake::Shake::plain(Role::Client, Limits::default())
     };
     handshake::handshake(&mut tcp, side, None)
@@ -644,7 +650,11 @@ async fn slots_held_for_joins_that_never_come_go_back_after_the_handshake_timeou
     tokio::io::AsyncReadExt::read_exact(&mut tcp, &mut grant)
         .await
         .expect("a grant");
-    assert_eq!(parse_streams(&grant, 4, None), Ok(4));
+    let asked = Grant {
+        streams: 4,
+        resume: false,
+    };
+    assert_eq!(parse_streams(&grant, asked, None), Ok(asked));
     let mut opened = next_link(&mut listener).await;
     // Full meanwhile: a newcomer that is no join finds no slot after its handshake.
     let settings = dial_settings(Some(KEY));

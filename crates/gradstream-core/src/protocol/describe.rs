@@ -35,18 +35,21 @@ pub enum Kind {
     Ack,
     /// A listener's grant of several streams (docs/spec/protocol.md, "Several streams").
     Streams,
-    /// A joining stream's proof.
+    /// A joining (or resuming) stream's proof.
     Join,
+    /// What a side holds when its streams were replaced after a failure.
+    Resume,
 }
 
 impl Kind {
-    const ALL: [Kind; 6] = [
+    const ALL: [Kind; 7] = [
         Kind::Hello,
         Kind::Pake,
         Kind::Auth,
         Kind::Ack,
         Kind::Streams,
         Kind::Join,
+        Kind::Resume,
     ];
 
     pub const fn magic(self) -> [u8; 4] {
@@ -57,6 +60,7 @@ impl Kind {
             Kind::Ack => *b"GSAK",
             Kind::Streams => *b"GSST",
             Kind::Join => *b"GSJN",
+            Kind::Resume => *b"GSRS",
         }
     }
 
@@ -69,6 +73,7 @@ impl Kind {
             Kind::Ack => "an ack",
             Kind::Streams => "a streams message",
             Kind::Join => "a join message",
+            Kind::Resume => "a resume message",
         }
     }
 
@@ -81,6 +86,7 @@ impl Kind {
             Kind::Ack => "an ack",
             Kind::Streams => "a streams message",
             Kind::Join => "a join message",
+            Kind::Resume => "a resume message",
         }
     }
 
@@ -88,7 +94,9 @@ impl Kind {
     const fn within(self) -> &'static str {
         match self {
             Kind::Hello => "the hello",
-            Kind::Pake | Kind::Auth | Kind::Ack | Kind::Streams | Kind::Join => self.name(),
+            Kind::Pake | Kind::Auth | Kind::Ack | Kind::Streams | Kind::Join | Kind::Resume => {
+                self.name()
+            }
         }
     }
 
@@ -234,7 +242,7 @@ pub(crate) fn check_start(
         return Err(protocol_error(kind.expected(), describe(start), peer));
     }
     match kind {
-        Kind::Pake | Kind::Auth | Kind::Streams | Kind::Join => {
+        Kind::Pake | Kind::Auth | Kind::Streams | Kind::Join | Kind::Resume => {
             check_zeros(start, 4..START_LEN, kind, peer)
         }
         Kind::Hello | Kind::Ack if start[ZEROS].iter().any(|&b| b != 0) => {

@@ -40,10 +40,18 @@ pub const MAX_STREAMS: u8 = 255;
 /// What a client's version 3 hello asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Intent {
-    /// Open a connection of `streams` streams (2 to 255), this one the first.
-    Open { streams: u8 },
+    /// Open a connection of `streams` streams (2 to 255, or 1 when resumable), this one
+    /// the first; `resume`: the client asks that its streams may be dialled again after
+    /// a failure (docs/spec/protocol.md, "Resume").
+    Open { streams: u8, resume: bool },
     /// Join the session `session` as its stream `index` (1 to 254).
     Join {
+        index: u8,
+        session: [u8; SESSION_ID_LEN],
+    },
+    /// Take the place of stream `index` (0 to 254) of the session `session`, after a
+    /// failure.
+    Resume {
         index: u8,
         session: [u8; SESSION_ID_LEN],
     },
@@ -53,12 +61,18 @@ impl Intent {
     /// Bytes 18, 19 and 64..80 of the hello.
     pub(crate) fn write(self, hello: &mut [u8; HELLO_LEN]) {
         match self {
-            Intent::Open { streams } => {
+            Intent::Open { streams, resume } => {
                 hello[18] = 1;
                 hello[19] = streams;
+                hello[64] = u8::from(resume);
             }
             Intent::Join { index, session } => {
                 hello[18] = 2;
+                hello[19] = index;
+                hello[64..80].copy_from_slice(&session);
+            }
+            Intent::Resume { index, session } => {
+                hello[18] = 3;
                 hello[19] = index;
                 hello[64..80].copy_from_slice(&session);
             }
@@ -67,20 +81,23 @@ impl Intent {
 
     /// The intent of a version 3 hello, strictly read.
     pub(crate) fn read(hello: &[u8; HELLO_LEN], peer: Option<&PeerAt>) -> Result<Intent> {
-        match (hello[18], hello[19]) {
-            (1, streams) if streams >= 2 => {
-                check_zeros(hello, 64..HELLO_LEN, Kind::Hello, peer)?;
-                Ok(Intent::Open { streams })
+        let mut session = [0u8; SESSION_ID_LEN];
+        session.copy_from_slice(&hello[64..80]);
+        match (hello[18], hello[19], hello[64]) {
+            (1, streams, resume @ (0 | 1)) if streams >= 2 - resume => {
+                check_zeros(hello, 65..HELLO_LEN, Kind::Hello, peer)?;
+                let resume = resume == 1;
+                Ok(Intent::Open { streams, resume })
             }
-            (2, index) if (1..MAX_STREAMS).contains(&index) => {
-                let mut session = [0u8; SESSION_ID_LEN];
-                session.copy_from_slice(&hello[64..80]);
+            (2, index, _) if (1..MAX_STREAMS).contains(&index) => {
                 Ok(Intent::Join { index, session })
             }
-            (intent, count) => Err(protocol_error(
-                "a version 3 hello that opens (intent 1, 2 to 255 streams) or joins (intent \
-                 2, index 1 to 254) a connection of several streams",
-                format!("intent {intent} with {count}"),
+            (3, index, _) if index < MAX_STREAMS => Ok(Intent::Resume { index, session }),
+            (intent, count, flag) => Err(protocol_error(
+                "a version 3 hello that opens (intent 1, 2 to 255 streams, or 1 resumable; \
+                 byte 64 0 or 1), joins (intent 2, index 1 to 254) or resumes (intent 3, \
+                 index 0 to 254) a connection of several streams",
+                format!("intent {intent} with {count} and byte 64 {flag}"),
                 peer,
             )),
         }

@@ -67,11 +67,20 @@ fn hmac_of(key: &hmac::Key, parts: &[&[u8]]) -> [u8; 32] {
     out
 }
 
-/// The label of a side's join tag.
-const fn join_label(role: Role) -> &'static [u8; 24] {
-    match role {
-        Role::Client => b"gradstream/3 join client",
-        Role::Server => b"gradstream/3 join server",
+/// What a stream's proof is for: joining the session, or taking a failed stream's place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Proof {
+    Join,
+    Resume,
+}
+
+/// The label of a side's join (or resume) tag.
+const fn join_label(role: Role, proof: Proof) -> &'static [u8] {
+    match (proof, role) {
+        (Proof::Join, Role::Client) => b"gradstream/3 join client",
+        (Proof::Join, Role::Server) => b"gradstream/3 join server",
+        (Proof::Resume, Role::Client) => b"gradstream/3 resume client",
+        (Proof::Resume, Role::Server) => b"gradstream/3 resume server",
     }
 }
 
@@ -108,11 +117,16 @@ impl SessionSecret {
         self.id
     }
 
-    /// What `role`'s join tag is the HMAC of: its label, the index, the joining
-    /// connection's hellos and TLS exporter.
-    fn joined(role: Role, index: u8, hellos: &[u8; 32], exporter: Option<&[u8; 32]>) -> Vec<u8> {
+    /// What `role`'s join (or resume) tag is the HMAC of: its label, the index, the
+    /// joining connection's hellos and TLS exporter.
+    fn joined(
+        (role, proof): (Role, Proof),
+        index: u8,
+        hellos: &[u8; 32],
+        exporter: Option<&[u8; 32]>,
+    ) -> Vec<u8> {
         [
-            join_label(role).as_slice(),
+            join_label(role, proof),
             &[index],
             hellos,
             exporter.map_or(&[][..], |e| e.as_slice()),
@@ -124,7 +138,7 @@ impl SessionSecret {
     /// `hellos` and whose TLS exporter, under TLS, is `exporter`.
     pub fn join_tag(
         &self,
-        role: Role,
+        role: (Role, Proof),
         index: u8,
         hellos: &[u8; 32],
         exporter: Option<&[u8; 32]>,
@@ -135,7 +149,7 @@ impl SessionSecret {
     /// Check, in constant time, that `tag` is `role`'s join tag.
     pub fn verify_join(
         &self,
-        role: Role,
+        role: (Role, Proof),
         index: u8,
         hellos: &[u8; 32],
         exporter: Option<&[u8; 32]>,
@@ -152,28 +166,161 @@ impl SessionSecret {
     }
 }
 
-/// The listener's answer to an opening hello: how many streams it grants (1: none
-/// beyond the first).
-pub fn streams_message(granted: u8) -> [u8; STREAMS_LEN] {
+/// What a listener grants an opening connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grant {
+    /// Streams (1: none beyond the first).
+    pub streams: u8,
+    /// Whether the client may dial its streams again after a failure (only if asked).
+    pub resume: bool,
+}
+
+/// The listener's answer to an opening hello: the streams it grants, and whether it
+/// takes resumes.
+pub fn streams_message(grant: Grant) -> [u8; STREAMS_LEN] {
     let mut out = [0u8; STREAMS_LEN];
     out[..4].copy_from_slice(&Kind::Streams.magic());
-    out[START_LEN] = granted;
+    out[START_LEN] = grant.streams;
+    out[START_LEN + 1] = u8::from(grant.resume);
     out
 }
 
-/// The grant a streams message carries: 1 to `asked` streams.
-pub fn parse_streams(bytes: &[u8; STREAMS_LEN], asked: u8, peer: Option<&PeerAt>) -> Result<u8> {
+/// The grant a streams message carries: 1 to `asked` streams, and a resume only if
+/// asked.
+pub fn parse_streams(
+    bytes: &[u8; STREAMS_LEN],
+    asked: Grant,
+    peer: Option<&PeerAt>,
+) -> Result<Grant> {
     let mut start = [0u8; START_LEN];
     start.copy_from_slice(&bytes[..START_LEN]);
     check_start(&start, Kind::Streams, peer)?;
-    check_zeros(bytes, START_LEN + 1..STREAMS_LEN, Kind::Streams, peer)?;
+    check_zeros(bytes, START_LEN + 2..STREAMS_LEN, Kind::Streams, peer)?;
+    let resume = match bytes[START_LEN + 1] {
+        0 => false,
+        1 if asked.resume => true,
+        other => {
+            return Err(protocol_error(
+                format!(
+                    "a resume byte of 0{}",
+                    if asked.resume { " or 1" } else { "" }
+                ),
+                format!("a resume byte of {other}"),
+                peer,
+            ))
+        }
+    };
     match bytes[START_LEN] {
-        granted @ 1.. if granted <= asked => Ok(granted),
+        streams @ 1.. if streams <= asked.streams => Ok(Grant { streams, resume }),
         other => Err(protocol_error(
-            format!("a grant of 1 to {asked} streams"),
+            format!("a grant of 1 to {} streams", asked.streams),
             format!("a grant of {other}"),
             peer,
         )),
+    }
+}
+
+/// Bytes of a resume message before its ranges.
+pub const RESUME_LEN: usize = 64;
+
+/// The most ranges of held chunks a resume message carries.
+pub const MAX_HELD_RANGES: u32 = 1 << 16;
+
+/// What a side tells its peer once its streams were replaced after a failure
+/// (docs/spec/protocol.md, "Resume"): where it stands as a receiver.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ResumeState {
+    /// Transfers it received and whose ack it settled: the counter of the next.
+    pub received: u64,
+    /// The ack digest of the last of them (zeros before the first).
+    pub last_digest: [u8; 32],
+    /// The chunks it holds of the transfer it is receiving (transfer `received`), as
+    /// increasing, disjoint, non-adjacent half-open ranges; empty when it is not
+    /// receiving one.
+    pub held: Vec<(u32, u32)>,
+}
+
+impl ResumeState {
+    /// The message: magic, 12 zeros, `received` (u64 LE), the digest, the count of
+    /// ranges (u32 LE), 4 zeros, then each range's first and end (u32 LE each).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = vec![0u8; RESUME_LEN];
+        out[..4].copy_from_slice(&Kind::Resume.magic());
+        out[16..24].copy_from_slice(&self.received.to_le_bytes());
+        out[24..56].copy_from_slice(&self.last_digest);
+        let count = u32::try_from(self.held.len()).unwrap_or(u32::MAX);
+        out[56..60].copy_from_slice(&count.to_le_bytes());
+        for (first, end) in &self.held {
+            out.extend_from_slice(&first.to_le_bytes());
+            out.extend_from_slice(&end.to_le_bytes());
+        }
+        out
+    }
+
+    /// The fixed part, strictly read: the state without its ranges, and how many
+    /// ranges follow (at most `MAX_HELD_RANGES`, so at most 512 KiB).
+    pub fn parse_start(bytes: &[u8; RESUME_LEN], peer: Option<&PeerAt>) -> Result<(Self, u32)> {
+        let mut start = [0u8; START_LEN];
+        start.copy_from_slice(&bytes[..START_LEN]);
+        check_start(&start, Kind::Resume, peer)?;
+        check_zeros(bytes, 60..RESUME_LEN, Kind::Resume, peer)?;
+        let mut received = [0u8; 8];
+        received.copy_from_slice(&bytes[16..24]);
+        let mut last_digest = [0u8; 32];
+        last_digest.copy_from_slice(&bytes[24..56]);
+        let count = u32::from_le_bytes([bytes[56], bytes[57], bytes[58], bytes[59]]);
+        if count > MAX_HELD_RANGES {
+            return Err(protocol_error(
+                format!("a resume message of at most {MAX_HELD_RANGES} ranges"),
+                format!("one of {count}"),
+                peer,
+            ));
+        }
+        let state = Self {
+            received: u64::from_le_bytes(received),
+            last_digest,
+            held: Vec::new(),
+        };
+        Ok((state, count))
+    }
+
+    /// The ranges (8 bytes each), strictly read: each non-empty, each beginning past
+    /// the end of the one before (increasing, disjoint, not adjacent).
+    pub fn parse_ranges(&mut self, bytes: &[u8], peer: Option<&PeerAt>) -> Result<()> {
+        let mut past = None::<u32>;
+        for pair in bytes.chunks_exact(8) {
+            let first = u32::from_le_bytes([pair[0], pair[1], pair[2], pair[3]]);
+            let end = u32::from_le_bytes([pair[4], pair[5], pair[6], pair[7]]);
+            if first >= end || past.is_some_and(|past| first <= past) {
+                return Err(protocol_error(
+                    "held chunks as increasing, disjoint, non-adjacent ranges of at least one \
+                     chunk",
+                    format!("a range {first}..{end} after one ending at {past:?}"),
+                    peer,
+                ));
+            }
+            past = Some(end);
+            self.held.push((first, end));
+        }
+        Ok(())
+    }
+
+    /// Whether chunk `index` is held.
+    pub fn holds(&self, index: u32) -> bool {
+        let at = self.held.partition_point(|(_, end)| *end <= index);
+        self.held.get(at).is_some_and(|(first, _)| *first <= index)
+    }
+
+    /// The ranges of a set of chunk indexes given in increasing order.
+    pub fn ranges_of(indexes: impl IntoIterator<Item = u32>) -> Vec<(u32, u32)> {
+        let mut ranges: Vec<(u32, u32)> = Vec::new();
+        for index in indexes {
+            match ranges.last_mut() {
+                Some((_, end)) if *end == index => *end += 1,
+                _ => ranges.push((index, index + 1)),
+            }
+        }
+        ranges
     }
 }
 

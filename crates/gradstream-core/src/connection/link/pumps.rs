@@ -41,13 +41,14 @@ impl Drop for Pumps {
 /// Frames waiting for a sending pump: the first free one takes the next.
 #[derive(Default)]
 pub(super) struct Outbox {
-    frames: Mutex<VecDeque<Vec<u8>>>,
+    /// Each frame with its chunk's index.
+    frames: Mutex<VecDeque<(u32, Vec<u8>)>>,
     closed: std::sync::atomic::AtomicBool,
     ready: Notify,
 }
 
 impl Outbox {
-    fn queue(&self) -> std::sync::MutexGuard<'_, VecDeque<Vec<u8>>> {
+    fn queue(&self) -> std::sync::MutexGuard<'_, VecDeque<(u32, Vec<u8>)>> {
         self.frames.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -55,8 +56,8 @@ impl Outbox {
         self.queue().len()
     }
 
-    pub(super) fn push(&self, frame: Vec<u8>) {
-        self.queue().push_back(frame);
+    pub(super) fn push(&self, index: u32, frame: Vec<u8>) {
+        self.queue().push_back((index, frame));
         self.ready.notify_one();
     }
 
@@ -72,7 +73,7 @@ impl Outbox {
         self.close();
     }
 
-    async fn next(&self) -> Option<Vec<u8>> {
+    async fn next(&self) -> Option<(u32, Vec<u8>)> {
         loop {
             let ready = self.ready.notified();
             tokio::pin!(ready);
@@ -93,8 +94,8 @@ impl Outbox {
 pub(super) enum Sent {
     /// Bytes went.
     Bytes(usize),
-    /// A whole frame went.
-    Frame,
+    /// A whole frame went: chunk `.0`'s.
+    Frame(u32),
     /// No frame is left (or a write failed): its stream, back.
     Done(usize, Counted, std::io::Result<()>),
 }
@@ -107,7 +108,7 @@ pub(super) async fn send_pump(
     events: mpsc::UnboundedSender<Sent>,
 ) {
     let written = async {
-        while let Some(frame) = outbox.next().await {
+        while let Some((index, frame)) = outbox.next().await {
             let mut at = 0;
             while at < frame.len() {
                 let n = stream.write(&frame[at..]).await?;
@@ -117,7 +118,7 @@ pub(super) async fn send_pump(
                 at += n;
                 let _ = events.send(Sent::Bytes(n));
             }
-            let _ = events.send(Sent::Frame);
+            let _ = events.send(Sent::Frame(index));
         }
         stream.flush().await
     }

@@ -65,8 +65,13 @@ impl Link {
         };
         let id = keys.id(true);
         let sealed = gradient.sealed(Seal::lone(id));
-        if self.streams() > 1 {
+        if self.striped() {
             self.gather(&clock).await?;
+            if self.resumable() {
+                return self
+                    .send_resumable(config, sealed, id, &clock, progress)
+                    .await;
+            }
             let (sent, digest) = match self
                 .send_striped(config, sealed, id, &clock, progress)
                 .await

@@ -22,6 +22,7 @@ fn settings() -> ListenSettings {
         },
         limits: Limits::default(),
         max_streams: 16,
+        resume_window: Duration::from_secs(5),
         #[cfg(target_os = "linux")]
         local: LocalSettings::default(),
         test_nonce: None,
@@ -36,6 +37,7 @@ fn dial(key: &[u8]) -> DialSettings {
         handshake_timeout: Duration::from_secs(5),
         limits: Limits::default(),
         streams: 1,
+        resume: None,
         #[cfg(target_os = "linux")]
         local: LocalSettings::default(),
         test_nonce: None,

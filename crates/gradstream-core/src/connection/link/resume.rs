@@ -1,0 +1,302 @@
+//! Resume (docs/spec/protocol.md, "Resume"): after a failure of any of a link's streams
+//! in a transfer (a reset, a stream ended, a wait for bytes out of time), every stream is
+//! replaced: the side that dialled dials each again (with backoff), the listener's link
+//! takes them from its session's channel, each proven with the session's secret (a resume
+//! tag). Then each side tells the other where it stands as a receiver (`ResumeState`),
+//! on the new first stream, and the transfer goes on: the sender sends what the receiver
+//! does not hold. All of it within the listener's or the dialler's resume window, and
+//! within the transfer's own bounds (its timeout and deadline).
+//!
+//! The old streams are kept open until the new ones are in: a listener that had not seen
+//! the failure sees the resumed streams come, not its old ones end (which, between
+//! transfers, would read as the peer's close).
+//!
+//! Uses `streams` (`Joined`, `SessionEntry`), `protocol::streams::ResumeState`; used by
+//! `striped` and `link`.
+
+use std::future::poll_fn;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::super::streams::{Joined, SessionEntry};
+use super::*;
+use crate::protocol::streams::{ResumeState, RESUME_LEN};
+
+/// How a dialler dials stream `index` of its session again (a TCP connect, TLS, the
+/// handshake with a resume hello, the proofs both ways).
+pub type Redial = std::sync::Arc<dyn Fn(u8) -> Dialling + Send + Sync>;
+
+/// One stream being dialled again.
+pub type Dialling = std::pin::Pin<Box<dyn Future<Output = Result<Box<dyn Duplex>>> + Send>>;
+
+/// The most resumes one transfer makes: a peer that keeps breaking its streams cannot
+/// keep a transfer going for ever.
+pub(crate) const MAX_RESUMES: u32 = 16;
+
+/// The first wait between two dials of a stream; it doubles, up to `MAX_BACKOFF`.
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Where a link's streams come back from.
+enum Way {
+    /// The side that dialled: it dials them.
+    Redial(Redial),
+    /// The listener's link: they come through its session's channel (the session's entry
+    /// stays in the listener's table while the link lives).
+    Await {
+        joins: mpsc::Receiver<Joined>,
+        /// Resumed streams that came and wait to be taken.
+        arrived: Vec<Joined>,
+        _entry: SessionEntry,
+    },
+}
+
+/// How a link's streams come back after a failure.
+pub struct Resume {
+    /// How long they may take to.
+    window: Duration,
+    way: Way,
+}
+
+/// What resumes cost a link: counts for the caller (`Connection.resumed`), readable
+/// while a transfer runs.
+#[derive(Debug, Default)]
+pub struct Resumed {
+    /// Times every stream was replaced.
+    pub times: AtomicU64,
+    /// Chunks sent again after a resume: written before it, not held by the receiver.
+    pub chunks_resent: AtomicU64,
+}
+
+impl Resumed {
+    /// (times, chunks sent again).
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.times.load(Ordering::Relaxed),
+            self.chunks_resent.load(Ordering::Relaxed),
+        )
+    }
+}
+
+impl Resume {
+    /// A dialler's: its streams dialled again with `redial`.
+    pub fn redialling(window: Duration, redial: Redial) -> Self {
+        Self {
+            window,
+            way: Way::Redial(redial),
+        }
+    }
+
+    /// A listener's link's: its streams come through `joins`.
+    pub(crate) fn awaiting(
+        window: Duration,
+        joins: mpsc::Receiver<Joined>,
+        entry: SessionEntry,
+    ) -> Self {
+        Self {
+            window,
+            way: Way::Await {
+                joins,
+                arrived: Vec::new(),
+                _entry: entry,
+            },
+        }
+    }
+
+    /// Ready once a resumed stream has come (a listener's link: the dialler saw a failure
+    /// this side may not have); never for a dialler's.
+    pub(super) fn poll_arrival(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let Way::Await { joins, arrived, .. } = &mut self.way else {
+            return Poll::Pending;
+        };
+        while let Poll::Ready(Some(joined)) = joins.poll_recv(cx) {
+            if joined.resumed {
+                arrived.push(joined);
+            }
+        }
+        match arrived.is_empty() {
+            true => Poll::Pending,
+            false => Poll::Ready(()),
+        }
+    }
+
+    /// `count` new streams, in index order, by `until`.
+    async fn streams(&mut self, count: usize, until: Instant) -> Result<Vec<Box<dyn Duplex>>> {
+        match &mut self.way {
+            Way::Redial(redial) => {
+                let mut dials = tokio::task::JoinSet::new();
+                for index in 0..count {
+                    let redial = redial.clone();
+                    let index = u8::try_from(index).unwrap_or(u8::MAX);
+                    dials.spawn(async move { (index, redial_one(&redial, index, until).await) });
+                }
+                let mut got: Vec<Option<Box<dyn Duplex>>> = (0..count).map(|_| None).collect();
+                while let Some(done) = dials.join_next().await {
+                    let (index, stream) =
+                        done.map_err(|e| GradientStreamError::Io(std::io::Error::other(e)))?;
+                    got[usize::from(index)] = Some(stream?);
+                }
+                Ok(got.into_iter().flatten().collect())
+            }
+            Way::Await { joins, arrived, .. } => {
+                let mut got: Vec<Option<Box<dyn Duplex>>> = (0..count).map(|_| None).collect();
+                // The newest stream of each index: a dialler that dialled one twice
+                // dropped the first.
+                let take = |joined: Joined, got: &mut Vec<Option<Box<dyn Duplex>>>| {
+                    if let (true, Some(place)) =
+                        (joined.resumed, got.get_mut(usize::from(joined.index)))
+                    {
+                        *place = Some(joined.stream);
+                    }
+                };
+                for joined in arrived.drain(..) {
+                    take(joined, &mut got);
+                }
+                while got.iter().any(Option::is_none) {
+                    match tokio::time::timeout_at(until, joins.recv()).await {
+                        Ok(Some(joined)) => take(joined, &mut got),
+                        Ok(None) | Err(_) => {
+                            let came = got.iter().filter(|s| s.is_some()).count();
+                            return Err(out_of_window(format!(
+                                "{came} of the connection's {count} streams came back"
+                            )));
+                        }
+                    }
+                }
+                Ok(got.into_iter().flatten().collect())
+            }
+        }
+    }
+}
+
+/// Dial stream `index` again until it is in, or `until`; an error that dialling again
+/// cannot mend (the listener refused the proof, or has no such session) at once.
+async fn redial_one(redial: &Redial, index: u8, until: Instant) -> Result<Box<dyn Duplex>> {
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        let error = match tokio::time::timeout_at(until, redial(index)).await {
+            Ok(Ok(stream)) => return Ok(stream),
+            Ok(Err(error @ (GradientStreamError::Io(_) | GradientStreamError::Timeout { .. }))) => {
+                error
+            }
+            Ok(Err(error)) => return Err(error),
+            Err(_) => {
+                return Err(out_of_window(format!(
+                    "stream {index} was not dialled again"
+                )))
+            }
+        };
+        if Instant::now() + backoff >= until {
+            return Err(out_of_window(format!(
+                "stream {index} was not dialled again (the last try: {error})"
+            )));
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// The error of a resume that did not happen within its window.
+fn out_of_window(what: String) -> GradientStreamError {
+    GradientStreamError::Io(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("the connection did not resume within its resume window: {what}"),
+    ))
+}
+
+impl Link {
+    /// Whether the link's streams can come back after a failure.
+    pub(super) fn resumable(&self) -> bool {
+        self.resume.is_some()
+    }
+
+    /// Every stream replaced, then this side's state (`held`: the chunks it holds of
+    /// the transfer it receives) told to the peer and the peer's read; within the
+    /// resume window and the transfer's `clock` (`at`: where the transfer stands). The
+    /// peer's state.
+    pub(super) async fn resume_streams(
+        &mut self,
+        held: Vec<(u32, u32)>,
+        clock: &Clock,
+        at: (usize, Option<u32>),
+    ) -> Result<ResumeState> {
+        let resumed = within(clock, at, async { Ok(self.resume_now(held).await) }).await;
+        // A byte has moved whatever came of it: the transfer is no longer untouched.
+        self.state = State::Running { moved: u64::MAX };
+        resumed.and_then(|r| r)
+    }
+
+    async fn resume_now(&mut self, held: Vec<(u32, u32)>) -> Result<ResumeState> {
+        let count = 1 + self.lanes.len();
+        // The old streams stay open until the new ones are in (see the module's text).
+        let _old = self.lend_streams();
+        let Some(resume) = self.resume.as_mut() else {
+            return Err(GradientStreamError::Io(std::io::Error::other(
+                "the connection does not resume",
+            )));
+        };
+        let until = Instant::now() + resume.window;
+        let mut new = resume.streams(count, until).await?.into_iter();
+        if let Some(first) = new.next() {
+            self.stream = Counted::of(first);
+        }
+        for (lane, stream) in self.lanes.iter_mut().zip(new) {
+            *lane = Counted::of(stream);
+        }
+        self.lent = false;
+        self.resumed.times.fetch_add(1, Ordering::Relaxed);
+        let ours = self.resume_state(held);
+        let peer = self.peer.address.at();
+        let exchanged = tokio::time::timeout_at(until, async {
+            self.stream.write_all(&ours.to_bytes()).await?;
+            self.stream.flush().await?;
+            let mut start = [0u8; RESUME_LEN];
+            if let Err(got) = read_full(&mut self.stream, &mut start).await? {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!("the resumed connection ended after {got} bytes of a resume message"),
+                )
+                .into());
+            }
+            let (mut theirs, ranges) = ResumeState::parse_start(&start, peer.as_ref())?;
+            let mut bytes = vec![0u8; ranges as usize * 8];
+            if let Err(got) = read_full(&mut self.stream, &mut bytes).await? {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!("the resumed connection ended after {got} bytes of its ranges"),
+                )
+                .into());
+            }
+            theirs.parse_ranges(&bytes, peer.as_ref())?;
+            Ok::<_, GradientStreamError>(theirs)
+        })
+        .await;
+        exchanged.unwrap_or_else(|_| Err(out_of_window("no resume message came".into())))
+    }
+
+    /// This side's state as a receiver.
+    fn resume_state(&self, held: Vec<(u32, u32)>) -> ResumeState {
+        match &self.mode {
+            Mode::Sealed(keys) => ResumeState {
+                received: keys.received,
+                last_digest: keys.last_digest,
+                held,
+            },
+            Mode::Seed => ResumeState::default(),
+        }
+    }
+
+    /// Ready once a resumed stream has come to a listener's link.
+    pub(super) async fn resume_arrival(resume: &mut Option<Box<Resume>>) {
+        poll_fn(|cx| match resume.as_mut() {
+            Some(resume) => resume.poll_arrival(cx),
+            None => Poll::Pending,
+        })
+        .await
+    }
+}

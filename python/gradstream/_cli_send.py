@@ -27,7 +27,13 @@ from typing import Any
 import numpy.typing as npt
 
 from . import TransferProgress
-from ._checks import CONNECTION_DEADLINE, HANDSHAKE_TIMEOUT, check_streams, check_streams_secret
+from ._checks import (
+    CONNECTION_DEADLINE,
+    HANDSHAKE_TIMEOUT,
+    check_resume,
+    check_streams,
+    check_streams_secret,
+)
 from ._cli_base import (
     CliError,
     count_of,
@@ -67,6 +73,7 @@ class SendPlan:
     timeout: float | None
     bar: bool
     streams: int = 1
+    resume: bool | None = None
 
 
 class _Doing:
@@ -145,6 +152,7 @@ async def _send_all(plan: SendPlan, doing: _Doing) -> None:
             library_address(plan.address),
             session=plan.session,
             streams=plan.streams,
+            resume=plan.resume,
             **plan.link.keywords(),
         )
     except (GradientStreamError, OSError) as exc:
@@ -201,6 +209,10 @@ def run_send(args: argparse.Namespace) -> int:
         check_streams_secret(streams, link.protocol, link.tls, link.authkey, host)
     except SettingError as exc:
         raise CliError(str(exc).replace("streams=", "--streams ", 1), 2) from exc
+    try:
+        check_resume(args.resume, streams, link.protocol, link.tls, link.authkey, host)
+    except SettingError as exc:
+        raise CliError(str(exc).replace("resume=True", "--resume", 1), 2) from exc
     gradients = [(Path(f), load_item(Path(f), link.protocol)) for f in args.files]
     resolve(host, port, passive=False)
     compression = None if args.compression == "none" else args.compression
@@ -214,6 +226,7 @@ def run_send(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         bar=want_progress(args),
         streams=streams,
+        resume=args.resume,
     )
     doing = _Doing(format_address(host, port))
     try:

@@ -5,6 +5,7 @@
                     [CONNECTION FLAGS] [--timeout S] [-v]
     gradstream send HOST:PORT FILE [FILE ...] [--chunk-size N] [--layout L]
                     [--compression C] [--wire-dtype D] [--streams N]
+                    [--resume | --no-resume]
                     [CONNECTION FLAGS]
                     [--timeout S] [-v]
     gradstream demo [--mib N] [--repeats R]
@@ -318,6 +319,14 @@ def _add_send(sub: Any) -> None:
         help="TCP (or TLS) connections to spread each gradient's chunks over, 1 to 255 "
         "(default 1): for long paths, where one connection's window caps its rate; needs "
         "--authkey-file or TLS, and the receiver may grant fewer",
+    )
+    send.add_argument(
+        "--resume",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="after a connection failure mid-transfer, dial again and send only what the "
+        "receiver lacks (default: on with --streams above 1, off with one; needs "
+        "--authkey-file or TLS)",
     )
     send.add_argument(
         "--no-progress",

@@ -68,6 +68,8 @@ class _Flow:
             self.queue.put_nowait((now + relay.rtt / 2, now, data))
             if towards_target:
                 relay.note_forward(len(data))
+            else:
+                relay.note_return(len(data))
         now = loop.time()
         self.queue.put_nowait((now + relay.rtt / 2, now, b""))
 
@@ -121,6 +123,8 @@ class Relay:
         self.rtt = rtt
         self.window = window
         self.forwarded = 0  # bytes taken towards the target, all connections
+        self.returned = 0  # bytes taken towards the dialler, all connections
+        self._reset_back_at: int | None = None
         self.connections = 0
         self._reset_at: int | None = None
         self._stalled_until = 0.0
@@ -189,6 +193,12 @@ class Relay:
             self._reset_at = None
             self._reset_all()
 
+    def note_return(self, n: int) -> None:
+        self.returned += n
+        if self._reset_back_at is not None and self.returned >= self._reset_back_at:
+            self._reset_back_at = None
+            self._reset_all()
+
     def _reset_all(self) -> None:
         """An RST to both ends of every connection open now."""
         for pair in list(self._open):
@@ -211,13 +221,27 @@ class Relay:
         """Reset every connection open now (both ends see ECONNRESET)."""
         self._call(self._reset_all)
 
-    def reset_when(self, forwarded: int) -> None:
+    def vanish(self) -> None:
+        """As if the target's process went: stop accepting (a dial is refused) and reset
+        every connection open now, at once."""
+
+        def gone() -> None:
+            if self._server is not None:
+                self._server.close()
+            self._reset_all()
+
+        self._call(gone)
+
+    def reset_when(self, forwarded: int | None = None, *, returned: int | None = None) -> None:
         """Reset every connection open once ``forwarded`` bytes in all went towards the
-        target through the relay (counted since it started)."""
+        target through the relay, or ``returned`` bytes back towards the dialler (each
+        counted since it started)."""
 
         def arm() -> None:
             self._reset_at = forwarded
+            self._reset_back_at = returned
             self.note_forward(0)
+            self.note_return(0)
 
         self._call(arm)
 

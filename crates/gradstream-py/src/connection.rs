@@ -522,7 +522,9 @@ impl PyLink {
     /// The caller holds the transfer the last receive gave: its ack is written now, from
     /// this thread, as far as the socket takes it at once (the rest by the next transfer
     /// or the close). Nothing when nothing is owed. Never fails: a failed write closes the
-    /// connection, and the sender gets `DeliveryError` though this side has the transfer.
+    /// connection, and the sender gets `DeliveryError` though this side has the transfer;
+    /// on a connection that resumes it does not, and the resume (the next transfer's, or
+    /// the sender's) tells the sender the transfer was taken.
     fn settle(&self, py: Python<'_>) {
         let Ok(mut link) = self.link.try_lock() else {
             return;

@@ -344,8 +344,14 @@ impl Link {
                 ));
                 return self.fail(error).await;
             };
-            // The session table lets each index join once, within the grant.
-            if let Some(place) = joining.got.get_mut(usize::from(join.index) - 1) {
+            if join.resumed {
+                // The peer saw a failure before every join came: kept for the resume.
+                joining.resumed.push(join);
+                continue;
+            }
+            // The session table lets each index join once, within the grant (1 and up).
+            let index = usize::from(join.index).saturating_sub(1);
+            if let Some(place) = joining.got.get_mut(index) {
                 *place = Some(join);
             }
         }
@@ -359,7 +365,7 @@ impl Link {
         if let Some(window) = joining.resume {
             self.resume = Some(Box::new(Resume::awaiting(
                 window,
-                joining.joins,
+                (joining.joins, joining.resumed),
                 joining.entry,
             )));
         }

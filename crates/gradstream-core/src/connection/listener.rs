@@ -560,9 +560,7 @@ async fn handshake_task(
             // A flood of resumes (proven: only a holder of the session's secret) waits
             // for no link: three rounds of the session's streams are queued at most.
             Err(mpsc::error::TrySendError::Full(_)) => Err(Refusal::Failed(
-                GradientStreamError::Io(std::io::Error::other(
-                    "too many streams of its session wait for their connection to take them",
-                )),
+                GradientStreamError::Io(std::io::Error::other(super::streams::QUEUE_FULL)),
             )),
         },
         Ok(Admitted::Link(link)) => Ok(link),

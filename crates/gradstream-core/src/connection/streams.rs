@@ -83,6 +83,8 @@ pub struct Joining {
     /// The session resumes, its streams coming back within this window (its entry and
     /// channel then live as long as the link).
     pub(crate) resume: Option<Duration>,
+    /// Resumed streams that came before every join did.
+    pub(crate) resumed: Vec<Joined>,
     pub(crate) entry: SessionEntry,
 }
 
@@ -110,6 +112,10 @@ fn protocol(expected: &str, seen: String, peer: Option<&PeerAt>) -> GradientStre
         peer: peer.cloned(),
     }
 }
+
+/// Why a proven stream was refused: its session's channel is full.
+pub const QUEUE_FULL: &str =
+    "too many streams of its session wait for their connection to take them";
 
 /// The advice when a connection that resumes has no secret to prove its streams with.
 pub const RESUME_NEEDS_A_SECRET: &str =
@@ -205,6 +211,7 @@ impl Sessions {
                 got: (1..granted).map(|_| None).collect(),
                 until: Instant::now() + handshake_timeout,
                 resume: resume.then_some(resume_window),
+                resumed: Vec::new(),
                 entry: SessionEntry(Entry {
                     sessions: self.clone(),
                     id,
@@ -272,6 +279,10 @@ impl Sessions {
                         ),
                         peer,
                     ));
+                }
+                if opened.to_owner.capacity() == 0 {
+                    // Its link takes none meanwhile (it is between transfers): a flood.
+                    return Err(GradientStreamError::Io(std::io::Error::other(QUEUE_FULL)));
                 }
                 (opened.secret.clone(), None, opened.to_owner.clone())
             } else {

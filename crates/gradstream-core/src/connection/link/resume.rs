@@ -92,17 +92,18 @@ impl Resume {
         }
     }
 
-    /// A listener's link's: its streams come through `joins`.
+    /// A listener's link's: its streams come through `joins` (`arrived`: resumed
+    /// streams that came while it waited for its joins).
     pub(crate) fn awaiting(
         window: Duration,
-        joins: mpsc::Receiver<Joined>,
+        (joins, arrived): (mpsc::Receiver<Joined>, Vec<Joined>),
         entry: SessionEntry,
     ) -> Self {
         Self {
             window,
             way: Way::Await {
                 joins,
-                arrived: Vec::new(),
+                arrived,
                 _entry: entry,
             },
         }
@@ -168,6 +169,11 @@ impl Resume {
                         }
                     }
                 }
+                // Streams queued meanwhile are newer than those taken (a dial the dialler
+                // gave up on and made again).
+                while let Ok(joined) = joins.try_recv() {
+                    take(joined, &mut got);
+                }
                 Ok(got.into_iter().flatten().collect())
             }
         }
@@ -181,6 +187,13 @@ async fn redial_one(redial: &Redial, index: u8, until: Instant) -> Result<Box<dy
     loop {
         let error = match tokio::time::timeout_at(until, redial(index)).await {
             Ok(Ok(stream)) => return Ok(stream),
+            // Refused: nothing listens there any more (its process went); a restarted
+            // listener would know no session either.
+            Ok(Err(GradientStreamError::Io(io)))
+                if io.kind() == std::io::ErrorKind::ConnectionRefused =>
+            {
+                return Err(GradientStreamError::Io(io))
+            }
             Ok(Err(error @ (GradientStreamError::Io(_) | GradientStreamError::Timeout { .. }))) => {
                 error
             }
@@ -217,18 +230,28 @@ impl Link {
 
     /// Every stream replaced, then this side's state (`held`: the chunks it holds of
     /// the transfer it receives) told to the peer and the peer's read; within the
-    /// resume window and the transfer's `clock` (`at`: where the transfer stands). The
-    /// peer's state.
+    /// resume window and the transfer's `clock` (`at`: where the transfer stands;
+    /// `begun`: a byte of the transfer has moved). The peer's state.
     pub(super) async fn resume_streams(
         &mut self,
         held: Vec<(u32, u32)>,
         clock: &Clock,
-        at: (usize, Option<u32>),
+        (at, begun): ((usize, Option<u32>), bool),
     ) -> Result<ResumeState> {
-        let resumed = within(clock, at, async { Ok(self.resume_now(held).await) }).await;
-        // A byte has moved whatever came of it: the transfer is no longer untouched.
+        // From here until the states are exchanged the peer and this side may disagree
+        // on where the streams stand: a transfer dropped meanwhile leaves the link out of
+        // step (`is_closed`), as does any failure.
         self.state = State::Running { moved: u64::MAX };
-        resumed.and_then(|r| r)
+        let resumed = within(clock, at, async { Ok(self.resume_now(held).await) }).await;
+        let theirs = resumed.and_then(|r| r)?;
+        if !begun {
+            // Mended before the transfer's first byte: the link is in step on its new
+            // streams, as it was on the old (a receive given up now leaves it open).
+            self.state = State::Running {
+                moved: self.moved(),
+            };
+        }
+        Ok(theirs)
     }
 
     async fn resume_now(&mut self, held: Vec<(u32, u32)>) -> Result<ResumeState> {

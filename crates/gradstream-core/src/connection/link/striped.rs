@@ -134,16 +134,12 @@ impl Link {
                 return self.fail(error).await;
             }
             // A receiver that refused the transfer wrote why on the first stream, then
-            // closed its streams: that is no failure to resume from.
-            if let GradientStreamError::Io(_) = broken {
-                let refusal = tokio::time::timeout(LINGER, ack_on(&mut self.stream, peer)).await;
-                if let Ok(Ok(Ok(
-                    ack @ Ack {
-                        verdict: Verdict::Refused { .. },
-                        ..
-                    },
-                ))) = refusal
-                {
+            // closed its streams: that is no failure to resume from. And one that took it
+            // may have acknowledged it there before another stream failed.
+            let by_peer = matches!(&broken, GradientStreamError::Io(io) if ResumedByPeer::is(io));
+            if !by_peer {
+                let ack = tokio::time::timeout(LINGER, ack_on(&mut self.stream, peer)).await;
+                if let Ok(Ok(Ok(ack))) = ack {
                     let digest = digest_in_order(&id, &headers);
                     return self.confirmed(ack, &digest, total).await;
                 }
@@ -157,7 +153,7 @@ impl Link {
                 return self.fail(self.delivery(detail, None)).await;
             }
             let theirs = match self
-                .resume_streams(Vec::new(), clock, (plan.sent, Some(total)))
+                .resume_streams(Vec::new(), clock, ((plan.sent, Some(total)), true))
                 .await
             {
                 Ok(theirs) => theirs,
@@ -311,6 +307,12 @@ impl Link {
             }
         }
         drop(pumps);
+        // Frames whose news came after the wait gave up: written all the same.
+        while let Ok(event) = sent_events.try_recv() {
+            if let Sent::Frame(index) = event {
+                plan.wrote(index);
+            }
+        }
         self.lent = back < count; // a stream that did not come back: the link is closed
         failed.map_or(Ok(()), Err)
     }
@@ -395,7 +397,7 @@ impl Link {
             let resumed = match (&error, self.resumable() && resumes < MAX_RESUMES) {
                 (GradientStreamError::Io(_), true) if mendable(&error) => {
                     resumes += 1;
-                    self.resumed_as_receiver(Vec::new(), &clock, (0, None))
+                    self.resumed_as_receiver(Vec::new(), &clock, ((0, None), false))
                         .await
                 }
                 _ => Err(error),
@@ -476,7 +478,7 @@ impl Link {
                 return (got, digest_in_order(&id, &headers), first);
             }
             let held = receiver.held();
-            if let Err(e) = self.resumed_as_receiver(held, &clock, at).await {
+            if let Err(e) = self.resumed_as_receiver(held, &clock, (at, true)).await {
                 return (Err(e), digest_in_order(&id, &headers), first);
             }
             round = self.start_round(None, limits);
@@ -505,7 +507,7 @@ impl Link {
         &mut self,
         held: Vec<(u32, u32)>,
         clock: &Clock,
-        at: (usize, Option<u32>),
+        at: ((usize, Option<u32>), bool),
     ) -> Result<()> {
         let theirs = match self.resume_streams(held, clock, at).await {
             Ok(theirs) => theirs,
@@ -666,11 +668,26 @@ enum First {
 
 /// The failure a listener's link sees when its peer dialled the streams again.
 fn resumed_by_peer() -> std::io::Error {
-    std::io::Error::new(
-        std::io::ErrorKind::ConnectionReset,
-        "the peer dialled the connection's streams again",
-    )
+    std::io::Error::new(std::io::ErrorKind::ConnectionReset, ResumedByPeer)
 }
+
+/// Why a listener's link resumes when its peer did first (no stream failed here).
+#[derive(Debug)]
+struct ResumedByPeer;
+
+impl ResumedByPeer {
+    fn is(error: &std::io::Error) -> bool {
+        error.get_ref().is_some_and(|e| e.is::<Self>())
+    }
+}
+
+impl std::fmt::Display for ResumedByPeer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the peer dialled the connection's streams again")
+    }
+}
+
+impl std::error::Error for ResumedByPeer {}
 
 /// The peer's next ack on `stream`; `Err` when the stream failed or ended first (an
 /// `UnexpectedEof` when it ended).

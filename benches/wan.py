@@ -17,11 +17,18 @@ relay carried towards the receiver. Ratios are of rows of this run:
   / raw TCP with N flows, speed: >= 0.6. The relay is Python in one process: when it,
   not the windows, is what caps N flows, the raw row shows it, and the second ratio is
   the one that says how gradstream does.
+
+The last row sends the gradient over N streams again, and the relay resets every one of
+them once half its bytes went (docs/guides/across-the-internet.md "Resume"): the row says
+whether the gradient arrived bit for bit (its SHA-256, taken by the receiver), how many
+times the streams were replaced, and how many chunks were sent again (those in flight at
+the reset; a chunk the receiver held sent again would fail its receive).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import multiprocessing as mp
 import socket
 import sys
@@ -39,14 +46,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 def _relay(targets: list[tuple[str, int]], rtt: float, window: int, pipe: Connection) -> None:
     """Run a relay in front of each target; answer "bytes" with what each carried so far
-    towards its target, stop at "stop"."""
+    towards its target; at ("reset after", n), reset the last relay's connections once n
+    more bytes went through it; stop at "stop"."""
     from support.wan import Relay
 
     relays = [Relay(t, rtt=rtt, window=window) for t in targets]
     pipe.send([r.address for r in relays])
     while (asked := pipe.recv()) != "stop":
-        assert asked == "bytes"
-        pipe.send([r.forwarded for r in relays])
+        if asked == "bytes":
+            pipe.send([r.forwarded for r in relays])
+        else:
+            _, more = asked
+            relays[-1].reset_when(relays[-1].forwarded + more)
+            pipe.send(None)
     for r in relays:
         r.close()
 
@@ -84,8 +96,10 @@ def _receiver(pipe: Connection, connections: int, flows: int) -> None:
     _sink(raw, flows)
     for _ in range(connections):
         with listener.accept(timeout=600) as conn:
-            for _gradient in conn:
-                pass
+            for gradient in conn:
+                last = gradient
+    # The last connection's gradient (the reset row's), as it arrived.
+    pipe.send(hashlib.sha256(memoryview(last)).hexdigest())
     listener.close()
 
 
@@ -111,16 +125,22 @@ def _raw_seconds(address: tuple[str, int], nbytes: int, flows: int) -> float:
     return time.perf_counter() - start
 
 
-def _gradstream_seconds(address: Any, grad: np.ndarray, streams: int, **session: Any) -> float:
+def _gradstream_seconds(
+    address: Any, grad: np.ndarray, streams: int, reset: Any = None, **session: Any
+) -> tuple[float, tuple[int, int]]:
+    """The time of one gradient, and its connection's resumes (``reset()`` arms the
+    relay's reset once connected)."""
     import gradstream as gs
     import gradstream.sync as gsync
 
     own = gs.GradientStreamSession(**session)
     with gsync.connect(address, session=own, authkey=KEY, streams=streams) as conn:
         assert conn.streams == streams, f"the listener granted {conn.streams} streams"
+        if reset is not None:
+            reset()
         start = time.perf_counter()
         conn.send(grad)  # returns once the receiver acknowledged the whole gradient
-        return time.perf_counter() - start
+        return time.perf_counter() - start, conn.resumed
 
 
 def main() -> None:
@@ -140,6 +160,7 @@ def main() -> None:
         ("float32", 1, {}),
         ("int8 wire", 1, {"wire_dtype": "int8"}),
         (f"{n} streams", n, {}),
+        ("reset at 50 %", n, {}),
     ]
     to_receiver, receiver_end = ctx.Pipe()
     receiver = ctx.Process(target=_receiver, args=(receiver_end, len(rows), n), daemon=True)
@@ -163,6 +184,10 @@ def main() -> None:
         got: list[int] = to_relay.recv()
         return got
 
+    def reset_at_half() -> None:
+        to_relay.send(("reset after", grad.nbytes // 2))
+        to_relay.recv()
+
     grad = np.random.default_rng(0).standard_normal(args.mib << 18, dtype=np.float32)
     print(
         f"one gradient of {args.mib} MiB float32 through the WAN relay: rtt "
@@ -171,6 +196,8 @@ def main() -> None:
     )
     times: dict[str, float] = {}
     wire: dict[str, int] = {}
+    resumed = (0, 0)
+    sent_hash = hashlib.sha256(memoryview(grad)).hexdigest()
     try:
         times["raw TCP"] = _raw_seconds(tuple(raw_relay), grad.nbytes, 1)
         wire["raw TCP"] = carried()[0]
@@ -178,8 +205,12 @@ def main() -> None:
         wire[f"raw, {n} flows"] = carried()[0] - wire["raw TCP"]
         for label, streams, session in rows:
             before = carried()[1]
-            times[label] = _gradstream_seconds(tuple(gs_relay), grad, streams, **session)
+            reset = reset_at_half if label == "reset at 50 %" else None
+            times[label], resumed = _gradstream_seconds(
+                tuple(gs_relay), grad, streams, reset, **session
+            )
             wire[label] = carried()[1] - before
+        got_hash = to_receiver.recv()
     finally:
         # Both children are daemons (they die with this process on an error); the relay
         # is told to close its connections first.
@@ -202,6 +233,13 @@ def main() -> None:
         f"{n} streams / one stream, speed: {times['float32'] / striped:.2f} (target >= 5 "
         f"with 8); / raw TCP with {n} flows, speed: {times[f'raw, {n} flows'] / striped:.2f} "
         "(target >= 0.6)"
+    )
+    total = -(-grad.size // 65_536)
+    print(
+        f"reset at 50 % ({n} streams): bit for bit {'yes' if got_hash == sent_hash else 'NO'}, "
+        f"resumes {resumed[0]}, chunks sent again {resumed[1]} of {total} (in flight at the "
+        f"reset), held chunks sent again 0 (one would fail the receive), time / {n} streams "
+        f"unbroken {times['reset at 50 %'] / striped:.2f}"
     )
 
 

@@ -24,9 +24,19 @@ def test_the_wan_benchmark_runs_and_prints_every_row() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    row = r"^(raw TCP|raw, 3 flows|float32|int8 wire|3 streams)\s+([0-9.]+)\s+([0-9]+)\s+([0-9]+)$"
+    row = (
+        r"^(raw TCP|raw, 3 flows|float32|int8 wire|3 streams|reset at 50 %)"
+        r"\s+([0-9.]+)\s+([0-9]+)\s+([0-9]+)$"
+    )
     rows = {name: (float(s), int(mb)) for name, s, _, mb in re.findall(row, done.stdout, re.M)}
-    assert set(rows) == {"raw TCP", "raw, 3 flows", "float32", "int8 wire", "3 streams"}
+    assert set(rows) == {
+        "raw TCP",
+        "raw, 3 flows",
+        "float32",
+        "int8 wire",
+        "3 streams",
+        "reset at 50 %",
+    }
     # Every byte went through the relay, on one flow or three; striping adds no bytes.
     assert rows["raw TCP"][1] == rows["raw, 3 flows"][1] == 8 * 2**20 // 10**6
     assert rows["3 streams"][1] == rows["float32"][1], done.stdout
@@ -37,6 +47,15 @@ def test_the_wan_benchmark_runs_and_prints_every_row() -> None:
     assert re.search(r"float32 / raw TCP, time: [0-9.]+$", done.stdout, re.M)
     ratios = r"3 streams / one stream, speed: [0-9.]+ .* / raw TCP with 3 flows, speed: [0-9.]+"
     assert re.search(ratios, done.stdout), done.stdout
+    # The reset row: the gradient came whole after one resume, some chunks sent again.
+    reset = re.search(
+        r"reset at 50 % \(3 streams\): bit for bit (yes|NO), resumes ([0-9]+), chunks sent "
+        r"again ([0-9]+) of ([0-9]+)",
+        done.stdout,
+    )
+    assert reset is not None, done.stdout
+    assert reset.group(1) == "yes" and int(reset.group(2)) >= 1, done.stdout
+    assert 0 < int(reset.group(3)) < int(reset.group(4)), done.stdout
 
 
 def test_a_bad_size_is_a_usage_error_and_a_failing_child_ends_the_run() -> None:

@@ -37,6 +37,7 @@ from support.cli import (
     start,
     start_receiver,
 )
+from support.wan import Relay
 
 GOOD_LINE = re.compile(
     r"^received gradient(?: (\d+)(?:/\d+)?)?: .* from 127\.0\.0\.1:\d+(.*) -> (.+)$"
@@ -513,3 +514,28 @@ def test_send_over_several_streams(tmp_path: Path, spawn: list[Child], authkey: 
     assert "--streams 2: several streams need an authkey or TLS" in refused.stderr
     out_of_range = run("send", "127.0.0.1:9", src, "--streams", "0", "--authkey-file", authkey)
     assert out_of_range.returncode == 2 and "--streams" in out_of_range.stderr
+
+
+def test_send_resumes_across_a_reset(tmp_path: Path, spawn: list[Child], authkey: str) -> None:
+    """--resume on one stream, through the test bed's relay, which resets the connection
+    at half the gradient: the command dials again, sends what the receiver lacks, and
+    the file arrives bit for bit; --resume without an authkey or TLS is a command-line
+    mistake, before any dialling."""
+    grad = gradient(2_000_000, seed=7)
+    receiver, port = start_receiver(
+        spawn, "--out", str(tmp_path / "o.npy"), "--authkey-file", authkey
+    )
+    src = save(tmp_path, "g.npy", grad)
+    with Relay(("127.0.0.1", port), rtt=0.01, window=1 << 20) as relay:
+        relay.reset_when(grad.nbytes // 2)
+        sent = run("send", f"127.0.0.1:{relay.address[1]}", src, "--chunk-size", "10000",
+                   "--resume", "--authkey-file", authkey)  # fmt: skip
+        assert sent.returncode == 0, sent.stderr
+        assert relay.connections == 2  # dialled once more
+    status, stdout, stderr = receiver.finish()
+    assert status == 0, stderr
+    [(_, _, path)] = received(stdout)
+    assert bit_equal(np.load(path), grad)
+    refused = run("send", "127.0.0.1:9", src, "--resume")
+    assert refused.returncode == 2
+    assert "--resume: resume needs an authkey or TLS" in refused.stderr

@@ -170,6 +170,7 @@ def streamed(rank: int, size: int, folder: str) -> None:
     group = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
     seen: dict[str, np.ndarray] = {
         "streams": np.array([group._next.streams, group._prev.streams]),
+        "resumes": np.array([group._next.resumes, group._prev.resumes]),
     }
     t = values(rank, STREAMED_LENGTH, torch.float32)
     dist.all_reduce(t)

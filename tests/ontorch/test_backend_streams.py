@@ -1,5 +1,6 @@
 """configure(streams=3) on 3 ranks meeting over TCP: each connection between ranks runs
-over three streams, and the collectives give the bits one stream gives (the documented
+over three streams and resumes (docs/guides/across-the-internet.md "Resume"), and the
+collectives give the bits one stream gives (the documented
 ring order); configure refuses a count outside 1 to 255."""
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def test_collectives_over_three_streams_a_connection(tmp_path: pathlib.Path) -> 
     for rank in range(SIZE):
         seen = arrays(tmp_path, rank)
         assert seen["streams"].tolist() == [3, 3], rank
+        assert seen["resumes"].tolist() == [True, True], rank  # a reset is mended
         assert np.array_equal(seen["allreduce"], bits(ring_reduce(xs, "sum"))), rank
         assert np.array_equal(seen["broadcast"], bits(values(SIZE - 1, 5000, torch.float32)))
 

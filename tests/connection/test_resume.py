@@ -238,15 +238,18 @@ def reset(writer: asyncio.StreamWriter) -> None:
 def test_a_resume_proven_with_another_secret_is_refused_and_changes_nothing(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A resume tag made with a secret that is not the session's: the listener closes
-    without its proof (and logs why); the connection's stream is still its own, and the
-    next gradient comes on it."""
+    """A resume tag made with a secret that is not the session's, and a resume from a
+    peer of another authkey: the listener closes each without its proof (and logs why);
+    the connection's stream is still its own, and the next gradient comes on it."""
     grad = gradient(5000, 5)
 
     async def main() -> np.ndarray:
         async with spec_client() as (address, first, conn):
             with pytest.raises(asyncio.IncompleteReadError):
                 await streams_peer.resume(address, first, 0, secret=bytes(32))
+            # A peer of another authkey, naming the session: refused at its handshake.
+            with pytest.raises((asyncio.IncompleteReadError, ConnectionError)):
+                await streams_peer.resume(address, first, 0, key=b"another authkey")
             for frame in streams_peer.frames_of(grad, first):
                 first.writer.write(frame)
             got: np.ndarray = await conn.recv()
@@ -257,6 +260,7 @@ def test_a_resume_proven_with_another_secret_is_refused_and_changes_nothing(
     assert same_bits(got, grad)
     refusals = [r.getMessage() for r in caplog.records if " refused " in r.getMessage()]
     assert any("does not match its session" in line for line in refusals), refusals
+    assert any("another authkey" in line for line in refusals), refusals
 
 
 def test_a_resume_after_a_transfer_was_taken_delivers_it_once() -> None:

@@ -91,13 +91,17 @@ async def join(address: tuple[str, int], first: Stream, index: int) -> Stream:
 
 
 async def resume(
-    address: tuple[str, int], first: Stream, index: int, secret: bytes | None = None
+    address: tuple[str, int],
+    first: Stream,
+    index: int,
+    secret: bytes | None = None,
+    key: bytes = KEY,
 ) -> Stream:
-    """Dial stream ``index`` of ``first``'s session again, proven with ``secret`` (the
-    session's unless given), the listener's proof checked (``asyncio.IncompleteReadError``
-    when it closes instead)."""
+    """Dial stream ``index`` of ``first``'s session again (with the authkey ``key``),
+    proven with ``secret`` (the session's unless given), the listener's proof checked
+    (``asyncio.IncompleteReadError`` when it closes instead)."""
     secret = first.secret if secret is None else secret
-    resuming = await _shake(address, 3, index, first.session)
+    resuming = await _shake(address, 3, index, first.session, key)
     tagged = bytes([index]) + _sha(resuming.client_hello + resuming.server_hello)
     tag = hmac.new(secret, b"gradstream/3 resume client" + tagged, "sha256").digest()
     resuming.writer.write(b"GSJN" + bytes(12) + tag)

@@ -326,4 +326,36 @@ mod tests {
         }
         assert_eq!(assembly.finish().unwrap().into_vec(), gradient(6));
     }
+
+    #[test]
+    fn what_is_held_is_the_chunks_taken_as_ranges() {
+        // 10 chunks of 2 values; taken in the order 3, 4, 0, 7, 1, 9: held 0..2, 3..5,
+        // 7..8, 9..10 (what a resume tells the sender).
+        let chunks = session(2).encode_gradient(&gradient(20)).unwrap();
+        let mut assembly = Reassembler::new(unlimited(), 1 << 20);
+        assert_eq!(assembly.held(), vec![]);
+        let mut expected = vec![
+            vec![(3, 4)],
+            vec![(3, 5)],
+            vec![(0, 1), (3, 5)],
+            vec![(0, 1), (3, 5), (7, 8)],
+            vec![(0, 2), (3, 5), (7, 8)],
+            vec![(0, 2), (3, 5), (7, 8), (9, 10)],
+        ]
+        .into_iter();
+        for index in [3usize, 4, 0, 7, 1, 9] {
+            let chunk = &chunks[index];
+            assembly.accept(&chunk.header(), &chunk.payload, 0).unwrap();
+            assert_eq!(
+                Some(assembly.held()),
+                expected.next(),
+                "after chunk {index}"
+            );
+        }
+        for index in [2usize, 5, 6, 8] {
+            let chunk = &chunks[index];
+            assembly.accept(&chunk.header(), &chunk.payload, 0).unwrap();
+        }
+        assert_eq!(assembly.held(), vec![(0, 10)]);
+    }
 }

@@ -488,3 +488,65 @@ def test_a_listener_that_is_gone_fails_the_resume_at_once() -> None:
     assert isinstance(error, gs.errors.DeliveryError), error
     assert "did not resume" in str(error) and "refused" in str(error).lower(), error
     assert waited < 5.0
+
+
+@pytest.mark.parametrize("streams", [1, 2])
+def test_a_listener_with_every_slot_taken_still_takes_its_connections_resumes(
+    streams: int,
+) -> None:
+    """``max_connections`` equal to the connection's streams: every slot is taken when
+    the dialler dials them again, yet each resumed stream takes the slot of the one it
+    replaces, and the transfer completes."""
+    grad = gradient(VALUES, 11)
+
+    async def main() -> tuple[np.ndarray, tuple[int, int]]:
+        async with await gs.listen(
+            LOCAL, session=session(), authkey=KEY, max_connections=streams
+        ) as listener:
+            with Relay(listener.address, rtt=0.01, window=1 << 20) as relay:
+                serving = asyncio.create_task(listener.accept())
+                async with await gs.connect(
+                    relay.address, session=session(), authkey=KEY, streams=streams, resume=True
+                ) as conn:
+                    assert conn.streams == streams
+                    async with await serving as server:
+                        receiving = asyncio.create_task(server.recv())
+                        relay.reset_when(HALF)
+                        await conn.send(grad)
+                        return await receiving, conn.resumed
+
+    got, resumed = run(main)
+    assert same_bits(got, grad)
+    assert resumed[0] == 1
+
+
+@pytest.mark.parametrize("direction", ["to the listener", "to the dialler"])
+def test_a_second_reset_while_the_streams_come_back_is_one_more_round(direction: str) -> None:
+    """Every stream reset, then reset again 60 ms later, while they are dialled again or
+    their states exchanged: the resume goes round again (at most 16 times in all), and
+    the gradient arrives bit for bit."""
+    grad = gradient(4_000_000, 12)
+    upward = direction == "to the listener"
+
+    async def main() -> tuple[np.ndarray, tuple[int, int], tuple[int, int]]:
+        async with await gs.listen(LOCAL, session=session(), authkey=KEY) as listener:
+            with Relay(listener.address, rtt=0.02, window=1 << 18) as relay:
+                serving = asyncio.create_task(listener.accept())
+                async with await gs.connect(
+                    relay.address, session=session(), authkey=KEY, streams=3
+                ) as conn:
+                    async with await serving as server:
+                        sender, receiver = (conn, server) if upward else (server, conn)
+                        receiving = asyncio.create_task(receiver.recv())
+                        sending = asyncio.create_task(sender.send(grad))
+                        await asyncio.sleep(0.15)
+                        relay.reset()
+                        await asyncio.sleep(0.06)
+                        relay.reset()
+                        await sending
+                        return await receiving, sender.resumed, receiver.resumed
+
+    got, sent, received = run(main)
+    assert same_bits(got, grad)
+    assert sent[0] >= 1 and received[0] >= 1
+    assert max(sent[0], received[0]) <= 16

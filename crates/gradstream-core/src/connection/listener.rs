@@ -445,8 +445,11 @@ async fn accept_loop(incoming: Incoming, settings: ListenSettings, events: mpsc:
                     .or_else(|| not_allowed(&arrived.address, &settings))
                     .or_else(|| {
                         // Slots held for joins still to come let a newcomer in: it may be
-                        // one (a newcomer that is not finds no slot after its handshake).
-                        let full = connections.available_permits() == 0 && sessions.held() == 0;
+                        // one (a newcomer that is not finds no slot after its handshake);
+                        // so does a connection that resumes: it may be its stream, again.
+                        let full = connections.available_permits() == 0
+                            && sessions.held() == 0
+                            && !sessions.any_resumable();
                         full.then_some(Shed::Full {
                             max_connections: settings.max_connections,
                         })

@@ -132,6 +132,12 @@ impl Sessions {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether a connection open here resumes: a newcomer when every slot is taken may
+    /// be one of its streams, dialled again (it takes the slot of the one it replaces).
+    pub fn any_resumable(&self) -> bool {
+        self.table().values().any(|opened| opened.resume)
+    }
+
     /// Connection slots held for joins still to come.
     pub fn held(&self) -> usize {
         self.table()

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -214,6 +214,30 @@ async fn redial_one(redial: &Redial, index: u8, until: Instant) -> Result<Box<dy
     }
 }
 
+/// Why a new stream (not the first) is of no use already: it ended, failed, or brought
+/// bytes no one may send before the exchange (its peer writes nothing on it until the
+/// states are exchanged on the first stream); None while it is quiet. Reads nothing
+/// from a quiet stream.
+fn ended_already(stream: &mut Counted) -> Option<String> {
+    let mut probe = [0u8; 1];
+    let mut buf = tokio::io::ReadBuf::new(&mut probe);
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    match std::pin::Pin::new(stream).poll_read(&mut cx, &mut buf) {
+        Poll::Pending => None,
+        Poll::Ready(Ok(())) if buf.filled().is_empty() => Some("it ended".into()),
+        Poll::Ready(Ok(())) => Some("it brought bytes before the exchange".into()),
+        Poll::Ready(Err(e)) => Some(e.to_string()),
+    }
+}
+
+/// How a round of a resume failed.
+enum Round {
+    /// The new streams failed before the states were exchanged: another round.
+    Again(GradientStreamError),
+    /// Nothing another round would mend.
+    Final(GradientStreamError),
+}
+
 /// The error of a resume that did not happen within its window.
 fn out_of_window(what: String) -> GradientStreamError {
     GradientStreamError::Io(std::io::Error::new(
@@ -242,7 +266,7 @@ impl Link {
         // on where the streams stand: a transfer dropped meanwhile leaves the link out of
         // step (`is_closed`), as does any failure.
         self.state = State::Running { moved: u64::MAX };
-        let resumed = within(clock, at, async { Ok(self.resume_now(held).await) }).await;
+        let resumed = within(clock, at, async { Ok(self.resume_again(held).await) }).await;
         let theirs = resumed.and_then(|r| r)?;
         if !begun {
             // Mended before the transfer's first byte: the link is in step on its new
@@ -254,17 +278,43 @@ impl Link {
         Ok(theirs)
     }
 
-    async fn resume_now(&mut self, held: Vec<(u32, u32)>) -> Result<ResumeState> {
+    /// `resume_now` until it works, or the window (from now) ends: a failure of the new
+    /// streams before the states are exchanged (a path that fails again) is one more
+    /// round, as many as `MAX_RESUMES`; a refusal, a dial that could not be made
+    /// within the window, a message broken are final.
+    async fn resume_again(&mut self, held: Vec<(u32, u32)>) -> Result<ResumeState> {
+        let window = self.resume.as_ref().map_or(Duration::ZERO, |r| r.window);
+        let until = Instant::now() + window;
+        let mut rounds = 1;
+        loop {
+            match self.resume_now(&held, until).await {
+                Ok(theirs) => return Ok(theirs),
+                Err(Round::Again(_)) if rounds < MAX_RESUMES && Instant::now() < until => {
+                    rounds += 1;
+                }
+                Err(Round::Again(error) | Round::Final(error)) => return Err(error),
+            }
+        }
+    }
+
+    async fn resume_now(
+        &mut self,
+        held: &[(u32, u32)],
+        until: Instant,
+    ) -> std::result::Result<ResumeState, Round> {
         let count = 1 + self.lanes.len();
         // The old streams stay open until the new ones are in (see the module's text).
         let _old = self.lend_streams();
         let Some(resume) = self.resume.as_mut() else {
-            return Err(GradientStreamError::Io(std::io::Error::other(
-                "the connection does not resume",
+            return Err(Round::Final(GradientStreamError::Io(
+                std::io::Error::other("the connection does not resume"),
             )));
         };
-        let until = Instant::now() + resume.window;
-        let mut new = resume.streams(count, until).await?.into_iter();
+        let mut new = resume
+            .streams(count, until)
+            .await
+            .map_err(Round::Final)?
+            .into_iter();
         if let Some(first) = new.next() {
             self.stream = Counted::of(first);
         }
@@ -273,33 +323,58 @@ impl Link {
         }
         self.lent = false;
         self.resumed.times.fetch_add(1, Ordering::Relaxed);
-        let ours = self.resume_state(held);
+        // A stream the path failed again after its proof is another round now, before
+        // the exchange waits on streams the peer may never take (it took that one).
+        for (index, lane) in self.lanes.iter_mut().enumerate() {
+            if let Some(why) = ended_already(lane) {
+                let what = format!("stream {} failed again before the resume: {why}", index + 2);
+                return Err(Round::Again(GradientStreamError::Io(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionReset,
+                    what,
+                ))));
+            }
+        }
+        let ours = self.resume_state(held.to_vec());
         let peer = self.peer.address.at();
         let exchanged = tokio::time::timeout_at(until, async {
-            self.stream.write_all(&ours.to_bytes()).await?;
-            self.stream.flush().await?;
+            // A failure of the new streams here is a round to make again (the peer,
+            // whose own exchange failed, drops them and waits for, or dials, new ones).
+            let again = |e: std::io::Error| Round::Again(e.into());
+            self.stream
+                .write_all(&ours.to_bytes())
+                .await
+                .map_err(again)?;
+            self.stream.flush().await.map_err(again)?;
+            let ended = |got: usize, what: &str| {
+                Round::Again(GradientStreamError::Io(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!("the resumed connection ended after {got} bytes of {what}"),
+                )))
+            };
             let mut start = [0u8; RESUME_LEN];
-            if let Err(got) = read_full(&mut self.stream, &mut start).await? {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    format!("the resumed connection ended after {got} bytes of a resume message"),
-                )
-                .into());
+            if let Err(got) = read_full(&mut self.stream, &mut start)
+                .await
+                .map_err(again)?
+            {
+                return Err(ended(got, "a resume message"));
             }
-            let (mut theirs, ranges) = ResumeState::parse_start(&start, peer.as_ref())?;
+            let (mut theirs, ranges) =
+                ResumeState::parse_start(&start, peer.as_ref()).map_err(Round::Final)?;
             let mut bytes = vec![0u8; ranges as usize * 8];
-            if let Err(got) = read_full(&mut self.stream, &mut bytes).await? {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    format!("the resumed connection ended after {got} bytes of its ranges"),
-                )
-                .into());
+            if let Err(got) = read_full(&mut self.stream, &mut bytes)
+                .await
+                .map_err(again)?
+            {
+                return Err(ended(got, "its ranges"));
             }
-            theirs.parse_ranges(&bytes, peer.as_ref())?;
-            Ok::<_, GradientStreamError>(theirs)
+            theirs
+                .parse_ranges(&bytes, peer.as_ref())
+                .map_err(Round::Final)?;
+            Ok(theirs)
         })
         .await;
-        exchanged.unwrap_or_else(|_| Err(out_of_window("no resume message came".into())))
+        exchanged
+            .unwrap_or_else(|_| Err(Round::Final(out_of_window("no resume message came".into()))))
     }
 
     /// This side's state as a receiver.

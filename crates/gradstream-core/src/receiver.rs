@@ -178,6 +178,12 @@ impl FrameReceiver {
         }
     }
 
+    /// Forget a header whose payload never came (a connection that resumes: the sender
+    /// sends that chunk again, header first).
+    pub(crate) fn forget_pending(&mut self) {
+        self.pending = None;
+    }
+
     /// The chunks taken so far, as increasing half-open ranges (what a resume tells
     /// the sender: docs/spec/protocol.md, "Resume").
     pub(crate) fn held(&self) -> Vec<(u32, u32)> {

@@ -48,15 +48,32 @@ pub(crate) async fn send_gradient_on<W: AsyncWrite + Unpin>(
     clock: &Clock,
     progress: &Progress,
 ) -> Result<usize> {
+    send_gradient_from(config, gradient, writer, (clock, progress), 0).await
+}
+
+/// `send_gradient_on` from chunk `from` on (a connection that resumed after its
+/// receiver took chunks 0 to `from`: docs/spec/protocol.md "Resume"); the chunks sent.
+pub(crate) async fn send_gradient_from<W: AsyncWrite + Unpin>(
+    config: &SessionConfig,
+    gradient: Gradient<'_>,
+    writer: &mut W,
+    (clock, progress): (&Clock, &Progress),
+    from: u32,
+) -> Result<usize> {
     if config.writes_each_payload(&gradient) {
-        return send_each(config, gradient, writer, clock, progress).await;
+        return send_each(config, gradient, writer, (clock, progress), from).await;
     }
     let plan = config.plan_frames(gradient)?;
     let total = plan.total_chunks();
-    progress.add_total(total);
+    if from == 0 {
+        progress.add_total(total);
+    }
     let mut frame: Vec<u8> = Vec::new();
     let mut sent = 0usize;
     for (index, window, payload_len) in plan.chunks() {
+        if index < from {
+            continue;
+        }
         // Planned without encoding, so float32 (aligned: it is the caller's f32 array).
         let values = as_f32(window);
         let (seal, shape) = plan.marks(index);
@@ -134,18 +151,20 @@ async fn send_each<W: AsyncWrite + Unpin>(
     config: &SessionConfig,
     gradient: Gradient<'_>,
     writer: &mut W,
-    clock: &Clock,
-    progress: &Progress,
+    (clock, progress): (&Clock, &Progress),
+    from: u32,
 ) -> Result<usize> {
     let total = config.chunk_count(gradient.len())?;
-    progress.add_total(total);
-    for index in 0..total {
+    if from == 0 {
+        progress.add_total(total);
+    }
+    for index in from..total {
         let frame = config.encode_frame(gradient, index)?;
         let at = (index as usize, Some(total));
         write_frame(writer, [&frame, &[], &[], &[]], clock, at, progress).await?;
     }
     within(clock, (total as usize, Some(total)), writer.flush()).await?;
-    Ok(total as usize)
+    Ok(total.saturating_sub(from) as usize)
 }
 
 /// Receive one gradient through `receiver` (`SessionConfig::receiver` or `receiver_into`):
@@ -157,13 +176,28 @@ pub async fn receive_gradient<R: AsyncRead + Unpin>(
     progress: &Progress,
 ) -> Result<Ended> {
     let mut clock = Clock::idle(waits);
+    match receive_some(&mut receiver, reader, &mut clock, progress).await? {
+        None => receiver.finish().map(Ended::Gradient),
+        Some(got) => receiver.end_of_stream(got),
+    }
+}
+
+/// Feed `receiver` from `reader` until the gradient is complete (None) or the stream
+/// ends (the bytes of the unit it ended in); `receiver` keeps what it took either way,
+/// and on an error (a connection that resumes goes on with it).
+pub(crate) async fn receive_some<R: AsyncRead + Unpin>(
+    receiver: &mut FrameReceiver,
+    reader: &mut R,
+    clock: &mut Clock,
+    progress: &Progress,
+) -> Result<Option<usize>> {
     // Holds a header or a payload (at most max_payload_len, checked from the header).
     let mut unit = Vec::with_capacity(HEADER_LEN);
     loop {
         let (before, known) = (receiver.received(), receiver.total().is_some());
         let (want, at) = (receiver.want(), (receiver.received(), receiver.total()));
-        if !read_unit(reader, &mut unit, want, &mut clock, at, Some(progress)).await? {
-            return receiver.end_of_stream(unit.len());
+        if !read_unit(reader, &mut unit, want, clock, at, Some(progress)).await? {
+            return Ok(Some(unit.len()));
         }
         let done = receiver.feed(&unit)?;
         if let (false, Some(total)) = (known, receiver.total()) {
@@ -171,7 +205,7 @@ pub async fn receive_gradient<R: AsyncRead + Unpin>(
         }
         progress.add(0, (receiver.received() - before) as u64);
         if done {
-            return receiver.finish().map(Ended::Gradient);
+            return Ok(None);
         }
     }
 }

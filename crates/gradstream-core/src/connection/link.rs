@@ -40,6 +40,7 @@ mod counted;
 mod pumps;
 mod resume;
 mod send;
+mod single;
 mod striped;
 
 use counted::Counted;
@@ -301,9 +302,9 @@ impl Link {
     }
 
     /// Whether its gradients go through the striped engine (`striped`): several
-    /// streams, or one that resumes.
-    pub fn striped(&self) -> bool {
-        self.streams() > 1 || self.resumes()
+    /// streams.
+    fn striped(&self) -> bool {
+        self.streams() > 1
     }
 
     /// Whether its streams come back after a failure.
@@ -394,8 +395,9 @@ impl Link {
     /// not direct. The socket, which the caller waits for; None for a TLS link, and once
     /// the socket is closed.
     pub fn go_direct(&mut self, park: bool) -> Option<(std::os::fd::RawFd, Direct)> {
-        if self.striped() {
-            // One descriptor cannot carry several streams' waits, nor a resume's.
+        if self.striped() || self.resumes() {
+            // One descriptor cannot carry several streams' waits, nor a resume's (which
+            // replaces it).
             return None;
         }
         let direct = Direct::default();
@@ -705,6 +707,9 @@ impl Link {
         let (got, digest, first) = if self.striped() {
             self.gather(&Clock::idle(waits)).await?;
             self.recv_striped(receiver, id, waits, progress).await
+        } else if self.resumes() {
+            self.gather(&Clock::idle(waits)).await?;
+            self.recv_resumable_one(receiver, id, waits, progress).await
         } else {
             let mut tap = Tap::new(&mut self.stream, Digest::new(&id.0));
             let got = receive_gradient(receiver, &mut tap, waits, progress).await;

@@ -36,6 +36,9 @@ pub struct Tap<'s, S> {
     /// The first header's bytes (to tell a message from a frame header when a transfer
     /// fails on its first frame).
     first: Option<[u8; HEADER_LEN]>,
+    /// Every header that passed, in order, when kept (`keeping`): a transfer that
+    /// resumes digests the headers of the chunks taken, not of every pass.
+    headers: Option<Vec<[u8; HEADER_LEN]>>,
 }
 
 impl<'s, S> Tap<'s, S> {
@@ -48,7 +51,19 @@ impl<'s, S> Tap<'s, S> {
             },
             digest,
             first: None,
+            headers: None,
         }
+    }
+
+    /// The same tap, keeping every header that passes after `headers`.
+    pub fn keeping(mut self, headers: Vec<[u8; HEADER_LEN]>) -> Self {
+        self.headers = Some(headers);
+        self
+    }
+
+    /// The headers kept (`keeping`), in the order they passed.
+    pub fn kept(&mut self) -> Vec<[u8; HEADER_LEN]> {
+        self.headers.take().unwrap_or_default()
     }
 
     /// The digest of the headers seen so far.
@@ -74,6 +89,9 @@ impl<'s, S> Tap<'s, S> {
                         let header = *bytes;
                         self.digest.header(&header);
                         self.first.get_or_insert(header);
+                        if let Some(headers) = &mut self.headers {
+                            headers.push(header);
+                        }
                         let left = FrameHeader::from_bytes(&header).payload_len;
                         self.walk = Walk::Payload {
                             left: u64::from(left),

@@ -230,6 +230,14 @@ fn ended_already(stream: &mut Counted) -> Option<String> {
     }
 }
 
+/// What became of a transfer a sender mended (`Link::mend_send`).
+pub(super) enum Mended {
+    /// The peer acknowledged it (or said it took it): sent.
+    Acknowledged,
+    /// The streams are new; the receiver holds what its state says, of the transfer.
+    Resumed(ResumeState),
+}
+
 /// How a round of a resume failed.
 enum Round {
     /// The new streams failed before the states were exchanged: another round.
@@ -377,6 +385,88 @@ impl Link {
             .unwrap_or_else(|_| Err(Round::Final(out_of_window("no resume message came".into()))))
     }
 
+    /// What a transfer's sender does once it `broke`: a failure no resume mends fails
+    /// it; an ack (or a refusal) that came on the first stream settles it; else every
+    /// stream is replaced (one more of the transfer's `resumes`), and the receiver's
+    /// state says it took the transfer (its ack was lost: `digest` is what it must have
+    /// taken, `complete` that every chunk was written) or what it holds of it. `total`:
+    /// the transfer's chunks; `at`: where it stands. On an error the link is closed.
+    pub(super) async fn mend_send(
+        &mut self,
+        broken: GradientStreamError,
+        resumes: &mut u32,
+        (digest, complete): ([u8; 32], bool),
+        total: u32,
+        clock: &Clock,
+        at: (usize, Option<u32>),
+    ) -> Result<Mended> {
+        if !mendable(&broken) {
+            let error = match broken {
+                GradientStreamError::Io(io) => self.ack_failed(io),
+                other => other,
+            };
+            return self.fail(error).await;
+        }
+        let peer = self.peer.address.at();
+        // A receiver that refused the transfer wrote why on the first stream, then
+        // closed its streams: that is no failure to resume from. And one that took it
+        // may have acknowledged it there before another stream failed.
+        let by_peer = matches!(&broken, GradientStreamError::Io(io) if ResumedByPeer::is(io));
+        if !by_peer {
+            let ack = tokio::time::timeout(LINGER, ack_on(&mut self.stream, peer.as_ref())).await;
+            if let Ok(Ok(Ok(ack))) = ack {
+                self.confirmed(ack, &digest, total).await?;
+                return Ok(Mended::Acknowledged);
+            }
+        }
+        *resumes += 1;
+        if *resumes > MAX_RESUMES {
+            let detail = format!(
+                "the connection failed {resumes} times in one transfer (the last: {broken}); \
+                 it resumes at most {MAX_RESUMES} times"
+            );
+            return self.fail(self.delivery(detail, None)).await;
+        }
+        let theirs = match self.resume_streams(Vec::new(), clock, (at, true)).await {
+            Ok(theirs) => theirs,
+            Err(e) => {
+                let detail = format!(
+                    "the connection failed before the peer acknowledged the transfer \
+                     ({broken}) and did not resume: {e}"
+                );
+                return self.fail(self.delivery(detail, None)).await;
+            }
+        };
+        let Mode::Sealed(keys) = &mut self.mode else {
+            return Err(std::io::Error::other("a seed link does not resume").into());
+        };
+        let counter = keys.sent;
+        if theirs.received == counter + 1 {
+            // The receiver took the transfer; its ack went with the failed streams.
+            if complete && theirs.last_digest == digest {
+                keys.sent += 1;
+                return Ok(Mended::Acknowledged);
+            }
+            let detail = format!(
+                "after a resume, the peer says it took transfer {counter} with another digest \
+                 than the frames this side sent"
+            );
+            return self.fail(self.delivery(detail, None)).await;
+        }
+        if theirs.received != counter {
+            let error = GradientStreamError::Protocol {
+                expected: format!(
+                    "a resume message of a receiver that took {counter} or {} transfers",
+                    counter + 1
+                ),
+                seen: format!("one that took {}", theirs.received),
+                peer,
+            };
+            return self.fail(error).await;
+        }
+        Ok(Mended::Resumed(theirs))
+    }
+
     /// This side's state as a receiver.
     fn resume_state(&self, held: Vec<(u32, u32)>) -> ResumeState {
         match &self.mode {
@@ -396,5 +486,66 @@ impl Link {
             None => Poll::Pending,
         })
         .await
+    }
+}
+
+/// The failure a listener's link sees when its peer dialled the streams again.
+pub(super) fn resumed_by_peer() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::ConnectionReset, ResumedByPeer)
+}
+
+/// Why a listener's link resumes when its peer did first (no stream failed here).
+#[derive(Debug)]
+pub(super) struct ResumedByPeer;
+
+impl ResumedByPeer {
+    pub(super) fn is(error: &std::io::Error) -> bool {
+        error.get_ref().is_some_and(|e| e.is::<Self>())
+    }
+}
+
+impl std::fmt::Display for ResumedByPeer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the peer dialled the connection's streams again")
+    }
+}
+
+impl std::error::Error for ResumedByPeer {}
+
+/// The peer's next ack on `stream`; `Err` when the stream failed or ended first (an
+/// `UnexpectedEof` when it ended).
+pub(super) async fn ack_on(
+    stream: &mut Counted,
+    peer: Option<&PeerAt>,
+) -> Result<std::io::Result<Ack>> {
+    let ended = || {
+        std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "the first stream ended before the ack",
+        )
+    };
+    let mut start = [0u8; START_LEN];
+    match read_full(stream, &mut start).await {
+        Ok(Ok(())) => {}
+        Ok(Err(_)) => return Ok(Err(ended())),
+        Err(e) => return Ok(Err(e)),
+    }
+    let mut ack = vec![0u8; START_LEN + Ack::check_start(&start, peer)?];
+    ack[..START_LEN].copy_from_slice(&start);
+    match read_full(stream, &mut ack[START_LEN..]).await {
+        Ok(Ok(())) => Ack::parse(&ack, peer).map(Ok),
+        Ok(Err(_)) => Ok(Err(ended())),
+        Err(e) => Ok(Err(e)),
+    }
+}
+
+/// Whether a transfer's failure is one a resume mends: a stream reset or broken, or a
+/// wait for bytes out of time. A stream the peer ended (a FIN: it closed the connection,
+/// or its process went) is not: there is no one to resume with.
+pub(super) fn mendable(error: &GradientStreamError) -> bool {
+    match error {
+        GradientStreamError::Io(io) => io.kind() != std::io::ErrorKind::UnexpectedEof,
+        GradientStreamError::Timeout { .. } => true,
+        _ => false,
     }
 }

@@ -81,6 +81,12 @@ impl Link {
             };
             return self.acknowledged(sent, digest, &clock).await;
         }
+        if self.resumes() {
+            self.gather(&clock).await?;
+            return self
+                .send_resumable_one(config, sealed, id, &clock, progress)
+                .await;
+        }
         let mut tap = Tap::new(&mut self.stream, Digest::new(&id.0));
         let sent = send_gradient_on(config, sealed, &mut tap, &clock, progress).await;
         let digest = tap.finish();

@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::counted::Counted;
 use super::pumps::{receive_pump, send_pump, Came, Inlet, Moved, Outbox, Pumps, Sent};
-use super::resume::MAX_RESUMES;
+use super::resume::{ack_on, mendable, resumed_by_peer, Mended, MAX_RESUMES};
 use super::*;
 use crate::frame::{FrameHeader, Limits};
 use crate::protocol::streams::ResumeState;
@@ -126,74 +126,16 @@ impl Link {
                 }
                 Err(e) => e,
             };
-            if !mendable(&broken) {
-                let error = match broken {
-                    GradientStreamError::Io(io) => self.ack_failed(io),
-                    other => other,
-                };
-                return self.fail(error).await;
-            }
-            // A receiver that refused the transfer wrote why on the first stream, then
-            // closed its streams: that is no failure to resume from. And one that took it
-            // may have acknowledged it there before another stream failed.
-            let by_peer = matches!(&broken, GradientStreamError::Io(io) if ResumedByPeer::is(io));
-            if !by_peer {
-                let ack = tokio::time::timeout(LINGER, ack_on(&mut self.stream, peer)).await;
-                if let Ok(Ok(Ok(ack))) = ack {
-                    let digest = digest_in_order(&id, &headers);
-                    return self.confirmed(ack, &digest, total).await;
-                }
-            }
-            resumes += 1;
-            if resumes > MAX_RESUMES {
-                let detail = format!(
-                    "the connection failed {resumes} times in one transfer (the last: \
-                     {broken}); it resumes at most {MAX_RESUMES} times"
-                );
-                return self.fail(self.delivery(detail, None)).await;
-            }
+            let digest = (digest_in_order(&id, &headers), plan.finished());
+            let at = (plan.sent, Some(total));
             let theirs = match self
-                .resume_streams(Vec::new(), clock, ((plan.sent, Some(total)), true))
-                .await
+                .mend_send(broken, &mut resumes, digest, total, clock, at)
+                .await?
             {
-                Ok(theirs) => theirs,
-                Err(e) => {
-                    let detail = format!(
-                        "the connection failed before the peer acknowledged the transfer \
-                         ({broken}) and did not resume: {e}"
-                    );
-                    return self.fail(self.delivery(detail, None)).await;
-                }
+                Mended::Acknowledged => return Ok(total as usize),
+                Mended::Resumed(theirs) => theirs,
             };
-            let Mode::Sealed(keys) = &mut self.mode else {
-                return Err(std::io::Error::other("a seed link does not resume").into());
-            };
-            let counter = keys.sent;
-            if theirs.received == counter + 1 {
-                // The receiver took the transfer; its ack went with the failed streams.
-                let digest = digest_in_order(&id, &headers);
-                if plan.finished() && theirs.last_digest == digest {
-                    keys.sent += 1;
-                    return Ok(total as usize);
-                }
-                let detail = format!(
-                    "after a resume, the peer says it took transfer {counter} with another \
-                     digest than the frames this side sent"
-                );
-                return self.fail(self.delivery(detail, None)).await;
-            }
-            let checked = match theirs.received == counter {
-                true => plan.again_from(&theirs, peer),
-                false => Err(GradientStreamError::Protocol {
-                    expected: format!(
-                        "a resume message of a receiver that took {counter} or {} transfers",
-                        counter + 1
-                    ),
-                    seen: format!("one that took {}", theirs.received),
-                    peer: at.clone(),
-                }),
-            };
-            match checked {
+            match plan.again_from(&theirs, peer) {
                 Ok(again) => {
                     let resent = &self.resumed.chunks_resent;
                     resent.fetch_add(again, Ordering::Relaxed);
@@ -205,7 +147,12 @@ impl Link {
 
     /// The ack of the transfer just sent, checked: the chunk count, or the failure (the
     /// link closed).
-    async fn confirmed(&mut self, ack: Ack, digest: &[u8; 32], chunks: u32) -> Result<usize> {
+    pub(super) async fn confirmed(
+        &mut self,
+        ack: Ack,
+        digest: &[u8; 32],
+        chunks: u32,
+    ) -> Result<usize> {
         let at = self.peer.address.at();
         let Mode::Sealed(keys) = &mut self.mode else {
             return Ok(chunks as usize);
@@ -503,7 +450,7 @@ impl Link {
     /// Every stream replaced, as a transfer's receiver (holding `held`), and the
     /// sender's state checked: it has taken the acks of every transfer before, and
     /// receives none.
-    async fn resumed_as_receiver(
+    pub(super) async fn resumed_as_receiver(
         &mut self,
         held: Vec<(u32, u32)>,
         clock: &Clock,
@@ -664,64 +611,6 @@ enum First {
     Began(usize, Vec<u8>),
     Closed,
     Resumed,
-}
-
-/// The failure a listener's link sees when its peer dialled the streams again.
-fn resumed_by_peer() -> std::io::Error {
-    std::io::Error::new(std::io::ErrorKind::ConnectionReset, ResumedByPeer)
-}
-
-/// Why a listener's link resumes when its peer did first (no stream failed here).
-#[derive(Debug)]
-struct ResumedByPeer;
-
-impl ResumedByPeer {
-    fn is(error: &std::io::Error) -> bool {
-        error.get_ref().is_some_and(|e| e.is::<Self>())
-    }
-}
-
-impl std::fmt::Display for ResumedByPeer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the peer dialled the connection's streams again")
-    }
-}
-
-impl std::error::Error for ResumedByPeer {}
-
-/// The peer's next ack on `stream`; `Err` when the stream failed or ended first (an
-/// `UnexpectedEof` when it ended).
-async fn ack_on(stream: &mut Counted, peer: Option<&PeerAt>) -> Result<std::io::Result<Ack>> {
-    let ended = || {
-        std::io::Error::new(
-            std::io::ErrorKind::UnexpectedEof,
-            "the first stream ended before the ack",
-        )
-    };
-    let mut start = [0u8; START_LEN];
-    match read_full(stream, &mut start).await {
-        Ok(Ok(())) => {}
-        Ok(Err(_)) => return Ok(Err(ended())),
-        Err(e) => return Ok(Err(e)),
-    }
-    let mut ack = vec![0u8; START_LEN + Ack::check_start(&start, peer)?];
-    ack[..START_LEN].copy_from_slice(&start);
-    match read_full(stream, &mut ack[START_LEN..]).await {
-        Ok(Ok(())) => Ack::parse(&ack, peer).map(Ok),
-        Ok(Err(_)) => Ok(Err(ended())),
-        Err(e) => Ok(Err(e)),
-    }
-}
-
-/// Whether a transfer's failure is one a resume mends: a stream reset or broken, or a
-/// wait for bytes out of time. A stream the peer ended (a FIN: it closed the connection,
-/// or its process went) is not: there is no one to resume with.
-fn mendable(error: &GradientStreamError) -> bool {
-    match error {
-        GradientStreamError::Io(io) => io.kind() != std::io::ErrorKind::UnexpectedEof,
-        GradientStreamError::Timeout { .. } => true,
-        _ => false,
-    }
 }
 
 /// Which chunks a striped send sends next: those to send again (after a resume), then

@@ -176,10 +176,10 @@ def check_resume_window(value: Any, name: str = "resume_window", *, zero: bool =
 def check_resume(
     resume: Any, streams: int, protocol: str, tls: object, authkey: bytes | None, host: str
 ) -> bool:
-    """``resume=``: None (on for several streams, which have a secret already; off for
-    one, whose transfers then keep their faster path), True or False. A resume needs a
-    secret to prove each new stream with (an authkey or TLS), the gradstream protocol,
-    and TCP."""
+    """``resume=``: None (on for several streams, which have a secret and a version 3
+    hello already; off for one, whose hello stays version 2 so that a listener of
+    gradstream 0.3.0 still takes it), True or False. A resume needs a secret to prove
+    each new stream with (an authkey or TLS), the gradstream protocol, and TCP."""
     if resume is None:
         return streams > 1
     if not isinstance(resume, bool):

@@ -165,9 +165,10 @@ def test_without_resume_a_reset_fails_the_transfer() -> None:
 @pytest.mark.parametrize(
     ("streams", "resume", "window", "expected"),
     [
-        (1, None, 30.0, False),  # one stream keeps its tuned path unless asked
+        (1, None, 30.0, False),  # one stream speaks version 2 unless asked (older listeners)
         (2, None, 30.0, True),  # several streams resume by default
         (2, False, 30.0, False),
+        (1, False, 30.0, False),
         (1, True, 30.0, True),
         (2, True, 0, False),  # a listener that grants no resumes
     ],
@@ -183,6 +184,26 @@ def test_who_resumes(streams: int, resume: bool | None, window: float, expected:
                     return conn.resumes, server.resumes
 
     assert run(main) == (expected, expected)
+
+
+@pytest.mark.parametrize("where", ["no secret", "unix", "seed", "authkey"])
+def test_a_connection_of_one_stream_does_not_resume_unless_asked(where: str, tmp_path: Any) -> None:
+    """No authkey or TLS, a unix: address, protocol='seed', and one stream under an
+    authkey: resume=None is off, and the connection works as before (its hello is
+    version 2, which a listener of gradstream 0.3.0 takes)."""
+
+    async def main() -> tuple[bool, bool]:
+        address: Any = LOCAL if where != "unix" else f"unix:{tmp_path}/s"
+        keywords: dict[str, Any] = {"protocol": "seed"} if where == "seed" else {}
+        if where in ("unix", "authkey"):
+            keywords["authkey"] = KEY
+        async with await gs.listen(address, **keywords) as listener:
+            serving = asyncio.create_task(listener.accept())
+            async with await gs.connect(listener.address, **keywords) as conn:
+                async with await serving as server:
+                    return conn.resumes, server.resumes
+
+    assert run(main) == (False, False)
 
 
 @pytest.mark.parametrize(

@@ -283,12 +283,13 @@ class TransferProgress:
 
 # connect()'s and listen()'s settings, checked by gradstream._connection: keys protocol,
 # tls ((cert, key, ca) paths or None), authkey, handshake_timeout, timeout, deadline,
-# allowed_uid, streams (connect's, 1 to 255); and _test_nonce (32 bytes: the hello's
-# nonce), which only the tests' session replays set.
+# allowed_uid, streams (connect's, 1 to 255), resume (connect's: the resume window in
+# seconds, or None); and _test_nonce (32 bytes: the hello's nonce), which only the tests'
+# session replays set.
 _LinkArgs = dict[str, Any]
 # listen()'s own settings, checked by gradstream._connection: keys max_connections,
 # max_pending_handshakes, max_pending_per_source, hello_timeout, max_auth_failures,
-# auth_failure_window, max_streams (1 to 255).
+# auth_failure_window, max_streams (1 to 255), resume_window (seconds, 0: no resumes).
 _ListenerArgs = dict[str, Any]
 
 @final

@@ -47,7 +47,8 @@ def test_the_wan_benchmark_runs_and_prints_every_row() -> None:
     assert re.search(r"float32 / raw TCP, time: [0-9.]+$", done.stdout, re.M)
     ratios = r"3 streams / one stream, speed: [0-9.]+ .* / raw TCP with 3 flows, speed: [0-9.]+"
     assert re.search(ratios, done.stdout), done.stdout
-    # The reset row: the gradient came whole after one resume, some chunks sent again.
+    # The reset row: the gradient came whole after a resume, some chunks sent again (at
+    # this size and window every chunk may be in flight at the reset, so at most all).
     reset = re.search(
         r"reset at 50 % \(3 streams\): bit for bit (yes|NO), resumes ([0-9]+), chunks sent "
         r"again ([0-9]+) of ([0-9]+)",
@@ -55,7 +56,7 @@ def test_the_wan_benchmark_runs_and_prints_every_row() -> None:
     )
     assert reset is not None, done.stdout
     assert reset.group(1) == "yes" and int(reset.group(2)) >= 1, done.stdout
-    assert 0 < int(reset.group(3)) < int(reset.group(4)), done.stdout
+    assert 0 < int(reset.group(3)) <= int(reset.group(4)), done.stdout
 
 
 def test_a_bad_size_is_a_usage_error_and_a_failing_child_ends_the_run() -> None:

@@ -576,3 +576,33 @@ def test_a_second_reset_while_the_streams_come_back_is_one_more_round(direction:
     assert same_bits(got, grad)
     assert sent[0] >= 1 and received[0] >= 1
     assert max(sent[0], received[0]) <= 16
+
+
+@pytest.mark.parametrize("streams", [1, 3])
+@pytest.mark.parametrize("at", [1, HALF])
+def test_a_resumed_send_counts_its_chunks_once_in_its_progress(streams: int, at: int) -> None:
+    """Every stream reset once the first byte (before the receiver holds a chunk), or
+    half the gradient, went: the sender's progress still says the gradient's chunk count
+    once (not once a pass), and at least that many chunks went."""
+    grad = gradient(VALUES, 13)
+    total = VALUES // 10_000
+
+    async def main() -> tuple[int, int, tuple[int, int]]:
+        async with await gs.listen(LOCAL, session=session(), authkey=KEY) as listener:
+            with Relay(listener.address, rtt=0.01, window=1 << 20) as relay:
+                serving = asyncio.create_task(listener.accept())
+                async with await gs.connect(
+                    relay.address, session=session(), authkey=KEY, streams=streams, resume=True
+                ) as conn:
+                    async with await serving as server:
+                        receiving = asyncio.create_task(server.recv())
+                        progress = gs.TransferProgress()
+                        relay.reset_when(relay.forwarded + at)
+                        await conn.send(grad, progress=progress)
+                        assert same_bits(await receiving, grad)
+                        return progress.total_chunks, progress.chunks, conn.resumed
+
+    total_chunks, chunks, resumed = run(main)
+    assert resumed[0] >= 1
+    assert total_chunks == total
+    assert chunks >= total

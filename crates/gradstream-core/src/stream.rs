@@ -48,11 +48,13 @@ pub(crate) async fn send_gradient_on<W: AsyncWrite + Unpin>(
     clock: &Clock,
     progress: &Progress,
 ) -> Result<usize> {
+    progress.add_total(config.chunk_count(gradient.len())?);
     send_gradient_from(config, gradient, writer, (clock, progress), 0).await
 }
 
 /// `send_gradient_on` from chunk `from` on (a connection that resumed after its
 /// receiver took chunks 0 to `from`: docs/spec/protocol.md "Resume"); the chunks sent.
+/// The caller counts the gradient's chunks in `progress` (once, whatever the passes).
 pub(crate) async fn send_gradient_from<W: AsyncWrite + Unpin>(
     config: &SessionConfig,
     gradient: Gradient<'_>,
@@ -65,11 +67,8 @@ pub(crate) async fn send_gradient_from<W: AsyncWrite + Unpin>(
     }
     let plan = config.plan_frames(gradient)?;
     let total = plan.total_chunks();
-    if from == 0 {
-        progress.add_total(total);
-    }
     let mut frame: Vec<u8> = Vec::new();
-    let mut sent = 0usize;
+    let mut sent = from as usize;
     for (index, window, payload_len) in plan.chunks() {
         if index < from {
             continue;
@@ -113,7 +112,7 @@ pub(crate) async fn send_gradient_from<W: AsyncWrite + Unpin>(
         sent += 1;
     }
     within(clock, (sent, Some(total)), writer.flush()).await?;
-    Ok(sent)
+    Ok(sent - from as usize)
 }
 
 /// Write one frame given in pieces (header, payload parts; empty pieces are skipped), as
@@ -155,9 +154,6 @@ async fn send_each<W: AsyncWrite + Unpin>(
     from: u32,
 ) -> Result<usize> {
     let total = config.chunk_count(gradient.len())?;
-    if from == 0 {
-        progress.add_total(total);
-    }
     for index in from..total {
         let frame = config.encode_frame(gradient, index)?;
         let at = (index as usize, Some(total));

@@ -39,6 +39,8 @@ pub struct Tap<'s, S> {
     /// Every header that passed, in order, when kept (`keeping`): a transfer that
     /// resumes digests the headers of the chunks taken, not of every pass.
     headers: Option<Vec<[u8; HEADER_LEN]>>,
+    /// A byte passed.
+    seen: bool,
 }
 
 impl<'s, S> Tap<'s, S> {
@@ -52,7 +54,18 @@ impl<'s, S> Tap<'s, S> {
             digest,
             first: None,
             headers: None,
+            seen: false,
         }
+    }
+
+    /// Whether a byte passed.
+    pub fn seen_any(&self) -> bool {
+        self.seen
+    }
+
+    /// Whether the last frame's header passed and its payload has not all passed.
+    pub fn inside_payload(&self) -> bool {
+        matches!(self.walk, Walk::Payload { left } if left > 0)
     }
 
     /// The same tap, keeping every header that passes after `headers`.
@@ -78,6 +91,7 @@ impl<'s, S> Tap<'s, S> {
 
     /// Walk `passed`, bytes that just moved.
     pub(super) fn observe(&mut self, mut passed: &[u8]) {
+        self.seen |= !passed.is_empty();
         while !passed.is_empty() {
             match &mut self.walk {
                 Walk::Header { bytes, have } => {

@@ -35,6 +35,7 @@ impl Link {
         progress: &Progress,
     ) -> Result<usize> {
         let total = config.chunk_count(gradient.len())?;
+        progress.add_total(total);
         let at = self.peer.address.at();
         let peer = at.as_ref();
         // Every header written, in index order: the first `from` are the receiver's.
@@ -45,18 +46,23 @@ impl Link {
             let (stream, resume) = (&mut self.stream, &mut self.resume);
             let mut tap =
                 Tap::new(stream, Digest::new(&id.0)).keeping(std::mem::take(&mut headers));
+            // The peer's resume first: what the old stream still takes is no longer read.
             let sent = tokio::select! {
-                sent = send_gradient_from(config, gradient, &mut tap, (clock, progress), from) => sent,
+                biased;
                 () = Self::resume_arrival(resume) => Err(resumed_by_peer().into()),
+                sent = send_gradient_from(config, gradient, &mut tap, (clock, progress), from) => sent,
             };
+            // A frame whose header went and whose payload did not all go is not written.
+            let cut = tap.inside_payload();
             headers = tap.kept();
             let broken = match sent {
                 Ok(_) => {
                     let (stream, resume) = (&mut self.stream, &mut self.resume);
                     let waited = within(clock, (total as usize, Some(total)), async {
                         Ok(tokio::select! {
-                            ack = ack_on(stream, peer) => Some(ack),
+                            biased;
                             () = Self::resume_arrival(resume) => None,
+                            ack = ack_on(stream, peer) => Some(ack),
                         })
                     });
                     match waited.await {
@@ -71,7 +77,8 @@ impl Link {
                 }
                 Err(e) => e,
             };
-            let digest = (digest_of(&id, &headers), headers.len() == total as usize);
+            let whole = headers.len() - usize::from(cut);
+            let digest = (digest_of(&id, &headers), whole == total as usize);
             let stands = (from as usize, Some(total));
             let theirs = match self
                 .mend_send(broken, &mut resumes, digest, total, clock, stands)
@@ -85,9 +92,9 @@ impl Link {
                 [(0, end)] => Some(*end),
                 _ => None,
             };
-            match held.filter(|k| *k as usize <= headers.len()) {
+            match held.filter(|k| *k as usize <= whole) {
                 Some(k) => {
-                    let again = headers.len() - k as usize;
+                    let again = whole - k as usize;
                     let resent = &self.resumed.chunks_resent;
                     resent.fetch_add(again as u64, std::sync::atomic::Ordering::Relaxed);
                     headers.truncate(k as usize);
@@ -96,9 +103,8 @@ impl Link {
                 None => {
                     let error = GradientStreamError::Protocol {
                         expected: format!(
-                            "a resume message holding chunks 0 to k of the {} this side wrote \
-                             on its one stream",
-                            headers.len()
+                            "a resume message holding chunks 0 to k of the {whole} this side \
+                             wrote on its one stream"
                         ),
                         seen: format!(
                             "one that holds {:?}",
@@ -125,15 +131,19 @@ impl Link {
         let mut clock = Clock::idle(waits);
         let mut headers: Vec<[u8; HEADER_LEN]> = Vec::new();
         let mut first = None;
+        let mut begun = false;
         let mut resumes = 0;
         let got = loop {
             let (stream, resume) = (&mut self.stream, &mut self.resume);
             let mut tap =
                 Tap::new(stream, Digest::new(&id.0)).keeping(std::mem::take(&mut headers));
+            // The peer's resume first: its old stream's end is no close then.
             let step = tokio::select! {
-                step = receive_some(&mut receiver, &mut tap, &mut clock, progress) => step,
+                biased;
                 () = Self::resume_arrival(resume) => Err(resumed_by_peer().into()),
+                step = receive_some(&mut receiver, &mut tap, &mut clock, progress) => step,
             };
+            begun |= tap.seen_any();
             headers = tap.kept();
             first = first.or(tap.first_header());
             let broken = match step {
@@ -141,7 +151,6 @@ impl Link {
                 Ok(Some(got)) => break receiver.end_of_stream(got),
                 Err(e) => e,
             };
-            let begun = first.is_some() || receiver.received() > 0;
             // A wait out of time before a byte leaves the link as it was (open).
             let idle = !begun && matches!(broken, GradientStreamError::Timeout { .. });
             if idle || !(mendable(&broken) && self.resumable() && resumes < MAX_RESUMES) {

@@ -109,8 +109,9 @@ impl Link {
                     let (stream, resume) = (&mut self.stream, &mut self.resume);
                     let waited = within(clock, (plan.sent, Some(total)), async {
                         Ok(tokio::select! {
-                            ack = ack_on(stream, peer) => Some(ack),
+                            biased;
                             () = Self::resume_arrival(resume) => None,
+                            ack = ack_on(stream, peer) => Some(ack),
                         })
                     });
                     match waited.await {

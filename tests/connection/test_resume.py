@@ -606,3 +606,30 @@ def test_a_resumed_send_counts_its_chunks_once_in_its_progress(streams: int, at:
     assert resumed[0] >= 1
     assert total_chunks == total
     assert chunks >= total
+
+
+@pytest.mark.parametrize("keywords", [{"resume": True}, {"streams": 2}])
+def test_a_listener_that_speaks_version_2_only_is_named_as_a_possible_cause(
+    keywords: dict[str, Any],
+) -> None:
+    """The tests' own protocol peer speaks version 2 alone, as a listener of gradstream
+    0.3.0 does: it closes on a version 3 hello, which a client cannot tell from a refused
+    authkey; the error names both, and how to reach such a listener. A client of one
+    stream that does not resume still reaches it."""
+    from support import peer
+
+    async def main() -> tuple[BaseException, bool]:
+        async with await peer.listen(LOCAL, authkey=KEY) as listener:
+            accepting = asyncio.create_task(listener.accept())
+            with pytest.raises(gs.errors.AuthenticationError) as refused:
+                await gs.connect(listener.address, authkey=KEY, **keywords)
+            conn = await gs.connect(listener.address, authkey=KEY)
+            resumes = conn.resumes
+            await conn.close()
+            await (await accepting).close()
+            return refused.value, resumes
+
+    error, resumes = run(main)
+    assert "its hello of version 3" in str(error), error
+    assert "connect with streams=1 and resume=False" in str(error), error
+    assert not resumes

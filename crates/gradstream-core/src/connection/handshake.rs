@@ -207,12 +207,19 @@ pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     };
     auth::check_modes(authkey.is_some(), theirs.auth, peer)?;
     let mut spake2_key = None;
+    // A client whose hello was version 3 (several streams, a resume) may have met a
+    // listener of gradstream 0.3.0, which refuses it by closing, as it refuses a key.
+    let newer = role == Role::Client && side.intent.is_some();
+    let refused = || match newer {
+        true => auth::closed_instead_of_version_3(peer),
+        false => auth::closed_instead(peer),
+    };
     let authenticated = match exchange {
         None => false,
         Some(exchange) => {
             let mut message = [0u8; auth::PAKE_LEN];
             if read_message(stream, &mut message).await?.is_err() {
-                return Err(auth::closed_instead(peer));
+                return Err(refused());
             }
             let element = auth::parse_pake(&message, peer)?;
             let confirmation = exchange.finish(&element, role, client, server, peer)?;
@@ -226,7 +233,7 @@ pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
             }
             let mut message = [0u8; auth::AUTH_LEN];
             if read_message(stream, &mut message).await?.is_err() {
-                return Err(auth::closed_instead(peer));
+                return Err(refused());
             }
             let peer_tag = auth::parse_auth(&message, peer)?;
             confirmation.verify(role.peer(), &peer_tag, peer)?;

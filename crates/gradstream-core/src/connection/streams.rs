@@ -363,7 +363,8 @@ pub async fn read_grant<S: AsyncRead + Unpin>(
             Kind::Streams.expected(),
             format!(
                 "the end of the connection after {} ({got} bytes): a listener of gradstream \
-                 0.3 or older takes one stream only (upgrade it, or connect with streams=1)",
+                 0.3 or older refuses a hello of version 3 (several streams, a resume): \
+                 upgrade it, or connect with streams=1 and resume=False",
                 describe(&message[..got])
             ),
             peer,

@@ -302,6 +302,18 @@ pub fn closed_instead(peer: Option<&PeerAt>) -> GradientStreamError {
     )
 }
 
+/// `closed_instead` for a client whose hello was version 3: a listener of gradstream
+/// 0.3.0 refuses such a hello by closing too, so both causes are named.
+pub fn closed_instead_of_version_3(peer: Option<&PeerAt>) -> GradientStreamError {
+    authentication_error(
+        "the peer closed the connection instead of authenticating: it refused this side's \
+         authkey, or its hello of version 3 (sent for several streams or a resume; a \
+         listener of gradstream 0.3.0 refuses it: upgrade the listener, or connect with \
+         streams=1 and resume=False)",
+        peer,
+    )
+}
+
 fn authentication_error(detail: &str, peer: Option<&PeerAt>) -> GradientStreamError {
     GradientStreamError::Authentication {
         detail: detail.to_string(),

@@ -4,7 +4,7 @@ the native listener against a recorded dialler (the test writes the dialler's me
 and every byte the listener writes must be the recorded listener's: its hello and SPAKE2
 element, its tag, its acks), and the native dialler against a recorded listener. The
 native side's nonce is fixed for the replay by the bindings' test-only ``_test_nonce``
-(see ``gradstream._connection``'s ``_link_settings``); its SPAKE2 scalar, every tag,
+(see ``gradstream._connection_args``'s ``_link_settings``); its SPAKE2 scalar, every tag,
 transfer id, seal and ack digest follow from it.
 
 The vectors are what the test peer records (support.peer.sessions), and their hellos and
@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import gradstream as gs
-from gradstream import _connection
+from gradstream import _connection_args
 from gradstream.errors import SettingError
 from support.connections import LOCAL, close_writer, run
 from support.peer import sessions
@@ -45,14 +45,14 @@ def fixed_nonce(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bytes]]:
     """The native side's hello nonce for the connections made while the test runs: the
     last one put in the list (the keywords the engine gets, with ``_test_nonce`` added)."""
     nonce: list[bytes] = []
-    real = _connection._link_settings
+    real = _connection_args._link_settings
 
     def with_nonce(*args: Any, **keywords: Any) -> tuple[dict[str, Any], str]:
         settings, speaks = real(*args, **keywords)
         settings["_test_nonce"] = nonce[-1]
         return settings, speaks
 
-    monkeypatch.setattr(_connection, "_link_settings", with_nonce)
+    monkeypatch.setattr(_connection_args, "_link_settings", with_nonce)
     yield nonce
 
 

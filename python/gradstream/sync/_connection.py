@@ -15,7 +15,8 @@ import numpy.typing as npt
 
 from .._address import peer_text
 from .._checks import HANDSHAKE_TIMEOUT, OWN_USER, RESUME_WINDOW, check_seconds
-from .._connection import ConnectionCore, Timed, connect_args, set_like
+from .._connection import ConnectionCore, Timed, set_like
+from .._connection_args import connect_args
 from .._session import _Out, hand_back_as, lend_either
 from .._torch import check_like
 from .._turns import Phase

@@ -16,7 +16,7 @@ from typing import Any
 
 from .._address import Address, address_of, peer_text
 from .._checks import check_handler, check_seconds
-from .._connection import listen_args
+from .._connection_args import listen_args
 from .._logs import RefusalLog, log_accepted, silent_text
 from .._session import GradientStreamSession
 from ..errors import StreamIOError

@@ -45,21 +45,30 @@ pub struct Reassembler {
     templates: Templates,
 }
 
+/// The half-open ranges of chunk indexes given in increasing order, each range as long
+/// as it can be (what a resume message carries: docs/spec/protocol.md "Resume").
+pub(crate) fn ranges_of(indexes: impl IntoIterator<Item = u32>) -> Vec<(u32, u32)> {
+    let mut ranges: Vec<(u32, u32)> = Vec::new();
+    for index in indexes {
+        match ranges.last_mut() {
+            Some((_, end)) if *end == index => *end = index.saturating_add(1),
+            _ => ranges.push((index, index.saturating_add(1))),
+        }
+    }
+    ranges
+}
+
 impl Reassembler {
     /// The chunks taken so far, as increasing, disjoint, non-adjacent half-open ranges:
     /// those before `next`, then the early ones.
     pub(crate) fn held(&self) -> Vec<(u32, u32)> {
-        let mut ranges: Vec<(u32, u32)> = Vec::new();
-        if self.next > 0 {
-            ranges.push((0, self.next));
-        }
-        for &index in self.early.keys() {
-            match ranges.last_mut() {
-                Some((_, end)) if *end == index => *end += 1,
-                _ => ranges.push((index, index.saturating_add(1))),
-            }
-        }
-        ranges
+        // Chunk `next` is missing (else it would be in place), so the early ones never
+        // touch those before it.
+        let in_order = (self.next > 0).then_some((0, self.next));
+        in_order
+            .into_iter()
+            .chain(ranges_of(self.early.keys().copied()))
+            .collect()
     }
 
     pub fn new(limits: Limits, reserve_cap: usize) -> Self {

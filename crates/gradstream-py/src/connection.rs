@@ -276,9 +276,9 @@ pub struct PyLink {
     waits: Waits,
     peer: Peer,
     streams: usize,
-    /// Its gradients go through the core's striped engine (several streams, or a
-    /// resume), whose streams tokio drives.
-    striped: bool,
+    /// Its streams are tokio's to drive, never the caller's thread: several streams (the
+    /// striped engine's tasks), or a stream a resume may replace.
+    tokio_driven: bool,
     /// The connection resumes (`connect(resume=)`, granted).
     resumes: bool,
     resumed: Arc<gradstream_core::connection::Resumed>,
@@ -289,7 +289,7 @@ impl PyLink {
         let peer = link.peer().clone();
         let streams = link.streams();
         let resumes = link.resumes();
-        let striped = streams > 1 || resumes;
+        let tokio_driven = streams > 1 || resumes;
         let resumed = link.resumed();
         Self {
             link: Arc::new(AsyncMutex::new(link)),
@@ -297,7 +297,7 @@ impl PyLink {
             waits,
             peer,
             streams,
-            striped,
+            tokio_driven,
             resumes,
             resumed,
         }
@@ -429,8 +429,10 @@ impl PyLink {
         let gradient = HeldGradient::new(&Input::try_from(gradient)?)?;
         let small = gradient.gradient().raw().len() <= fastpath::SEND_MAX;
         let config = self.engine.get().config().clone();
-        // A striped link's streams have no shared read budget: tokio drives them.
-        let caller_thread = small && !self.striped && self.engine.get().drivers().caller_thread;
+        // A striped link's streams have no shared read budget, a resumed one another
+        // socket: tokio drives them.
+        let caller_thread =
+            small && !self.tokio_driven && self.engine.get().drivers().caller_thread;
         let mut link = self.take(py)?;
         let direct = here_direct(&mut link, (here || driven) && caller_thread, here);
         let transfer = async move {
@@ -480,8 +482,9 @@ impl PyLink {
         let waits = self.waits(deadline)?;
         let lent = out.as_ref().map(OutArgs::lend).transpose()?;
         let config = self.engine.get().config().clone();
-        // A striped link's streams have no shared read budget: tokio drives them.
-        let caller_thread = !self.striped && self.engine.get().drivers().caller_thread;
+        // A striped link's streams have no shared read budget, a resumed one another
+        // socket: tokio drives them.
+        let caller_thread = !self.tokio_driven && self.engine.get().drivers().caller_thread;
         let mut link = self.take(py)?;
         let direct = here_direct(&mut link, here && caller_thread, true);
         let budget = ReadBudget::new(fastpath::PEEK_MAX as u64);

@@ -157,6 +157,20 @@ struct Settling {
 /// The refusal a receiver sends for a transfer its caller never took.
 const CANCELLED: &str = "the receiver cancelled its receive before taking the transfer";
 
+/// An ack's digest of a transfer's frame headers, given in chunk-index order (on one
+/// stream, the order they passed; on several, the order of their indexes:
+/// docs/spec/protocol.md "Several streams").
+fn digest_of<'h>(
+    id: &TransferId,
+    headers: impl IntoIterator<Item = &'h [u8; HEADER_LEN]>,
+) -> [u8; 32] {
+    let mut digest = Digest::new(&id.0);
+    for header in headers {
+        digest.header(header);
+    }
+    digest.finish()
+}
+
 /// What a receive gave: a transfer, or the peer's clean close before one began.
 pub enum Received<T> {
     Transfer(T),

@@ -310,18 +310,6 @@ impl ResumeState {
         let at = self.held.partition_point(|(_, end)| *end <= index);
         self.held.get(at).is_some_and(|(first, _)| *first <= index)
     }
-
-    /// The ranges of a set of chunk indexes given in increasing order.
-    pub fn ranges_of(indexes: impl IntoIterator<Item = u32>) -> Vec<(u32, u32)> {
-        let mut ranges: Vec<(u32, u32)> = Vec::new();
-        for index in indexes {
-            match ranges.last_mut() {
-                Some((_, end)) if *end == index => *end += 1,
-                _ => ranges.push((index, index + 1)),
-            }
-        }
-        ranges
-    }
 }
 
 /// The join message that carries `tag`.

@@ -385,6 +385,31 @@ impl Link {
             .unwrap_or_else(|_| Err(Round::Final(out_of_window("no resume message came".into()))))
     }
 
+    /// The ack of the transfer just sent, on the first stream, within the transfer's
+    /// clock (`at`: where it stands); or why none came (a failure, a wait out of time,
+    /// the peer's resume, a message that is no ack), for `mend_send`.
+    pub(super) async fn ack_or_break(
+        &mut self,
+        clock: &Clock,
+        at: (usize, Option<u32>),
+    ) -> Result<Ack> {
+        let peer = self.peer.address.at();
+        let (stream, resume) = (&mut self.stream, &mut self.resume);
+        let waited = within(clock, at, async {
+            Ok(tokio::select! {
+                biased;
+                () = Self::resume_arrival(resume) => None,
+                ack = ack_on(stream, peer.as_ref()) => Some(ack),
+            })
+        });
+        match waited.await? {
+            Some(Ok(Ok(ack))) => Ok(ack),
+            Some(Ok(Err(io))) => Err(io.into()),
+            Some(Err(e)) => Err(e),
+            None => Err(resumed_by_peer().into()),
+        }
+    }
+
     /// What a transfer's sender does once it `broke`: a failure no resume mends fails
     /// it; an ack (or a refusal) that came on the first stream settles it; else every
     /// stream is replaced (one more of the transfer's `resumes`), and the receiver's

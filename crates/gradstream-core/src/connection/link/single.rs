@@ -8,18 +8,9 @@
 //!
 //! Uses `tap` (its kept headers), `resume`, `stream`; used by `link` and `send`.
 
-use super::resume::{ack_on, mendable, resumed_by_peer, Mended, MAX_RESUMES};
+use super::resume::{mendable, resumed_by_peer, Mended, MAX_RESUMES};
 use super::*;
 use crate::stream::{receive_some, send_gradient_from};
-
-/// The digest of headers given in index order.
-fn digest_of(id: &TransferId, headers: &[[u8; HEADER_LEN]]) -> [u8; 32] {
-    let mut digest = Digest::new(&id.0);
-    for header in headers {
-        digest.header(header);
-    }
-    digest.finish()
-}
 
 impl Link {
     /// Send `gradient` (sealed) on the link's one stream and wait for its ack; after a
@@ -37,7 +28,6 @@ impl Link {
         let total = config.chunk_count(gradient.len())?;
         progress.add_total(total);
         let at = self.peer.address.at();
-        let peer = at.as_ref();
         // Every header written, in index order: the first `from` are the receiver's.
         let mut headers: Vec<[u8; HEADER_LEN]> = Vec::new();
         let mut from = 0u32;
@@ -56,25 +46,15 @@ impl Link {
             let cut = tap.inside_payload();
             headers = tap.kept();
             let broken = match sent {
-                Ok(_) => {
-                    let (stream, resume) = (&mut self.stream, &mut self.resume);
-                    let waited = within(clock, (total as usize, Some(total)), async {
-                        Ok(tokio::select! {
-                            biased;
-                            () = Self::resume_arrival(resume) => None,
-                            ack = ack_on(stream, peer) => Some(ack),
-                        })
-                    });
-                    match waited.await {
-                        Ok(Some(Ok(Ok(ack)))) => {
-                            return self.confirmed(ack, &digest_of(&id, &headers), total).await;
-                        }
-                        Ok(Some(Err(e))) => return self.fail(e).await,
-                        Ok(Some(Ok(Err(io)))) => GradientStreamError::Io(io),
-                        Ok(None) => resumed_by_peer().into(),
-                        Err(e) => e,
+                Ok(_) => match self
+                    .ack_or_break(clock, (total as usize, Some(total)))
+                    .await
+                {
+                    Ok(ack) => {
+                        return self.confirmed(ack, &digest_of(&id, &headers), total).await;
                     }
-                }
+                    Err(e) => e,
+                },
                 Err(e) => e,
             };
             let whole = headers.len() - usize::from(cut);

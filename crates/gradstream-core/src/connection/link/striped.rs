@@ -21,19 +21,10 @@ use tokio::sync::{mpsc, watch};
 
 use super::counted::Counted;
 use super::pumps::{receive_pump, send_pump, Came, Inlet, Moved, Outbox, Pumps, Sent};
-use super::resume::{ack_on, mendable, resumed_by_peer, Mended, MAX_RESUMES};
+use super::resume::{mendable, resumed_by_peer, Mended, MAX_RESUMES};
 use super::*;
 use crate::frame::{FrameHeader, Limits};
 use crate::protocol::streams::ResumeState;
-
-/// The digest of headers held by index.
-fn digest_in_order(id: &TransferId, headers: &BTreeMap<u32, [u8; HEADER_LEN]>) -> [u8; 32] {
-    let mut digest = Digest::new(&id.0);
-    for header in headers.values() {
-        digest.header(header);
-    }
-    digest.finish()
-}
 
 /// Frames queued per stream ahead of the pumps: enough that none waits for the encoder.
 const AHEAD: usize = 2;
@@ -82,7 +73,7 @@ impl Link {
         let (mut plan, mut headers) = Plan::of(config, &gradient, progress)?;
         let shipment = (gradient, &mut plan, &mut headers);
         self.send_round(config, shipment, clock, progress).await?;
-        Ok((plan.sent, digest_in_order(&id, &headers)))
+        Ok((plan.sent, digest_of(&id, headers.values())))
     }
 
     /// Send `gradient` (sealed) over a link that resumes, and wait for its ack: after a
@@ -105,29 +96,16 @@ impl Link {
         loop {
             let shipment = (gradient, &mut plan, &mut headers);
             let broken = match self.send_round(config, shipment, clock, progress).await {
-                Ok(()) => {
-                    let (stream, resume) = (&mut self.stream, &mut self.resume);
-                    let waited = within(clock, (plan.sent, Some(total)), async {
-                        Ok(tokio::select! {
-                            biased;
-                            () = Self::resume_arrival(resume) => None,
-                            ack = ack_on(stream, peer) => Some(ack),
-                        })
-                    });
-                    match waited.await {
-                        Ok(Some(Ok(Ok(ack)))) => {
-                            let digest = digest_in_order(&id, &headers);
-                            return self.confirmed(ack, &digest, total).await;
-                        }
-                        Ok(Some(Err(e))) => return self.fail(e).await,
-                        Ok(Some(Ok(Err(io)))) => GradientStreamError::Io(io),
-                        Ok(None) => resumed_by_peer().into(),
-                        Err(e) => e,
+                Ok(()) => match self.ack_or_break(clock, (plan.sent, Some(total))).await {
+                    Ok(ack) => {
+                        let digest = digest_of(&id, headers.values());
+                        return self.confirmed(ack, &digest, total).await;
                     }
-                }
+                    Err(e) => e,
+                },
                 Err(e) => e,
             };
-            let digest = (digest_in_order(&id, &headers), plan.finished());
+            let digest = (digest_of(&id, headers.values()), plan.finished());
             let at = (plan.sent, Some(total));
             let theirs = match self
                 .mend_send(broken, &mut resumes, digest, total, clock, at)
@@ -335,7 +313,7 @@ impl Link {
                 Ok(First::Began(lane, bytes)) => break (lane, bytes),
                 Ok(First::Closed) => {
                     let end = Ended::BeforeFirstByte(Box::new(receiver));
-                    return (Ok(end), digest_in_order(&id, &headers), None);
+                    return (Ok(end), digest_of(&id, headers.values()), None);
                 }
                 Ok(First::Resumed) => resumed_by_peer().into(),
                 Err(e) => e,
@@ -351,7 +329,7 @@ impl Link {
                 _ => Err(error),
             };
             if let Err(e) = resumed {
-                return (Err(e), digest_in_order(&id, &headers), None);
+                return (Err(e), digest_of(&id, headers.values()), None);
             }
         };
         clock.start();
@@ -416,18 +394,18 @@ impl Link {
             let mut done = false;
             for (_, frame) in frames {
                 match take_frame(&mut receiver, &mut headers, frame, progress) {
-                    Err(e) => return (Err(e), digest_in_order(&id, &headers), first),
+                    Err(e) => return (Err(e), digest_of(&id, headers.values()), first),
                     Ok(complete) => done |= complete,
                 }
             }
             if done {
                 // Complete after all: its ack goes on the new streams, or through a resume.
                 let got = receiver.finish().map(Ended::Gradient);
-                return (got, digest_in_order(&id, &headers), first);
+                return (got, digest_of(&id, headers.values()), first);
             }
             let held = receiver.held();
             if let Err(e) = self.resumed_as_receiver(held, &clock, (at, true)).await {
-                return (Err(e), digest_in_order(&id, &headers), first);
+                return (Err(e), digest_of(&id, headers.values()), first);
             }
             round = self.start_round(None, limits);
         };
@@ -445,7 +423,7 @@ impl Link {
             )),
             (got, _) => got,
         };
-        (got, digest_in_order(&id, &headers), first)
+        (got, digest_of(&id, headers.values()), first)
     }
 
     /// Every stream replaced, as a transfer's receiver (holding `held`), and the

@@ -281,7 +281,7 @@ fn a_resume_message_reads_back_and_is_read_strictly() {
         assert!(ResumeState::parse_start(&bytes, None).is_err());
     }
     assert_eq!(
-        ResumeState::ranges_of([0, 1, 2, 5, 7, 8]),
+        crate::reassembler::ranges_of([0, 1, 2, 5, 7, 8]),
         vec![(0, 3), (5, 6), (7, 9)]
     );
 }

@@ -633,3 +633,34 @@ def test_a_listener_that_speaks_version_2_only_is_named_as_a_possible_cause(
     assert "its hello of version 3" in str(error), error
     assert "connect with streams=1 and resume=False" in str(error), error
     assert not resumes
+
+
+@pytest.mark.parametrize(("asks", "index"), [(True, 5), (False, 0)])
+def test_a_resume_past_the_grant_or_of_a_session_that_does_not_resume_is_refused(
+    asks: bool, index: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A resume proven with the session's secret, of a stream the session was never
+    granted, or of a session whose client did not ask to resume: the listener closes
+    without its proof, and logs why; the connection goes on."""
+    grad = gradient(3000, 14)
+
+    async def main() -> np.ndarray:
+        own = gs.GradientStreamSession("s", chunk_size=1024)
+        async with await gs.listen(LOCAL, authkey=KEY, session=own) as listener:
+            accepting = asyncio.create_task(listener.accept())
+            first = await streams_peer.open_streams(listener.address, 2, resume=asks)
+            async with await accepting as conn:
+                with pytest.raises(asyncio.IncompleteReadError):
+                    await streams_peer.resume(listener.address, first, index)
+                for frame in streams_peer.frames_of(grad, first):
+                    first.writer.write(frame)
+                got: np.ndarray = await conn.recv()
+                return got
+
+    with caplog.at_level("WARNING", logger="gradstream"):
+        got = run(main)
+    assert same_bits(got, grad)
+    refusals = [r.getMessage() for r in caplog.records if " refused " in r.getMessage()]
+    why = f"a resume of stream {index} of a session granted 2 streams"
+    why += "" if asks else " and no resume"
+    assert any(why in line for line in refusals), refusals

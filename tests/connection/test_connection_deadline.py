@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import gradstream as gs
-from gradstream import _connection as native_connection
+from gradstream import _connection_args as native_connection
 from gradstream._checks import connection_waits
 from gradstream.errors import StreamDeadlineError, StreamTimeoutError
 from support.connections import (
